@@ -1,0 +1,169 @@
+/* The graph's own structures, shared by graph/, ops/, alloc/ and runtime/. Not installed. */
+#ifndef DEFT_GRAPH_INTERNAL_H
+#define DEFT_GRAPH_INTERNAL_H
+
+#include "deft.h"
+
+#include <stdbool.h>
+#include <stdio.h>
+
+typedef enum deft_op {
+    /* leaves: their storage is persistent (inputs, parameters, constants) */
+    DEFT_OP_INPUT = 0,
+    DEFT_OP_PARAM,
+    DEFT_OP_CONSTANT,
+    /* creation ops: computed by a kernel, planned like any other buffer */
+    DEFT_OP_FULL,
+    DEFT_OP_ARANGE,
+    DEFT_OP_UNIFORM,
+    DEFT_OP_NORMAL,
+    /* broadcasting binary */
+    DEFT_OP_ADD,
+    DEFT_OP_SUB,
+    DEFT_OP_MUL,
+    DEFT_OP_DIV,
+    DEFT_OP_MAXIMUM,
+    /* tensor op scalar (p.scalar) */
+    DEFT_OP_ADD_SCALAR,
+    DEFT_OP_RSUB_SCALAR,
+    DEFT_OP_MUL_SCALAR,
+    DEFT_OP_DIV_SCALAR,
+    DEFT_OP_RDIV_SCALAR,
+    DEFT_OP_MAXIMUM_SCALAR,
+    DEFT_OP_POW_SCALAR,
+    /* unary */
+    DEFT_OP_NEG,
+    DEFT_OP_EXP,
+    DEFT_OP_LOG,
+    DEFT_OP_SQRT,
+    DEFT_OP_RSQRT,
+    DEFT_OP_TANH,
+    DEFT_OP_SIGMOID,
+    DEFT_OP_RELU,
+    DEFT_OP_GELU,
+    DEFT_OP_SILU,
+    /* dtype and device */
+    DEFT_OP_CAST,
+    DEFT_OP_COPY,          /* to another device (and maybe dtype): src[0] sits on another device */
+    /* linear algebra */
+    DEFT_OP_MATMUL,
+    /* shape */
+    DEFT_OP_RESHAPE,       /* always a view */
+    DEFT_OP_PERMUTE,
+    DEFT_OP_SLICE,         /* a view when p.slice.is_view */
+    DEFT_OP_CONCAT,
+    /* reductions */
+    DEFT_OP_SUM,
+    DEFT_OP_MEAN,
+    DEFT_OP_MAX,
+    DEFT_OP_SOFTMAX,
+    DEFT_OP_LOG_SOFTMAX,
+    DEFT_OP_COUNT
+} deft_op;
+
+typedef enum deft_op_kind {
+    DEFT_KIND_LEAF,
+    DEFT_KIND_CREATE,
+    DEFT_KIND_BINARY,
+    DEFT_KIND_SCALAR,
+    DEFT_KIND_UNARY,
+    DEFT_KIND_OTHER
+} deft_op_kind;
+
+typedef struct deft_op_info {
+    const char *name;
+    deft_op_kind kind;
+} deft_op_info;
+
+const deft_op_info *deft_op_info_of(deft_op op);
+const char *deft_op_name(deft_op op);
+
+typedef union deft_op_params {
+    double scalar;                                          /* scalar ops; full's value */
+    struct { double start, step; } arange;
+    struct { double a, b; uint64_t seed; } rng;             /* uniform: low, high; normal: mean, stddev */
+    struct { int trans_a, trans_b; } matmul;
+    int perm[DEFT_MAX_DIMS];                                /* permute: out dim i = in dim perm[i] */
+    struct { int axis; int64_t start, step; int is_view; } slice;   /* normalised: 0 <= start, step > 0 */
+    int axis;                                               /* concat, softmax, log_softmax */
+    struct { uint32_t mask; int keepdim; } reduce;         /* bit i set: input axis i is reduced */
+    deft_init init;                                         /* params */
+} deft_op_params;
+
+struct deft_tensor {
+    deft_graph *graph;
+    int id;                       /* index in graph->nodes; the order nodes were built (a topological order) */
+    deft_op op;
+    deft_dtype dtype;
+    deft_device device;
+    int ndim;
+    int64_t shape[DEFT_MAX_DIMS];
+    int nsrc;
+    deft_tensor **src;            /* nsrc inputs */
+    deft_op_params p;
+    char name[64];
+    /* A view shares its storage with src[0] at view_offset bytes (reshape, contiguous slice). */
+    bool is_view;
+    size_t view_offset;
+    /* Persistent leaves (params, constants): the value on the host, owned by the graph. For a parameter on a GPU,
+     * dev_data holds the live value once a program has been compiled for it (the host copy is then stale). */
+    void *host_data;
+    void *dev_data;
+};
+
+struct deft_program;
+
+struct deft_graph {
+    deft_tensor **nodes;
+    int n_nodes, cap_nodes;
+    deft_status first_error;
+    char first_errmsg[512];
+    uint64_t seed;
+    uint64_t param_counter;       /* distinct default seeds per parameter */
+    struct deft_program **programs;   /* compiled from this graph, freed with it */
+    int n_programs, cap_programs;
+};
+
+/* ---- errors (graph/error.c) ---- */
+/* Sets the calling thread's message and returns s. */
+deft_status deft_set_error(deft_status s, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+/* As deft_set_error, and records it as the graph's first error if it has none. */
+deft_status deft_graph_fail(deft_graph *g, deft_status s, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+/* ---- shapes (graph/shape.c) ---- */
+int64_t deft_shape_numel(int ndim, const int64_t *shape);
+/* Writes "[2, 3, 4]" into buf. */
+const char *deft_shape_str(int ndim, const int64_t *shape, char *buf, size_t n);
+/* Row-major contiguous strides in elements. */
+void deft_shape_strides(int ndim, const int64_t *shape, int64_t *strides);
+/* Numpy broadcasting of two shapes; DEFT_ERR_SHAPE (with message) if they do not broadcast. */
+deft_status deft_shape_broadcast(int na, const int64_t *a, int nb, const int64_t *b, int *nout, int64_t *out);
+/* Strides of `in` (ndim_in dims) seen through the output shape: 0 on broadcast dims, aligned right. */
+void deft_broadcast_strides(int ndim_in, const int64_t *in_shape, int ndim_out, const int64_t *out_shape,
+                            int64_t *strides);
+
+static inline size_t deft_tensor_bytes(const deft_tensor *t) {
+    return (size_t)deft_shape_numel(t->ndim, t->shape) * deft_dtype_size(t->dtype);
+}
+
+static inline bool deft_op_is_leaf(deft_op op) {
+    return op == DEFT_OP_INPUT || op == DEFT_OP_PARAM || op == DEFT_OP_CONSTANT;
+}
+
+/* ---- graph bookkeeping shared with runtime/ ---- */
+deft_status deft_graph_add_program(deft_graph *g, struct deft_program *p);
+void deft_graph_remove_program(deft_graph *g, struct deft_program *p);
+
+/* ---- element conversion (graph/dtype.c) ---- */
+double deft_load_as_f64(const void *base, deft_dtype dt, int64_t i);
+void deft_store_from_f64(void *base, deft_dtype dt, int64_t i, double v);
+
+#endif

@@ -1,0 +1,241 @@
+/* deft: deferred tensor computation in C.
+ *
+ * Building a graph runs nothing. A graph is compiled into a program for the outputs it is asked for (only the nodes
+ * those outputs need are scheduled), planned into one arena per device, and run on request.
+ *
+ * Errors: builders return NULL on error and accept NULL inputs (so a chain is checked once at its end); every other
+ * call returns a deft_status. deft_errmsg() gives the last message of the calling thread; a graph also remembers its
+ * first error (deft_graph_error). Nothing in the library aborts or exits on bad input.
+ */
+#ifndef DEFT_H
+#define DEFT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DEFT_VERSION_MAJOR 0
+#define DEFT_VERSION_MINOR 1
+#define DEFT_VERSION_PATCH 0
+
+#define DEFT_MAX_DIMS 8
+
+typedef enum deft_status {
+    DEFT_OK = 0,
+    DEFT_ERR_INVALID,     /* a bad argument: NULL, a wrong shape, dtype, size or option */
+    DEFT_ERR_SHAPE,       /* shapes that do not fit the op */
+    DEFT_ERR_DTYPE,       /* a dtype the op or device does not support */
+    DEFT_ERR_DEVICE,      /* an unknown, unavailable or mismatched device */
+    DEFT_ERR_NO_CUDA,     /* CUDA asked for in a build or on a machine without it */
+    DEFT_ERR_OOM,         /* out of memory on a device */
+    DEFT_ERR_STATE,       /* a call out of order: reading before running, feeding a non-input */
+    DEFT_ERR_IO,          /* a file could not be read or written */
+    DEFT_ERR_RUNTIME      /* a device or library call failed */
+} deft_status;
+
+typedef enum deft_dtype {
+    DEFT_F32 = 0,
+    DEFT_F64,
+    DEFT_F16,
+    DEFT_BF16,
+    DEFT_I32,
+    DEFT_DTYPE_COUNT
+} deft_dtype;
+
+typedef enum deft_device_type { DEFT_CPU = 0, DEFT_CUDA = 1 } deft_device_type;
+
+/* A device is a plain value: { DEFT_CPU, 0 } or { DEFT_CUDA, n } for cuda:n. */
+typedef struct deft_device {
+    deft_device_type type;
+    int index;
+} deft_device;
+
+typedef struct deft_graph deft_graph;
+typedef struct deft_tensor deft_tensor;
+typedef struct deft_program deft_program;
+
+/* ---- errors and library facts ---- */
+const char *deft_errmsg(void);                 /* last message of the calling thread ("" if none) */
+const char *deft_status_name(deft_status s);
+const char *deft_version(void);
+int deft_has_cuda_build(void);                 /* 1 if built with CUDA support */
+int deft_has_blas(void);                       /* 1 if CPU matmul goes through a CBLAS */
+
+/* ---- dtypes ---- */
+size_t deft_dtype_size(deft_dtype dt);
+const char *deft_dtype_name(deft_dtype dt);
+
+/* ---- devices ---- */
+deft_device deft_cpu(void);
+deft_device deft_cuda(int index);
+/* Parses "cpu", "cuda", "cuda:N". Unknown strings are DEFT_ERR_DEVICE; "cuda" in a build or on a machine without
+ * a usable GPU is DEFT_ERR_NO_CUDA; an index past the visible count is DEFT_ERR_DEVICE. */
+deft_status deft_device_parse(const char *s, deft_device *out);
+deft_device deft_device_default(void);         /* cuda:0 if a GPU works, else cpu */
+int deft_device_equal(deft_device a, deft_device b);
+/* Writes "cpu" or "cuda:N" into buf and returns buf. */
+const char *deft_device_str(deft_device d, char *buf, size_t n);
+int deft_cuda_device_count(void);              /* 0 without CUDA; starts the CUDA runtime on first call */
+deft_status deft_device_name(deft_device d, char *buf, size_t n);
+deft_status deft_device_memory(deft_device d, size_t *free_bytes, size_t *total_bytes);
+/* 1 once anything has started the CUDA runtime in this process (nothing does at load time). */
+int deft_cuda_runtime_started(void);
+
+/* ---- graphs ---- */
+deft_graph *deft_graph_new(void);
+void deft_graph_free(deft_graph *g);           /* frees every program compiled from it too */
+deft_status deft_graph_error(const deft_graph *g);   /* first error seen while building, DEFT_OK if none */
+const char *deft_graph_errmsg(const deft_graph *g);
+int deft_graph_node_count(const deft_graph *g);
+
+/* ---- leaves ---- */
+typedef enum deft_init {
+    DEFT_INIT_ZEROS = 0,
+    DEFT_INIT_ONES,
+    DEFT_INIT_UNIFORM,       /* U(-1/sqrt(fan_in), 1/sqrt(fan_in)) */
+    DEFT_INIT_NORMAL,        /* N(0, 1) */
+    DEFT_INIT_KAIMING,       /* Kaiming uniform, a = sqrt(5), as torch.nn.Linear */
+    DEFT_INIT_XAVIER         /* Xavier uniform */
+} deft_init;
+
+/* Inputs are fed before each run. */
+deft_tensor *deft_input(deft_graph *g, const char *name, deft_dtype dt, int ndim, const int64_t *shape,
+                        deft_device dev);
+/* Parameters persist across runs; their first values come from `init` with the graph's seed. */
+deft_tensor *deft_param(deft_graph *g, const char *name, deft_dtype dt, int ndim, const int64_t *shape,
+                        deft_device dev, deft_init init);
+/* A constant copies `bytes` of host data now (bytes must equal the tensor's size). */
+deft_tensor *deft_constant(deft_graph *g, deft_dtype dt, int ndim, const int64_t *shape, deft_device dev,
+                           const void *data, size_t bytes);
+deft_tensor *deft_zeros(deft_graph *g, deft_dtype dt, int ndim, const int64_t *shape, deft_device dev);
+deft_tensor *deft_full(deft_graph *g, deft_dtype dt, int ndim, const int64_t *shape, deft_device dev,
+                       double value);
+/* 1-D [start, start+step, ...) below stop, as torch.arange. */
+deft_tensor *deft_arange(deft_graph *g, deft_dtype dt, double start, double stop, double step, deft_device dev);
+/* Random tensors from a seed: the same seed gives the same values on every device and every run. */
+deft_tensor *deft_uniform(deft_graph *g, deft_dtype dt, int ndim, const int64_t *shape, deft_device dev,
+                          double low, double high, uint64_t seed);
+deft_tensor *deft_normal(deft_graph *g, deft_dtype dt, int ndim, const int64_t *shape, deft_device dev,
+                         double mean, double stddev, uint64_t seed);
+
+/* Sets or reads the value of a parameter (persistent) at any time; `bytes` must equal its size. */
+deft_status deft_param_set(deft_tensor *param, const void *host, size_t bytes);
+deft_status deft_param_get(const deft_tensor *param, void *host, size_t bytes);
+void deft_graph_set_seed(deft_graph *g, uint64_t seed);
+
+/* ---- tensor facts ---- */
+int deft_tensor_ndim(const deft_tensor *t);
+int64_t deft_tensor_dim(const deft_tensor *t, int axis);       /* negative axes count from the end */
+int64_t deft_tensor_numel(const deft_tensor *t);
+size_t deft_tensor_nbytes(const deft_tensor *t);
+deft_dtype deft_tensor_dtype(const deft_tensor *t);
+deft_device deft_tensor_device(const deft_tensor *t);
+const char *deft_tensor_name(const deft_tensor *t);
+deft_tensor *deft_set_name(deft_tensor *t, const char *name);  /* returns t, for chaining */
+
+/* ---- elementwise, broadcasting (numpy rules) ---- */
+deft_tensor *deft_add(deft_tensor *a, deft_tensor *b);
+deft_tensor *deft_sub(deft_tensor *a, deft_tensor *b);
+deft_tensor *deft_mul(deft_tensor *a, deft_tensor *b);
+deft_tensor *deft_div(deft_tensor *a, deft_tensor *b);
+deft_tensor *deft_maximum(deft_tensor *a, deft_tensor *b);
+deft_tensor *deft_add_scalar(deft_tensor *a, double s);
+deft_tensor *deft_sub_scalar(deft_tensor *a, double s);       /* a - s */
+deft_tensor *deft_rsub_scalar(deft_tensor *a, double s);      /* s - a */
+deft_tensor *deft_mul_scalar(deft_tensor *a, double s);
+deft_tensor *deft_div_scalar(deft_tensor *a, double s);       /* a / s */
+deft_tensor *deft_rdiv_scalar(deft_tensor *a, double s);      /* s / a */
+deft_tensor *deft_maximum_scalar(deft_tensor *a, double s);
+deft_tensor *deft_pow_scalar(deft_tensor *a, double s);
+
+deft_tensor *deft_neg(deft_tensor *a);
+deft_tensor *deft_exp(deft_tensor *a);
+deft_tensor *deft_log(deft_tensor *a);
+deft_tensor *deft_sqrt(deft_tensor *a);
+deft_tensor *deft_rsqrt(deft_tensor *a);
+deft_tensor *deft_tanh(deft_tensor *a);
+deft_tensor *deft_sigmoid(deft_tensor *a);
+deft_tensor *deft_relu(deft_tensor *a);
+deft_tensor *deft_gelu(deft_tensor *a);        /* exact (erf) form, as torch's default */
+deft_tensor *deft_silu(deft_tensor *a);
+
+/* ---- dtype and device ---- */
+deft_tensor *deft_cast(deft_tensor *a, deft_dtype dt);
+/* Moves to a device and dtype; returns `a` itself when neither changes. */
+deft_tensor *deft_to(deft_tensor *a, deft_device dev, deft_dtype dt);
+
+/* ---- matrix products ---- */
+/* a: [..., M, K] (or [..., K, M] when trans_a), b: [..., K, N] (or [..., N, K] when trans_b); leading (batch)
+ * dims broadcast. A 2-D b against a batched a is the common linear-layer case. */
+deft_tensor *deft_matmul_t(deft_tensor *a, deft_tensor *b, int trans_a, int trans_b);
+deft_tensor *deft_matmul(deft_tensor *a, deft_tensor *b);
+
+/* ---- shape ---- */
+/* One dimension may be -1 (inferred). Aliases its input: no copy. */
+deft_tensor *deft_reshape(deft_tensor *a, int ndim, const int64_t *shape);
+deft_tensor *deft_view(deft_tensor *a, int ndim, const int64_t *shape);   /* the same as reshape */
+deft_tensor *deft_permute(deft_tensor *a, const int *perm);
+deft_tensor *deft_transpose(deft_tensor *a, int axis0, int axis1);
+/* Elements start, start+step, ... below end along `axis` (python slicing with step > 0, negative indices count
+ * from the end, bounds clamped). Aliases its input where the result is contiguous in it. */
+deft_tensor *deft_slice(deft_tensor *a, int axis, int64_t start, int64_t end, int64_t step);
+deft_tensor *deft_concat(deft_tensor *const *ts, int n, int axis);
+
+/* ---- reductions; axes < 0 count from the end; naxes == 0 reduces over every axis ---- */
+deft_tensor *deft_sum(deft_tensor *a, int naxes, const int *axes, int keepdim);
+deft_tensor *deft_mean(deft_tensor *a, int naxes, const int *axes, int keepdim);
+deft_tensor *deft_max(deft_tensor *a, int naxes, const int *axes, int keepdim);
+deft_tensor *deft_softmax(deft_tensor *a, int axis);
+deft_tensor *deft_log_softmax(deft_tensor *a, int axis);
+
+/* ---- compiling and running ---- */
+typedef struct deft_compile_options {
+    size_t memory_budget;      /* 0: no budget */
+    int no_reuse;              /* 1: every buffer gets its own arena range (for checking the planner) */
+} deft_compile_options;
+
+/* Compiles the nodes that `outputs` need (and nothing else). opts may be NULL. */
+deft_program *deft_compile(deft_graph *g, deft_tensor *const *outputs, int n_outputs,
+                           const deft_compile_options *opts);
+void deft_program_free(deft_program *p);
+/* Copies host data into an input before the next run; bytes must equal the input's size. */
+deft_status deft_program_feed(deft_program *p, deft_tensor *input, const void *host, size_t bytes);
+deft_status deft_program_run(deft_program *p);
+/* Copies an output of the last run to host memory; the tensor must be one of the compiled outputs. */
+deft_status deft_program_read(deft_program *p, const deft_tensor *t, void *host, size_t bytes);
+
+/* What compiling decided, for tests and reports. */
+int deft_program_step_count(const deft_program *p);              /* nodes that run each step */
+int deft_program_schedules(const deft_program *p, const deft_tensor *t);   /* 1 if t is computed by p */
+int64_t deft_program_node_runs(const deft_program *p, const deft_tensor *t); /* times t's kernel has run */
+typedef struct deft_memory_report {
+    size_t arena_bytes;        /* sum over devices of the planned arenas */
+    size_t lower_bound_bytes;  /* largest sum of bytes live at any one step */
+    size_t no_reuse_bytes;     /* arena size if no buffer were reused */
+    size_t persistent_bytes;   /* parameters, constants and inputs */
+    int buffers;               /* planned buffers (views share their base's) */
+} deft_memory_report;
+deft_status deft_program_memory(const deft_program *p, deft_memory_report *out);
+/* Prints the memory report and the per-buffer plan (offset, size, lifetime) as a table. */
+deft_status deft_program_print_plan(const deft_program *p, void *file /* FILE*, NULL = stdout */);
+
+/* Compiles and runs the smallest subgraph that produces t, and copies its value to host (bytes = its size). */
+deft_status deft_realize(deft_tensor *t, void *host, size_t bytes);
+
+/* ---- seeing the graph ---- */
+/* Writes a Graphviz DOT file; p may be NULL (the plan's offsets are added when given). */
+deft_status deft_graph_dump_dot(const deft_graph *g, const deft_program *p, const char *path);
+
+/* ---- half-precision conversion helpers (round to nearest even) ---- */
+uint16_t deft_f32_to_f16(float f);
+float deft_f16_to_f32(uint16_t h);
+uint16_t deft_f32_to_bf16(float f);
+float deft_bf16_to_f32(uint16_t h);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

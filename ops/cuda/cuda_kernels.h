@@ -1,0 +1,19 @@
+/* The CUDA backend's entry point, callable from C. Declared in every build; defined only when CUDA is built. */
+#ifndef DEFT_CUDA_KERNELS_H
+#define DEFT_CUDA_KERNELS_H
+
+#include "graph_internal.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Runs node n on the current CUDA device, enqueued on `stream` (a cudaStream_t; NULL for the legacy stream).
+ * Pointers are device pointers with the same contract as deft_cpu_run_node. Returns a status carrying the CUDA or
+ * cuBLAS error string on failure. */
+deft_status deft_cuda_run_node(const deft_tensor *n, void *out, const void *const *in, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

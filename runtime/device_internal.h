@@ -1,0 +1,37 @@
+/* Device memory and device facts for the rest of the library. CPU memory and CUDA memory behind one interface. */
+#ifndef DEFT_DEVICE_INTERNAL_H
+#define DEFT_DEVICE_INTERNAL_H
+
+#include "deft.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* DEFT_OK if d names a device this process can use; otherwise a clear error (unknown index, no CUDA). */
+deft_status deft_device_check(deft_device d);
+
+/* Memory on a device (64-byte aligned on the CPU). bytes == 0 gives NULL and DEFT_OK. */
+deft_status deft_mem_alloc(deft_device d, size_t bytes, void **out);
+void deft_mem_free(deft_device d, void *ptr);
+/* Copies between any two devices (host memory is the CPU device); returns once the copy is complete. */
+deft_status deft_mem_copy(deft_device dst_dev, void *dst, deft_device src_dev, const void *src, size_t bytes);
+/* Waits for all work queued on the device. */
+deft_status deft_device_synchronize(deft_device d);
+
+/* ---- the CUDA side (runtime/cuda_device.c when built with CUDA, runtime/cuda_absent.c otherwise) ---- */
+int deft_cuda_count(void);      /* visible, working GPUs; 0 without CUDA or without a GPU */
+deft_status deft_cuda_name(int index, char *buf, size_t n);
+deft_status deft_cuda_memory(int index, size_t *free_bytes, size_t *total_bytes);
+int deft_cuda_started(void);
+deft_status deft_cuda_alloc(int index, size_t bytes, void **out);
+void deft_cuda_free(int index, void *ptr);
+/* kind: 0 host->device, 1 device->host, 2 device->device (peer copies when the devices differ). */
+deft_status deft_cuda_copy(int dst_index, void *dst, int src_index, const void *src, size_t bytes, int kind);
+deft_status deft_cuda_synchronize(int index);
+deft_status deft_cuda_set_device(int index);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
