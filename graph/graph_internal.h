@@ -117,7 +117,7 @@ struct deft_graph {
     deft_tensor **nodes;
     int n_nodes, cap_nodes;
     deft_status first_error;
-    char first_errmsg[512];
+    char first_errmsg[1024];
     uint64_t seed;
     uint64_t param_counter;       /* distinct default seeds per parameter */
     struct deft_program **programs;   /* compiled from this graph, freed with it */

@@ -1,0 +1,72 @@
+/* Checks shared by the builders: one place for each message users see. */
+#include "device_internal.h"
+#include "node.h"
+
+deft_graph *deft_srcs_graph(const char *op, int n, deft_tensor *const *srcs) {
+    if (!srcs) return NULL;
+    for (int i = 0; i < n; i++)
+        if (!srcs[i]) return NULL;
+    deft_graph *g = srcs[0]->graph;
+    for (int i = 1; i < n; i++) {
+        if (srcs[i]->graph != g) {
+            deft_graph_fail(g, DEFT_ERR_INVALID, "%s: inputs come from different graphs", op);
+            return NULL;
+        }
+        if (!deft_device_equal(srcs[i]->device, srcs[0]->device)) {
+            char a[32], b[32];
+            deft_graph_fail(g, DEFT_ERR_DEVICE,
+                            "%s: expected all tensors on the same device, found %s and %s; move one with deft_to",
+                            op, deft_device_str(srcs[0]->device, a, sizeof a),
+                            deft_device_str(srcs[i]->device, b, sizeof b));
+            return NULL;
+        }
+    }
+    return g;
+}
+
+bool deft_check_leaf(deft_graph *g, const char *what, deft_dtype dt, int ndim, const int64_t *shape,
+                     deft_device dev) {
+    if ((int)dt < 0 || dt >= DEFT_DTYPE_COUNT) {
+        deft_graph_fail(g, DEFT_ERR_DTYPE, "%s: unsupported dtype %d", what, (int)dt);
+        return false;
+    }
+    if (ndim < 0 || ndim > DEFT_MAX_DIMS) {
+        deft_graph_fail(g, DEFT_ERR_SHAPE, "%s: %d dimensions; deft supports 0 to %d", what, ndim, DEFT_MAX_DIMS);
+        return false;
+    }
+    if (ndim > 0 && !shape) {
+        deft_graph_fail(g, DEFT_ERR_INVALID, "%s: shape is NULL for %d dimensions", what, ndim);
+        return false;
+    }
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] <= 0) {
+            deft_graph_fail(g, DEFT_ERR_SHAPE, "%s: dimension %d is %lld; sizes must be positive", what, i,
+                            (long long)shape[i]);
+            return false;
+        }
+    }
+    deft_status s = deft_device_check(dev);
+    if (s != DEFT_OK) {
+        deft_graph_fail(g, s, "%s: %s", what, deft_errmsg());
+        return false;
+    }
+    return true;
+}
+
+bool deft_norm_axis(deft_graph *g, const char *op, int axis, int ndim, int *out) {
+    int a = axis < 0 ? axis + ndim : axis;
+    if (a < 0 || a >= ndim) {
+        deft_graph_fail(g, DEFT_ERR_SHAPE, "%s: axis %d is out of range for a tensor of %d dimensions", op, axis,
+                        ndim);
+        return false;
+    }
+    *out = a;
+    return true;
+}
+
+bool deft_require_float(deft_graph *g, const char *op, deft_dtype dt) {
+    if (deft_dtype_is_float(dt)) return true;
+    deft_graph_fail(g, DEFT_ERR_DTYPE, "%s: needs a floating dtype (f32, f64, f16, bf16), got %s", op,
+                    deft_dtype_name(dt));
+    return false;
+}

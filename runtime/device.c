@@ -1,0 +1,152 @@
+/* Devices: parsing, the default, facts, and memory behind one interface for the CPU and CUDA. */
+#define _DEFAULT_SOURCE /* sysconf(_SC_PHYS_PAGES) */
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cpu_kernels.h"
+#include "device_internal.h"
+#include "graph_internal.h"
+#include "node.h"
+
+deft_device deft_cpu(void) { return (deft_device){DEFT_CPU, 0}; }
+
+deft_device deft_cuda(int index) { return (deft_device){DEFT_CUDA, index}; }
+
+int deft_device_equal(deft_device a, deft_device b) {
+    return a.type == b.type && (a.type == DEFT_CPU || a.index == b.index);
+}
+
+const char *deft_device_str(deft_device d, char *buf, size_t n) {
+    if (d.type == DEFT_CPU) snprintf(buf, n, "cpu");
+    else snprintf(buf, n, "cuda:%d", d.index);
+    return buf;
+}
+
+int deft_has_cuda_build(void) {
+#ifdef DEFT_HAVE_CUDA
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+int deft_has_blas(void) { return deft_cpu_has_blas(); }
+
+int deft_cuda_device_count(void) { return deft_cuda_count(); }
+
+int deft_cuda_runtime_started(void) { return deft_cuda_started(); }
+
+deft_status deft_device_check(deft_device d) {
+    if (d.type == DEFT_CPU) return DEFT_OK;
+    if (d.type != DEFT_CUDA) return deft_set_error(DEFT_ERR_DEVICE, "unknown device type %d", (int)d.type);
+    if (!deft_has_cuda_build())
+        return deft_set_error(DEFT_ERR_NO_CUDA, "cuda:%d was asked for, but deft was built without CUDA", d.index);
+    int count = deft_cuda_count();
+    if (count == 0)
+        return deft_set_error(DEFT_ERR_NO_CUDA, "cuda:%d was asked for, but no CUDA GPU is usable here", d.index);
+    if (d.index < 0 || d.index >= count)
+        return deft_set_error(DEFT_ERR_DEVICE, "cuda:%d does not exist: %d CUDA device%s visible", d.index, count,
+                              count == 1 ? " is" : "s are");
+    return DEFT_OK;
+}
+
+deft_status deft_device_parse(const char *s, deft_device *out) {
+    if (!s || !out) return deft_set_error(DEFT_ERR_INVALID, "device_parse: NULL argument");
+    deft_device d;
+    if (strcmp(s, "cpu") == 0) {
+        *out = deft_cpu();
+        return DEFT_OK;
+    }
+    if (strcmp(s, "cuda") == 0) {
+        d = deft_cuda(0);
+    } else if (strncmp(s, "cuda:", 5) == 0) {
+        const char *p = s + 5;
+        char *end = NULL;
+        if (!isdigit((unsigned char)*p))
+            return deft_set_error(DEFT_ERR_DEVICE, "unknown device \"%s\": expected cpu, cuda or cuda:N", s);
+        long idx = strtol(p, &end, 10);
+        if (*end != '\0' || idx > 1 << 20)
+            return deft_set_error(DEFT_ERR_DEVICE, "unknown device \"%s\": expected cpu, cuda or cuda:N", s);
+        d = deft_cuda((int)idx);
+    } else {
+        return deft_set_error(DEFT_ERR_DEVICE, "unknown device \"%s\": expected cpu, cuda or cuda:N", s);
+    }
+    deft_status st = deft_device_check(d);
+    if (st != DEFT_OK) return st;
+    *out = d;
+    return DEFT_OK;
+}
+
+deft_device deft_device_default(void) {
+    return deft_has_cuda_build() && deft_cuda_count() > 0 ? deft_cuda(0) : deft_cpu();
+}
+
+deft_status deft_device_name(deft_device d, char *buf, size_t n) {
+    if (!buf || n == 0) return deft_set_error(DEFT_ERR_INVALID, "device_name: no buffer");
+    deft_status s = deft_device_check(d);
+    if (s != DEFT_OK) return s;
+    if (d.type == DEFT_CPU) {
+        snprintf(buf, n, "cpu");
+        return DEFT_OK;
+    }
+    return deft_cuda_name(d.index, buf, n);
+}
+
+/* Host memory as the kernel sees it: physical pages, from sysconf. */
+static deft_status deft_host_memory(size_t *free_bytes, size_t *total_bytes);
+
+deft_status deft_device_memory(deft_device d, size_t *free_bytes, size_t *total_bytes) {
+    if (!free_bytes || !total_bytes) return deft_set_error(DEFT_ERR_INVALID, "device_memory: NULL argument");
+    deft_status s = deft_device_check(d);
+    if (s != DEFT_OK) return s;
+    if (d.type == DEFT_CPU) return deft_host_memory(free_bytes, total_bytes);
+    return deft_cuda_memory(d.index, free_bytes, total_bytes);
+}
+
+deft_status deft_mem_alloc(deft_device d, size_t bytes, void **out) {
+    *out = NULL;
+    if (bytes == 0) return DEFT_OK;
+    if (d.type == DEFT_CUDA) return deft_cuda_alloc(d.index, bytes, out);
+    size_t rounded = (bytes + 63) & ~(size_t)63;
+    *out = aligned_alloc(64, rounded);
+    if (!*out) return deft_set_error(DEFT_ERR_OOM, "out of host memory: %zu bytes asked for", bytes);
+    return DEFT_OK;
+}
+
+void deft_mem_free(deft_device d, void *ptr) {
+    if (!ptr) return;
+    if (d.type == DEFT_CUDA) deft_cuda_free(d.index, ptr);
+    else free(ptr);
+}
+
+deft_status deft_mem_copy(deft_device dst_dev, void *dst, deft_device src_dev, const void *src, size_t bytes) {
+    if (bytes == 0 || dst == src) return DEFT_OK;
+    if (dst_dev.type == DEFT_CPU && src_dev.type == DEFT_CPU) {
+        memcpy(dst, src, bytes);
+        return DEFT_OK;
+    }
+    if (dst_dev.type == DEFT_CUDA && src_dev.type == DEFT_CPU) return deft_cuda_copy(dst_dev.index, dst, -1, src, bytes, 0);
+    if (dst_dev.type == DEFT_CPU) return deft_cuda_copy(-1, dst, src_dev.index, src, bytes, 1);
+    return deft_cuda_copy(dst_dev.index, dst, src_dev.index, src, bytes, 2);
+}
+
+deft_status deft_device_synchronize(deft_device d) {
+    if (d.type == DEFT_CPU) return DEFT_OK;
+    return deft_cuda_synchronize(d.index);
+}
+
+void deft_node_release_device_data(deft_tensor *t) {
+    deft_mem_free(t->device, t->dev_data);
+    t->dev_data = NULL;
+}
+
+static deft_status deft_host_memory(size_t *free_bytes, size_t *total_bytes) {
+    long pages = sysconf(_SC_PHYS_PAGES), avail = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages <= 0 || page <= 0) return deft_set_error(DEFT_ERR_RUNTIME, "cannot read the host's memory size");
+    *total_bytes = (size_t)pages * (size_t)page;
+    *free_bytes = avail > 0 ? (size_t)avail * (size_t)page : 0;
+    return DEFT_OK;
+}

@@ -1,0 +1,139 @@
+/* Running a compiled program: feeding inputs, running the steps in order, reading outputs. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_kernels.h"
+#include "cuda_kernels.h"
+#include "device_internal.h"
+#include "program_state.h"
+
+static deft_status deft_check_program_tensor(const deft_program *p, const deft_tensor *t, const char *what) {
+    if (!p) return deft_set_error(DEFT_ERR_INVALID, "%s: program is NULL", what);
+    if (!t) return deft_set_error(DEFT_ERR_INVALID, "%s: tensor is NULL", what);
+    if (t->graph != p->graph || t->id >= p->n_nodes)
+        return deft_set_error(DEFT_ERR_STATE, "%s: %s is not part of this program's graph as compiled", what,
+                              t->name);
+    return DEFT_OK;
+}
+
+deft_status deft_program_feed(deft_program *p, deft_tensor *input, const void *host, size_t bytes) {
+    deft_status s = deft_check_program_tensor(p, input, "feed");
+    if (s != DEFT_OK) return s;
+    if (input->op != DEFT_OP_INPUT)
+        return deft_set_error(DEFT_ERR_STATE, "feed: %s is a %s, not an input", input->name,
+                              deft_op_name(input->op));
+    if (bytes != deft_tensor_bytes(input))
+        return deft_set_error(DEFT_ERR_INVALID, "feed: %zu bytes given for input %s of %zu bytes (%lld x %s)",
+                              bytes, input->name, deft_tensor_bytes(input),
+                              (long long)deft_shape_numel(input->ndim, input->shape), deft_dtype_name(input->dtype));
+    if (!host) return deft_set_error(DEFT_ERR_INVALID, "feed: host buffer is NULL");
+    deft_node_state *st = &p->nodes[input->id];
+    if (!st->needed) return DEFT_OK;   /* an input this program does not read: nothing to do */
+    s = deft_mem_copy(input->device, st->input_storage, deft_cpu(), host, bytes);
+    if (s == DEFT_OK) st->fed = true;
+    return s;
+}
+
+static deft_status deft_check_fed(const deft_program *p) {
+    for (int id = 0; id < p->n_nodes; id++) {
+        const deft_tensor *t = p->graph->nodes[id];
+        if (p->nodes[id].needed && t->op == DEFT_OP_INPUT && !p->nodes[id].fed)
+            return deft_set_error(DEFT_ERR_STATE, "run: input %s was never fed; call deft_program_feed first",
+                                  t->name);
+    }
+    return DEFT_OK;
+}
+
+static deft_status deft_run_step(deft_program *p, int id) {
+    const deft_tensor *t = p->graph->nodes[id];
+    void *out = deft_program_data(p, id);
+    if (t->op == DEFT_OP_COPY) {
+        const deft_tensor *src = t->src[0];
+        return deft_mem_copy(t->device, out, src->device, deft_program_data(p, src->id), deft_tensor_bytes(t));
+    }
+    const void *in_small[4];
+    const void **in = t->nsrc <= 4 ? in_small : malloc((size_t)t->nsrc * sizeof *in);
+    if (!in) return deft_set_error(DEFT_ERR_OOM, "run: out of host memory");
+    for (int k = 0; k < t->nsrc; k++) in[k] = deft_program_data(p, t->src[k]->id);
+    deft_status s;
+    if (t->device.type == DEFT_CPU) {
+        s = deft_cpu_run_node(t, out, in);
+    } else {
+#ifdef DEFT_HAVE_CUDA
+        s = deft_cuda_set_device(t->device.index);
+        if (s == DEFT_OK) s = deft_cuda_run_node(t, out, in, NULL);
+#else
+        s = deft_set_error(DEFT_ERR_NO_CUDA, "deft was built without CUDA");
+#endif
+    }
+    if (in != in_small) free((void *)in);
+    return s;
+}
+
+deft_status deft_program_run(deft_program *p) {
+    if (!p) return deft_set_error(DEFT_ERR_INVALID, "run: program is NULL");
+    deft_status s = deft_check_fed(p);
+    for (int i = 0; s == DEFT_OK && i < p->n_steps; i++) {
+        int id = p->steps[i];
+        s = deft_run_step(p, id);
+        if (s != DEFT_OK) {
+            char msg[768];
+            snprintf(msg, sizeof msg, "%s", deft_errmsg());
+            return deft_set_error(s, "run: step %d (%s, %s): %s", i, p->graph->nodes[id]->name,
+                                  deft_op_name(p->graph->nodes[id]->op), msg);
+        }
+        p->nodes[id].runs++;
+    }
+    for (int a = 0; s == DEFT_OK && a < p->n_arenas; a++) s = deft_device_synchronize(p->arenas[a].device);
+    p->ran = s == DEFT_OK;
+    return s;
+}
+
+deft_status deft_program_read(deft_program *p, const deft_tensor *t, void *host, size_t bytes) {
+    deft_status s = deft_check_program_tensor(p, t, "read");
+    if (s != DEFT_OK) return s;
+    if (!p->nodes[t->id].is_output)
+        return deft_set_error(DEFT_ERR_STATE,
+                              "read: %s is not an output of this program; pass it to deft_compile to read it",
+                              t->name);
+    if (!p->ran) return deft_set_error(DEFT_ERR_STATE, "read: %s has not been computed: run the program first", t->name);
+    if (bytes != deft_tensor_bytes(t))
+        return deft_set_error(DEFT_ERR_INVALID, "read: %zu bytes asked for output %s of %zu bytes", bytes, t->name,
+                              deft_tensor_bytes(t));
+    if (!host) return deft_set_error(DEFT_ERR_INVALID, "read: host buffer is NULL");
+    return deft_mem_copy(deft_cpu(), host, t->device, deft_program_data(p, t->id), bytes);
+}
+
+deft_status deft_realize(deft_tensor *t, void *host, size_t bytes) {
+    if (!t) {
+        char cause[1024];
+        snprintf(cause, sizeof cause, "%s", deft_errmsg());
+        return deft_set_error(DEFT_ERR_INVALID, "realize: tensor is NULL (an earlier builder failed: %s)", cause);
+    }
+    deft_program *p;
+    deft_status s = deft_compile_into(t->graph, &t, 1, NULL, &p);
+    if (s != DEFT_OK) return s;
+    s = deft_program_run(p);
+    if (s == DEFT_OK) s = deft_program_read(p, t, host, bytes);
+    if (s != DEFT_OK) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", deft_errmsg());
+        deft_program_free(p);
+        return deft_set_error(s, "realize: %s", msg);
+    }
+    deft_program_free(p);
+    return DEFT_OK;
+}
+
+/* ---- what compiling decided ---- */
+
+int deft_program_step_count(const deft_program *p) { return p ? p->n_steps : 0; }
+
+int deft_program_schedules(const deft_program *p, const deft_tensor *t) {
+    return p && t && t->graph == p->graph && t->id < p->n_nodes && p->nodes[t->id].needed;
+}
+
+int64_t deft_program_node_runs(const deft_program *p, const deft_tensor *t) {
+    return deft_program_schedules(p, t) ? p->nodes[t->id].runs : 0;
+}

@@ -1,0 +1,59 @@
+/* Reports of what the planner decided: numbers, a table, and per-node facts for the DOT dump. */
+#include <stdio.h>
+
+#include "program_state.h"
+
+void deft_program_node_plan(const deft_program *p, const deft_tensor *t, deft_node_plan *out) {
+    *out = (deft_node_plan){DEFT_PLACE_NONE, -1, 0, 0, -1, -1, 0};
+    if (!deft_program_schedules(p, t)) return;
+    const deft_node_state *s = &p->nodes[t->id];
+    out->step = s->step;
+    out->is_output = s->is_output;
+    if (s->buffer < 0) {
+        out->place = DEFT_PLACE_PERSISTENT;
+        out->size = deft_tensor_bytes(t);
+        return;
+    }
+    const deft_buffer *b = &p->buffers[s->buffer];
+    out->place = t->is_view ? DEFT_PLACE_VIEW : DEFT_PLACE_ARENA;
+    out->offset = b->plan.offset + s->offset;
+    out->size = deft_tensor_bytes(t);
+    out->first = b->plan.first;
+    out->last = b->plan.last;
+}
+
+deft_status deft_program_memory(const deft_program *p, deft_memory_report *out) {
+    if (!p || !out) return deft_set_error(DEFT_ERR_INVALID, "program_memory: NULL argument");
+    *out = (deft_memory_report){0};
+    for (int a = 0; a < p->n_arenas; a++) {
+        out->arena_bytes += p->arenas[a].bytes;
+        out->lower_bound_bytes += p->arenas[a].lower_bound;
+        out->no_reuse_bytes += p->arenas[a].no_reuse_bytes;
+    }
+    out->persistent_bytes = p->persistent_bytes;
+    out->buffers = p->n_buffers;
+    return DEFT_OK;
+}
+
+deft_status deft_program_print_plan(const deft_program *p, void *file) {
+    if (!p) return deft_set_error(DEFT_ERR_INVALID, "print_plan: program is NULL");
+    FILE *f = file ? (FILE *)file : stdout;
+    deft_memory_report r;
+    deft_program_memory(p, &r);
+    fprintf(f, "memory plan: %d steps, %d buffers\n", p->n_steps, p->n_buffers);
+    for (int a = 0; a < p->n_arenas; a++) {
+        char d[32];
+        const deft_arena *ar = &p->arenas[a];
+        fprintf(f, "  arena %-8s %12zu bytes (lower bound %zu, without reuse %zu)\n",
+                deft_device_str(ar->device, d, sizeof d), ar->bytes, ar->lower_bound, ar->no_reuse_bytes);
+    }
+    fprintf(f, "  persistent    %12zu bytes\n", r.persistent_bytes);
+    fprintf(f, "  %-24s %-10s %12s %12s %6s %6s\n", "buffer", "op", "offset", "bytes", "first", "last");
+    for (int b = 0; b < p->n_buffers; b++) {
+        const deft_buffer *buf = &p->buffers[b];
+        const deft_tensor *t = p->graph->nodes[buf->node];
+        fprintf(f, "  %-24s %-10s %12zu %12zu %6d %6d\n", t->name, deft_op_name(t->op), buf->plan.offset,
+                buf->plan.size, buf->plan.first, buf->plan.last);
+    }
+    return DEFT_OK;
+}

@@ -1,0 +1,237 @@
+/* Compiling: which nodes run, in what order, where each value lives; then the arenas and input slots. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "device_internal.h"
+#include "program_state.h"
+
+static int deft_view_base(const deft_graph *g, int id, size_t *offset) {
+    size_t off = 0;
+    const deft_tensor *t = g->nodes[id];
+    while (t->is_view) {
+        off += t->view_offset;
+        t = t->src[0];
+    }
+    if (offset) *offset = off;
+    return t->id;
+}
+
+static deft_status deft_check_outputs(deft_graph *g, deft_tensor *const *outputs, int n_outputs) {
+    if (!g) return deft_set_error(DEFT_ERR_INVALID, "compile: graph is NULL");
+    if (g->first_error != DEFT_OK)
+        return deft_set_error(g->first_error, "compile: the graph has an error: %s", g->first_errmsg);
+    if (!outputs || n_outputs <= 0) return deft_set_error(DEFT_ERR_INVALID, "compile: no outputs asked for");
+    for (int i = 0; i < n_outputs; i++) {
+        if (!outputs[i]) return deft_set_error(DEFT_ERR_INVALID, "compile: output %d is NULL", i);
+        if (outputs[i]->graph != g)
+            return deft_set_error(DEFT_ERR_INVALID, "compile: output %d (%s) belongs to another graph", i,
+                                  outputs[i]->name);
+    }
+    return DEFT_OK;
+}
+
+/* Marks what the outputs need: node ids are a topological order, so one backward pass suffices. */
+static void deft_mark_needed(deft_program *p, deft_tensor *const *outputs, int n_outputs) {
+    for (int i = 0; i < n_outputs; i++) {
+        p->nodes[outputs[i]->id].needed = true;
+        p->nodes[outputs[i]->id].is_output = true;
+        p->outputs[i] = outputs[i]->id;
+    }
+    for (int id = p->n_nodes - 1; id >= 0; id--) {
+        if (!p->nodes[id].needed) continue;
+        const deft_tensor *t = p->graph->nodes[id];
+        for (int k = 0; k < t->nsrc; k++) p->nodes[t->src[k]->id].needed = true;
+    }
+}
+
+static int deft_arena_for(deft_program *p, deft_device d) {
+    for (int i = 0; i < p->n_arenas; i++)
+        if (deft_device_equal(p->arenas[i].device, d)) return i;
+    if (p->n_arenas == DEFT_MAX_ARENAS) return -1;
+    p->arenas[p->n_arenas].device = d;
+    return p->n_arenas++;
+}
+
+static deft_status deft_schedule(deft_program *p) {
+    const deft_graph *g = p->graph;
+    p->steps = malloc((size_t)p->n_nodes * sizeof *p->steps);
+    p->buffers = malloc((size_t)p->n_nodes * sizeof *p->buffers);
+    if (!p->steps || !p->buffers) return deft_set_error(DEFT_ERR_OOM, "compile: out of host memory");
+    for (int id = 0; id < p->n_nodes; id++) {
+        deft_node_state *s = &p->nodes[id];
+        const deft_tensor *t = g->nodes[id];
+        s->step = s->buffer = s->arena = -1;
+        if (!s->needed || deft_op_is_leaf(t->op) || t->is_view) continue;
+        s->step = p->n_steps;
+        p->steps[p->n_steps++] = id;
+        int arena = deft_arena_for(p, t->device);
+        if (arena < 0) return deft_set_error(DEFT_ERR_DEVICE, "compile: more than %d devices", DEFT_MAX_ARENAS);
+        s->arena = arena;
+        s->buffer = p->n_buffers;
+        p->buffers[p->n_buffers++] = (deft_buffer){id, arena, {deft_tensor_bytes(t), s->step, s->step, 0}};
+    }
+    /* A buffer lives until its last reader; views are read through their base; outputs live to the end. */
+    for (int id = 0; id < p->n_nodes; id++) {
+        deft_node_state *s = &p->nodes[id];
+        if (!s->needed) continue;
+        int base = deft_view_base(g, id, &s->offset);
+        if (base != id) {
+            s->buffer = p->nodes[base].buffer;
+            s->arena = p->nodes[base].arena;
+        }
+        const deft_tensor *t = g->nodes[id];
+        for (int k = 0; s->step >= 0 && k < t->nsrc; k++) {
+            int b = p->nodes[deft_view_base(g, t->src[k]->id, NULL)].buffer;
+            if (b >= 0 && p->buffers[b].plan.last < s->step) p->buffers[b].plan.last = s->step;
+        }
+        if (s->is_output && s->buffer >= 0) p->buffers[s->buffer].plan.last = p->n_steps;
+    }
+    return DEFT_OK;
+}
+
+static deft_status deft_plan_arenas(deft_program *p, int no_reuse) {
+    deft_plan_buffer *tmp = malloc((size_t)(p->n_buffers ? p->n_buffers : 1) * sizeof *tmp);
+    int *idx = malloc((size_t)(p->n_buffers ? p->n_buffers : 1) * sizeof *idx);
+    if (!tmp || !idx) {
+        free(tmp);
+        free(idx);
+        return deft_set_error(DEFT_ERR_OOM, "compile: out of host memory planning");
+    }
+    deft_status st = DEFT_OK;
+    for (int a = 0; a < p->n_arenas && st == DEFT_OK; a++) {
+        int n = 0;
+        for (int b = 0; b < p->n_buffers; b++)
+            if (p->buffers[b].arena == a) {
+                idx[n] = b;
+                tmp[n++] = p->buffers[b].plan;
+            }
+        deft_plan_stats stats;
+        st = deft_plan_offsets(tmp, n, no_reuse, &stats);
+        for (int i = 0; st == DEFT_OK && i < n; i++) p->buffers[idx[i]].plan.offset = tmp[i].offset;
+        p->arenas[a].bytes = stats.arena_bytes;
+        p->arenas[a].lower_bound = stats.lower_bound;
+        p->arenas[a].no_reuse_bytes = stats.no_reuse_bytes;
+    }
+    free(tmp);
+    free(idx);
+    return st;
+}
+
+/* Input slots, and device copies of parameters and constants that live on a GPU. */
+static deft_status deft_place_persistent(deft_program *p) {
+    for (int id = 0; id < p->n_nodes; id++) {
+        deft_tensor *t = p->graph->nodes[id];
+        if (!p->nodes[id].needed || !deft_op_is_leaf(t->op)) continue;
+        size_t bytes = deft_tensor_bytes(t);
+        deft_status s = DEFT_OK;
+        if (t->op == DEFT_OP_INPUT) {
+            s = deft_mem_alloc(t->device, bytes, &p->nodes[id].input_storage);
+        } else if (t->device.type != DEFT_CPU && !t->dev_data) {
+            s = deft_mem_alloc(t->device, bytes, &t->dev_data);
+            if (s == DEFT_OK) s = deft_mem_copy(t->device, t->dev_data, deft_cpu(), t->host_data, bytes);
+        }
+        if (s != DEFT_OK) return deft_set_error(s, "compile: storage for %s: %s", t->name, deft_errmsg());
+    }
+    return DEFT_OK;
+}
+
+static deft_status deft_check_budget(const deft_program *p, size_t budget) {
+    size_t arena = 0;
+    for (int a = 0; a < p->n_arenas; a++) arena += p->arenas[a].bytes;
+    if (budget == 0 || arena + p->persistent_bytes <= budget) return DEFT_OK;
+    if (p->persistent_bytes > budget)
+        return deft_set_error(DEFT_ERR_OOM,
+                              "compile: the memory budget of %zu bytes is smaller than the persistent state "
+                              "(%zu bytes of inputs, parameters and constants)",
+                              budget, p->persistent_bytes);
+    return deft_set_error(DEFT_ERR_OOM,
+                          "compile: the memory budget of %zu bytes is smaller than the %zu bytes this program needs "
+                          "(arena %zu + persistent %zu)",
+                          budget, arena + p->persistent_bytes, arena, p->persistent_bytes);
+}
+
+static deft_status deft_alloc_arenas(deft_program *p) {
+    for (int a = 0; a < p->n_arenas; a++) {
+        deft_status s = deft_mem_alloc(p->arenas[a].device, p->arenas[a].bytes, &p->arenas[a].base);
+        if (s != DEFT_OK) {
+            char d[32];
+            return deft_set_error(s, "compile: the arena of %zu bytes on %s: %s", p->arenas[a].bytes,
+                                  deft_device_str(p->arenas[a].device, d, sizeof d), deft_errmsg());
+        }
+    }
+    return DEFT_OK;
+}
+
+static deft_status deft_build(deft_program *p, deft_tensor *const *outputs, int n_outputs,
+                              const deft_compile_options *opts) {
+    p->nodes = calloc((size_t)p->n_nodes, sizeof *p->nodes);
+    p->outputs = malloc((size_t)n_outputs * sizeof *p->outputs);
+    if (!p->nodes || !p->outputs) return deft_set_error(DEFT_ERR_OOM, "compile: out of host memory");
+    p->n_outputs = n_outputs;
+    deft_mark_needed(p, outputs, n_outputs);
+    deft_status s = deft_schedule(p);
+    if (s == DEFT_OK) s = deft_plan_arenas(p, opts ? opts->no_reuse : 0);
+    for (int id = 0; id < p->n_nodes; id++)
+        if (p->nodes[id].needed && deft_op_is_leaf(p->graph->nodes[id]->op))
+            p->persistent_bytes += deft_tensor_bytes(p->graph->nodes[id]);
+    if (s == DEFT_OK) s = deft_check_budget(p, opts ? opts->memory_budget : 0);
+    if (s == DEFT_OK) s = deft_place_persistent(p);
+    if (s == DEFT_OK) s = deft_alloc_arenas(p);
+    return s;
+}
+
+deft_status deft_compile_into(deft_graph *g, deft_tensor *const *outputs, int n_outputs,
+                              const deft_compile_options *opts, deft_program **out) {
+    *out = NULL;
+    deft_status s = deft_check_outputs(g, outputs, n_outputs);
+    if (s != DEFT_OK) return s;
+    deft_program *p = calloc(1, sizeof *p);
+    if (!p) return deft_set_error(DEFT_ERR_OOM, "compile: out of host memory");
+    p->graph = g;
+    p->n_nodes = g->n_nodes;
+    s = deft_graph_add_program(g, p);
+    if (s != DEFT_OK) {
+        free(p);
+        return s;
+    }
+    s = deft_build(p, outputs, n_outputs, opts);
+    if (s != DEFT_OK) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", deft_errmsg());
+        deft_program_free(p);
+        return deft_set_error(s, "%s", msg);
+    }
+    *out = p;
+    return DEFT_OK;
+}
+
+deft_program *deft_compile(deft_graph *g, deft_tensor *const *outputs, int n_outputs,
+                           const deft_compile_options *opts) {
+    deft_program *p;
+    deft_compile_into(g, outputs, n_outputs, opts, &p);
+    return p;
+}
+
+void deft_program_free(deft_program *p) {
+    if (!p) return;
+    for (int a = 0; a < p->n_arenas; a++) deft_mem_free(p->arenas[a].device, p->arenas[a].base);
+    for (int id = 0; p->nodes && id < p->n_nodes; id++)
+        if (p->nodes[id].input_storage) deft_mem_free(p->graph->nodes[id]->device, p->nodes[id].input_storage);
+    deft_graph_remove_program(p->graph, p);
+    free(p->nodes);
+    free(p->steps);
+    free(p->outputs);
+    free(p->buffers);
+    free(p);
+}
+
+void *deft_program_data(const deft_program *p, int id) {
+    const deft_node_state *s = &p->nodes[id];
+    int base = deft_view_base(p->graph, id, NULL);
+    const deft_tensor *b = p->graph->nodes[base];
+    char *ptr;
+    if (b->op == DEFT_OP_INPUT) ptr = p->nodes[base].input_storage;
+    else if (deft_op_is_leaf(b->op)) ptr = b->device.type == DEFT_CPU ? b->host_data : b->dev_data;
+    else ptr = (char *)p->arenas[s->arena].base + p->buffers[s->buffer].plan.offset;
+    return ptr ? ptr + s->offset : NULL;
+}

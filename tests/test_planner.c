@@ -1,0 +1,153 @@
+/* The first memory plan: no two buffers that live at the same step overlap, reuse never changes results, and the
+ * arena stays near the lower bound. */
+#include <stdint.h>
+
+#include "check.h"
+#include "graph_internal.h"
+#include "planner.h"
+#include "program_internal.h"
+
+static uint64_t rng_state = 88172645463325252ull;
+static uint64_t next_u64(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+static int rand_below(int n) { return (int)(next_u64() % (uint64_t)n); }
+
+static int overlaps(const deft_plan_buffer *a, const deft_plan_buffer *b) {
+    int live_together = a->first <= b->last && b->first <= a->last;
+    int share_bytes = a->offset < b->offset + b->size && b->offset < a->offset + a->size;
+    return live_together && share_bytes;
+}
+
+static void test_planner_random_lifetimes(void) {
+    enum { N = 300 };
+    static deft_plan_buffer bufs[N];
+    for (int trial = 0; trial < 50; trial++) {
+        int n = 1 + rand_below(N);
+        for (int i = 0; i < n; i++) {
+            int first = rand_below(200), len = rand_below(20);
+            bufs[i] = (deft_plan_buffer){(size_t)(1 + rand_below(100000)), first, first + len, 0};
+        }
+        deft_plan_stats st;
+        CHECK_OK(deft_plan_offsets(bufs, n, 0, &st));
+        int bad = 0;
+        for (int i = 0; i < n; i++) {
+            bad += bufs[i].offset % DEFT_PLAN_ALIGN != 0 || bufs[i].offset + bufs[i].size > st.arena_bytes;
+            for (int j = i + 1; j < n; j++) bad += overlaps(&bufs[i], &bufs[j]);
+        }
+        CHECK_MSG(bad == 0, "trial %d: %d overlapping or misplaced buffers", trial, bad);
+        CHECK(st.lower_bound <= st.arena_bytes && st.arena_bytes <= st.no_reuse_bytes);
+    }
+    deft_plan_buffer backwards = {16, 5, 2, 0};
+    CHECK_ERR(deft_plan_offsets(&backwards, 1, 0, &(deft_plan_stats){0}), DEFT_ERR_INVALID, "lifetime [5, 2]");
+}
+
+static void test_chain_reuses_two_buffers(void) {
+    /* A chain of 20 same-size ops needs two live buffers at a time, and the plan finds exactly that. */
+    deft_graph *g = deft_graph_new();
+    deft_tensor *t = deft_full(g, DEFT_F32, 1, (int64_t[]){1000}, deft_cpu(), 1.0);
+    for (int i = 0; i < 20; i++) t = deft_add_scalar(t, 1.0);
+    deft_program *p = deft_compile(g, &t, 1, NULL);
+    deft_memory_report m;
+    CHECK_OK(deft_program_memory(p, &m));
+    CHECK(m.buffers == 21);
+    CHECK(m.arena_bytes == 2 * 4096);
+    CHECK(m.lower_bound_bytes == 2 * 4096);
+    CHECK(m.no_reuse_bytes == 21 * 4096);
+    CHECK_OK(deft_program_run(p));
+    float v[1000];
+    CHECK_OK(deft_program_read(p, t, v, sizeof v));
+    CHECK(v[0] == 21.0f && v[999] == 21.0f);
+    deft_graph_free(g);
+}
+
+/* A random DAG of elementwise and shape ops over a few inputs; returns its outputs. */
+static int build_random_dag(deft_tensor **in, int n_in, int n_nodes, deft_tensor **outs) {
+    deft_tensor *pool[512];
+    int np = 0;
+    for (int i = 0; i < n_in; i++) pool[np++] = in[i];
+    for (int k = 0; k < n_nodes && np < 512; k++) {
+        deft_tensor *a = pool[np - 1 - rand_below(np < 8 ? np : 8)], *b = pool[rand_below(np)], *t;
+        switch (rand_below(6)) {
+        case 0: t = deft_add(a, b); break;
+        case 1: t = deft_mul(a, deft_tanh(b)); break;
+        case 2: t = deft_relu(a); break;
+        case 3: t = deft_maximum(a, deft_mul_scalar(b, 0.5)); break;
+        case 4: t = deft_reshape(deft_transpose(deft_reshape(a, 2, (int64_t[]){16, 8}), 0, 1), 1, (int64_t[]){128}); break;
+        default: t = deft_sub(deft_sigmoid(a), b); break;
+        }
+        pool[np++] = t;
+    }
+    int n_out = 1 + rand_below(3);
+    for (int i = 0; i < n_out; i++) outs[i] = pool[np - 1 - rand_below(np / 2)];
+    outs[0] = pool[np - 1];
+    return n_out;
+}
+
+/* No two arena buffers that live at the same step share a byte. */
+static void check_program_plan(const deft_graph *g, const deft_program *p) {
+    deft_node_plan plans[1024];
+    int n = 0;
+    for (int i = 0; i < g->n_nodes && n < 1024; i++) {
+        deft_program_node_plan(p, g->nodes[i], &plans[n]);
+        if (plans[n].place == DEFT_PLACE_ARENA) n++;
+    }
+    int bad = 0;
+    for (int i = 0; i < n; i++)
+        for (int j = i + 1; j < n; j++) {
+            deft_plan_buffer a = {plans[i].size, plans[i].first, plans[i].last, plans[i].offset};
+            deft_plan_buffer b = {plans[j].size, plans[j].first, plans[j].last, plans[j].offset};
+            bad += overlaps(&a, &b);
+        }
+    CHECK_MSG(bad == 0, "%d pairs of live buffers overlap", bad);
+    deft_memory_report m;
+    CHECK_OK(deft_program_memory(p, &m));
+    CHECK(m.lower_bound_bytes <= m.arena_bytes && m.arena_bytes <= m.no_reuse_bytes);
+}
+
+static void test_reuse_equals_no_reuse(void) {
+    for (int trial = 0; trial < 30; trial++) {
+        deft_graph *g = deft_graph_new();
+        deft_tensor *in[3];
+        for (int i = 0; i < 3; i++) in[i] = deft_input(g, "x", DEFT_F32, 1, (int64_t[]){128}, deft_cpu());
+        deft_tensor *outs[3];
+        int n_out = build_random_dag(in, 3, 20 + rand_below(200), outs);
+        deft_program *reuse = deft_compile(g, outs, n_out, NULL);
+        deft_program *plain = deft_compile(g, outs, n_out, &(deft_compile_options){.no_reuse = 1});
+        CHECK(reuse && plain);
+        if (!reuse || !plain) {
+            deft_graph_free(g);
+            continue;
+        }
+        check_program_plan(g, reuse);
+        float x[128];
+        for (int i = 0; i < 3; i++) {
+            for (int j = 0; j < 128; j++) x[j] = (float)((int)(next_u64() % 2001) - 1000) / 250.0f;
+            CHECK_OK(deft_program_feed(reuse, in[i], x, sizeof x));
+            CHECK_OK(deft_program_feed(plain, in[i], x, sizeof x));
+        }
+        CHECK_OK(deft_program_run(reuse));
+        CHECK_OK(deft_program_run(plain));
+        for (int o = 0; o < n_out; o++) {
+            float a[128], b[128];
+            CHECK_OK(deft_program_read(reuse, outs[o], a, sizeof a));
+            CHECK_OK(deft_program_read(plain, outs[o], b, sizeof b));
+            CHECK_MSG(memcmp(a, b, sizeof a) == 0, "trial %d output %d differs with reuse", trial, o);
+        }
+        deft_memory_report mr, mp;
+        deft_program_memory(reuse, &mr);
+        deft_program_memory(plain, &mp);
+        CHECK(mr.arena_bytes <= mp.arena_bytes);
+        deft_graph_free(g);
+    }
+}
+
+int main(void) {
+    test_planner_random_lifetimes();
+    test_chain_reuses_two_buffers();
+    test_reuse_equals_no_reuse();
+    return deft_check_finish();
+}
