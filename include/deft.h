@@ -229,6 +229,38 @@ deft_status deft_realize(deft_tensor *t, void *host, size_t bytes);
 /* Writes a Graphviz DOT file; p may be NULL (the plan's offsets are added when given). */
 deft_status deft_graph_dump_dot(const deft_graph *g, const deft_program *p, const char *path);
 
+/* ---- device memory: the caching allocator and what it can show (named as PyTorch names them) ---- */
+typedef struct deft_memory_stat {
+    int64_t current, peak, allocated, freed;   /* allocated/freed: running totals since the process started */
+} deft_memory_stat;
+
+typedef struct deft_memory_stats {
+    deft_memory_stat allocated_bytes;   /* bytes handed out in blocks (rounded sizes) */
+    deft_memory_stat reserved_bytes;    /* bytes held in segments from the device (cached included) */
+    deft_memory_stat active_bytes;      /* bytes in blocks in use or waiting on a stream */
+    deft_memory_stat requested_bytes;   /* bytes callers asked for, before rounding */
+    deft_memory_stat allocation;        /* block counts */
+    deft_memory_stat segment;           /* segment counts */
+    int64_t num_alloc_retries;          /* allocations that had to free the cache and retry */
+    int64_t num_ooms;                   /* allocations that failed after the retry */
+    int64_t num_device_alloc;           /* segments taken from the device (cudaMalloc or the host's allocator) */
+    int64_t num_device_free;            /* segments given back */
+} deft_memory_stats;
+
+deft_status deft_memory_stats_get(deft_device d, deft_memory_stats *out);
+/* Peaks back to the current values. */
+deft_status deft_memory_reset_peak(deft_device d);
+/* Gives every unused cached segment back to the device. */
+deft_status deft_memory_empty_cache(deft_device d);
+/* Caps the bytes the allocator may reserve on d (like set_per_process_memory_fraction); 0 removes the cap. */
+deft_status deft_memory_set_limit(deft_device d, size_t bytes);
+/* A human table of the statistics, like torch.cuda.memory_summary(); file is a FILE* (NULL = stdout). */
+deft_status deft_memory_summary(deft_device d, void *file);
+/* Records alloc and free events (size, tag, time) for snapshots, keeping the last max_entries; 0 turns it off. */
+deft_status deft_memory_record_history(size_t max_entries);
+/* Writes every device's segments and blocks (with their states) and the recorded history as JSON. */
+deft_status deft_memory_snapshot(const char *path);
+
 /* ---- half-precision conversion helpers (round to nearest even) ---- */
 uint16_t deft_f32_to_f16(float f);
 float deft_f16_to_f32(uint16_t h);

@@ -4,7 +4,7 @@
 #include "program_state.h"
 
 void deft_program_node_plan(const deft_program *p, const deft_tensor *t, deft_node_plan *out) {
-    *out = (deft_node_plan){DEFT_PLACE_NONE, -1, 0, 0, -1, -1, 0};
+    *out = (deft_node_plan){DEFT_PLACE_NONE, -1, 0, 0, -1, -1, -1, 0};
     if (!deft_program_schedules(p, t)) return;
     const deft_node_state *s = &p->nodes[t->id];
     out->step = s->step;
@@ -20,6 +20,7 @@ void deft_program_node_plan(const deft_program *p, const deft_tensor *t, deft_no
     out->size = deft_tensor_bytes(t);
     out->first = b->plan.first;
     out->last = b->plan.last;
+    out->buffer = s->buffer;
 }
 
 deft_status deft_program_memory(const deft_program *p, deft_memory_report *out) {
@@ -31,7 +32,7 @@ deft_status deft_program_memory(const deft_program *p, deft_memory_report *out) 
         out->no_reuse_bytes += p->arenas[a].no_reuse_bytes;
     }
     out->persistent_bytes = p->persistent_bytes;
-    out->buffers = p->n_buffers;
+    for (int b = 0; b < p->n_buffers; b++) out->buffers += p->buffers[b].merged_into < 0;
     return DEFT_OK;
 }
 
@@ -40,7 +41,8 @@ deft_status deft_program_print_plan(const deft_program *p, void *file) {
     FILE *f = file ? (FILE *)file : stdout;
     deft_memory_report r;
     deft_program_memory(p, &r);
-    fprintf(f, "memory plan: %d steps, %d buffers\n", p->n_steps, p->n_buffers);
+    fprintf(f, "memory plan: %d steps, %d buffers (%d ops ran in place)\n", p->n_steps, r.buffers,
+            p->n_buffers - r.buffers);
     for (int a = 0; a < p->n_arenas; a++) {
         char d[32];
         const deft_arena *ar = &p->arenas[a];
@@ -51,6 +53,7 @@ deft_status deft_program_print_plan(const deft_program *p, void *file) {
     fprintf(f, "  %-24s %-10s %12s %12s %6s %6s\n", "buffer", "op", "offset", "bytes", "first", "last");
     for (int b = 0; b < p->n_buffers; b++) {
         const deft_buffer *buf = &p->buffers[b];
+        if (buf->merged_into >= 0) continue;
         const deft_tensor *t = p->graph->nodes[buf->node];
         fprintf(f, "  %-24s %-10s %12zu %12zu %6d %6d\n", t->name, deft_op_name(t->op), buf->plan.offset,
                 buf->plan.size, buf->plan.first, buf->plan.last);

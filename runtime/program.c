@@ -68,7 +68,7 @@ static deft_status deft_schedule(deft_program *p) {
         if (arena < 0) return deft_set_error(DEFT_ERR_DEVICE, "compile: more than %d devices", DEFT_MAX_ARENAS);
         s->arena = arena;
         s->buffer = p->n_buffers;
-        p->buffers[p->n_buffers++] = (deft_buffer){id, arena, {deft_tensor_bytes(t), s->step, s->step, 0}};
+        p->buffers[p->n_buffers++] = (deft_buffer){id, arena, -1, {deft_tensor_bytes(t), s->step, s->step, 0}};
     }
     /* A buffer lives until its last reader; views are read through their base; outputs live to the end. */
     for (int id = 0; id < p->n_nodes; id++) {
@@ -89,6 +89,41 @@ static deft_status deft_schedule(deft_program *p) {
     return DEFT_OK;
 }
 
+/* Elementwise ops read element i before writing element i, so their output may take over an input's buffer. */
+static bool deft_may_run_in_place(const deft_tensor *t, const deft_tensor *src) {
+    deft_op_kind kind = deft_op_info_of(t->op)->kind;
+    if (kind != DEFT_KIND_BINARY && kind != DEFT_KIND_SCALAR && kind != DEFT_KIND_UNARY) return false;
+    return deft_tensor_bytes(src) == deft_tensor_bytes(t) && deft_dtype_size(src->dtype) == deft_dtype_size(t->dtype);
+}
+
+static int deft_buffer_root(const deft_program *p, int b) {
+    while (b >= 0 && p->buffers[b].merged_into >= 0) b = p->buffers[b].merged_into;
+    return b;
+}
+
+/* An op whose input buffer dies at that op writes its output there instead of in a buffer of its own. */
+static void deft_merge_in_place(deft_program *p) {
+    const deft_graph *g = p->graph;
+    for (int step = 0; step < p->n_steps; step++) {
+        int id = p->steps[step];
+        const deft_tensor *t = g->nodes[id];
+        int own = p->nodes[id].buffer;
+        for (int k = 0; k < t->nsrc; k++) {
+            size_t off;
+            int base = deft_view_base(g, t->src[k]->id, &off);
+            int b = deft_buffer_root(p, p->nodes[base].buffer);
+            if (b < 0 || off != 0 || b == own || p->buffers[b].plan.last != step ||
+                p->buffers[b].arena != p->buffers[own].arena || !deft_may_run_in_place(t, t->src[k]))
+                continue;
+            p->buffers[b].plan.last = p->buffers[own].plan.last;
+            p->buffers[own].merged_into = b;
+            break;
+        }
+    }
+    for (int id = 0; id < p->n_nodes; id++)
+        if (p->nodes[id].needed) p->nodes[id].buffer = deft_buffer_root(p, p->nodes[id].buffer);
+}
+
 static deft_status deft_plan_arenas(deft_program *p, int no_reuse) {
     deft_plan_buffer *tmp = malloc((size_t)(p->n_buffers ? p->n_buffers : 1) * sizeof *tmp);
     int *idx = malloc((size_t)(p->n_buffers ? p->n_buffers : 1) * sizeof *idx);
@@ -101,7 +136,7 @@ static deft_status deft_plan_arenas(deft_program *p, int no_reuse) {
     for (int a = 0; a < p->n_arenas && st == DEFT_OK; a++) {
         int n = 0;
         for (int b = 0; b < p->n_buffers; b++)
-            if (p->buffers[b].arena == a) {
+            if (p->buffers[b].arena == a && p->buffers[b].merged_into < 0) {
                 idx[n] = b;
                 tmp[n++] = p->buffers[b].plan;
             }
@@ -110,7 +145,10 @@ static deft_status deft_plan_arenas(deft_program *p, int no_reuse) {
         for (int i = 0; st == DEFT_OK && i < n; i++) p->buffers[idx[i]].plan.offset = tmp[i].offset;
         p->arenas[a].bytes = stats.arena_bytes;
         p->arenas[a].lower_bound = stats.lower_bound;
-        p->arenas[a].no_reuse_bytes = stats.no_reuse_bytes;
+        /* Without reuse, in-place ops would have had buffers of their own too. */
+        p->arenas[a].no_reuse_bytes = 0;
+        for (int b = 0; b < p->n_buffers; b++)
+            if (p->buffers[b].arena == a) p->arenas[a].no_reuse_bytes += deft_plan_align(p->buffers[b].plan.size);
     }
     free(tmp);
     free(idx);
@@ -170,7 +208,9 @@ static deft_status deft_build(deft_program *p, deft_tensor *const *outputs, int 
     p->n_outputs = n_outputs;
     deft_mark_needed(p, outputs, n_outputs);
     deft_status s = deft_schedule(p);
-    if (s == DEFT_OK) s = deft_plan_arenas(p, opts ? opts->no_reuse : 0);
+    int no_reuse = opts ? opts->no_reuse : 0;
+    if (s == DEFT_OK && !no_reuse) deft_merge_in_place(p);
+    if (s == DEFT_OK) s = deft_plan_arenas(p, no_reuse);
     for (int id = 0; id < p->n_nodes; id++)
         if (p->nodes[id].needed && deft_op_is_leaf(p->graph->nodes[id]->op))
             p->persistent_bytes += deft_tensor_bytes(p->graph->nodes[id]);

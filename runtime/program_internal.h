@@ -17,6 +17,7 @@ typedef struct deft_node_plan {
     int step;                /* position in the schedule, -1 if not scheduled */
     size_t offset, size;     /* arena range of its buffer (for views: the base's buffer, offset included) */
     int first, last;         /* lifetime of its buffer in steps */
+    int buffer;              /* its buffer's index (nodes that ran in place, and views, share one); -1 if none */
     int is_output;
 } deft_node_plan;
 

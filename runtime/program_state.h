@@ -32,6 +32,7 @@ typedef struct deft_node_state {
 typedef struct deft_buffer {
     int node;             /* the base node owning it */
     int arena;
+    int merged_into;      /* -1, or the buffer an in-place op took over (this one is then not planned) */
     deft_plan_buffer plan;
 } deft_buffer;
 
