@@ -219,6 +219,10 @@ typedef struct deft_memory_report {
     int buffers;               /* planned buffers (views share their base's) */
 } deft_memory_report;
 deft_status deft_program_memory(const deft_program *p, deft_memory_report *out);
+/* Plans the program that deft_compile would build, without allocating anything, and reports its memory: how much a
+ * step will need on each device before anything runs. */
+deft_status deft_plan_memory(deft_graph *g, deft_tensor *const *outputs, int n_outputs,
+                             const deft_compile_options *opts, deft_memory_report *out);
 /* Prints the memory report and the per-buffer plan (offset, size, lifetime) as a table. */
 deft_status deft_program_print_plan(const deft_program *p, void *file /* FILE*, NULL = stdout */);
 

@@ -201,7 +201,7 @@ static deft_status deft_alloc_arenas(deft_program *p) {
 }
 
 static deft_status deft_build(deft_program *p, deft_tensor *const *outputs, int n_outputs,
-                              const deft_compile_options *opts) {
+                              const deft_compile_options *opts, bool allocate) {
     p->nodes = calloc((size_t)p->n_nodes, sizeof *p->nodes);
     p->outputs = malloc((size_t)n_outputs * sizeof *p->outputs);
     if (!p->nodes || !p->outputs) return deft_set_error(DEFT_ERR_OOM, "compile: out of host memory");
@@ -215,13 +215,14 @@ static deft_status deft_build(deft_program *p, deft_tensor *const *outputs, int 
         if (p->nodes[id].needed && deft_op_is_leaf(p->graph->nodes[id]->op))
             p->persistent_bytes += deft_tensor_bytes(p->graph->nodes[id]);
     if (s == DEFT_OK) s = deft_check_budget(p, opts ? opts->memory_budget : 0);
+    if (!allocate) return s;
     if (s == DEFT_OK) s = deft_place_persistent(p);
     if (s == DEFT_OK) s = deft_alloc_arenas(p);
     return s;
 }
 
-deft_status deft_compile_into(deft_graph *g, deft_tensor *const *outputs, int n_outputs,
-                              const deft_compile_options *opts, deft_program **out) {
+static deft_status deft_compile_with(deft_graph *g, deft_tensor *const *outputs, int n_outputs,
+                                     const deft_compile_options *opts, bool allocate, deft_program **out) {
     *out = NULL;
     deft_status s = deft_check_outputs(g, outputs, n_outputs);
     if (s != DEFT_OK) return s;
@@ -234,7 +235,7 @@ deft_status deft_compile_into(deft_graph *g, deft_tensor *const *outputs, int n_
         free(p);
         return s;
     }
-    s = deft_build(p, outputs, n_outputs, opts);
+    s = deft_build(p, outputs, n_outputs, opts, allocate);
     if (s != DEFT_OK) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", deft_errmsg());
@@ -243,6 +244,22 @@ deft_status deft_compile_into(deft_graph *g, deft_tensor *const *outputs, int n_
     }
     *out = p;
     return DEFT_OK;
+}
+
+deft_status deft_compile_into(deft_graph *g, deft_tensor *const *outputs, int n_outputs,
+                              const deft_compile_options *opts, deft_program **out) {
+    return deft_compile_with(g, outputs, n_outputs, opts, true, out);
+}
+
+deft_status deft_plan_memory(deft_graph *g, deft_tensor *const *outputs, int n_outputs,
+                             const deft_compile_options *opts, deft_memory_report *out) {
+    if (!out) return deft_set_error(DEFT_ERR_INVALID, "plan_memory: report is NULL");
+    deft_program *p;
+    deft_status s = deft_compile_with(g, outputs, n_outputs, opts, false, &p);
+    if (s != DEFT_OK) return s;
+    s = deft_program_memory(p, out);
+    deft_program_free(p);
+    return s;
 }
 
 deft_program *deft_compile(deft_graph *g, deft_tensor *const *outputs, int n_outputs,

@@ -1,0 +1,179 @@
+/* bench_planner: how close the memory planner's arena comes to the lower bound (the largest sum of bytes live at any
+ * step) on graphs of several shapes, and how long planning takes. One figure per line: `<name> <value> <unit>`.
+ *
+ * The training-step graphs spell their backward pass out with ordinary ops (the same matmuls, reductions and
+ * elementwise products autodiff emits), so the planner sees the lifetimes of a real step. */
+#define _POSIX_C_SOURCE 200809L
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "deft.h"
+
+#define CPU deft_cpu()
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+static uint64_t next_u64(void) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return rng;
+}
+static int rand_below(int n) { return (int)(next_u64() % (uint64_t)n); }
+
+typedef struct bench_graph {
+    deft_graph *g;
+    deft_tensor *outs[4096];
+    int n_outs;
+} bench_graph;
+
+static void add_out(bench_graph *b, deft_tensor *t) {
+    if (b->n_outs < 4096) b->outs[b->n_outs++] = t;
+}
+
+/* Forward through `layers` linear+activation layers, an MSE loss, the backward pass and an SGD update per layer:
+ * the updated weights are the step's outputs. */
+static void build_mlp_step(bench_graph *b, int layers, int64_t batch, int64_t width, int64_t in_dim) {
+    deft_graph *g = b->g;
+    deft_tensor *x = deft_input(g, "x", DEFT_F32, 2, (int64_t[]){batch, in_dim}, CPU);
+    deft_tensor *y = deft_input(g, "y", DEFT_F32, 2, (int64_t[]){batch, width}, CPU);
+    deft_tensor *w[512], *bias[512], *z[512], *h[513];
+    h[0] = x;
+    for (int l = 0; l < layers; l++) {
+        int64_t fan_in = l == 0 ? in_dim : width;
+        w[l] = deft_param(g, "w", DEFT_F32, 2, (int64_t[]){fan_in, width}, CPU, DEFT_INIT_KAIMING);
+        bias[l] = deft_param(g, "b", DEFT_F32, 1, (int64_t[]){width}, CPU, DEFT_INIT_ZEROS);
+        z[l] = deft_add(deft_matmul(h[l], w[l]), bias[l]);
+        h[l + 1] = deft_silu(z[l]);
+    }
+    deft_tensor *diff = deft_sub(h[layers], y);
+    add_out(b, deft_mean(deft_mul(diff, diff), 0, NULL, 0));
+    deft_tensor *dh = deft_mul_scalar(diff, 2.0 / (double)(batch * width));
+    for (int l = layers - 1; l >= 0; l--) {
+        deft_tensor *sz = deft_sigmoid(z[l]);
+        /* d silu(z) / dz = s + z s (1 - s) */
+        deft_tensor *dz = deft_mul(dh, deft_add(sz, deft_mul(z[l], deft_mul(sz, deft_rsub_scalar(sz, 1.0)))));
+        deft_tensor *dw = deft_matmul_t(h[l], dz, 1, 0);
+        deft_tensor *db = deft_sum(dz, 1, (int[]){0}, 0);
+        add_out(b, deft_sub(w[l], deft_mul_scalar(dw, 0.01)));
+        add_out(b, deft_sub(bias[l], deft_mul_scalar(db, 0.01)));
+        if (l > 0) dh = deft_matmul_t(dz, w[l], 0, 1);
+    }
+}
+
+/* Inception-like blocks: four parallel branches of different depths concatenated, a projection, and a skip add
+ * from the block's input, several blocks deep, plus a long skip from the first block to the last. */
+static void build_branchy(bench_graph *b, int blocks, int64_t batch, int64_t width) {
+    deft_graph *g = b->g;
+    deft_tensor *x = deft_input(g, "x", DEFT_F32, 2, (int64_t[]){batch, width}, CPU);
+    deft_tensor *first = NULL;
+    for (int k = 0; k < blocks; k++) {
+        deft_tensor *br[4];
+        for (int j = 0; j < 4; j++) {
+            deft_tensor *t = x;
+            for (int d = 0; d <= j; d++) {
+                deft_tensor *w = deft_param(g, "w", DEFT_F32, 2, (int64_t[]){d == 0 ? width : width / 2, width / 2},
+                                            CPU, DEFT_INIT_KAIMING);
+                t = deft_relu(deft_matmul(t, w));
+            }
+            br[j] = t;
+        }
+        deft_tensor *cat = deft_concat(br, 4, 1);
+        deft_tensor *proj = deft_param(g, "p", DEFT_F32, 2, (int64_t[]){2 * width, width}, CPU, DEFT_INIT_KAIMING);
+        x = deft_add(deft_tanh(deft_matmul(cat, proj)), x);
+        if (!first) first = x;
+    }
+    add_out(b, deft_sum(deft_add(x, first), 0, NULL, 0));
+}
+
+/* Random DAG: each node reads one or two of the recent nodes (locality, as real graphs have) and now and then one
+ * from far back (a skip); sizes vary by a factor of 16. */
+static void build_random_dag(bench_graph *b, int nodes) {
+    deft_graph *g = b->g;
+    deft_tensor **pool = malloc((size_t)(nodes + 8) * sizeof *pool);
+    int np = 0;
+    const int64_t sizes[5] = {256, 1024, 4096, 2048, 512};
+    for (int i = 0; i < 5; i++) pool[np++] = deft_input(g, "x", DEFT_F32, 1, (int64_t[]){sizes[i]}, CPU);
+    while (np < nodes) {
+        deft_tensor *a = pool[np - 1 - rand_below(np < 6 ? np : 6)];
+        int far = rand_below(10) == 0;
+        deft_tensor *c = pool[far ? rand_below(np) : np - 1 - rand_below(np < 12 ? np : 12)];
+        deft_tensor *t;
+        int64_t na = deft_tensor_numel(a), nc = deft_tensor_numel(c);
+        switch (rand_below(4)) {
+        case 0: t = na == nc ? deft_add(a, c) : deft_tanh(a); break;
+        case 1: t = deft_relu(a); break;
+        case 2: { /* change size: repeat or shrink */
+            int64_t target = sizes[rand_below(5)];
+            t = target > na ? deft_concat((deft_tensor *[]){a, a}, 2, 0) : deft_slice(a, 0, 0, target, 1);
+            t = deft_mul_scalar(t, 0.5);
+            break;
+        }
+        default: t = na == nc ? deft_mul(a, c) : deft_exp(a); break;
+        }
+        pool[np++] = t;
+    }
+    for (int i = 1; i <= 16; i++) add_out(b, pool[np - i * (np / 17)]);
+    add_out(b, pool[np - 1]);
+    free(pool);
+}
+
+static int report(const char *name, bench_graph *b, int repeats) {
+    deft_memory_report m;
+    double times[16];
+    if (deft_graph_error(b->g) != DEFT_OK) {
+        fprintf(stderr, "bench_planner: building %s: %s\n", name, deft_graph_errmsg(b->g));
+        return 1;
+    }
+    for (int r = 0; r < repeats; r++) {
+        double t0 = now_ms();
+        deft_status s = deft_plan_memory(b->g, b->outs, b->n_outs, NULL, &m);
+        times[r] = now_ms() - t0;
+        if (s != DEFT_OK) {
+            fprintf(stderr, "bench_planner: planning %s: %s\n", name, deft_errmsg());
+            return 1;
+        }
+    }
+    for (int i = 1; i < repeats; i++)   /* insertion sort for the median */
+        for (int j = i; j > 0 && times[j] < times[j - 1]; j--) {
+            double t = times[j];
+            times[j] = times[j - 1];
+            times[j - 1] = t;
+        }
+    printf("planner.%s.nodes %d count\n", name, deft_graph_node_count(b->g));
+    printf("planner.%s.arena %zu bytes\n", name, m.arena_bytes);
+    printf("planner.%s.lower_bound %zu bytes\n", name, m.lower_bound_bytes);
+    printf("planner.%s.arena_over_bound %.4f x\n", name, (double)m.arena_bytes / (double)m.lower_bound_bytes);
+    printf("planner.%s.no_reuse_over_arena %.2f x\n", name, (double)m.no_reuse_bytes / (double)m.arena_bytes);
+    printf("planner.%s.plan_ms %.2f ms\n", name, times[repeats / 2]);
+    deft_graph_free(b->g);
+    return 0;
+}
+
+int main(void) {
+    static bench_graph b;
+    int fails = 0;
+    b = (bench_graph){.g = deft_graph_new()};
+    build_mlp_step(&b, 4, 256, 1024, 784);
+    fails += report("mlp_step", &b, 7);
+    b = (bench_graph){.g = deft_graph_new()};
+    build_mlp_step(&b, 64, 32, 64, 64);
+    fails += report("deep_narrow", &b, 7);
+    b = (bench_graph){.g = deft_graph_new()};
+    build_branchy(&b, 12, 128, 512);
+    fails += report("branchy_skip", &b, 7);
+    b = (bench_graph){.g = deft_graph_new()};
+    build_random_dag(&b, 1000);
+    fails += report("random_dag_1k", &b, 7);
+    b = (bench_graph){.g = deft_graph_new()};
+    build_random_dag(&b, 100000);
+    fails += report("random_dag_100k", &b, 5);
+    return fails ? 1 : 0;
+}
