@@ -90,7 +90,8 @@ static size_t deft_best_gap(const deft_placed *placed, int np, size_t size) {
     return best != (size_t)-1 ? best : cursor;
 }
 
-static int deft_bucket_push(deft_bucket *b, int item) {
+/* Keeps each bucket sorted by offset, so a query inside one bucket needs no sort. */
+static int deft_bucket_insert(deft_bucket *b, int item, const size_t *offsets) {
     if (b->n == b->cap) {
         int cap = b->cap ? 2 * b->cap : 8;
         int *items = realloc(b->items, (size_t)cap * sizeof *items);
@@ -98,15 +99,36 @@ static int deft_bucket_push(deft_bucket *b, int item) {
         b->items = items;
         b->cap = cap;
     }
-    b->items[b->n++] = item;
+    int lo = 0, hi = b->n;
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (offsets[b->items[mid]] <= offsets[item]) lo = mid + 1;
+        else hi = mid;
+    }
+    memmove(b->items + lo + 1, b->items + lo, (size_t)(b->n - lo) * sizeof *b->items);
+    b->items[lo] = item;
+    b->n++;
     return 0;
 }
 
-/* The placed buffers whose lifetimes overlap buffer i's, into w->scratch; returns their count. */
+static void deft_sort_placed(deft_placed *a, int n) {
+    if (n < 24) {
+        for (int i = 1; i < n; i++) {
+            deft_placed x = a[i];
+            int j = i - 1;
+            for (; j >= 0 && a[j].offset > x.offset; j--) a[j + 1] = a[j];
+            a[j + 1] = x;
+        }
+        return;
+    }
+    qsort(a, (size_t)n, sizeof *a, deft_by_offset);
+}
+
+/* The placed buffers whose lifetimes overlap buffer i's, into w->scratch sorted by offset; returns their count. */
 static int deft_overlapping(deft_plan_work *w, int i) {
     const deft_plan_buffer *b = &w->bufs[i];
-    int np = 0;
-    for (int k = b->first / DEFT_BUCKET_STEPS; k <= b->last / DEFT_BUCKET_STEPS; k++) {
+    int np = 0, k0 = b->first / DEFT_BUCKET_STEPS, k1 = b->last / DEFT_BUCKET_STEPS;
+    for (int k = k0; k <= k1; k++) {
         const deft_bucket *bk = &w->buckets[k];
         for (int j = 0; j < bk->n; j++) {
             int o = bk->items[j];
@@ -116,6 +138,7 @@ static int deft_overlapping(deft_plan_work *w, int i) {
                 w->scratch[np++] = (deft_placed){w->offsets[o], deft_plan_align(w->bufs[o].size)};
         }
     }
+    if (k1 > k0) deft_sort_placed(w->scratch, np);
     return np;
 }
 
@@ -126,12 +149,11 @@ static deft_status deft_place_in_order(deft_plan_work *w, const deft_order_key *
     for (int k = 0; k < n; k++) {
         int i = order[k].idx;
         int np = deft_overlapping(w, i);
-        qsort(w->scratch, (size_t)np, sizeof *w->scratch, deft_by_offset);
         size_t size = deft_plan_align(w->bufs[i].size);
         w->offsets[i] = deft_best_gap(w->scratch, np, size);
         if (w->offsets[i] + size > *arena) *arena = w->offsets[i] + size;
         for (int b = w->bufs[i].first / DEFT_BUCKET_STEPS; b <= w->bufs[i].last / DEFT_BUCKET_STEPS; b++)
-            if (deft_bucket_push(&w->buckets[b], i) != 0)
+            if (deft_bucket_insert(&w->buckets[b], i, w->offsets) != 0)
                 return deft_set_error(DEFT_ERR_OOM, "planner: out of host memory");
     }
     return DEFT_OK;
