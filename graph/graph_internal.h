@@ -7,6 +7,10 @@
 #include <stdbool.h>
 #include <stdio.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef enum deft_op {
     /* leaves: their storage is persistent (inputs, parameters, constants) */
     DEFT_OP_INPUT = 0,
@@ -166,4 +170,7 @@ void deft_graph_remove_program(deft_graph *g, struct deft_program *p);
 double deft_load_as_f64(const void *base, deft_dtype dt, int64_t i);
 void deft_store_from_f64(void *base, deft_dtype dt, int64_t i, double v);
 
+#ifdef __cplusplus
+}
+#endif
 #endif

@@ -1,0 +1,108 @@
+/* The CPU backend's entry point: one switch over the op, and the helpers every kernel file shares. */
+#include "cpu_internal.h"
+
+deft_status deft_cpu_dtype_error(const deft_tensor *n, deft_dtype dt) {
+    return deft_set_error(DEFT_ERR_DTYPE, "%s: dtype %s is not supported on the CPU", deft_op_name(n->op),
+                          deft_dtype_name(dt));
+}
+
+int deft_cpu_coalesce(int ndim, int64_t *shape, int nops, int64_t (*strs)[DEFT_MAX_DIMS]) {
+    /* Walk from the innermost dim outwards, so that `nd` counts the kept dims stored at the end of the arrays. */
+    int nd = 0;
+    int64_t cs[DEFT_MAX_DIMS], cst[4][DEFT_MAX_DIMS];
+    for (int d = ndim - 1; d >= 0; d--) {
+        if (shape[d] == 1) continue;
+        if (nd > 0) {
+            int k = DEFT_MAX_DIMS - nd;   /* the group just inside d */
+            int merge = 1;
+            for (int o = 0; o < nops; o++)
+                if (strs[o][d] != cst[o][k] * cs[k]) merge = 0;
+            if (merge) {
+                cs[k] *= shape[d];
+                continue;
+            }
+        }
+        nd++;
+        cs[DEFT_MAX_DIMS - nd] = shape[d];
+        for (int o = 0; o < nops; o++) cst[o][DEFT_MAX_DIMS - nd] = strs[o][d];
+    }
+    for (int i = 0; i < nd; i++) {
+        shape[i] = cs[DEFT_MAX_DIMS - nd + i];
+        for (int o = 0; o < nops; o++) strs[o][i] = cst[o][DEFT_MAX_DIMS - nd + i];
+    }
+    return nd;
+}
+
+int deft_cpu_has_blas(void) {
+#ifdef DEFT_HAVE_BLAS
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+deft_status deft_cpu_run_node(const deft_tensor *n, void *out, const void *const *in) {
+    if (!n) return deft_set_error(DEFT_ERR_INVALID, "cpu kernel: no node");
+    switch (n->op) {
+    case DEFT_OP_FULL:
+    case DEFT_OP_ARANGE:
+    case DEFT_OP_UNIFORM:
+    case DEFT_OP_NORMAL:
+        return deft_cpu_create(n, out);
+    case DEFT_OP_ADD:
+    case DEFT_OP_SUB:
+    case DEFT_OP_MUL:
+    case DEFT_OP_DIV:
+    case DEFT_OP_MAXIMUM:
+        return deft_cpu_binary(n, out, in[0], in[1]);
+    case DEFT_OP_ADD_SCALAR:
+    case DEFT_OP_RSUB_SCALAR:
+    case DEFT_OP_MUL_SCALAR:
+    case DEFT_OP_DIV_SCALAR:
+    case DEFT_OP_RDIV_SCALAR:
+    case DEFT_OP_MAXIMUM_SCALAR:
+    case DEFT_OP_POW_SCALAR:
+        return deft_cpu_scalar(n, out, in[0]);
+    case DEFT_OP_NEG:
+    case DEFT_OP_EXP:
+    case DEFT_OP_LOG:
+    case DEFT_OP_SQRT:
+    case DEFT_OP_RSQRT:
+    case DEFT_OP_TANH:
+    case DEFT_OP_SIGMOID:
+    case DEFT_OP_RELU:
+    case DEFT_OP_GELU:
+    case DEFT_OP_SILU:
+        return deft_cpu_unary(n, out, in[0]);
+    case DEFT_OP_CAST:
+        return deft_cpu_cast(n, out, in[0]);
+    case DEFT_OP_MATMUL:
+        return deft_cpu_matmul(n, out, in[0], in[1]);
+    case DEFT_OP_PERMUTE:
+        return deft_cpu_permute(n, out, in[0]);
+    case DEFT_OP_SLICE:
+        if (n->p.slice.is_view) break;
+        return deft_cpu_slice(n, out, in[0]);
+    case DEFT_OP_CONCAT:
+        return deft_cpu_concat(n, out, in);
+    case DEFT_OP_SUM:
+    case DEFT_OP_MEAN:
+    case DEFT_OP_MAX:
+        return deft_cpu_reduce(n, out, in[0]);
+    case DEFT_OP_SOFTMAX:
+    case DEFT_OP_LOG_SOFTMAX:
+        return deft_cpu_softmax(n, out, in[0]);
+    case DEFT_OP_INPUT:
+    case DEFT_OP_PARAM:
+    case DEFT_OP_CONSTANT:
+    case DEFT_OP_COPY:
+    case DEFT_OP_RESHAPE:
+    case DEFT_OP_COUNT:
+        break;
+    }
+    /* Leaves, views and copies belong to the executor; reaching here means it routed a node wrongly. */
+    if ((unsigned)n->op < (unsigned)DEFT_OP_COUNT)
+        return deft_set_error(DEFT_ERR_INVALID, "cpu kernel: %s%s has no kernel (the executor handles it)",
+                              deft_op_name(n->op), n->op == DEFT_OP_SLICE ? " (view)" : "");
+    return deft_set_error(DEFT_ERR_INVALID, "cpu kernel: unknown op %d", (int)n->op);
+}

@@ -1,0 +1,91 @@
+/* Shared by the CPU kernel files in ops/cpu: element conversion, the OpenMP switch, and the entry point of each
+ * file, which cpu_dispatch.c calls. Not installed. */
+#ifndef DEFT_CPU_INTERNAL_H
+#define DEFT_CPU_INTERNAL_H
+
+#include <math.h>
+#include <stdint.h>
+
+#include "cpu_kernels.h"
+#include "half.h"
+
+/* `#pragma omp` in a build without OpenMP trips -Wunknown-pragmas (part of -Wall, and -Werror is on), so every
+ * parallel loop goes through this macro, which vanishes when _OPENMP is not defined. */
+#define DEFT_CPU_STR_(...) #__VA_ARGS__
+#ifdef _OPENMP
+#define DEFT_OMP(...) _Pragma(DEFT_CPU_STR_(omp __VA_ARGS__))
+#else
+#define DEFT_OMP(...)
+#endif
+
+/* Below this many elements, starting a parallel region costs more than it saves. */
+#define DEFT_CPU_PAR_MIN 32768
+
+/* Elementwise walks split rows into segments of at most this many elements, so that a few long rows still spread
+ * over every thread. */
+#define DEFT_CPU_SEGMENT 16384
+
+static inline int deft_cpu_is_float(deft_dtype dt) {
+    return dt == DEFT_F32 || dt == DEFT_F64 || dt == DEFT_F16 || dt == DEFT_BF16;
+}
+
+/* Float to i32 truncates toward zero as torch does; out-of-range values saturate and NaN gives 0, because the bare
+ * C conversion is undefined for all three. */
+static inline int32_t deft_cpu_f64_to_i32(double v) {
+    if (v != v) return 0;
+    if (v >= 2147483647.0) return INT32_MAX;
+    if (v <= -2147483648.0) return INT32_MIN;
+    return (int32_t)v;
+}
+
+/* Wrapping int64 -> int32, as torch's integer arithmetic overflows (two's complement). */
+static inline int32_t deft_cpu_wrap_i32(int64_t v) {
+    uint32_t u = (uint32_t)(uint64_t)v;
+    return u <= (uint32_t)INT32_MAX ? (int32_t)u : (int32_t)(u - 2147483648u) + INT32_MIN;
+}
+
+static inline double deft_cpu_load(const void *base, deft_dtype dt, int64_t i) {
+    switch (dt) {
+    case DEFT_F32: return ((const float *)base)[i];
+    case DEFT_F64: return ((const double *)base)[i];
+    case DEFT_F16: return deft_half_unpack(((const uint16_t *)base)[i]);
+    case DEFT_BF16: return deft_bf16_unpack(((const uint16_t *)base)[i]);
+    case DEFT_I32: return ((const int32_t *)base)[i];
+    default: return 0.0;
+    }
+}
+
+/* Halves are rounded from float (double -> float -> half), as the CUDA backend and torch do. */
+static inline void deft_cpu_store(void *base, deft_dtype dt, int64_t i, double v) {
+    switch (dt) {
+    case DEFT_F32: ((float *)base)[i] = (float)v; break;
+    case DEFT_F64: ((double *)base)[i] = v; break;
+    case DEFT_F16: ((uint16_t *)base)[i] = deft_half_pack((float)v); break;
+    case DEFT_BF16: ((uint16_t *)base)[i] = deft_bf16_pack((float)v); break;
+    case DEFT_I32: ((int32_t *)base)[i] = deft_cpu_f64_to_i32(v); break;
+    default: break;
+    }
+}
+
+/* DEFT_ERR_DTYPE naming the op and the dtype. */
+deft_status deft_cpu_dtype_error(const deft_tensor *n, deft_dtype dt);
+
+/* Drops size-1 dims and merges neighbours that are contiguous in every operand. shape and each of the nops stride
+ * arrays (strs[k][d], elements) are rewritten in place; returns the new rank (0 for a single element). The output
+ * is taken to be contiguous over `shape`. */
+int deft_cpu_coalesce(int ndim, int64_t *shape, int nops, int64_t (*strs)[DEFT_MAX_DIMS]);
+
+/* ---- one entry per file ---- */
+deft_status deft_cpu_binary(const deft_tensor *n, void *out, const void *a, const void *b);    /* cpu_binary.c */
+deft_status deft_cpu_scalar(const deft_tensor *n, void *out, const void *a);                   /* cpu_binary.c */
+deft_status deft_cpu_unary(const deft_tensor *n, void *out, const void *a);                    /* cpu_unary.c */
+deft_status deft_cpu_cast(const deft_tensor *n, void *out, const void *a);                     /* cpu_unary.c */
+deft_status deft_cpu_matmul(const deft_tensor *n, void *out, const void *a, const void *b);    /* cpu_matmul.c */
+deft_status deft_cpu_permute(const deft_tensor *n, void *out, const void *a);                  /* cpu_shape.c */
+deft_status deft_cpu_slice(const deft_tensor *n, void *out, const void *a);                    /* cpu_shape.c */
+deft_status deft_cpu_concat(const deft_tensor *n, void *out, const void *const *in);           /* cpu_shape.c */
+deft_status deft_cpu_reduce(const deft_tensor *n, void *out, const void *a);                   /* cpu_reduce.c */
+deft_status deft_cpu_softmax(const deft_tensor *n, void *out, const void *a);                  /* cpu_softmax.c */
+deft_status deft_cpu_create(const deft_tensor *n, void *out);                                  /* cpu_create.c */
+
+#endif

@@ -1,0 +1,124 @@
+/* The CUDA backend's entry point: one switch over the op, and the helpers every kernel file shares. */
+#include "cuda_common.cuh"
+
+int deft_cuda_coalesce(deft_cuda_strides *s, int nops) {
+    /* Walk from the innermost dim outwards, keeping the merged groups at the end of the scratch arrays. */
+    int nd = 0;
+    int64_t cs[DEFT_MAX_DIMS], cst[2][DEFT_MAX_DIMS];
+    for (int d = s->ndim - 1; d >= 0; d--) {
+        if (s->shape[d] == 1) continue;
+        if (nd > 0) {
+            int k = DEFT_MAX_DIMS - nd;   /* the group just inside d */
+            bool merge = true;
+            for (int o = 0; o < nops; o++)
+                if (s->st[o][d] != cst[o][k] * cs[k]) merge = false;
+            if (merge) {
+                cs[k] *= s->shape[d];
+                continue;
+            }
+        }
+        nd++;
+        cs[DEFT_MAX_DIMS - nd] = s->shape[d];
+        for (int o = 0; o < nops; o++) cst[o][DEFT_MAX_DIMS - nd] = s->st[o][d];
+    }
+    for (int i = 0; i < nd; i++) {
+        s->shape[i] = cs[DEFT_MAX_DIMS - nd + i];
+        for (int o = 0; o < 2; o++) s->st[o][i] = o < nops ? cst[o][DEFT_MAX_DIMS - nd + i] : 0;
+    }
+    s->ndim = nd;
+    return nd;
+}
+
+/* Every kernel here reads inputs of its output's dtype (casts aside); a node that breaks this was built wrongly,
+ * and reading it as the wrong type would give garbage rather than an error. */
+static deft_status deft_cuda_check_dtypes(const deft_tensor *n) {
+    if (n->op == DEFT_OP_CAST) return DEFT_OK;
+    for (int i = 0; i < n->nsrc; i++)
+        if (n->src[i]->dtype != n->dtype)
+            return deft_set_error(DEFT_ERR_DTYPE, "cuda %s: input %d is %s but the output is %s", deft_op_name(n->op),
+                                  i, deft_dtype_name(n->src[i]->dtype), deft_dtype_name(n->dtype));
+    if ((unsigned)n->dtype >= (unsigned)DEFT_DTYPE_COUNT)
+        return deft_set_error(DEFT_ERR_DTYPE, "cuda %s: unknown dtype %d", deft_op_name(n->op), (int)n->dtype);
+    return DEFT_OK;
+}
+
+static deft_status deft_cuda_no_kernel(const deft_tensor *n) {
+    /* Leaves, views and copies belong to the executor; reaching here means it routed a node wrongly. */
+    if ((unsigned)n->op < (unsigned)DEFT_OP_COUNT)
+        return deft_set_error(DEFT_ERR_INVALID, "cuda kernel: %s%s has no kernel (the executor handles it)",
+                              deft_op_name(n->op), n->op == DEFT_OP_SLICE ? " (view)" : "");
+    return deft_set_error(DEFT_ERR_INVALID, "cuda kernel: unknown op %d", (int)n->op);
+}
+
+static deft_status deft_cuda_route(const deft_tensor *n, void *out, const void *const *in, cudaStream_t st) {
+    switch (n->op) {
+    case DEFT_OP_FULL:
+    case DEFT_OP_ARANGE:
+    case DEFT_OP_UNIFORM:
+    case DEFT_OP_NORMAL:
+        return deft_cuda_create(n, out, st);
+    case DEFT_OP_ADD:
+    case DEFT_OP_SUB:
+    case DEFT_OP_MUL:
+    case DEFT_OP_DIV:
+    case DEFT_OP_MAXIMUM:
+        return deft_cuda_binary(n, out, in[0], in[1], st);
+    case DEFT_OP_ADD_SCALAR:
+    case DEFT_OP_RSUB_SCALAR:
+    case DEFT_OP_MUL_SCALAR:
+    case DEFT_OP_DIV_SCALAR:
+    case DEFT_OP_RDIV_SCALAR:
+    case DEFT_OP_MAXIMUM_SCALAR:
+    case DEFT_OP_POW_SCALAR:
+        return deft_cuda_scalar(n, out, in[0], st);
+    case DEFT_OP_NEG:
+    case DEFT_OP_EXP:
+    case DEFT_OP_LOG:
+    case DEFT_OP_SQRT:
+    case DEFT_OP_RSQRT:
+    case DEFT_OP_TANH:
+    case DEFT_OP_SIGMOID:
+    case DEFT_OP_RELU:
+    case DEFT_OP_GELU:
+    case DEFT_OP_SILU:
+        return deft_cuda_unary(n, out, in[0], st);
+    case DEFT_OP_CAST:
+        return deft_cuda_cast(n, out, in[0], st);
+    case DEFT_OP_MATMUL:
+        return deft_cuda_matmul(n, out, in[0], in[1], st);
+    case DEFT_OP_PERMUTE:
+        return deft_cuda_permute(n, out, in[0], st);
+    case DEFT_OP_SLICE:
+        if (n->p.slice.is_view) break;
+        return deft_cuda_slice(n, out, in[0], st);
+    case DEFT_OP_CONCAT:
+        return deft_cuda_concat(n, out, in, st);
+    case DEFT_OP_SUM:
+    case DEFT_OP_MEAN:
+    case DEFT_OP_MAX:
+        return deft_cuda_reduce(n, out, in[0], st);
+    case DEFT_OP_SOFTMAX:
+    case DEFT_OP_LOG_SOFTMAX:
+        return deft_cuda_softmax(n, out, in[0], st);
+    case DEFT_OP_INPUT:
+    case DEFT_OP_PARAM:
+    case DEFT_OP_CONSTANT:
+    case DEFT_OP_COPY:
+    case DEFT_OP_RESHAPE:
+    case DEFT_OP_COUNT:
+        break;
+    }
+    return deft_cuda_no_kernel(n);
+}
+
+extern "C" deft_status deft_cuda_run_node(const deft_tensor *n, void *out, const void *const *in, void *stream) {
+    if (!n) return deft_set_error(DEFT_ERR_INVALID, "cuda kernel: no node");
+    if ((unsigned)n->op >= (unsigned)DEFT_OP_COUNT || deft_op_is_leaf(n->op) || n->op == DEFT_OP_COPY ||
+        n->op == DEFT_OP_RESHAPE || (n->op == DEFT_OP_SLICE && n->p.slice.is_view))
+        return deft_cuda_no_kernel(n);
+    deft_status s = deft_cuda_check_dtypes(n);
+    if (s != DEFT_OK) return s;
+    /* A launch with no blocks is an error in CUDA; an empty tensor simply has nothing to compute. */
+    if (deft_shape_numel(n->ndim, n->shape) == 0) return DEFT_OK;
+    return deft_cuda_route(n, out, in, (cudaStream_t)stream);
+}

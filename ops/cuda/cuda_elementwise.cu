@@ -1,0 +1,253 @@
+/* Elementwise kernels: broadcasting binary ops, tensor-scalar ops, unary ops and casts. One grid-stride loop per
+ * op and dtype; the formulas are the CPU backend's (ops/cpu/cpu_binary.c, cpu_unary.c), written once for float
+ * and double through the overloads below. */
+#include <math.h>
+#include <string.h>
+
+#include "cuda_common.cuh"
+
+/* The branch keeps exp's argument non-positive, so neither side overflows for large |x|. */
+template <class C> __device__ __forceinline__ C deft_math_sigmoid(C x) {
+    if (x >= C(0)) return C(1) / (C(1) + deft_math_exp(-x));
+    C e = deft_math_exp(x);
+    return e / (C(1) + e);
+}
+
+/* ---- binary ---- */
+struct deft_f_add { template <class C> __device__ C operator()(C x, C y) const { return x + y; } };
+struct deft_f_sub { template <class C> __device__ C operator()(C x, C y) const { return x - y; } };
+struct deft_f_mul { template <class C> __device__ C operator()(C x, C y) const { return x * y; } };
+struct deft_f_div { template <class C> __device__ C operator()(C x, C y) const { return x / y; } };
+struct deft_f_maximum { template <class C> __device__ C operator()(C x, C y) const { return deft_max_nan(x, y); } };
+
+template <class T, class Op>
+__global__ void deft_k_binary_flat(T *o, const T *a, const T *b, int64_t n, Op op) {
+    typedef deft_ty<T> Ty;
+    for (int64_t i = deft_tid(); i < n; i += deft_nthreads()) o[i] = Ty::store(op(Ty::load(a[i]), Ty::load(b[i])));
+}
+
+template <class T, class Op>
+__global__ void deft_k_binary_strided(T *o, const T *a, const T *b, int64_t n, deft_cuda_strides s, Op op) {
+    typedef deft_ty<T> Ty;
+    for (int64_t i = deft_tid(); i < n; i += deft_nthreads()) {
+        int64_t oa, ob;
+        deft_cuda_offsets(s, i, &oa, &ob);
+        o[i] = Ty::store(op(Ty::load(a[oa]), Ty::load(b[ob])));
+    }
+}
+
+template <class T, class Op>
+static deft_status deft_binary_launch(const deft_tensor *n, T *o, const T *a, const T *b, cudaStream_t st, Op op) {
+    const deft_tensor *ta = n->src[0], *tb = n->src[1];
+    const int64_t total = deft_shape_numel(n->ndim, n->shape);
+    deft_cuda_strides s;
+    s.ndim = n->ndim;
+    memcpy(s.shape, n->shape, sizeof s.shape);
+    deft_broadcast_strides(ta->ndim, ta->shape, n->ndim, n->shape, s.st[0]);
+    deft_broadcast_strides(tb->ndim, tb->shape, n->ndim, n->shape, s.st[1]);
+    deft_cuda_coalesce(&s, 2);
+    const unsigned blocks = deft_cuda_blocks(total, DEFT_CUDA_THREADS);
+    if (s.ndim == 0 || (s.ndim == 1 && s.st[0][0] == 1 && s.st[1][0] == 1))
+        deft_k_binary_flat<T, Op><<<blocks, DEFT_CUDA_THREADS, 0, st>>>(o, a, b, total, op);
+    else
+        deft_k_binary_strided<T, Op><<<blocks, DEFT_CUDA_THREADS, 0, st>>>(o, a, b, total, s, op);
+    return deft_cuda_check_launch(n, "binary");
+}
+
+template <class Op>
+static deft_status deft_binary_typed(const deft_tensor *n, void *out, const void *a, const void *b, cudaStream_t st,
+                                     Op op) {
+    return deft_cuda_with_dtype(n->dtype, [&](auto tag) -> deft_status {
+        typedef typename decltype(tag)::type T;
+        return deft_binary_launch<T, Op>(n, (T *)out, (const T *)a, (const T *)b, st, op);
+    });
+}
+
+deft_status deft_cuda_binary(const deft_tensor *n, void *out, const void *a, const void *b, cudaStream_t st) {
+    switch (n->op) {
+    case DEFT_OP_ADD: return deft_binary_typed(n, out, a, b, st, deft_f_add());
+    case DEFT_OP_SUB: return deft_binary_typed(n, out, a, b, st, deft_f_sub());
+    case DEFT_OP_MUL: return deft_binary_typed(n, out, a, b, st, deft_f_mul());
+    case DEFT_OP_MAXIMUM: return deft_binary_typed(n, out, a, b, st, deft_f_maximum());
+    case DEFT_OP_DIV:
+        /* Integer division is not an op deft has (the builder asks for a floating dtype), as on the CPU. */
+        if (n->dtype == DEFT_I32)
+            return deft_set_error(DEFT_ERR_DTYPE, "%s: dtype i32 is not supported on CUDA", deft_op_name(n->op));
+        return deft_binary_typed(n, out, a, b, st, deft_f_div());
+    default: return deft_set_error(DEFT_ERR_INVALID, "cuda binary: %s is not a binary op", deft_op_name(n->op));
+    }
+}
+
+/* ---- unary and scalar ops on the floating dtypes: a functor of the compute type C ---- */
+template <class T, class F> __global__ void deft_k_map(T *o, const T *a, int64_t n, F f) {
+    typedef deft_ty<T> Ty;
+    for (int64_t i = deft_tid(); i < n; i += deft_nthreads()) o[i] = Ty::store(f(Ty::load(a[i])));
+}
+
+/* FN<C> is a functor of the compute type; `y` is the op's scalar rounded to C (torch computes a float tensor with a
+ * python scalar in the tensor's precision, and so does the CPU backend). */
+template <template <class> class FN>
+static deft_status deft_map_float(const deft_tensor *n, void *out, const void *a, cudaStream_t st, double y) {
+    const int64_t total = deft_shape_numel(n->ndim, n->shape);
+    return deft_with_float_dtype(n, [&](auto tag) -> deft_status {
+        typedef typename decltype(tag)::type T;
+        typedef typename deft_ty<T>::C C;
+        FN<C> f;
+        f.y = (C)y;
+        deft_k_map<T, FN<C>><<<deft_cuda_blocks(total, DEFT_CUDA_THREADS), DEFT_CUDA_THREADS, 0, st>>>(
+            (T *)out, (const T *)a, total, f);
+        return deft_cuda_check_launch(n, "map");
+    });
+}
+
+#define DEFT_MAP_FN(name, EXPR)                                                                                      \
+    template <class C> struct name {                                                                                 \
+        C y;                                                                                                         \
+        __device__ C operator()(C x) const { return EXPR; }                                                          \
+    };
+
+DEFT_MAP_FN(deft_m_add_s, x + y)
+DEFT_MAP_FN(deft_m_rsub_s, y - x)
+DEFT_MAP_FN(deft_m_mul_s, x * y)
+DEFT_MAP_FN(deft_m_div_s, x / y)
+DEFT_MAP_FN(deft_m_rdiv_s, y / x)
+DEFT_MAP_FN(deft_m_max_s, deft_max_nan(x, y))
+/* pow(x, 2) as x * x, as the CPU does: exact-rounded and the common case (squares in losses and norms). */
+DEFT_MAP_FN(deft_m_pow_s, y == C(2) ? x * x : deft_math_pow(x, y))
+DEFT_MAP_FN(deft_m_neg, -x)
+DEFT_MAP_FN(deft_m_exp, deft_math_exp(x))
+DEFT_MAP_FN(deft_m_log, deft_math_log(x))
+DEFT_MAP_FN(deft_m_sqrt, deft_math_sqrt(x))
+DEFT_MAP_FN(deft_m_rsqrt, C(1) / deft_math_sqrt(x))
+DEFT_MAP_FN(deft_m_tanh, deft_math_tanh(x))
+DEFT_MAP_FN(deft_m_sigmoid, deft_math_sigmoid(x))
+/* x < 0 ? 0 : x rather than x > 0 ? x : 0, so that NaN passes through as in torch. */
+DEFT_MAP_FN(deft_m_relu, x < C(0) ? C(0) : x)
+/* The exact (erf) form, torch's default, written with erfc (1 + erf(t) = erfc(-t)) to keep its precision where
+ * erf(t) nears -1; 1/sqrt(2) rounded to C first, as the CPU does. */
+DEFT_MAP_FN(deft_m_gelu, C(0.5) * x * deft_math_erfc(-x * C(0.70710678118654752440)))
+DEFT_MAP_FN(deft_m_silu, x * deft_math_sigmoid(x))
+
+/* ---- i32: integral scalars keep integer semantics (wrapping); others go through double and truncate ---- */
+enum { DEFT_SK_ADD, DEFT_SK_RSUB, DEFT_SK_MUL, DEFT_SK_DIV, DEFT_SK_MAX };
+
+__global__ void deft_k_scalar_i32(int32_t *o, const int32_t *a, int64_t n, int kind, double s, int integral) {
+    const int64_t yi = integral ? (int64_t)s : 0;
+    for (int64_t i = deft_tid(); i < n; i += deft_nthreads()) {
+        if (integral) {
+            /* Unsigned 64-bit arithmetic wraps where int64 would overflow; the low 32 bits are the same. */
+            uint64_t x = (uint64_t)(int64_t)a[i], y = (uint64_t)yi, r;
+            switch (kind) {
+            case DEFT_SK_ADD: r = x + y; break;
+            case DEFT_SK_RSUB: r = y - x; break;
+            case DEFT_SK_MUL: r = x * y; break;
+            default: r = (int64_t)a[i] > yi ? x : y; break;
+            }
+            o[i] = (int32_t)(uint32_t)r;
+        } else {
+            double x = (double)a[i], r;
+            switch (kind) {
+            case DEFT_SK_ADD: r = x + s; break;
+            case DEFT_SK_RSUB: r = s - x; break;
+            case DEFT_SK_MUL: r = x * s; break;
+            case DEFT_SK_DIV: r = x / s; break;
+            default: r = deft_max_nan(x, s); break;
+            }
+            o[i] = deft_f64_to_i32(r);
+        }
+    }
+}
+
+static deft_status deft_scalar_i32(const deft_tensor *n, void *out, const void *a, cudaStream_t st) {
+    int kind;
+    switch (n->op) {
+    case DEFT_OP_ADD_SCALAR: kind = DEFT_SK_ADD; break;
+    case DEFT_OP_RSUB_SCALAR: kind = DEFT_SK_RSUB; break;
+    case DEFT_OP_MUL_SCALAR: kind = DEFT_SK_MUL; break;
+    case DEFT_OP_DIV_SCALAR: kind = DEFT_SK_DIV; break;
+    case DEFT_OP_MAXIMUM_SCALAR: kind = DEFT_SK_MAX; break;
+    default:
+        return deft_set_error(DEFT_ERR_DTYPE, "%s: dtype i32 is not supported on CUDA", deft_op_name(n->op));
+    }
+    const double s = n->p.scalar;
+    const int integral = s == floor(s) && fabs(s) < 9007199254740992.0 && kind != DEFT_SK_DIV;
+    const int64_t total = deft_shape_numel(n->ndim, n->shape);
+    deft_k_scalar_i32<<<deft_cuda_blocks(total, DEFT_CUDA_THREADS), DEFT_CUDA_THREADS, 0, st>>>(
+        (int32_t *)out, (const int32_t *)a, total, kind, s, integral);
+    return deft_cuda_check_launch(n, "scalar_i32");
+}
+
+deft_status deft_cuda_scalar(const deft_tensor *n, void *out, const void *a, cudaStream_t st) {
+    if (n->dtype == DEFT_I32) return deft_scalar_i32(n, out, a, st);
+    const double s = n->p.scalar;
+    switch (n->op) {
+    case DEFT_OP_ADD_SCALAR: return deft_map_float<deft_m_add_s>(n, out, a, st, s);
+    case DEFT_OP_RSUB_SCALAR: return deft_map_float<deft_m_rsub_s>(n, out, a, st, s);
+    case DEFT_OP_MUL_SCALAR: return deft_map_float<deft_m_mul_s>(n, out, a, st, s);
+    case DEFT_OP_DIV_SCALAR: return deft_map_float<deft_m_div_s>(n, out, a, st, s);
+    case DEFT_OP_RDIV_SCALAR: return deft_map_float<deft_m_rdiv_s>(n, out, a, st, s);
+    case DEFT_OP_MAXIMUM_SCALAR: return deft_map_float<deft_m_max_s>(n, out, a, st, s);
+    case DEFT_OP_POW_SCALAR: return deft_map_float<deft_m_pow_s>(n, out, a, st, s);
+    default: return deft_set_error(DEFT_ERR_INVALID, "cuda scalar: %s is not a scalar op", deft_op_name(n->op));
+    }
+}
+
+/* i32 has only the two unary ops that make sense on integers; -INT32_MIN wraps to itself, as on the CPU. */
+__global__ void deft_k_unary_i32(int32_t *o, const int32_t *a, int64_t n, int neg) {
+    for (int64_t i = deft_tid(); i < n; i += deft_nthreads()) {
+        int32_t x = a[i];
+        o[i] = neg ? (int32_t)(0u - (uint32_t)x) : (x < 0 ? 0 : x);
+    }
+}
+
+static deft_status deft_unary_i32(const deft_tensor *n, void *out, const void *a, cudaStream_t st) {
+    if (n->op != DEFT_OP_NEG && n->op != DEFT_OP_RELU)
+        return deft_set_error(DEFT_ERR_DTYPE, "%s: dtype i32 is not supported on CUDA", deft_op_name(n->op));
+    const int64_t total = deft_shape_numel(n->ndim, n->shape);
+    deft_k_unary_i32<<<deft_cuda_blocks(total, DEFT_CUDA_THREADS), DEFT_CUDA_THREADS, 0, st>>>(
+        (int32_t *)out, (const int32_t *)a, total, n->op == DEFT_OP_NEG);
+    return deft_cuda_check_launch(n, "unary_i32");
+}
+
+deft_status deft_cuda_unary(const deft_tensor *n, void *out, const void *a, cudaStream_t st) {
+    if (n->dtype == DEFT_I32) return deft_unary_i32(n, out, a, st);
+    switch (n->op) {
+    case DEFT_OP_NEG: return deft_map_float<deft_m_neg>(n, out, a, st, 0.0);
+    case DEFT_OP_EXP: return deft_map_float<deft_m_exp>(n, out, a, st, 0.0);
+    case DEFT_OP_LOG: return deft_map_float<deft_m_log>(n, out, a, st, 0.0);
+    case DEFT_OP_SQRT: return deft_map_float<deft_m_sqrt>(n, out, a, st, 0.0);
+    case DEFT_OP_RSQRT: return deft_map_float<deft_m_rsqrt>(n, out, a, st, 0.0);
+    case DEFT_OP_TANH: return deft_map_float<deft_m_tanh>(n, out, a, st, 0.0);
+    case DEFT_OP_SIGMOID: return deft_map_float<deft_m_sigmoid>(n, out, a, st, 0.0);
+    case DEFT_OP_RELU: return deft_map_float<deft_m_relu>(n, out, a, st, 0.0);
+    case DEFT_OP_GELU: return deft_map_float<deft_m_gelu>(n, out, a, st, 0.0);
+    case DEFT_OP_SILU: return deft_map_float<deft_m_silu>(n, out, a, st, 0.0);
+    default: return deft_set_error(DEFT_ERR_INVALID, "cuda unary: %s is not a unary op", deft_op_name(n->op));
+    }
+}
+
+/* ---- casts: through double, which holds every value of every dtype exactly, so only the store rounds ---- */
+template <class TI, class TO> __global__ void deft_k_cast(TO *o, const TI *a, int64_t n) {
+    for (int64_t i = deft_tid(); i < n; i += deft_nthreads())
+        o[i] = deft_ty<TO>::from_f64((double)deft_ty<TI>::load(a[i]));
+}
+
+deft_status deft_cuda_cast(const deft_tensor *n, void *out, const void *a, cudaStream_t st) {
+    const deft_dtype from = n->src[0]->dtype;
+    const int64_t total = deft_shape_numel(n->ndim, n->shape);
+    if (from == n->dtype) {
+        cudaError_t e = cudaMemcpyAsync(out, a, (size_t)total * deft_dtype_size(from), cudaMemcpyDeviceToDevice, st);
+        if (e != cudaSuccess) (void)cudaGetLastError();
+        return e == cudaSuccess ? DEFT_OK
+                                : deft_set_error(DEFT_ERR_RUNTIME, "cuda cast: copy failed: %s", cudaGetErrorString(e));
+    }
+    return deft_cuda_with_dtype(from, [&](auto tin) -> deft_status {
+        typedef typename decltype(tin)::type TI;
+        return deft_cuda_with_dtype(n->dtype, [&](auto tout) -> deft_status {
+            typedef typename decltype(tout)::type TO;
+            deft_k_cast<TI, TO><<<deft_cuda_blocks(total, DEFT_CUDA_THREADS), DEFT_CUDA_THREADS, 0, st>>>(
+                (TO *)out, (const TI *)a, total);
+            return deft_cuda_check_launch(n, "cast");
+        });
+    });
+}
