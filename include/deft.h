@@ -223,6 +223,14 @@ deft_status deft_program_memory(const deft_program *p, deft_memory_report *out);
  * step will need on each device before anything runs. */
 deft_status deft_plan_memory(deft_graph *g, deft_tensor *const *outputs, int n_outputs,
                              const deft_compile_options *opts, deft_memory_report *out);
+/* Builds into g the graph of one step at the given batch size and names its outputs (at most 64). */
+typedef deft_status (*deft_batch_builder)(deft_graph *g, int64_t batch, void *ctx, deft_tensor **outputs,
+                                          int *n_outputs);
+/* The largest batch in [1, max_batch] whose step fits in `bytes` (arena + persistent, every device together), found
+ * by planning graphs built by `build`, never by running them. DEFT_ERR_OOM, with the bytes a batch of 1 needs, when
+ * none fits. Memory is assumed to grow with the batch. */
+deft_status deft_largest_batch(deft_batch_builder build, void *ctx, size_t bytes, int64_t max_batch,
+                               const deft_compile_options *opts, int64_t *out);
 /* Prints the memory report and the per-buffer plan (offset, size, lifetime) as a table. */
 deft_status deft_program_print_plan(const deft_program *p, void *file /* FILE*, NULL = stdout */);
 
