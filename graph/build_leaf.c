@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "device_internal.h"
+#include "element.h"
 #include "node.h"
 #include "rng.h"
 

@@ -166,9 +166,6 @@ static inline bool deft_op_is_leaf(deft_op op) {
 deft_status deft_graph_add_program(deft_graph *g, struct deft_program *p);
 void deft_graph_remove_program(deft_graph *g, struct deft_program *p);
 
-/* ---- element conversion (graph/dtype.c) ---- */
-double deft_load_as_f64(const void *base, deft_dtype dt, int64_t i);
-void deft_store_from_f64(void *base, deft_dtype dt, int64_t i, double v);
 
 #ifdef __cplusplus
 }

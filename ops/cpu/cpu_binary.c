@@ -204,7 +204,7 @@ static void scalar_i32(scalar_kind kind, double s, int32_t *o, const int32_t *a,
         case SK_MAX: r = MAX_F(x, s); break;
         default: r = pow(x, s); break;
         }
-        o[i] = deft_cpu_f64_to_i32(r);
+        o[i] = deft_f64_to_i32(r);
     }
 }
 

@@ -19,7 +19,7 @@ static void fill(void *out, deft_dtype dt, int64_t cnt, double x) {
     case DEFT_F64: FILL(double, x); break;
     case DEFT_F16: FILL(uint16_t, deft_half_pack((float)x)); break;
     case DEFT_BF16: FILL(uint16_t, deft_bf16_pack((float)x)); break;
-    default: FILL(int32_t, deft_cpu_f64_to_i32(x)); break;
+    default: FILL(int32_t, deft_f64_to_i32(x)); break;
     }
 }
 
@@ -41,7 +41,7 @@ static void fill(void *out, deft_dtype dt, int64_t cnt, double x) {
         }                                                                                                        \
         default:                                                                                                 \
             DEFT_OMP(parallel for schedule(static) if (cnt > DEFT_CPU_PAR_MIN / 8))                              \
-            for (int64_t i = 0; i < cnt; i++) deft_cpu_store(out, dt, i, (EXPR));                                \
+            for (int64_t i = 0; i < cnt; i++) deft_store_from_f64(out, dt, i, (EXPR));                                \
             break;                                                                                               \
         }                                                                                                        \
     } while (0)

@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "cpu_kernels.h"
+#include "element.h"
 #include "half.h"
 
 /* `#pragma omp` in a build without OpenMP trips -Wunknown-pragmas (part of -Wall, and -Werror is on), so every
@@ -29,14 +30,6 @@ static inline int deft_cpu_is_float(deft_dtype dt) {
     return dt == DEFT_F32 || dt == DEFT_F64 || dt == DEFT_F16 || dt == DEFT_BF16;
 }
 
-/* Float to i32 truncates toward zero as torch does; out-of-range values saturate and NaN gives 0, because the bare
- * C conversion is undefined for all three. */
-static inline int32_t deft_cpu_f64_to_i32(double v) {
-    if (v != v) return 0;
-    if (v >= 2147483647.0) return INT32_MAX;
-    if (v <= -2147483648.0) return INT32_MIN;
-    return (int32_t)v;
-}
 
 /* Wrapping int64 -> int32, as torch's integer arithmetic overflows (two's complement). */
 static inline int32_t deft_cpu_wrap_i32(int64_t v) {
@@ -44,28 +37,7 @@ static inline int32_t deft_cpu_wrap_i32(int64_t v) {
     return u <= (uint32_t)INT32_MAX ? (int32_t)u : (int32_t)(u - 2147483648u) + INT32_MIN;
 }
 
-static inline double deft_cpu_load(const void *base, deft_dtype dt, int64_t i) {
-    switch (dt) {
-    case DEFT_F32: return ((const float *)base)[i];
-    case DEFT_F64: return ((const double *)base)[i];
-    case DEFT_F16: return deft_half_unpack(((const uint16_t *)base)[i]);
-    case DEFT_BF16: return deft_bf16_unpack(((const uint16_t *)base)[i]);
-    case DEFT_I32: return ((const int32_t *)base)[i];
-    default: return 0.0;
-    }
-}
 
-/* Halves are rounded from float (double -> float -> half), as the CUDA backend and torch do. */
-static inline void deft_cpu_store(void *base, deft_dtype dt, int64_t i, double v) {
-    switch (dt) {
-    case DEFT_F32: ((float *)base)[i] = (float)v; break;
-    case DEFT_F64: ((double *)base)[i] = v; break;
-    case DEFT_F16: ((uint16_t *)base)[i] = deft_half_pack((float)v); break;
-    case DEFT_BF16: ((uint16_t *)base)[i] = deft_bf16_pack((float)v); break;
-    case DEFT_I32: ((int32_t *)base)[i] = deft_cpu_f64_to_i32(v); break;
-    default: break;
-    }
-}
 
 /* DEFT_ERR_DTYPE naming the op and the dtype. */
 deft_status deft_cpu_dtype_error(const deft_tensor *n, deft_dtype dt);

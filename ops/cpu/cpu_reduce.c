@@ -188,7 +188,7 @@ deft_status deft_cpu_reduce(const deft_tensor *n, void *out, const void *in) {
     if (p.rtot == 0) {
         /* Nothing to reduce: torch gives 0 for sum, NaN for mean and refuses max; -inf keeps max's identity. */
         double v = n->op == DEFT_OP_SUM ? 0.0 : n->op == DEFT_OP_MEAN ? NAN : -INFINITY;
-        for (int64_t o = 0; o < p.nout; o++) deft_cpu_store(out, dt, o, v);   /* i32: -inf saturates to INT32_MIN */
+        for (int64_t o = 0; o < p.nout; o++) deft_store_from_f64(out, dt, o, v);   /* i32: -inf saturates to INT32_MIN */
         return DEFT_OK;
     }
 
@@ -226,9 +226,9 @@ deft_status deft_cpu_reduce(const deft_tensor *n, void *out, const void *in) {
         if (is_max) FINISH_REDUCE(int64_t, MAX_STEP_I, o32[o] = (int32_t)acc);
         else FINISH_REDUCE(int64_t, SUM_JOIN, o32[o] = deft_cpu_wrap_i32(acc));
     } else if (is_max) {
-        FINISH_REDUCE(double, MAX_STEP_F, deft_cpu_store(out, dt, o, acc));
+        FINISH_REDUCE(double, MAX_STEP_F, deft_store_from_f64(out, dt, o, acc));
     } else {
-        FINISH_REDUCE(double, SUM_JOIN, deft_cpu_store(out, dt, o, mean ? acc / rt : acc));
+        FINISH_REDUCE(double, SUM_JOIN, deft_store_from_f64(out, dt, o, mean ? acc / rt : acc));
     }
     free(partials);
     return DEFT_OK;

@@ -117,11 +117,11 @@ deft_status deft_cpu_cast(const deft_tensor *n, void *out, const void *in) {
     else if (from == DEFT_F16 && to == DEFT_F32) CAST_LOOP(float, uint16_t, deft_half_unpack(a[i]));
     else if (from == DEFT_F32 && to == DEFT_BF16) CAST_LOOP(uint16_t, float, deft_bf16_pack(a[i]));
     else if (from == DEFT_BF16 && to == DEFT_F32) CAST_LOOP(float, uint16_t, deft_bf16_unpack(a[i]));
-    else if (from == DEFT_F32 && to == DEFT_I32) CAST_LOOP(int32_t, float, deft_cpu_f64_to_i32(a[i]));
+    else if (from == DEFT_F32 && to == DEFT_I32) CAST_LOOP(int32_t, float, deft_f64_to_i32(a[i]));
     else if (from == DEFT_I32 && to == DEFT_F32) CAST_LOOP(float, int32_t, (float)a[i]);
     else {
         DEFT_OMP(parallel for schedule(static) if (cnt > DEFT_CPU_PAR_MIN))
-        for (int64_t i = 0; i < cnt; i++) deft_cpu_store(out, to, i, deft_cpu_load(in, from, i));
+        for (int64_t i = 0; i < cnt; i++) deft_store_from_f64(out, to, i, deft_load_as_f64(in, from, i));
     }
     return DEFT_OK;
 }
