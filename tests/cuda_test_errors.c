@@ -1,0 +1,32 @@
+/* Device mismatches fail when the op is built, naming both devices; an explicit deft_to is the way across. */
+#include "check.h"
+
+int main(void) {
+    if (deft_cuda_device_count() == 0) {
+        printf("no GPU: skipped\n");
+        return 77;
+    }
+    deft_graph *g = deft_graph_new();
+    deft_tensor *c = deft_full(g, DEFT_F32, 2, (int64_t[]){2, 2}, deft_cpu(), 1.0);
+    deft_tensor *d = deft_full(g, DEFT_F32, 2, (int64_t[]){2, 2}, deft_cuda(0), 2.0);
+    CHECK_NULL_ERR(deft_add(c, d), "add: expected all tensors on the same device, found cpu and cuda:0");
+    CHECK_NULL_ERR(deft_matmul(d, c), "matmul: expected all tensors on the same device, found cuda:0 and cpu");
+    CHECK_NULL_ERR(deft_concat((deft_tensor *[]){d, d, c}, 3, 0), "found cuda:0 and cpu");
+    CHECK(deft_graph_error(g) == DEFT_ERR_DEVICE);
+    deft_graph_free(g);
+
+    g = deft_graph_new();
+    c = deft_full(g, DEFT_F32, 2, (int64_t[]){2, 2}, deft_cpu(), 1.0);
+    d = deft_full(g, DEFT_F32, 2, (int64_t[]){2, 2}, deft_cuda(0), 2.0);
+    deft_tensor *sum = deft_add(deft_to(c, deft_cuda(0), DEFT_F32), d);
+    deft_tensor *back = deft_to(sum, deft_cpu(), DEFT_F64);
+    CHECK(deft_tensor_device(back).type == DEFT_CPU && deft_tensor_dtype(back) == DEFT_F64);
+    double v[4];
+    CHECK_OK(deft_realize(back, v, sizeof v));
+    for (int i = 0; i < 4; i++) CHECK(v[i] == 3.0);
+    deft_device bad;
+    CHECK_ERR(deft_device_parse("cuda:4096", &bad), DEFT_ERR_DEVICE, "cuda:4096 does not exist");
+    CHECK_NULL_ERR(deft_full(g, DEFT_F32, 1, (int64_t[]){1}, deft_cuda(4096), 0.0), "cuda:4096 does not exist");
+    deft_graph_free(g);
+    return deft_check_finish();
+}
