@@ -26,8 +26,8 @@
  *   the request is tried once more (num_alloc_retries counts those retries; none is made, and none counted, when the
  *   cache held nothing to give back). If it still fails, num_ooms counts it and the caller gets DEFT_ERR_OOM with
  *   what was asked, what the device has, what deft holds and what to try.
- * Each pool (one per device) has one mutex; no call holds two pool mutexes at once, except deft_caching_set_event_hooks,
- * which takes them in index order. */
+ * Each pool (one per device) has one mutex; no call holds two pool mutexes at once, except
+ * deft_caching_set_event_hooks, which takes them in index order. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -155,7 +155,9 @@ static deft_block **deft_pool_tree(deft_pool *p, const deft_segment *seg) {
     return seg->small ? &p->free_small : &p->free_large;
 }
 
-static const char *deft_pool_name(const deft_pool *p, char *buf, size_t n) { return deft_device_str(p->device, buf, n); }
+static const char *deft_pool_name(const deft_pool *p, char *buf, size_t n) {
+    return deft_device_str(p->device, buf, n);
+}
 
 /* One spare block struct is kept, so that the split/merge churn of a steady loop does no malloc. */
 static deft_block *deft_pool_take_spare(deft_pool *p) {
@@ -178,7 +180,9 @@ static void deft_pool_recycle(deft_pool *p, deft_block *b) {
 
 static size_t deft_round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
 
-static size_t deft_round_size(size_t bytes) { return bytes < DEFT_MIN_BLOCK ? DEFT_MIN_BLOCK : deft_round_up(bytes, DEFT_MIN_BLOCK); }
+static size_t deft_round_size(size_t bytes) {
+    return bytes < DEFT_MIN_BLOCK ? DEFT_MIN_BLOCK : deft_round_up(bytes, DEFT_MIN_BLOCK);
+}
 
 static bool deft_is_small(size_t size) { return size <= DEFT_SMALL_SIZE; }
 

@@ -62,7 +62,8 @@ static deft_status deft_check_segment(const deft_pool *p, const deft_segment *se
     if (seg->next && seg->next->prev != seg)
         return deft_set_error(DEFT_ERR_STATE, "check: the segment list is broken at %p", (void *)seg->base);
     if (!seg->first || seg->first->prev || seg->first->addr != seg->base)
-        return deft_set_error(DEFT_ERR_STATE, "check: segment %p does not start with its first block", (void *)seg->base);
+        return deft_set_error(DEFT_ERR_STATE, "check: segment %p does not start with its first block",
+                              (void *)seg->base);
     size_t covered = 0;
     for (const deft_block *b = seg->first; b; b = b->next) {
         deft_status s = deft_check_block(p, seg, b, sum);

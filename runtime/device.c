@@ -6,6 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "caching_allocator.h"
 #include "cpu_kernels.h"
 #include "device_internal.h"
 #include "graph_internal.h"
@@ -106,21 +107,18 @@ deft_status deft_device_memory(deft_device d, size_t *free_bytes, size_t *total_
     return deft_cuda_memory(d.index, free_bytes, total_bytes);
 }
 
+/* Every device byte goes through the caching allocator (alloc/caching_allocator.c), so that the statistics,
+ * snapshots and OOM messages see all of it; the default stream orders reuse. */
 deft_status deft_mem_alloc(deft_device d, size_t bytes, void **out) {
-    *out = NULL;
-    if (bytes == 0) return DEFT_OK;
-    if (d.type == DEFT_CUDA) return deft_cuda_alloc(d.index, bytes, out);
-    size_t rounded = (bytes + 63) & ~(size_t)63;
-    *out = aligned_alloc(64, rounded);
-    if (!*out) return deft_set_error(DEFT_ERR_OOM, "out of host memory: %zu bytes asked for", bytes);
-    return DEFT_OK;
+    return deft_caching_alloc(d, bytes, NULL, NULL, out);
 }
 
-void deft_mem_free(deft_device d, void *ptr) {
-    if (!ptr) return;
-    if (d.type == DEFT_CUDA) deft_cuda_free(d.index, ptr);
-    else free(ptr);
+deft_status deft_mem_alloc_tagged(deft_device d, size_t bytes, const char *tag, void **out) {
+    return deft_caching_alloc(d, bytes, NULL, tag, out);
 }
+
+/* A bad pointer is reported through deft_errmsg() and changes nothing. */
+void deft_mem_free(deft_device d, void *ptr) { (void)deft_caching_free(d, ptr); }
 
 deft_status deft_mem_copy(deft_device dst_dev, void *dst, deft_device src_dev, const void *src, size_t bytes) {
     if (bytes == 0 || dst == src) return DEFT_OK;

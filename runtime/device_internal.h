@@ -11,8 +11,10 @@ extern "C" {
 /* DEFT_OK if d names a device this process can use; otherwise a clear error (unknown index, no CUDA). */
 deft_status deft_device_check(deft_device d);
 
-/* Memory on a device (64-byte aligned on the CPU). bytes == 0 gives NULL and DEFT_OK. */
+/* Memory on a device (256-byte aligned), from the caching allocator. bytes == 0 gives NULL and DEFT_OK. */
 deft_status deft_mem_alloc(deft_device d, size_t bytes, void **out);
+/* The same, with a tag (a graph node's name, or the caller's) shown in memory snapshots and history. */
+deft_status deft_mem_alloc_tagged(deft_device d, size_t bytes, const char *tag, void **out);
 void deft_mem_free(deft_device d, void *ptr);
 /* Copies between any two devices (host memory is the CPU device); returns once the copy is complete. */
 deft_status deft_mem_copy(deft_device dst_dev, void *dst, deft_device src_dev, const void *src, size_t bytes);

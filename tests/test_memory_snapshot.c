@@ -37,7 +37,10 @@ static int j_hex4(const char *s, unsigned *out) {
     *out = 0;
     for (int i = 0; i < 4; i++) {
         char c = s[i];
-        int v = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        int v = c >= '0' && c <= '9'   ? c - '0'
+                : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                       : -1;
         if (v < 0) return 0;
         *out = *out * 16 + (unsigned)v;
     }
