@@ -195,6 +195,7 @@ deft_tensor *deft_log_softmax(deft_tensor *a, int axis);
 typedef struct deft_compile_options {
     size_t memory_budget;      /* 0: no budget */
     int no_reuse;              /* 1: every buffer gets its own arena range (for checking the planner) */
+    int reorder;               /* 1: reorder independent nodes to lower the peak (kept only when the arena shrinks) */
 } deft_compile_options;
 
 /* Compiles the nodes that `outputs` need (and nothing else). opts may be NULL. */
@@ -231,6 +232,16 @@ typedef deft_status (*deft_batch_builder)(deft_graph *g, int64_t batch, void *ct
  * none fits. Memory is assumed to grow with the batch. */
 deft_status deft_largest_batch(deft_batch_builder build, void *ctx, size_t bytes, int64_t max_batch,
                                const deft_compile_options *opts, int64_t *out);
+/* What one device needs for a compiled program, before it runs. */
+typedef struct deft_device_memory {
+    deft_device device;
+    size_t persistent_bytes;   /* inputs, parameters, constants and optimizer state on this device */
+    size_t arena_bytes;        /* the planned arena */
+    size_t workspace_bytes;    /* library workspaces (cuBLAS) the program's kernels use */
+    size_t total_bytes;        /* the sum of the three */
+} deft_device_memory;
+/* Fills up to max entries (one per device the program touches) and sets *n to their number. */
+deft_status deft_program_device_memory(const deft_program *p, deft_device_memory *out, int max, int *n);
 /* Prints the memory report and the per-buffer plan (offset, size, lifetime) as a table. */
 deft_status deft_program_print_plan(const deft_program *p, void *file /* FILE*, NULL = stdout */);
 
@@ -272,6 +283,121 @@ deft_status deft_memory_summary(deft_device d, void *file);
 deft_status deft_memory_record_history(size_t max_entries);
 /* Writes every device's segments and blocks (with their states) and the recorded history as JSON. */
 deft_status deft_memory_snapshot(const char *path);
+
+/* ---- pinned (page-locked) host memory, cached ----
+ * Blocks come from cached page-locked segments (cudaHostAlloc) so that host-to-device copies run at full speed and
+ * asynchronously. A freed block is reused only once every stream recorded on it has passed that point (an event per
+ * use), so a copy still in flight never sees its source overwritten. Without CUDA the blocks are ordinary host
+ * memory (aligned to 4096) and the same caching and counters apply. */
+deft_status deft_pinned_alloc(size_t bytes, void **out);
+deft_status deft_pinned_free(void *ptr);          /* a double free or a foreign pointer is DEFT_ERR_INVALID */
+/* Marks that work queued on `stream` (a cudaStream_t; NULL is the legacy default stream) uses the block: freeing it
+ * then waits for that work before the block is handed out again (like Tensor.record_stream). */
+deft_status deft_pinned_record_stream(void *ptr, void *stream);
+int deft_pinned_is_page_locked(const void *ptr); /* 1 if ptr lies in a page-locked pinned block */
+deft_status deft_pinned_stats(deft_memory_stats *out);
+deft_status deft_pinned_empty_cache(void);        /* gives every unused segment back */
+
+/* ---- comparisons: 1 where true and 0 elsewhere, in a's dtype; broadcasting ---- */
+deft_tensor *deft_eq(deft_tensor *a, deft_tensor *b);
+deft_tensor *deft_gt(deft_tensor *a, deft_tensor *b);
+deft_tensor *deft_ge(deft_tensor *a, deft_tensor *b);
+
+/* ---- training: gradients ----
+ * Every parameter requires a gradient unless told otherwise. deft_backward(loss) adds to the graph the nodes that
+ * compute d loss / d p for every parameter p the loss depends on; inputs and frozen parameters cost nothing. The
+ * gradient of a parameter is an ordinary tensor of the graph: compile it as an output to read it. Calling backward
+ * again (another loss) adds to the gradients, as in PyTorch. */
+deft_status deft_param_set_requires_grad(deft_tensor *param, int requires_grad);
+deft_status deft_backward(deft_tensor *loss);
+/* The gradient of t (a parameter, or any tensor on the loss's path) after deft_backward; NULL (with a message) if
+ * it has none. */
+deft_tensor *deft_grad(const deft_tensor *t);
+
+/* ---- losses and layers ---- */
+deft_tensor *deft_mse_loss(deft_tensor *pred, deft_tensor *target);          /* mean((pred - target)^2) */
+/* Mean over N of -log softmax(logits)[target]: logits [N, C] float, targets [N] i32 class indices (a target out of
+ * [0, C) fails the run with a message). Computed fused and stable for large logits. */
+deft_tensor *deft_cross_entropy(deft_tensor *logits, deft_tensor *targets);
+/* Zeroes each element with probability p and scales the rest by 1/(1-p). The mask comes from `seed` and the run
+ * count: a new mask each run, the same one wherever the run reads it again (the backward pass, recomputation). */
+deft_tensor *deft_dropout(deft_tensor *x, double p, uint64_t seed);
+/* Normalises over the last dim: (x - mean) / sqrt(var + eps) * weight + bias; weight and bias ([D]) may be NULL. */
+deft_tensor *deft_layer_norm(deft_tensor *x, deft_tensor *weight, deft_tensor *bias, double eps);
+typedef struct deft_linear_options {
+    deft_init weight_init;   /* DEFT_INIT_KAIMING (torch's default), DEFT_INIT_XAVIER, DEFT_INIT_ZEROS, ... */
+    int no_bias;             /* 1: no bias */
+    int zero_bias;           /* 1: bias starts at zero (default: U(-1/sqrt(in), 1/sqrt(in)), as torch) */
+} deft_linear_options;
+/* x [..., in] @ weight [in, out] + bias [out]. Creates the parameters "<name>.weight" and "<name>.bias" in x's graph
+ * on x's device and dtype. opts may be NULL (torch.nn.Linear's initialisation). */
+deft_tensor *deft_linear(deft_tensor *x, int64_t out_features, const char *name, const deft_linear_options *opts);
+/* The node of the graph named `name` (the first one), or NULL. */
+deft_tensor *deft_graph_find(const deft_graph *g, const char *name);
+
+/* ---- optimizers: graph nodes that update the parameters in place ----
+ * An optimizer keeps the parameters it updates, their gradients and its state in flat storage, and updates all of
+ * them in one pass per step. Build it after deft_backward; compile its step node together with the loss. */
+typedef struct deft_optimizer deft_optimizer;
+typedef struct deft_sgd_options {
+    double lr, momentum, dampening, weight_decay;
+    int nesterov;
+} deft_sgd_options;
+typedef struct deft_adamw_options {
+    double lr, beta1, beta2, eps, weight_decay;   /* zeros mean torch's defaults: 1e-3, 0.9, 0.999, 1e-8, 1e-2 */
+} deft_adamw_options;
+typedef struct deft_step_options {
+    int accumulate_steps;    /* k >= 1 (0 means 1): gradients add up over k runs and the update runs every k-th */
+    double max_grad_norm;    /* > 0: clip the accumulated gradients to this global L2 norm before updating */
+} deft_step_options;
+/* Over every parameter of g that has a gradient. step may be NULL. */
+deft_optimizer *deft_sgd(deft_graph *g, const deft_sgd_options *o, const deft_step_options *step);
+deft_optimizer *deft_adamw(deft_graph *g, const deft_adamw_options *o, const deft_step_options *step);
+/* The node that accumulates the gradients and applies the update every k-th run. Its value (one f32) is the global
+ * gradient norm, before clipping, of the last update. */
+deft_tensor *deft_optimizer_step(deft_optimizer *opt);
+/* Takes effect at the next update, without recompiling. NaN, infinite or negative: DEFT_ERR_INVALID. */
+deft_status deft_optimizer_set_lr(deft_optimizer *opt, double lr);
+double deft_optimizer_lr(const deft_optimizer *opt);
+int64_t deft_optimizer_updates(const deft_optimizer *opt);   /* updates applied so far */
+
+/* ---- parameter files ----
+ * Format (little-endian): "DEFTPARM", u32 version (1), u32 count; then per parameter: u32 name length, the name,
+ * u32 dtype, u32 ndim, ndim x i64 dims, u64 data bytes, the data, u32 CRC-32 of the data. Loading checks every
+ * record against the graph's parameter of that name (dtype, shape) and the checksum before changing anything. */
+deft_status deft_params_save(const deft_graph *g, const char *path);
+deft_status deft_params_load(deft_graph *g, const char *path);
+
+/* ---- datasets in the idx format (MNIST's files) ---- */
+typedef struct deft_idx {
+    int type;                /* the idx type code: 0x08 u8, 0x09 i8, 0x0B i16, 0x0C i32, 0x0D f32, 0x0E f64 */
+    int ndim;
+    int64_t dims[DEFT_MAX_DIMS];
+    void *data;              /* dims' product elements, host byte order */
+    size_t bytes;
+} deft_idx;
+/* Reads a whole idx file; a bad magic, a short file or sizes that do not match the header are DEFT_ERR_IO with the
+ * path and what was wrong. */
+deft_status deft_idx_read(const char *path, deft_idx *out);
+deft_status deft_idx_write(const char *path, const deft_idx *in);
+void deft_idx_free(deft_idx *d);
+/* A classification dataset: images as f32 in [0, 1] ([n, features]) and labels as i32. */
+typedef struct deft_dataset {
+    int64_t n, features;
+    int n_classes;           /* 1 + the largest label */
+    float *images;
+    int32_t *labels;
+} deft_dataset;
+/* Loads an images idx file (u8, [n, rows, cols] or [n, features]) and a labels idx file (u8, [n]); the counts must
+ * agree. */
+deft_status deft_dataset_load_idx(const char *images_path, const char *labels_path, deft_dataset *out);
+void deft_dataset_free(deft_dataset *d);
+/* Copies `batch` samples starting at position `start` of `order` (a permutation of [0, n), or NULL for 0, 1, ...)
+ * into x ([batch, features]) and y ([batch]). */
+deft_status deft_dataset_batch(const deft_dataset *d, const int64_t *order, int64_t start, int64_t batch, float *x,
+                               int32_t *y);
+/* Fills order with a permutation of [0, n) drawn from seed (Fisher-Yates). */
+void deft_shuffle(int64_t *order, int64_t n, uint64_t seed);
 
 /* ---- half-precision conversion helpers (round to nearest even) ---- */
 uint16_t deft_f32_to_f16(float f);
