@@ -27,7 +27,9 @@
  *   cache held nothing to give back). If it still fails, num_ooms counts it and the caller gets DEFT_ERR_OOM with
  *   what was asked, what the device has, what deft holds and what to try.
  * Each pool (one per device) has one mutex; no call holds two pool mutexes at once, except
- * deft_caching_set_event_hooks, which takes them in index order. */
+ * deft_caching_set_event_hooks, which takes them in index order.
+ * The pinned host allocator (pinned_allocator.c) is one more pool, outside the device table, run by the same
+ * deft_pool_alloc, deft_pool_free and deft_pool_record_stream under its own mutex. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -156,7 +158,16 @@ static deft_block **deft_pool_tree(deft_pool *p, const deft_segment *seg) {
 }
 
 static const char *deft_pool_name(const deft_pool *p, char *buf, size_t n) {
+    if (p->name) {
+        snprintf(buf, n, "%s", p->name);
+        return buf;
+    }
     return deft_device_str(p->device, buf, n);
+}
+
+static void deft_pool_history(const deft_pool *p, deft_history_action action, uintptr_t addr, size_t size,
+                              void *stream, const char *tag) {
+    if (!p->no_history) deft_history_add(action, p->device, addr, size, stream, tag);
 }
 
 /* One spare block struct is kept, so that the split/merge churn of a steady loop does no malloc. */
@@ -221,7 +232,7 @@ static deft_status deft_segment_new(deft_pool *p, size_t size, bool small, void 
     deft_stat_add(&p->stats.reserved_bytes, (int64_t)size);
     p->stats.num_device_alloc++;
     deft_poison(p, seg->base, size, true);
-    deft_history_add(DEFT_HIST_SEGMENT_ALLOC, p->device, seg->base, size, stream, NULL);
+    deft_pool_history(p, DEFT_HIST_SEGMENT_ALLOC, seg->base, size, stream, NULL);
     *out = b;
     return DEFT_OK;
 }
@@ -238,7 +249,7 @@ static void deft_segment_release(deft_pool *p, deft_segment *seg) {
     deft_stat_add(&p->stats.segment, -1);
     deft_stat_add(&p->stats.reserved_bytes, -(int64_t)seg->size);
     p->stats.num_device_free++;
-    deft_history_add(DEFT_HIST_SEGMENT_FREE, p->device, seg->base, seg->size, seg->stream, NULL);
+    deft_pool_history(p, DEFT_HIST_SEGMENT_FREE, seg->base, seg->size, seg->stream, NULL);
     deft_pool_recycle(p, b);
     free(seg);
 }
@@ -311,7 +322,7 @@ static void deft_block_hand_out(deft_pool *p, deft_block *b, size_t bytes, const
     deft_stat_add(&p->stats.requested_bytes, (int64_t)bytes);
     /* What the caller may touch: its bytes rounded to 64, as when each tensor had its own aligned_alloc(64). */
     deft_poison(p, b->addr, deft_round_up(bytes, 64), false);
-    deft_history_add(DEFT_HIST_ALLOC, p->device, b->addr, b->size, b->stream, b->tag);
+    deft_pool_history(p, DEFT_HIST_ALLOC, b->addr, b->size, b->stream, b->tag);
 }
 
 /* ---- events: blocks freed while other streams may still use them ---- */
@@ -381,26 +392,27 @@ size_t deft_pool_release_cached(deft_pool *p) {
 
 static deft_status deft_pool_oom(deft_pool *p, size_t bytes, void *stream, const char *tag) {
     p->stats.num_ooms++;
-    deft_history_add(DEFT_HIST_OOM, p->device, 0, bytes, stream, tag);
+    deft_pool_history(p, DEFT_HIST_OOM, 0, bytes, stream, tag);
     size_t free_b = 0, total_b = 0;
     if (p->raw->memory(p->device.index, &free_b, &total_b) != DEFT_OK) free_b = total_b = 0;
     int64_t allocated = p->stats.allocated_bytes.current, reserved = p->stats.reserved_bytes.current;
-    char dev[16], want[32], total[32], fr[32], al[32], cached[32], lim[32], limit_note[96] = "";
+    char dev[32], want[32], total[32], fr[32], al[32], cached[32], lim[32], limit_note[96] = "";
     if (p->limit)
         snprintf(limit_note, sizeof limit_note, "; the limit set with deft_memory_set_limit is %s",
                  deft_format_bytes((int64_t)p->limit, lim, sizeof lim));
     return deft_set_error(DEFT_ERR_OOM,
                           "out of memory on %s: tried to allocate %s; the device has %s in total, %s free; deft has "
                           "%s allocated and %s reserved but unused (cached)%s. Free tensors, call "
-                          "deft_memory_empty_cache, lower the batch size or set a memory budget.",
+                          "%s, lower the batch size or set a memory budget.",
                           deft_pool_name(p, dev, sizeof dev), deft_format_bytes((int64_t)bytes, want, sizeof want),
                           deft_format_bytes((int64_t)total_b, total, sizeof total),
                           deft_format_bytes((int64_t)free_b, fr, sizeof fr),
                           deft_format_bytes(allocated, al, sizeof al),
-                          deft_format_bytes(reserved - allocated, cached, sizeof cached), limit_note);
+                          deft_format_bytes(reserved - allocated, cached, sizeof cached), limit_note,
+                          p->empty_cache_call ? p->empty_cache_call : "deft_memory_empty_cache");
 }
 
-static deft_status deft_pool_alloc(deft_pool *p, size_t bytes, void *stream, const char *tag, void **out) {
+deft_status deft_pool_alloc(deft_pool *p, size_t bytes, void *stream, const char *tag, void **out) {
     p->used = true;
     deft_pool_process_events(p);
     if (bytes > DEFT_MAX_REQUEST) return deft_pool_oom(p, bytes, stream, tag);
@@ -445,7 +457,7 @@ deft_status deft_caching_alloc(deft_device d, size_t bytes, void *stream, const 
 
 /* Why ptr is not a live block: a second free, a pointer into a block, or not ours at all. */
 static deft_status deft_pool_bad_free(const deft_pool *p, void *ptr) {
-    char dev[16];
+    char dev[32];
     deft_pool_name(p, dev, sizeof dev);
     uintptr_t a = (uintptr_t)ptr;
     for (const deft_segment *seg = p->segments; seg; seg = seg->next) {
@@ -470,7 +482,7 @@ static deft_status deft_pool_bad_free(const deft_pool *p, void *ptr) {
                           "from another device, or one freed already whose segment was given back)", dev, ptr, dev);
 }
 
-static deft_status deft_pool_free(deft_pool *p, void *ptr) {
+deft_status deft_pool_free(deft_pool *p, void *ptr) {
     deft_block *b = deft_map_get(&p->live, (uintptr_t)ptr);
     if (!b) return deft_pool_bad_free(p, ptr);
     if (deft_pool_reserve_pending(p, b->n_uses) != DEFT_OK)
@@ -479,7 +491,7 @@ static deft_status deft_pool_free(deft_pool *p, void *ptr) {
     deft_stat_add(&p->stats.allocation, -1);
     deft_stat_add(&p->stats.allocated_bytes, -(int64_t)b->size);
     deft_stat_add(&p->stats.requested_bytes, -(int64_t)b->requested);
-    deft_history_add(DEFT_HIST_FREE, p->device, b->addr, b->size, b->stream, b->tag);
+    deft_pool_history(p, DEFT_HIST_FREE, b->addr, b->size, b->stream, b->tag);
     deft_poison(p, b->addr, b->size, true);
     if (deft_block_record_uses(p, b) > 0) b->state = DEFT_BLOCK_PENDING;
     else deft_block_release(p, b);
@@ -499,9 +511,9 @@ deft_status deft_caching_free(deft_device d, void *ptr) {
 
 /* ---- streams ---- */
 
-static deft_status deft_pool_record_stream(deft_pool *p, void *ptr, void *stream) {
+deft_status deft_pool_record_stream(deft_pool *p, void *ptr, void *stream) {
     deft_block *b = deft_map_get(&p->live, (uintptr_t)ptr);
-    char dev[16];
+    char dev[32];
     if (!b)
         return deft_set_error(DEFT_ERR_INVALID, "record_stream on %s: %p is not a live block of the caching allocator",
                               deft_pool_name(p, dev, sizeof dev), ptr);

@@ -99,7 +99,7 @@ static deft_status deft_check_stats(const deft_pool *p, const deft_check_sums *s
     return DEFT_OK;
 }
 
-static deft_status deft_pool_check(const deft_pool *p) {
+deft_status deft_pool_check(const deft_pool *p) {
     deft_check_sums sum = {0};
     for (const deft_segment *seg = p->segments; seg; seg = seg->next) {
         deft_status s = deft_check_segment(p, seg, &sum);

@@ -82,6 +82,10 @@ typedef struct deft_pool {
     deft_memory_stats stats;
     size_t limit;                /* 0: none */
     uint32_t rng;
+    /* Set only for a pool outside the device table (the pinned host pool, pinned_allocator.c): */
+    const char *name;            /* named in messages instead of the device ("pinned host memory"); NULL: the device */
+    const char *empty_cache_call;   /* the call an OOM message advises; NULL: "deft_memory_empty_cache" */
+    bool no_history;             /* history entries name a device, which such a pool is not: it records none */
 } deft_pool;
 
 /* ---- pools (caching_allocator.c) ---- */
@@ -93,6 +97,14 @@ int deft_pool_count(void);
 /* Gives every cached segment with nothing allocated in it back to the device; returns the bytes released. Waits
  * for pending events first, as their blocks may complete a segment. Call with the pool locked. */
 size_t deft_pool_release_cached(deft_pool *p);
+/* The rules of caching_allocator.c on any pool, for pools outside the device table (the pinned host pool), which
+ * set up their own deft_pool (mutex, raw backend, events, nonzero rng, name). Call with the pool locked; each does
+ * what deft_caching_alloc, deft_caching_free and deft_caching_record_stream do on a device's pool (bytes > 0). */
+deft_status deft_pool_alloc(deft_pool *p, size_t bytes, void *stream, const char *tag, void **out);
+deft_status deft_pool_free(deft_pool *p, void *ptr);
+deft_status deft_pool_record_stream(deft_pool *p, void *ptr, void *stream);
+/* Every invariant of the pool, as deft_caching_check (caching_check.c); call with the pool locked. */
+deft_status deft_pool_check(const deft_pool *p);
 
 /* ---- free trees and the live map (caching_index.c) ---- */
 void deft_tree_insert(deft_block **root, deft_block *b);

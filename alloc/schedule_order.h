@@ -13,9 +13,11 @@ typedef struct deft_order_step {
 } deft_order_step;
 
 /* Writes to order[0..n) a topological order of the n steps (0, 1, ..., n-1 is one) that keeps the largest sum of
- * bytes live at any step low. A step's output is live from the step until its last reader in the new order. Only
- * dependencies constrain the order. Returns DEFT_ERR_INVALID for a dependency on a later or unknown step and
- * DEFT_ERR_OOM when scratch memory runs out. */
+ * bytes live at any step low. A step's output is live from the step until its last reader in the new order (both
+ * included), or to the end when kept alive. Only dependencies constrain the order; a dependency listed twice counts
+ * once. The order's peak is never above that of 0, 1, ..., n-1, which is returned unless another is strictly lower.
+ * Time O((n + dependencies) log n). Returns DEFT_ERR_INVALID for a dependency on a later or unknown step (or the
+ * step itself) and DEFT_ERR_OOM when scratch memory runs out, leaving order as it was. */
 deft_status deft_schedule_order(const deft_order_step *steps, int n, const int *deps, int *order);
 
 #endif

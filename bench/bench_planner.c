@@ -1,5 +1,6 @@
 /* bench_planner: how close the memory planner's arena comes to the lower bound (the largest sum of bytes live at any
- * step) on graphs of several shapes, and how long planning takes. One figure per line: `<name> <value> <unit>`.
+ * step) on graphs of several shapes, and how long planning takes; then how much reordering a schedule lowers its peak
+ * of live bytes, on step lists where the order given is a poor one. One figure per line: `<name> <value> <unit>`.
  *
  * The training-step graphs spell their backward pass out with ordinary ops (the same matmuls, reductions and
  * elementwise products autodiff emits), so the planner sees the lifetimes of a real step. */
@@ -10,6 +11,7 @@
 #include <time.h>
 
 #include "deft.h"
+#include "schedule_order.h"
 
 #define CPU deft_cpu()
 
@@ -157,6 +159,123 @@ static int report(const char *name, bench_graph *b, int repeats) {
     return 0;
 }
 
+/* ---- schedule reordering, on step lists handed to deft_schedule_order directly ---- */
+
+typedef struct step_list {
+    deft_order_step *steps;
+    int *deps;
+    int n, n_deps;
+} step_list;
+
+static int add_step(step_list *l, size_t bytes, int keep_alive, int n_deps, const int *deps) {
+    deft_order_step *s = &l->steps[l->n];
+    *s = (deft_order_step){bytes, keep_alive, l->n_deps, l->n_deps + n_deps};
+    for (int k = 0; k < n_deps; k++) l->deps[l->n_deps++] = deps[k];
+    return l->n++;
+}
+
+/* The most bytes live at any position of `order`: an output lives from its step to its last reader, or to the end
+ * when kept. */
+static size_t peak_of(const step_list *l, const int *order) {
+    int n = l->n, *pos = malloc((size_t)n * sizeof *pos), *end = malloc((size_t)n * sizeof *end);
+    long long *delta = calloc((size_t)n + 1, sizeof *delta);
+    for (int k = 0; k < n; k++) pos[order[k]] = k;
+    for (int i = 0; i < n; i++) end[i] = l->steps[i].keep_alive ? n - 1 : pos[i];
+    for (int i = 0; i < n; i++)
+        for (int k = l->steps[i].dep_begin; k < l->steps[i].dep_end; k++)
+            if (pos[i] > end[l->deps[k]]) end[l->deps[k]] = pos[i];
+    for (int i = 0; i < n; i++) {
+        delta[pos[i]] += (long long)l->steps[i].bytes;
+        delta[end[i] + 1] -= (long long)l->steps[i].bytes;
+    }
+    long long live = 0, peak = 0;
+    for (int k = 0; k < n; k++) {
+        live += delta[k];
+        if (live > peak) peak = live;
+    }
+    free(pos);
+    free(end);
+    free(delta);
+    return (size_t)peak;
+}
+
+/* Multi-head attention written stage by stage, the way a batched formulation reads: the projections of every head,
+ * then every head's scores, softmax and weighted values, then the concatenation and the output projection (kept).
+ * Every head's seq x seq scores are live at once; head by head, one head's are. */
+static void build_attention_stage_major(step_list *l, int heads, size_t seq, size_t model) {
+    size_t f = sizeof(float), head_dim = model / (size_t)heads;
+    int norm = add_step(l, seq * model * f, 0, 0, NULL), q[64], k[64], v[64], sc[64], p[64], o[64];
+    for (int h = 0; h < heads; h++) q[h] = add_step(l, seq * head_dim * f, 0, 1, &norm);
+    for (int h = 0; h < heads; h++) k[h] = add_step(l, seq * head_dim * f, 0, 1, &norm);
+    for (int h = 0; h < heads; h++) v[h] = add_step(l, seq * head_dim * f, 0, 1, &norm);
+    for (int h = 0; h < heads; h++) sc[h] = add_step(l, seq * seq * f, 0, 2, (int[]){q[h], k[h]});
+    for (int h = 0; h < heads; h++) p[h] = add_step(l, seq * seq * f, 0, 1, &sc[h]);
+    for (int h = 0; h < heads; h++) o[h] = add_step(l, seq * head_dim * f, 0, 2, (int[]){p[h], v[h]});
+    int cat = add_step(l, seq * model * f, 0, heads, o);
+    add_step(l, seq * model * f, 1, 1, &cat);
+}
+
+/* An ensemble of deep narrow MLPs (widths 64 to 1024, batch 32, one score per example at the end, kept) evaluated
+ * layer by layer across the members: every member's current activation is live at once; member by member, one is. */
+static void build_ensemble_layer_major(step_list *l, int members, int layers) {
+    int *prev = malloc((size_t)members * sizeof *prev);
+    for (int layer = 0; layer < layers; layer++)
+        for (int m = 0; m < members; m++) {
+            size_t width = layer == layers - 1 ? 1 : (size_t)64 << (m + layer) % 5;
+            prev[m] = add_step(l, 32 * width * sizeof(float), layer == layers - 1, layer ? 1 : 0, &prev[m]);
+        }
+    free(prev);
+}
+
+static int report_reorder(const char *name, step_list *l, int repeats) {
+    int *order = malloc((size_t)l->n * sizeof *order), *given = malloc((size_t)l->n * sizeof *given);
+    double times[16];
+    for (int i = 0; i < l->n; i++) given[i] = i;
+    for (int r = 0; r < repeats; r++) {
+        double t0 = now_ms();
+        deft_status s = deft_schedule_order(l->steps, l->n, l->deps, order);
+        times[r] = now_ms() - t0;
+        if (s != DEFT_OK) {
+            fprintf(stderr, "bench_planner: reordering %s: %s\n", name, deft_errmsg());
+            free(order);
+            free(given);
+            return 1;
+        }
+    }
+    for (int i = 1; i < repeats; i++)
+        for (int j = i; j > 0 && times[j] < times[j - 1]; j--) {
+            double t = times[j];
+            times[j] = times[j - 1];
+            times[j - 1] = t;
+        }
+    printf("planner.%s.steps %d count\n", name, l->n);
+    printf("planner.%s.peak_in_order %zu bytes\n", name, peak_of(l, given));
+    printf("planner.%s.peak_reordered %zu bytes\n", name, peak_of(l, order));
+    printf("planner.%s.reorder_ms %.2f ms\n", name, times[repeats / 2]);
+    free(order);
+    free(given);
+    return 0;
+}
+
+static int bench_reorder(void) {
+    enum { MAX_STEPS = 100000 };
+    step_list l = {malloc(MAX_STEPS * sizeof *l.steps), malloc(2 * MAX_STEPS * sizeof *l.deps), 0, 0};
+    int fails = 0;
+    if (!l.steps || !l.deps) {
+        fprintf(stderr, "bench_planner: out of memory\n");
+        fails = 1;
+    } else {
+        build_attention_stage_major(&l, 16, 512, 1024);
+        fails += report_reorder("attention_stage_major", &l, 7);
+        l.n = l.n_deps = 0;
+        build_ensemble_layer_major(&l, 1000, 100);
+        fails += report_reorder("ensemble_layer_major_100k", &l, 5);
+    }
+    free(l.steps);
+    free(l.deps);
+    return fails;
+}
+
 int main(void) {
     static bench_graph b;
     int fails = 0;
@@ -175,5 +294,6 @@ int main(void) {
     b = (bench_graph){.g = deft_graph_new()};
     build_random_dag(&b, 100000);
     fails += report("random_dag_100k", &b, 5);
+    fails += bench_reorder();
     return fails ? 1 : 0;
 }

@@ -28,6 +28,9 @@ deft_tensor *deft_sub(deft_tensor *a, deft_tensor *b) { return deft_binary(DEFT_
 deft_tensor *deft_mul(deft_tensor *a, deft_tensor *b) { return deft_binary(DEFT_OP_MUL, a, b); }
 deft_tensor *deft_div(deft_tensor *a, deft_tensor *b) { return deft_binary(DEFT_OP_DIV, a, b); }
 deft_tensor *deft_maximum(deft_tensor *a, deft_tensor *b) { return deft_binary(DEFT_OP_MAXIMUM, a, b); }
+deft_tensor *deft_eq(deft_tensor *a, deft_tensor *b) { return deft_binary(DEFT_OP_EQ, a, b); }
+deft_tensor *deft_gt(deft_tensor *a, deft_tensor *b) { return deft_binary(DEFT_OP_GT, a, b); }
+deft_tensor *deft_ge(deft_tensor *a, deft_tensor *b) { return deft_binary(DEFT_OP_GE, a, b); }
 
 static bool deft_op_needs_float(deft_op op) {
     switch (op) {

@@ -76,6 +76,13 @@ deft_tensor *deft_param(deft_graph *g, const char *name, deft_dtype dt, int ndim
     return t;
 }
 
+void deft_param_fill_uniform(deft_tensor *t, double bound) {
+    uint64_t seed = deft_rng_mix(t->graph->seed ^ (0x51ull * ++t->graph->param_counter));
+    int64_t n = deft_shape_numel(t->ndim, t->shape);
+    for (int64_t i = 0; i < n; i++)
+        deft_store_from_f64(t->host_data, t->dtype, i, bound * (2.0 * deft_rng_uniform01(seed, (uint64_t)i) - 1.0));
+}
+
 deft_tensor *deft_constant(deft_graph *g, deft_dtype dt, int ndim, const int64_t *shape, deft_device dev,
                            const void *data, size_t bytes) {
     if (g && !data) {

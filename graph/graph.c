@@ -4,6 +4,7 @@
 
 #include "graph_internal.h"
 #include "node.h"
+#include "optimizer.h"
 
 void deft_program_free(deft_program *p);
 
@@ -21,6 +22,8 @@ void deft_graph_free(deft_graph *g) {
     if (!g) return;
     while (g->n_programs > 0) deft_program_free(g->programs[g->n_programs - 1]);
     free(g->programs);
+    for (int i = 0; i < g->n_optimizers; i++) deft_optimizer_destroy(g->optimizers[i]);
+    free(g->optimizers);
     for (int i = 0; i < g->n_nodes; i++) deft_node_destroy(g->nodes[i]);
     free(g->nodes);
     free(g);

@@ -62,6 +62,18 @@ typedef enum deft_op {
     DEFT_OP_MAX,
     DEFT_OP_SOFTMAX,
     DEFT_OP_LOG_SOFTMAX,
+    /* comparisons (broadcasting binary): 1 where true, 0 elsewhere, in the inputs' dtype */
+    DEFT_OP_EQ,
+    DEFT_OP_GT,
+    DEFT_OP_GE,
+    /* training */
+    DEFT_OP_ACT_GRAD,           /* src (dy, x) of y = act(x), same shapes; p.act names act; out = dy * act'(x) */
+    DEFT_OP_EXPAND,             /* src[0] broadcast (numpy rules) to this node's shape, materialised */
+    DEFT_OP_SLICE_GRAD,         /* zeros of this node's shape with src[0] written where p.slice selects */
+    DEFT_OP_CROSS_ENTROPY,      /* src (logits [N, C], targets i32 [N]); out [] = mean over rows of lse - logit[t] */
+    DEFT_OP_CROSS_ENTROPY_GRAD, /* src (dloss [], logits, targets); out [N, C] = (softmax - onehot) * dloss / N */
+    DEFT_OP_DROPOUT,            /* p.dropout */
+    DEFT_OP_OPTIMIZER,          /* src: the gradients; p.optimizer; updates parameters in place */
     DEFT_OP_COUNT
 } deft_op;
 
@@ -71,6 +83,7 @@ typedef enum deft_op_kind {
     DEFT_KIND_BINARY,
     DEFT_KIND_SCALAR,
     DEFT_KIND_UNARY,
+    DEFT_KIND_ELEMENTWISE,   /* other same-shape elementwise ops (element i read before element i is written) */
     DEFT_KIND_OTHER
 } deft_op_kind;
 
@@ -92,6 +105,11 @@ typedef union deft_op_params {
     int axis;                                               /* concat, softmax, log_softmax */
     struct { uint32_t mask; int keepdim; } reduce;         /* bit i set: input axis i is reduced */
     deft_init init;                                         /* params */
+    deft_op act;                                            /* act_grad: the activation */
+    /* dropout: run is the program's run count, written by the executor before each run, so that each run draws a
+     * new mask while every reader within a run (backward, recomputation) sees the same one */
+    struct { double p; uint64_t seed; uint64_t run; } dropout;
+    struct deft_optimizer *optimizer;
 } deft_op_params;
 
 struct deft_tensor {
@@ -113,6 +131,11 @@ struct deft_tensor {
      * dev_data holds the live value once a program has been compiled for it (the host copy is then stale). */
     void *host_data;
     void *dev_data;
+    /* Training: whether a parameter wants a gradient, and the gradient node deft_backward made for this tensor. */
+    bool no_grad;
+    deft_tensor *grad;
+    /* A parameter whose storage an optimizer owns (flat): host_data/dev_data point into it and are not freed here. */
+    bool storage_borrowed;
 };
 
 struct deft_program;
@@ -126,6 +149,8 @@ struct deft_graph {
     uint64_t param_counter;       /* distinct default seeds per parameter */
     struct deft_program **programs;   /* compiled from this graph, freed with it */
     int n_programs, cap_programs;
+    struct deft_optimizer **optimizers;   /* built on this graph, freed with it */
+    int n_optimizers;
 };
 
 /* ---- errors (graph/error.c) ---- */

@@ -11,6 +11,9 @@ void deft_node_destroy(deft_tensor *t);
 /* Frees a parameter's or constant's device copy (runtime/). */
 void deft_node_release_device_data(deft_tensor *t);
 
+/* Refills a parameter's host value from U(-bound, bound) (a linear layer's bias depends on the weight's fan-in). */
+void deft_param_fill_uniform(deft_tensor *t, double bound);
+
 /* The graph shared by srcs, or NULL: silently when one is NULL (an earlier builder failed and said why), with an
  * error when they come from different graphs or sit on different devices. */
 deft_graph *deft_srcs_graph(const char *op, int n, deft_tensor *const *srcs);

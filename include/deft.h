@@ -239,9 +239,9 @@ typedef struct deft_device_memory {
     size_t arena_bytes;        /* the planned arena */
     size_t workspace_bytes;    /* library workspaces (cuBLAS) the program's kernels use */
     size_t total_bytes;        /* the sum of the three */
-} deft_device_memory;
+} deft_device_footprint;
 /* Fills up to max entries (one per device the program touches) and sets *n to their number. */
-deft_status deft_program_device_memory(const deft_program *p, deft_device_memory *out, int max, int *n);
+deft_status deft_program_footprint(const deft_program *p, deft_device_footprint *out, int max, int *n);
 /* Prints the memory report and the per-buffer plan (offset, size, lifetime) as a table. */
 deft_status deft_program_print_plan(const deft_program *p, void *file /* FILE*, NULL = stdout */);
 
@@ -344,13 +344,18 @@ typedef struct deft_sgd_options {
     int nesterov;
 } deft_sgd_options;
 typedef struct deft_adamw_options {
-    double lr, beta1, beta2, eps, weight_decay;   /* zeros mean torch's defaults: 1e-3, 0.9, 0.999, 1e-8, 1e-2 */
+    double lr, beta1, beta2, eps, weight_decay;
 } deft_adamw_options;
+/* torch.optim.AdamW's defaults: lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight_decay 1e-2. */
+deft_adamw_options deft_adamw_defaults(void);
 typedef struct deft_step_options {
-    int accumulate_steps;    /* k >= 1 (0 means 1): gradients add up over k runs and the update runs every k-th */
+    int accumulate_steps;    /* k >= 1 (0 means 1): the update runs every k-th run with the mean of the k runs'
+                              * gradients, so k micro-batches of a mean loss step as one batch k times larger */
     double max_grad_norm;    /* > 0: clip the accumulated gradients to this global L2 norm before updating */
 } deft_step_options;
-/* Over every parameter of g that has a gradient. step may be NULL. */
+/* Over every parameter of g that has a gradient (they must share one device and one dtype, f32 or f64). The SGD
+ * options are required; NULL AdamW options mean deft_adamw_defaults(); step may be NULL. The hyperparameters follow
+ * torch.optim.SGD and torch.optim.AdamW exactly; bad ones (a NaN or negative lr, nesterov without momentum) fail. */
 deft_optimizer *deft_sgd(deft_graph *g, const deft_sgd_options *o, const deft_step_options *step);
 deft_optimizer *deft_adamw(deft_graph *g, const deft_adamw_options *o, const deft_step_options *step);
 /* The node that accumulates the gradients and applies the update every k-th run. Its value (one f32) is the global

@@ -43,6 +43,16 @@ static const deft_op_info deft_ops[DEFT_OP_COUNT] = {
     [DEFT_OP_MAX] = {"max", DEFT_KIND_OTHER},
     [DEFT_OP_SOFTMAX] = {"softmax", DEFT_KIND_OTHER},
     [DEFT_OP_LOG_SOFTMAX] = {"log_softmax", DEFT_KIND_OTHER},
+    [DEFT_OP_EQ] = {"eq", DEFT_KIND_BINARY},
+    [DEFT_OP_GT] = {"gt", DEFT_KIND_BINARY},
+    [DEFT_OP_GE] = {"ge", DEFT_KIND_BINARY},
+    [DEFT_OP_ACT_GRAD] = {"act_grad", DEFT_KIND_ELEMENTWISE},
+    [DEFT_OP_EXPAND] = {"expand", DEFT_KIND_OTHER},
+    [DEFT_OP_SLICE_GRAD] = {"slice_grad", DEFT_KIND_OTHER},
+    [DEFT_OP_CROSS_ENTROPY] = {"cross_entropy", DEFT_KIND_OTHER},
+    [DEFT_OP_CROSS_ENTROPY_GRAD] = {"cross_entropy_grad", DEFT_KIND_OTHER},
+    [DEFT_OP_DROPOUT] = {"dropout", DEFT_KIND_ELEMENTWISE},
+    [DEFT_OP_OPTIMIZER] = {"optimizer", DEFT_KIND_OTHER},
 };
 
 const deft_op_info *deft_op_info_of(deft_op op) {

@@ -6,6 +6,7 @@
 #include "cpu_kernels.h"
 #include "cuda_kernels.h"
 #include "device_internal.h"
+#include "optimizer.h"
 #include "program_state.h"
 
 static deft_status deft_check_program_tensor(const deft_program *p, const deft_tensor *t, const char *what) {
@@ -57,7 +58,9 @@ static deft_status deft_run_step(deft_program *p, int id) {
     if (!in) return deft_set_error(DEFT_ERR_OOM, "run: out of host memory");
     for (int k = 0; k < t->nsrc; k++) in[k] = deft_program_data(p, t->src[k]->id);
     deft_status s;
-    if (t->device.type == DEFT_CPU) {
+    if (t->op == DEFT_OP_OPTIMIZER) {
+        s = deft_optimizer_run(t->p.optimizer, in, out);
+    } else if (t->device.type == DEFT_CPU) {
         s = deft_cpu_run_node(t, out, in);
     } else {
 #ifdef DEFT_HAVE_CUDA
@@ -71,9 +74,18 @@ static deft_status deft_run_step(deft_program *p, int id) {
     return s;
 }
 
+/* Each run draws new dropout masks; every reader within the run sees the same one. */
+static void deft_stamp_run(deft_program *p) {
+    for (int i = 0; i < p->n_steps; i++) {
+        deft_tensor *t = p->graph->nodes[p->steps[i]];
+        if (t->op == DEFT_OP_DROPOUT) t->p.dropout.run = p->run_count;
+    }
+}
+
 deft_status deft_program_run(deft_program *p) {
     if (!p) return deft_set_error(DEFT_ERR_INVALID, "run: program is NULL");
     deft_status s = deft_check_fed(p);
+    if (s == DEFT_OK) deft_stamp_run(p);
     for (int i = 0; s == DEFT_OK && i < p->n_steps; i++) {
         int id = p->steps[i];
         s = deft_run_step(p, id);
@@ -87,6 +99,7 @@ deft_status deft_program_run(deft_program *p) {
     }
     for (int a = 0; s == DEFT_OK && a < p->n_arenas; a++) s = deft_device_synchronize(p->arenas[a].device);
     p->ran = s == DEFT_OK;
+    p->run_count++;
     return s;
 }
 

@@ -1,8 +1,10 @@
 /* Compiling: which nodes run, in what order, where each value lives; then the arenas and input slots. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "device_internal.h"
+#include "optimizer.h"
 #include "program_state.h"
 
 static int deft_view_base(const deft_graph *g, int id, size_t *offset) {
@@ -52,25 +54,36 @@ static int deft_arena_for(deft_program *p, deft_device d) {
     return p->n_arenas++;
 }
 
+/* The nodes that run a kernel, in id order (a topological order). */
+static deft_status deft_collect_steps(deft_program *p) {
+    const deft_graph *g = p->graph;
+    p->steps = malloc((size_t)(p->n_nodes ? p->n_nodes : 1) * sizeof *p->steps);
+    p->buffers = malloc((size_t)(p->n_nodes ? p->n_nodes : 1) * sizeof *p->buffers);
+    if (!p->steps || !p->buffers) return deft_set_error(DEFT_ERR_OOM, "compile: out of host memory");
+    p->n_steps = 0;
+    for (int id = 0; id < p->n_nodes; id++) {
+        const deft_tensor *t = g->nodes[id];
+        if (p->nodes[id].needed && !deft_op_is_leaf(t->op) && !t->is_view) p->steps[p->n_steps++] = id;
+    }
+    return DEFT_OK;
+}
+
+/* Gives each step (in the order of p->steps) its buffer, and each buffer its lifetime: until its last reader, views
+ * being read through their base; outputs live to the end. */
 static deft_status deft_schedule(deft_program *p) {
     const deft_graph *g = p->graph;
-    p->steps = malloc((size_t)p->n_nodes * sizeof *p->steps);
-    p->buffers = malloc((size_t)p->n_nodes * sizeof *p->buffers);
-    if (!p->steps || !p->buffers) return deft_set_error(DEFT_ERR_OOM, "compile: out of host memory");
-    for (int id = 0; id < p->n_nodes; id++) {
+    p->n_buffers = 0;
+    for (int id = 0; id < p->n_nodes; id++) p->nodes[id].step = p->nodes[id].buffer = p->nodes[id].arena = -1;
+    for (int i = 0; i < p->n_steps; i++) {
+        int id = p->steps[i];
         deft_node_state *s = &p->nodes[id];
-        const deft_tensor *t = g->nodes[id];
-        s->step = s->buffer = s->arena = -1;
-        if (!s->needed || deft_op_is_leaf(t->op) || t->is_view) continue;
-        s->step = p->n_steps;
-        p->steps[p->n_steps++] = id;
-        int arena = deft_arena_for(p, t->device);
+        int arena = deft_arena_for(p, g->nodes[id]->device);
         if (arena < 0) return deft_set_error(DEFT_ERR_DEVICE, "compile: more than %d devices", DEFT_MAX_ARENAS);
+        s->step = i;
         s->arena = arena;
         s->buffer = p->n_buffers;
-        p->buffers[p->n_buffers++] = (deft_buffer){id, arena, -1, {deft_tensor_bytes(t), s->step, s->step, 0}};
+        p->buffers[p->n_buffers++] = (deft_buffer){id, arena, -1, {deft_tensor_bytes(g->nodes[id]), i, i, 0}};
     }
-    /* A buffer lives until its last reader; views are read through their base; outputs live to the end. */
     for (int id = 0; id < p->n_nodes; id++) {
         deft_node_state *s = &p->nodes[id];
         if (!s->needed) continue;
@@ -92,7 +105,9 @@ static deft_status deft_schedule(deft_program *p) {
 /* Elementwise ops read element i before writing element i, so their output may take over an input's buffer. */
 static bool deft_may_run_in_place(const deft_tensor *t, const deft_tensor *src) {
     deft_op_kind kind = deft_op_info_of(t->op)->kind;
-    if (kind != DEFT_KIND_BINARY && kind != DEFT_KIND_SCALAR && kind != DEFT_KIND_UNARY) return false;
+    if (kind != DEFT_KIND_BINARY && kind != DEFT_KIND_SCALAR && kind != DEFT_KIND_UNARY &&
+        kind != DEFT_KIND_ELEMENTWISE)
+        return false;
     return deft_tensor_bytes(src) == deft_tensor_bytes(t) && deft_dtype_size(src->dtype) == deft_dtype_size(t->dtype);
 }
 
@@ -163,9 +178,9 @@ static deft_status deft_place_persistent(deft_program *p) {
         size_t bytes = deft_tensor_bytes(t);
         deft_status s = DEFT_OK;
         if (t->op == DEFT_OP_INPUT) {
-            s = deft_mem_alloc(t->device, bytes, &p->nodes[id].input_storage);
+            s = deft_mem_alloc_tagged(t->device, bytes, t->name, &p->nodes[id].input_storage);
         } else if (t->device.type != DEFT_CPU && !t->dev_data) {
-            s = deft_mem_alloc(t->device, bytes, &t->dev_data);
+            s = deft_mem_alloc_tagged(t->device, bytes, t->name, &t->dev_data);
             if (s == DEFT_OK) s = deft_mem_copy(t->device, t->dev_data, deft_cpu(), t->host_data, bytes);
         }
         if (s != DEFT_OK) return deft_set_error(s, "compile: storage for %s: %s", t->name, deft_errmsg());
@@ -188,9 +203,31 @@ static deft_status deft_check_budget(const deft_program *p, size_t budget) {
                           budget, arena + p->persistent_bytes, arena, p->persistent_bytes);
 }
 
+/* A GPU arena that cannot fit fails here, with the numbers, rather than somewhere in the allocator or a run. */
+static deft_status deft_check_device_room(const deft_program *p) {
+    for (int a = 0; a < p->n_arenas; a++) {
+        deft_device d = p->arenas[a].device;
+        size_t free_b = 0, total = 0;
+        deft_memory_stats st;
+        if (d.type != DEFT_CUDA || deft_device_memory(d, &free_b, &total) != DEFT_OK ||
+            deft_memory_stats_get(d, &st) != DEFT_OK)
+            continue;
+        size_t cached = (size_t)(st.reserved_bytes.current - st.allocated_bytes.current);
+        if (p->arenas[a].bytes <= free_b + cached) continue;
+        char ds[32];
+        return deft_set_error(DEFT_ERR_OOM,
+                              "compile: the planned arena of %zu bytes does not fit on %s: %zu bytes free on the "
+                              "device (of %zu) and %zu cached by deft's allocator",
+                              p->arenas[a].bytes, deft_device_str(d, ds, sizeof ds), free_b, total, cached);
+    }
+    return DEFT_OK;
+}
+
 static deft_status deft_alloc_arenas(deft_program *p) {
     for (int a = 0; a < p->n_arenas; a++) {
-        deft_status s = deft_mem_alloc(p->arenas[a].device, p->arenas[a].bytes, &p->arenas[a].base);
+        char tag[48], ds[32];
+        snprintf(tag, sizeof tag, "arena %s", deft_device_str(p->arenas[a].device, ds, sizeof ds));
+        deft_status s = deft_mem_alloc_tagged(p->arenas[a].device, p->arenas[a].bytes, tag, &p->arenas[a].base);
         if (s != DEFT_OK) {
             char d[32];
             return deft_set_error(s, "compile: the arena of %zu bytes on %s: %s", p->arenas[a].bytes,
@@ -200,6 +237,50 @@ static deft_status deft_alloc_arenas(deft_program *p) {
     return DEFT_OK;
 }
 
+static size_t deft_arena_total(const deft_program *p) {
+    size_t n = 0;
+    for (int a = 0; a < p->n_arenas; a++) n += p->arenas[a].bytes;
+    return n;
+}
+
+/* Buffers, in-place reuse and offsets for the current order of p->steps. */
+static deft_status deft_plan_pass(deft_program *p, int no_reuse) {
+    deft_status s = deft_schedule(p);
+    if (s == DEFT_OK && !no_reuse) deft_merge_in_place(p);
+    if (s == DEFT_OK) s = deft_plan_arenas(p, no_reuse);
+    return s;
+}
+
+/* With `reorder`, a second plan over the reordered steps replaces the first only when its arenas are smaller. */
+static deft_status deft_plan_steps(deft_program *p, const deft_compile_options *opts) {
+    int no_reuse = opts ? opts->no_reuse : 0;
+    deft_status s = deft_plan_pass(p, no_reuse);
+    if (s != DEFT_OK || !opts || !opts->reorder || no_reuse) return s;
+    size_t in_order = deft_arena_total(p);
+    int *kept = malloc((size_t)(p->n_steps ? p->n_steps : 1) * sizeof *kept);
+    if (!kept) return deft_set_error(DEFT_ERR_OOM, "compile: out of host memory");
+    memcpy(kept, p->steps, (size_t)p->n_steps * sizeof *kept);
+    s = deft_program_reorder(p);
+    if (s == DEFT_OK) s = deft_plan_pass(p, no_reuse);
+    if (s == DEFT_OK && deft_arena_total(p) >= in_order) {
+        memcpy(p->steps, kept, (size_t)p->n_steps * sizeof *kept);
+        s = deft_plan_pass(p, no_reuse);
+    }
+    free(kept);
+    return s;
+}
+
+static size_t deft_persistent_bytes(const deft_program *p) {
+    size_t n = 0;
+    for (int id = 0; id < p->n_nodes; id++) {
+        const deft_tensor *t = p->graph->nodes[id];
+        if (!p->nodes[id].needed) continue;
+        if (deft_op_is_leaf(t->op)) n += deft_tensor_bytes(t);
+        if (t->op == DEFT_OP_OPTIMIZER) n += deft_optimizer_state_bytes(t->p.optimizer);
+    }
+    return n;
+}
+
 static deft_status deft_build(deft_program *p, deft_tensor *const *outputs, int n_outputs,
                               const deft_compile_options *opts, bool allocate) {
     p->nodes = calloc((size_t)p->n_nodes, sizeof *p->nodes);
@@ -207,16 +288,13 @@ static deft_status deft_build(deft_program *p, deft_tensor *const *outputs, int 
     if (!p->nodes || !p->outputs) return deft_set_error(DEFT_ERR_OOM, "compile: out of host memory");
     p->n_outputs = n_outputs;
     deft_mark_needed(p, outputs, n_outputs);
-    deft_status s = deft_schedule(p);
-    int no_reuse = opts ? opts->no_reuse : 0;
-    if (s == DEFT_OK && !no_reuse) deft_merge_in_place(p);
-    if (s == DEFT_OK) s = deft_plan_arenas(p, no_reuse);
-    for (int id = 0; id < p->n_nodes; id++)
-        if (p->nodes[id].needed && deft_op_is_leaf(p->graph->nodes[id]->op))
-            p->persistent_bytes += deft_tensor_bytes(p->graph->nodes[id]);
+    deft_status s = deft_collect_steps(p);
+    if (s == DEFT_OK) s = deft_plan_steps(p, opts);
+    p->persistent_bytes = deft_persistent_bytes(p);
     if (s == DEFT_OK) s = deft_check_budget(p, opts ? opts->memory_budget : 0);
     if (!allocate) return s;
     if (s == DEFT_OK) s = deft_place_persistent(p);
+    if (s == DEFT_OK) s = deft_check_device_room(p);
     if (s == DEFT_OK) s = deft_alloc_arenas(p);
     return s;
 }

@@ -50,11 +50,15 @@ struct deft_program {
     deft_arena arenas[DEFT_MAX_ARENAS];
     size_t persistent_bytes;
     bool ran;
+    uint64_t run_count;   /* runs started, the dropout masks' counter */
 };
 
 /* deft_compile, returning its status. */
 deft_status deft_compile_into(deft_graph *g, deft_tensor *const *outputs, int n_outputs,
                               const deft_compile_options *opts, deft_program **out);
+
+/* Reorders p->steps (compile option `reorder`) to lower the peak of live bytes; runtime/program_reorder.c. */
+deft_status deft_program_reorder(deft_program *p);
 
 /* The address of node id's value in a compiled program (persistent storage, arena, or a view into either). */
 void *deft_program_data(const deft_program *p, int id);

@@ -1,5 +1,6 @@
 /* The first memory plan: no two buffers that live at the same step overlap, reuse never changes results, and the
  * arena stays near the lower bound. */
+#include <limits.h>
 #include <stdint.h>
 
 #include "check.h"
@@ -43,6 +44,88 @@ static void test_planner_random_lifetimes(void) {
     }
     deft_plan_buffer backwards = {16, 5, 2, 0};
     CHECK_ERR(deft_plan_offsets(&backwards, 1, 0, &(deft_plan_stats){0}), DEFT_ERR_INVALID, "lifetime [5, 2]");
+}
+
+/* Long and short lifetimes mixed, sizes over three orders of magnitude: the shapes that make the repair pass move
+ * buffers and displace others. */
+static void test_planner_mixed_lifetimes(void) {
+    enum { N = 600 };
+    static deft_plan_buffer bufs[N];
+    for (int trial = 0; trial < 40; trial++) {
+        int n = 50 + rand_below(N - 50), steps = 50 + rand_below(2000);
+        for (int i = 0; i < n; i++) {
+            int first = rand_below(steps), len = rand_below(8) == 0 ? rand_below(steps) : rand_below(12);
+            size_t size = (size_t)256 << rand_below(6);
+            if (rand_below(3) == 0) size -= (size_t)rand_below(200);
+            bufs[i] = (deft_plan_buffer){size, first, first + len, 0};
+        }
+        deft_plan_stats st;
+        CHECK_OK(deft_plan_offsets(bufs, n, 0, &st));
+        int bad = 0;
+        for (int i = 0; i < n; i++) {
+            bad += bufs[i].offset % DEFT_PLAN_ALIGN != 0 || bufs[i].offset + bufs[i].size > st.arena_bytes;
+            for (int j = i + 1; j < n; j++) bad += overlaps(&bufs[i], &bufs[j]);
+        }
+        CHECK_MSG(bad == 0, "trial %d: %d overlapping or misplaced buffers", trial, bad);
+        CHECK(st.lower_bound <= st.arena_bytes && st.arena_bytes <= st.no_reuse_bytes);
+    }
+}
+
+/* Step numbers far apart (the planner renumbers them to their ranks): the same overlaps, the same lower bound. */
+static void test_planner_sparse_steps(void) {
+    enum { N = 200 };
+    static deft_plan_buffer bufs[N], dense[N];
+    for (int i = 0; i < N; i++) {
+        int first = rand_below(300), len = rand_below(30);
+        dense[i] = (deft_plan_buffer){(size_t)(1 + rand_below(5000)), first, first + len, 0};
+        bufs[i] = (deft_plan_buffer){dense[i].size, first * 6000000, (first + len) * 6000000 + 5, 0};
+    }
+    deft_plan_stats st, st_dense;
+    CHECK_OK(deft_plan_offsets(bufs, N, 0, &st));
+    CHECK_OK(deft_plan_offsets(dense, N, 0, &st_dense));
+    CHECK(st.lower_bound == st_dense.lower_bound);
+    CHECK(bufs[0].first == dense[0].first * 6000000);   /* the caller's lifetimes stay as they were */
+    int bad = 0;
+    for (int i = 0; i < N; i++)
+        for (int j = i + 1; j < N; j++) bad += overlaps(&bufs[i], &bufs[j]);
+    CHECK_MSG(bad == 0, "%d overlapping buffers", bad);
+}
+
+static void test_planner_edges(void) {
+    deft_plan_stats st;
+    CHECK_OK(deft_plan_offsets(NULL, 0, 0, &st));
+    CHECK(st.arena_bytes == 0 && st.lower_bound == 0 && st.no_reuse_bytes == 0);
+    deft_plan_buffer one = {1, 3, 3, 77};
+    CHECK_OK(deft_plan_offsets(&one, 1, 0, &st));
+    CHECK(one.offset == 0 && st.arena_bytes == 256 && st.lower_bound == 256);
+    /* Two buffers live together never share; apart, they do. */
+    deft_plan_buffer two[2] = {{1000, 0, 1, 0}, {1000, 1, 2, 0}};
+    CHECK_OK(deft_plan_offsets(two, 2, 0, &st));
+    CHECK(st.arena_bytes == 2048 && two[0].offset != two[1].offset);
+    two[1].first = 2;
+    CHECK_OK(deft_plan_offsets(two, 2, 0, &st));
+    CHECK(st.arena_bytes == 1024 && two[0].offset == 0 && two[1].offset == 0);
+    CHECK_OK(deft_plan_offsets(two, 2, 1, &st));
+    CHECK(st.arena_bytes == 2048 && st.lower_bound == 1024 && two[1].offset == 1024);
+    deft_plan_buffer endless = {16, 0, INT_MAX, 0};
+    CHECK_ERR(deft_plan_offsets(&endless, 1, 0, &st), DEFT_ERR_INVALID, "lifetime [0, 2147483647]");
+    CHECK_ERR(deft_plan_offsets(&one, -1, 0, &st), DEFT_ERR_INVALID, "-1 buffers");
+}
+
+/* Same-size buffers: any step's live set stacks without holes, so the plan must reach the lower bound. */
+static void test_planner_equal_sizes_reach_bound(void) {
+    enum { N = 400 };
+    static deft_plan_buffer bufs[N];
+    for (int trial = 0; trial < 20; trial++) {
+        for (int i = 0; i < N; i++) {
+            int first = rand_below(500), len = rand_below(40);
+            bufs[i] = (deft_plan_buffer){4096, first, first + len, 0};
+        }
+        deft_plan_stats st;
+        CHECK_OK(deft_plan_offsets(bufs, N, 0, &st));
+        CHECK_MSG(st.arena_bytes == st.lower_bound, "trial %d: arena %zu, bound %zu", trial, st.arena_bytes,
+                  st.lower_bound);
+    }
 }
 
 static void test_chain_runs_in_place(void) {
@@ -150,6 +233,10 @@ static void test_reuse_equals_no_reuse(void) {
 
 int main(void) {
     test_planner_random_lifetimes();
+    test_planner_mixed_lifetimes();
+    test_planner_sparse_steps();
+    test_planner_edges();
+    test_planner_equal_sizes_reach_bound();
     test_chain_runs_in_place();
     test_reuse_equals_no_reuse();
     return deft_check_finish();

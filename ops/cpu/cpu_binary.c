@@ -1,4 +1,5 @@
-/* Broadcasting binary ops (add, sub, mul, div, maximum) and tensor-scalar ops, on every dtype. */
+/* Broadcasting binary ops (add, sub, mul, div, maximum), comparisons (eq, gt, ge) and tensor-scalar ops, on every
+ * dtype. */
 #include <string.h>
 
 #include "cpu_internal.h"
@@ -65,15 +66,41 @@ DEFINE_BIN_ROW(add_i32, int32_t, int64_t, LD_I32, ST_I32, x + y)
 DEFINE_BIN_ROW(sub_i32, int32_t, int64_t, LD_I32, ST_I32, x - y)
 DEFINE_BIN_ROW(mul_i32, int32_t, int64_t, LD_I32, ST_I32, x * y)
 DEFINE_BIN_ROW(maximum_i32, int32_t, int64_t, LD_I32, ST_I32, MAX_I(x, y))
+/* Comparisons give 1 or 0 in the operands' dtype; any comparison with NaN is false, as in torch. Halves compare
+ * their exact float values. */
+DEFINE_BIN_FLOAT(eq, (float)(x == y))
+DEFINE_BIN_FLOAT(gt, (float)(x > y))
+DEFINE_BIN_FLOAT(ge, (float)(x >= y))
+DEFINE_BIN_ROW(eq_i32, int32_t, int64_t, LD_I32, ST_I32, (int64_t)(x == y))
+DEFINE_BIN_ROW(gt_i32, int32_t, int64_t, LD_I32, ST_I32, (int64_t)(x > y))
+DEFINE_BIN_ROW(ge_i32, int32_t, int64_t, LD_I32, ST_I32, (int64_t)(x >= y))
 
-/* Indexed [op - DEFT_OP_ADD][dtype]; NULL where the op does not exist for the dtype. */
-static const bin_row_fn bin_rows[5][DEFT_DTYPE_COUNT] = {
+/* Indexed [bin_row_of(op)][dtype]; NULL where the op does not exist for the dtype. */
+static const bin_row_fn bin_rows[8][DEFT_DTYPE_COUNT] = {
     {add_f32, add_f64, add_f16, add_bf16, add_i32},
     {sub_f32, sub_f64, sub_f16, sub_bf16, sub_i32},
     {mul_f32, mul_f64, mul_f16, mul_bf16, mul_i32},
     {div_f32, div_f64, div_f16, div_bf16, NULL},
     {maximum_f32, maximum_f64, maximum_f16, maximum_bf16, maximum_i32},
+    {eq_f32, eq_f64, eq_f16, eq_bf16, eq_i32},
+    {gt_f32, gt_f64, gt_f16, gt_bf16, gt_i32},
+    {ge_f32, ge_f64, ge_f16, ge_bf16, ge_i32},
 };
+
+/* The row of bin_rows for a binary op, or -1. */
+static int bin_row_of(deft_op op) {
+    switch (op) {
+    case DEFT_OP_ADD: return 0;
+    case DEFT_OP_SUB: return 1;
+    case DEFT_OP_MUL: return 2;
+    case DEFT_OP_DIV: return 3;
+    case DEFT_OP_MAXIMUM: return 4;
+    case DEFT_OP_EQ: return 5;
+    case DEFT_OP_GT: return 6;
+    case DEFT_OP_GE: return 7;
+    default: return -1;
+    }
+}
 
 deft_status deft_cpu_binary(const deft_tensor *n, void *out, const void *a, const void *b) {
     const deft_tensor *ta = n->src[0], *tb = n->src[1];
@@ -81,7 +108,10 @@ deft_status deft_cpu_binary(const deft_tensor *n, void *out, const void *a, cons
         return deft_set_error(DEFT_ERR_DTYPE, "%s: inputs are %s and %s, output %s (the CPU kernel wants one dtype)",
                               deft_op_name(n->op), deft_dtype_name(ta->dtype), deft_dtype_name(tb->dtype),
                               deft_dtype_name(n->dtype));
-    bin_row_fn fn = bin_rows[n->op - DEFT_OP_ADD][n->dtype];
+    const int which = bin_row_of(n->op);
+    if (which < 0)
+        return deft_set_error(DEFT_ERR_INVALID, "cpu binary: %s is not a binary op", deft_op_name(n->op));
+    bin_row_fn fn = bin_rows[which][n->dtype];
     if (!fn) return deft_cpu_dtype_error(n, n->dtype);
 
     const size_t esz = deft_dtype_size(n->dtype);

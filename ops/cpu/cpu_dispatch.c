@@ -54,6 +54,9 @@ deft_status deft_cpu_run_node(const deft_tensor *n, void *out, const void *const
     case DEFT_OP_MUL:
     case DEFT_OP_DIV:
     case DEFT_OP_MAXIMUM:
+    case DEFT_OP_EQ:
+    case DEFT_OP_GT:
+    case DEFT_OP_GE:
         return deft_cpu_binary(n, out, in[0], in[1]);
     case DEFT_OP_ADD_SCALAR:
     case DEFT_OP_RSUB_SCALAR:
@@ -92,11 +95,24 @@ deft_status deft_cpu_run_node(const deft_tensor *n, void *out, const void *const
     case DEFT_OP_SOFTMAX:
     case DEFT_OP_LOG_SOFTMAX:
         return deft_cpu_softmax(n, out, in[0]);
+    case DEFT_OP_ACT_GRAD:
+        return deft_cpu_act_grad(n, out, in[0], in[1]);
+    case DEFT_OP_EXPAND:
+        return deft_cpu_expand(n, out, in[0]);
+    case DEFT_OP_SLICE_GRAD:
+        return deft_cpu_slice_grad(n, out, in[0]);
+    case DEFT_OP_CROSS_ENTROPY:
+        return deft_cpu_cross_entropy(n, out, in[0], in[1]);
+    case DEFT_OP_CROSS_ENTROPY_GRAD:
+        return deft_cpu_cross_entropy_grad(n, out, in[0], in[1], in[2]);
+    case DEFT_OP_DROPOUT:
+        return deft_cpu_dropout(n, out, in[0]);
     case DEFT_OP_INPUT:
     case DEFT_OP_PARAM:
     case DEFT_OP_CONSTANT:
     case DEFT_OP_COPY:
     case DEFT_OP_RESHAPE:
+    case DEFT_OP_OPTIMIZER:
     case DEFT_OP_COUNT:
         break;
     }

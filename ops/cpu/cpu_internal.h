@@ -59,5 +59,13 @@ deft_status deft_cpu_concat(const deft_tensor *n, void *out, const void *const *
 deft_status deft_cpu_reduce(const deft_tensor *n, void *out, const void *a);                   /* cpu_reduce.c */
 deft_status deft_cpu_softmax(const deft_tensor *n, void *out, const void *a);                  /* cpu_softmax.c */
 deft_status deft_cpu_create(const deft_tensor *n, void *out);                                  /* cpu_create.c */
+/* cpu_train.c: the ops of training (activation gradients, expand, slice gradients, cross-entropy, dropout) */
+deft_status deft_cpu_act_grad(const deft_tensor *n, void *out, const void *dy, const void *x);
+deft_status deft_cpu_expand(const deft_tensor *n, void *out, const void *a);
+deft_status deft_cpu_slice_grad(const deft_tensor *n, void *out, const void *dy);
+deft_status deft_cpu_cross_entropy(const deft_tensor *n, void *out, const void *logits, const void *targets);
+deft_status deft_cpu_cross_entropy_grad(const deft_tensor *n, void *out, const void *dloss, const void *logits,
+                                        const void *targets);
+deft_status deft_cpu_dropout(const deft_tensor *n, void *out, const void *x);
 
 #endif

@@ -85,6 +85,13 @@ __device__ __forceinline__ double deft_math_erfc(double x) { return erfc(x); }
 __device__ __forceinline__ float deft_math_pow(float x, float y) { return powf(x, y); }
 __device__ __forceinline__ double deft_math_pow(double x, double y) { return pow(x, y); }
 
+/* The branch keeps exp's argument non-positive, so neither side overflows for large |x|. */
+template <class C> __device__ __forceinline__ C deft_math_sigmoid(C x) {
+    if (x >= C(0)) return C(1) / (C(1) + deft_math_exp(-x));
+    C e = deft_math_exp(x);
+    return e / (C(1) + e);
+}
+
 /* ---- dtype dispatch: f(deft_tag<T>()) with T the storage type of dt ---- */
 template <class T> struct deft_tag {
     typedef T type;
@@ -174,5 +181,14 @@ deft_status deft_cuda_slice(const deft_tensor *n, void *out, const void *a, cuda
 deft_status deft_cuda_concat(const deft_tensor *n, void *out, const void *const *in, cudaStream_t st);
 deft_status deft_cuda_create(const deft_tensor *n, void *out, cudaStream_t st);
 deft_status deft_cuda_matmul(const deft_tensor *n, void *out, const void *a, const void *b, cudaStream_t st);
+/* cuda_train.cu: the ops of training */
+deft_status deft_cuda_act_grad(const deft_tensor *n, void *out, const void *dy, const void *x, cudaStream_t st);
+deft_status deft_cuda_expand(const deft_tensor *n, void *out, const void *a, cudaStream_t st);
+deft_status deft_cuda_slice_grad(const deft_tensor *n, void *out, const void *dy, cudaStream_t st);
+deft_status deft_cuda_cross_entropy(const deft_tensor *n, void *out, const void *logits, const void *targets,
+                                    cudaStream_t st);
+deft_status deft_cuda_cross_entropy_grad(const deft_tensor *n, void *out, const void *dloss, const void *logits,
+                                         const void *targets, cudaStream_t st);
+deft_status deft_cuda_dropout(const deft_tensor *n, void *out, const void *x, cudaStream_t st);
 
 #endif

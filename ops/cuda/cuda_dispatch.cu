@@ -29,14 +29,25 @@ int deft_cuda_coalesce(deft_cuda_strides *s, int nops) {
     return nd;
 }
 
-/* Every kernel here reads inputs of its output's dtype (casts aside); a node that breaks this was built wrongly,
- * and reading it as the wrong type would give garbage rather than an error. */
+/* The dtype input i must have: the output's, except for casts (any) and the class-index targets of cross-entropy
+ * (i32). Returns DEFT_DTYPE_COUNT for "any". */
+static deft_dtype deft_cuda_input_dtype(const deft_tensor *n, int i) {
+    if (n->op == DEFT_OP_CAST) return DEFT_DTYPE_COUNT;
+    if ((n->op == DEFT_OP_CROSS_ENTROPY && i == 1) || (n->op == DEFT_OP_CROSS_ENTROPY_GRAD && i == 2))
+        return DEFT_I32;
+    return n->dtype;
+}
+
+/* Every kernel here reads inputs of the dtypes above; a node that breaks this was built wrongly, and reading it as
+ * the wrong type would give garbage rather than an error. */
 static deft_status deft_cuda_check_dtypes(const deft_tensor *n) {
-    if (n->op == DEFT_OP_CAST) return DEFT_OK;
-    for (int i = 0; i < n->nsrc; i++)
-        if (n->src[i]->dtype != n->dtype)
-            return deft_set_error(DEFT_ERR_DTYPE, "cuda %s: input %d is %s but the output is %s", deft_op_name(n->op),
-                                  i, deft_dtype_name(n->src[i]->dtype), deft_dtype_name(n->dtype));
+    for (int i = 0; i < n->nsrc; i++) {
+        const deft_dtype want = deft_cuda_input_dtype(n, i);
+        if (want != DEFT_DTYPE_COUNT && n->src[i]->dtype != want)
+            return deft_set_error(DEFT_ERR_DTYPE, "cuda %s: input %d is %s but must be %s (the output is %s)",
+                                  deft_op_name(n->op), i, deft_dtype_name(n->src[i]->dtype), deft_dtype_name(want),
+                                  deft_dtype_name(n->dtype));
+    }
     if ((unsigned)n->dtype >= (unsigned)DEFT_DTYPE_COUNT)
         return deft_set_error(DEFT_ERR_DTYPE, "cuda %s: unknown dtype %d", deft_op_name(n->op), (int)n->dtype);
     return DEFT_OK;
@@ -62,6 +73,9 @@ static deft_status deft_cuda_route(const deft_tensor *n, void *out, const void *
     case DEFT_OP_MUL:
     case DEFT_OP_DIV:
     case DEFT_OP_MAXIMUM:
+    case DEFT_OP_EQ:
+    case DEFT_OP_GT:
+    case DEFT_OP_GE:
         return deft_cuda_binary(n, out, in[0], in[1], st);
     case DEFT_OP_ADD_SCALAR:
     case DEFT_OP_RSUB_SCALAR:
@@ -100,11 +114,24 @@ static deft_status deft_cuda_route(const deft_tensor *n, void *out, const void *
     case DEFT_OP_SOFTMAX:
     case DEFT_OP_LOG_SOFTMAX:
         return deft_cuda_softmax(n, out, in[0], st);
+    case DEFT_OP_ACT_GRAD:
+        return deft_cuda_act_grad(n, out, in[0], in[1], st);
+    case DEFT_OP_EXPAND:
+        return deft_cuda_expand(n, out, in[0], st);
+    case DEFT_OP_SLICE_GRAD:
+        return deft_cuda_slice_grad(n, out, in[0], st);
+    case DEFT_OP_CROSS_ENTROPY:
+        return deft_cuda_cross_entropy(n, out, in[0], in[1], st);
+    case DEFT_OP_CROSS_ENTROPY_GRAD:
+        return deft_cuda_cross_entropy_grad(n, out, in[0], in[1], in[2], st);
+    case DEFT_OP_DROPOUT:
+        return deft_cuda_dropout(n, out, in[0], st);
     case DEFT_OP_INPUT:
     case DEFT_OP_PARAM:
     case DEFT_OP_CONSTANT:
     case DEFT_OP_COPY:
     case DEFT_OP_RESHAPE:
+    case DEFT_OP_OPTIMIZER:
     case DEFT_OP_COUNT:
         break;
     }

@@ -1,17 +1,10 @@
-/* Elementwise kernels: broadcasting binary ops, tensor-scalar ops, unary ops and casts. One grid-stride loop per
- * op and dtype; the formulas are the CPU backend's (ops/cpu/cpu_binary.c, cpu_unary.c), written once for float
- * and double through the overloads below. */
+/* Elementwise kernels: broadcasting binary ops and comparisons, tensor-scalar ops, unary ops and casts. One
+ * grid-stride loop per op and dtype; the formulas are the CPU backend's (ops/cpu/cpu_binary.c, cpu_unary.c), written
+ * once for float and double through the overloads below. */
 #include <math.h>
 #include <string.h>
 
 #include "cuda_common.cuh"
-
-/* The branch keeps exp's argument non-positive, so neither side overflows for large |x|. */
-template <class C> __device__ __forceinline__ C deft_math_sigmoid(C x) {
-    if (x >= C(0)) return C(1) / (C(1) + deft_math_exp(-x));
-    C e = deft_math_exp(x);
-    return e / (C(1) + e);
-}
 
 /* ---- binary ---- */
 struct deft_f_add { template <class C> __device__ C operator()(C x, C y) const { return x + y; } };
@@ -19,6 +12,10 @@ struct deft_f_sub { template <class C> __device__ C operator()(C x, C y) const {
 struct deft_f_mul { template <class C> __device__ C operator()(C x, C y) const { return x * y; } };
 struct deft_f_div { template <class C> __device__ C operator()(C x, C y) const { return x / y; } };
 struct deft_f_maximum { template <class C> __device__ C operator()(C x, C y) const { return deft_max_nan(x, y); } };
+/* Comparisons: 1 or 0 in the operands' dtype; any comparison with NaN is false, as in torch. */
+struct deft_f_eq { template <class C> __device__ C operator()(C x, C y) const { return x == y ? C(1) : C(0); } };
+struct deft_f_gt { template <class C> __device__ C operator()(C x, C y) const { return x > y ? C(1) : C(0); } };
+struct deft_f_ge { template <class C> __device__ C operator()(C x, C y) const { return x >= y ? C(1) : C(0); } };
 
 template <class T, class Op>
 __global__ void deft_k_binary_flat(T *o, const T *a, const T *b, int64_t n, Op op) {
@@ -69,6 +66,9 @@ deft_status deft_cuda_binary(const deft_tensor *n, void *out, const void *a, con
     case DEFT_OP_SUB: return deft_binary_typed(n, out, a, b, st, deft_f_sub());
     case DEFT_OP_MUL: return deft_binary_typed(n, out, a, b, st, deft_f_mul());
     case DEFT_OP_MAXIMUM: return deft_binary_typed(n, out, a, b, st, deft_f_maximum());
+    case DEFT_OP_EQ: return deft_binary_typed(n, out, a, b, st, deft_f_eq());
+    case DEFT_OP_GT: return deft_binary_typed(n, out, a, b, st, deft_f_gt());
+    case DEFT_OP_GE: return deft_binary_typed(n, out, a, b, st, deft_f_ge());
     case DEFT_OP_DIV:
         /* Integer division is not an op deft has (the builder asks for a floating dtype), as on the CPU. */
         if (n->dtype == DEFT_I32)

@@ -13,6 +13,9 @@ extern "C" {
  * cuBLAS error string on failure. */
 deft_status deft_cuda_run_node(const deft_tensor *n, void *out, const void *const *in, void *stream);
 
+/* The cuBLAS workspace each device's handle gets from the caching allocator (shown in memory footprints). */
+#define DEFT_CUBLAS_WORKSPACE_BYTES ((size_t)32 << 20)
+
 #ifdef __cplusplus
 }
 #endif

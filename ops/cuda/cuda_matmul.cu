@@ -11,7 +11,9 @@
 
 #include <cublas_v2.h>
 
+#include "caching_allocator.h"
 #include "cuda_common.cuh"
+#include "cuda_kernels.h"
 
 /* ---- one cuBLAS handle per device, created on first use and kept for the life of the process ---- */
 #define DEFT_CUBLAS_MAX_DEVICES 64
@@ -19,6 +21,9 @@
 /* Handles are never destroyed: destroying one at exit can run after the CUDA runtime has torn down its contexts.
  * The lock also serialises the set-stream-then-launch pair, since a handle holds one stream at a time. */
 static cublasHandle_t deft_cublas_handles[DEFT_CUBLAS_MAX_DEVICES];
+/* Each handle's workspace comes from the caching allocator, so that it shows in the statistics and snapshots and
+ * the memory a program reports before running includes it (32 MiB: what cuBLAS asks for on Hopper). */
+static void *deft_cublas_workspaces[DEFT_CUBLAS_MAX_DEVICES];
 static std::mutex deft_cublas_lock;
 
 static deft_status deft_cublas_error(const char *what, cublasStatus_t s) {
@@ -47,10 +52,19 @@ static deft_status deft_cublas_handle(cudaStream_t st, cublasHandle_t *out) {
             cublasDestroy(h);
             return deft_cublas_error("cublasSetMathMode", s);
         }
+        deft_status ws = deft_caching_alloc(deft_cuda(dev), DEFT_CUBLAS_WORKSPACE_BYTES, NULL, "cublas.workspace",
+                                            &deft_cublas_workspaces[dev]);
+        if (ws != DEFT_OK) {
+            cublasDestroy(h);
+            return ws;
+        }
         deft_cublas_handles[dev] = h;
     }
     s = cublasSetStream(deft_cublas_handles[dev], st);
     if (s != CUBLAS_STATUS_SUCCESS) return deft_cublas_error("cublasSetStream", s);
+    /* Setting the stream drops a user workspace, so it is set again after every stream change. */
+    s = cublasSetWorkspace(deft_cublas_handles[dev], deft_cublas_workspaces[dev], DEFT_CUBLAS_WORKSPACE_BYTES);
+    if (s != CUBLAS_STATUS_SUCCESS) return deft_cublas_error("cublasSetWorkspace", s);
     *out = deft_cublas_handles[dev];
     return DEFT_OK;
 }

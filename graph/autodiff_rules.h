@@ -1,0 +1,11 @@
+/* One backward rule per differentiable op (graph/autodiff_rules.c), used by deft_backward (graph/autodiff.c). */
+#ifndef DEFT_AUTODIFF_RULES_H
+#define DEFT_AUTODIFF_RULES_H
+
+#include "graph_internal.h"
+
+/* Adds to grads[src->id] the gradient that flows from t (whose gradient is dy) into each source with reach[src->id]
+ * set. Returns DEFT_ERR_INVALID for an op with no rule. */
+deft_status deft_grad_rule(deft_tensor *t, deft_tensor *dy, const bool *reach, deft_tensor **grads);
+
+#endif

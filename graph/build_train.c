@@ -1,0 +1,179 @@
+/* Builders for losses, layers and the ops the backward pass needs. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "build_grad_ops.h"
+#include "node.h"
+
+static bool deft_is_activation(deft_op op) {
+    return op == DEFT_OP_RELU || op == DEFT_OP_GELU || op == DEFT_OP_SILU || op == DEFT_OP_TANH ||
+           op == DEFT_OP_SIGMOID;
+}
+
+deft_tensor *deft_act_grad(deft_op act, deft_tensor *dy, deft_tensor *x) {
+    deft_tensor *srcs[2] = {dy, x};
+    deft_graph *g = deft_srcs_graph("act_grad", 2, srcs);
+    if (!g) return NULL;
+    if (!deft_is_activation(act) || dy->dtype != x->dtype || dy->ndim != x->ndim ||
+        memcmp(dy->shape, x->shape, (size_t)x->ndim * sizeof *x->shape) != 0) {
+        deft_graph_fail(g, DEFT_ERR_INVALID, "act_grad: %s with mismatched gradient and input", deft_op_name(act));
+        return NULL;
+    }
+    deft_tensor *t = deft_node_new(g, DEFT_OP_ACT_GRAD, x->dtype, x->device, x->ndim, x->shape, 2, srcs);
+    if (t) t->p.act = act;
+    return t;
+}
+
+deft_tensor *deft_expand(deft_tensor *a, int ndim, const int64_t *shape) {
+    deft_graph *g = deft_srcs_graph("expand", 1, &a);
+    if (!g) return NULL;
+    int nout;
+    int64_t out[DEFT_MAX_DIMS];
+    deft_status s = deft_shape_broadcast(a->ndim, a->shape, ndim, shape, &nout, out);
+    if (s != DEFT_OK || nout != ndim || memcmp(out, shape, (size_t)ndim * sizeof *shape) != 0) {
+        char as[96], bs[96];
+        deft_graph_fail(g, DEFT_ERR_SHAPE, "expand: %s does not broadcast to %s",
+                        deft_shape_str(a->ndim, a->shape, as, sizeof as), deft_shape_str(ndim, shape, bs, sizeof bs));
+        return NULL;
+    }
+    if (a->ndim == ndim && memcmp(a->shape, shape, (size_t)ndim * sizeof *shape) == 0) return a;
+    return deft_node_new(g, DEFT_OP_EXPAND, a->dtype, a->device, ndim, shape, 1, &a);
+}
+
+deft_tensor *deft_slice_grad(deft_tensor *dy, const deft_tensor *slice) {
+    deft_graph *g = deft_srcs_graph("slice_grad", 1, &dy);
+    if (!g) return NULL;
+    const deft_tensor *like = slice->src[0];
+    deft_tensor *t = deft_node_new(g, DEFT_OP_SLICE_GRAD, dy->dtype, dy->device, like->ndim, like->shape, 1, &dy);
+    if (t) {
+        t->p.slice = slice->p.slice;
+        t->p.slice.is_view = 0;
+    }
+    return t;
+}
+
+static bool deft_check_ce(deft_graph *g, const deft_tensor *logits, const deft_tensor *targets) {
+    char ls[96], ts[96];
+    if (!deft_require_float(g, "cross_entropy", logits->dtype)) return false;
+    if (targets->dtype != DEFT_I32) {
+        deft_graph_fail(g, DEFT_ERR_DTYPE, "cross_entropy: targets must be i32 class indices, got %s",
+                        deft_dtype_name(targets->dtype));
+        return false;
+    }
+    if (logits->ndim != 2 || targets->ndim != 1 || targets->shape[0] != logits->shape[0]) {
+        deft_graph_fail(g, DEFT_ERR_SHAPE, "cross_entropy: logits %s and targets %s: expected [N, C] and [N]",
+                        deft_shape_str(logits->ndim, logits->shape, ls, sizeof ls),
+                        deft_shape_str(targets->ndim, targets->shape, ts, sizeof ts));
+        return false;
+    }
+    return true;
+}
+
+deft_tensor *deft_cross_entropy(deft_tensor *logits, deft_tensor *targets) {
+    deft_tensor *srcs[2] = {logits, targets};
+    deft_graph *g = deft_srcs_graph("cross_entropy", 2, srcs);
+    if (!g || !deft_check_ce(g, logits, targets)) return NULL;
+    return deft_node_new(g, DEFT_OP_CROSS_ENTROPY, logits->dtype, logits->device, 0, NULL, 2, srcs);
+}
+
+deft_tensor *deft_cross_entropy_grad(deft_tensor *dloss, deft_tensor *logits, deft_tensor *targets) {
+    deft_tensor *srcs[3] = {dloss, logits, targets};
+    deft_graph *g = deft_srcs_graph("cross_entropy_grad", 3, srcs);
+    if (!g || !deft_check_ce(g, logits, targets)) return NULL;
+    return deft_node_new(g, DEFT_OP_CROSS_ENTROPY_GRAD, logits->dtype, logits->device, 2, logits->shape, 3, srcs);
+}
+
+deft_tensor *deft_mse_loss(deft_tensor *pred, deft_tensor *target) {
+    deft_tensor *srcs[2] = {pred, target};
+    deft_graph *g = deft_srcs_graph("mse_loss", 2, srcs);
+    if (!g) return NULL;
+    if (pred->ndim != target->ndim || memcmp(pred->shape, target->shape, (size_t)pred->ndim * sizeof(int64_t))) {
+        char ps[96], ts[96];
+        deft_graph_fail(g, DEFT_ERR_SHAPE, "mse_loss: prediction %s and target %s differ in shape",
+                        deft_shape_str(pred->ndim, pred->shape, ps, sizeof ps),
+                        deft_shape_str(target->ndim, target->shape, ts, sizeof ts));
+        return NULL;
+    }
+    deft_tensor *d = deft_sub(pred, target);
+    return deft_mean(deft_mul(d, d), 0, NULL, 0);
+}
+
+deft_tensor *deft_dropout(deft_tensor *x, double p, uint64_t seed) {
+    deft_graph *g = deft_srcs_graph("dropout", 1, &x);
+    if (!g || !deft_require_float(g, "dropout", x->dtype)) return NULL;
+    if (!(p >= 0.0 && p < 1.0)) {
+        deft_graph_fail(g, DEFT_ERR_INVALID, "dropout: probability %g is not in [0, 1)", p);
+        return NULL;
+    }
+    if (p == 0.0) return x;
+    deft_tensor *t = deft_node_new(g, DEFT_OP_DROPOUT, x->dtype, x->device, x->ndim, x->shape, 1, &x);
+    if (t) {
+        t->p.dropout.p = p;
+        t->p.dropout.seed = seed;
+    }
+    return t;
+}
+
+static bool deft_check_affine(deft_graph *g, const deft_tensor *x, const deft_tensor *w, const char *what) {
+    if (!w) return true;
+    if (w->ndim == 1 && w->shape[0] == x->shape[x->ndim - 1] && w->dtype == x->dtype) return true;
+    char s[96];
+    deft_graph_fail(g, DEFT_ERR_SHAPE, "layer_norm: %s must be [%lld] of %s, got %s %s", what,
+                    (long long)x->shape[x->ndim - 1], deft_dtype_name(x->dtype),
+                    deft_shape_str(w->ndim, w->shape, s, sizeof s), deft_dtype_name(w->dtype));
+    return false;
+}
+
+/* Built from primitives, so autodiff differentiates it exactly; a fused kernel belongs with the CUDA work. */
+deft_tensor *deft_layer_norm(deft_tensor *x, deft_tensor *weight, deft_tensor *bias, double eps) {
+    deft_graph *g = deft_srcs_graph("layer_norm", 1, &x);
+    if (!g || !deft_require_float(g, "layer_norm", x->dtype)) return NULL;
+    if (x->ndim < 1 || !deft_check_affine(g, x, weight, "weight") || !deft_check_affine(g, x, bias, "bias"))
+        return NULL;
+    if (!(eps >= 0.0)) {
+        deft_graph_fail(g, DEFT_ERR_INVALID, "layer_norm: eps %g must be >= 0", eps);
+        return NULL;
+    }
+    int last = -1;
+    deft_tensor *centred = deft_sub(x, deft_mean(x, 1, &last, 1));
+    deft_tensor *var = deft_mean(deft_mul(centred, centred), 1, &last, 1);
+    deft_tensor *y = deft_mul(centred, deft_rsqrt(deft_add_scalar(var, eps)));
+    if (weight) y = deft_mul(y, weight);
+    if (bias) y = deft_add(y, bias);
+    return y;
+}
+
+deft_tensor *deft_graph_find(const deft_graph *g, const char *name) {
+    if (!g || !name) return NULL;
+    for (int i = 0; i < g->n_nodes; i++)
+        if (strcmp(g->nodes[i]->name, name) == 0) return g->nodes[i];
+    return NULL;
+}
+
+static deft_tensor *deft_linear_param(deft_graph *g, const char *layer, const char *what, int ndim,
+                                      const int64_t *shape, const deft_tensor *x, deft_init init) {
+    char name[64];
+    snprintf(name, sizeof name, "%s.%s", layer, what);
+    return deft_param(g, name, x->dtype, ndim, shape, x->device, init);
+}
+
+deft_tensor *deft_linear(deft_tensor *x, int64_t out_features, const char *name, const deft_linear_options *opts) {
+    deft_graph *g = deft_srcs_graph("linear", 1, &x);
+    if (!g || !deft_require_float(g, "linear", x->dtype)) return NULL;
+    if (x->ndim < 1 || out_features <= 0) {
+        deft_graph_fail(g, DEFT_ERR_SHAPE, "linear: needs an input with a feature dim and out_features > 0 (got %lld)",
+                        (long long)out_features);
+        return NULL;
+    }
+    deft_linear_options o = opts ? *opts : (deft_linear_options){DEFT_INIT_KAIMING, 0, 0};
+    const char *layer = name ? name : "linear";
+    int64_t in_features = x->shape[x->ndim - 1];
+    deft_tensor *w = deft_linear_param(g, layer, "weight", 2, (int64_t[]){in_features, out_features}, x,
+                                       o.weight_init);
+    deft_tensor *y = deft_matmul(x, w);
+    if (o.no_bias || !y) return y;
+    deft_tensor *b = deft_linear_param(g, layer, "bias", 1, &out_features, x, DEFT_INIT_ZEROS);
+    if (b && !o.zero_bias) deft_param_fill_uniform(b, 1.0 / sqrt((double)in_features));
+    return deft_add(y, b);
+}

@@ -1,0 +1,227 @@
+/* Building optimizers: checking hyperparameters, gathering the parameters into flat storage, and the step node. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "device_internal.h"
+#include "node.h"
+#include "optimizer.h"
+
+deft_adamw_options deft_adamw_defaults(void) { return (deft_adamw_options){1e-3, 0.9, 0.999, 1e-8, 1e-2}; }
+
+static bool deft_valid_lr(double lr) { return isfinite(lr) && lr >= 0.0; }
+
+static deft_status deft_check_sgd(const deft_sgd_options *o) {
+    if (!o) return deft_set_error(DEFT_ERR_INVALID, "sgd: options are NULL (the learning rate has no default)");
+    if (!deft_valid_lr(o->lr)) return deft_set_error(DEFT_ERR_INVALID, "sgd: learning rate %g must be finite and >= 0", o->lr);
+    if (!(o->momentum >= 0.0 && isfinite(o->momentum)) || !(o->weight_decay >= 0.0 && isfinite(o->weight_decay)) ||
+        !(o->dampening >= 0.0 && o->dampening <= 1.0))
+        return deft_set_error(DEFT_ERR_INVALID, "sgd: momentum %g, dampening %g, weight_decay %g out of range",
+                              o->momentum, o->dampening, o->weight_decay);
+    if (o->nesterov && (o->momentum <= 0.0 || o->dampening != 0.0))
+        return deft_set_error(DEFT_ERR_INVALID, "sgd: Nesterov momentum requires a momentum > 0 and zero dampening");
+    return DEFT_OK;
+}
+
+static deft_status deft_check_adamw(const deft_adamw_options *o) {
+    if (!deft_valid_lr(o->lr))
+        return deft_set_error(DEFT_ERR_INVALID, "adamw: learning rate %g must be finite and >= 0", o->lr);
+    if (!(o->beta1 >= 0.0 && o->beta1 < 1.0) || !(o->beta2 >= 0.0 && o->beta2 < 1.0))
+        return deft_set_error(DEFT_ERR_INVALID, "adamw: betas (%g, %g) must lie in [0, 1)", o->beta1, o->beta2);
+    if (!(o->eps >= 0.0 && isfinite(o->eps)) || !(o->weight_decay >= 0.0 && isfinite(o->weight_decay)))
+        return deft_set_error(DEFT_ERR_INVALID, "adamw: eps %g and weight_decay %g must be finite and >= 0", o->eps,
+                              o->weight_decay);
+    return DEFT_OK;
+}
+
+static deft_status deft_check_step(const deft_step_options *s) {
+    if (s && (s->accumulate_steps < 0 || !(s->max_grad_norm >= 0.0)))
+        return deft_set_error(DEFT_ERR_INVALID, "optimizer: accumulate_steps %d and max_grad_norm %g must be >= 0",
+                              s->accumulate_steps, s->max_grad_norm);
+    return DEFT_OK;
+}
+
+/* The parameters with a gradient; they must agree on device and dtype, as the flat storage is one block. */
+static deft_status deft_collect_params(deft_optimizer *opt) {
+    deft_graph *g = opt->graph;
+    opt->params = malloc((size_t)(g->n_nodes ? g->n_nodes : 1) * sizeof *opt->params);
+    opt->offsets = malloc((size_t)(g->n_nodes ? g->n_nodes : 1) * sizeof *opt->offsets);
+    if (!opt->params || !opt->offsets) return deft_set_error(DEFT_ERR_OOM, "optimizer: out of host memory");
+    for (int id = 0; id < g->n_nodes; id++) {
+        deft_tensor *t = g->nodes[id];
+        if (t->op != DEFT_OP_PARAM || !t->grad || t->no_grad) continue;
+        if (t->storage_borrowed)
+            return deft_set_error(DEFT_ERR_STATE, "optimizer: %s is already updated by another optimizer", t->name);
+        if (opt->n_params == 0) {
+            opt->dtype = t->dtype;
+            opt->device = t->device;
+        }
+        char d0[32], d1[32];
+        if (!deft_device_equal(t->device, opt->device) || t->dtype != opt->dtype)
+            return deft_set_error(DEFT_ERR_INVALID,
+                                  "optimizer: parameters must share one device and dtype: %s is %s on %s, %s is %s on %s",
+                                  opt->params[0]->name, deft_dtype_name(opt->dtype),
+                                  deft_device_str(opt->device, d0, sizeof d0), t->name, deft_dtype_name(t->dtype),
+                                  deft_device_str(t->device, d1, sizeof d1));
+        opt->offsets[opt->n_params] = opt->total;
+        opt->total += deft_shape_numel(t->ndim, t->shape);
+        opt->params[opt->n_params++] = t;
+    }
+    if (opt->n_params == 0)
+        return deft_set_error(DEFT_ERR_STATE, "optimizer: no parameter has a gradient; call deft_backward(loss) first");
+    if (opt->dtype != DEFT_F32 && opt->dtype != DEFT_F64)
+        return deft_set_error(DEFT_ERR_DTYPE, "optimizer: parameters are %s; the optimizer keeps f32 or f64 weights",
+                              deft_dtype_name(opt->dtype));
+    return DEFT_OK;
+}
+
+/* Moves each parameter's value into the flat block and points its storage there. */
+static deft_status deft_flatten_params(deft_optimizer *opt) {
+    size_t esz = deft_dtype_size(opt->dtype), bytes = (size_t)opt->total * esz;
+    deft_device d = opt->device;
+    deft_status s = deft_mem_alloc_tagged(d, bytes, "optimizer.params", &opt->flat_params);
+    if (s == DEFT_OK) s = deft_mem_alloc_tagged(d, bytes, "optimizer.grads", &opt->flat_grads);
+    if (s == DEFT_OK) s = deft_mem_alloc_tagged(d, bytes, "optimizer.state", &opt->state0);
+    if (s == DEFT_OK && opt->kind == DEFT_OPTIM_ADAMW) s = deft_mem_alloc_tagged(d, bytes, "optimizer.state", &opt->state1);
+    if (s != DEFT_OK) return s;
+    for (int i = 0; i < opt->n_params; i++) {
+        deft_tensor *t = opt->params[i];
+        char *slot = (char *)opt->flat_params + (size_t)opt->offsets[i] * esz;
+        size_t n = deft_tensor_bytes(t);
+        if (d.type == DEFT_CPU) {
+            memcpy(slot, t->host_data, n);
+            free(t->host_data);
+            t->host_data = slot;
+        } else {
+            s = t->dev_data ? deft_mem_copy(d, slot, d, t->dev_data, n) : deft_mem_copy(d, slot, deft_cpu(), t->host_data, n);
+            if (s != DEFT_OK) return s;
+            if (t->dev_data) deft_mem_free(d, t->dev_data);
+            t->dev_data = slot;
+        }
+        t->storage_borrowed = true;
+    }
+    return DEFT_OK;
+}
+
+static deft_status deft_register(deft_optimizer *opt) {
+    deft_graph *g = opt->graph;
+    deft_optimizer **n = realloc(g->optimizers, (size_t)(g->n_optimizers + 1) * sizeof *n);
+    if (!n) return deft_set_error(DEFT_ERR_OOM, "optimizer: out of host memory");
+    g->optimizers = n;
+    g->optimizers[g->n_optimizers++] = opt;
+    return DEFT_OK;
+}
+
+static deft_optimizer *deft_optimizer_new(deft_graph *g, deft_optimizer_kind kind, const deft_step_options *step) {
+    deft_optimizer *opt = calloc(1, sizeof *opt);
+    if (!opt) {
+        deft_set_error(DEFT_ERR_OOM, "optimizer: out of host memory");
+        return NULL;
+    }
+    opt->graph = g;
+    opt->kind = kind;
+    opt->accumulate_steps = step && step->accumulate_steps > 0 ? step->accumulate_steps : 1;
+    opt->max_grad_norm = step ? step->max_grad_norm : 0.0;
+    opt->last_norm = NAN;
+    deft_status s = deft_collect_params(opt);
+    if (s == DEFT_OK) s = deft_register(opt);
+    if (s != DEFT_OK) {
+        deft_optimizer_destroy(opt);
+        return NULL;
+    }
+    return opt;
+}
+
+static bool deft_check_graph(deft_graph *g, const char *what) {
+    if (!g) {
+        deft_set_error(DEFT_ERR_INVALID, "%s: graph is NULL", what);
+        return false;
+    }
+    if (g->first_error != DEFT_OK) {
+        deft_set_error(g->first_error, "%s: the graph has an error: %s", what, g->first_errmsg);
+        return false;
+    }
+    return true;
+}
+
+deft_optimizer *deft_sgd(deft_graph *g, const deft_sgd_options *o, const deft_step_options *step) {
+    if (!deft_check_graph(g, "sgd") || deft_check_sgd(o) != DEFT_OK || deft_check_step(step) != DEFT_OK) return NULL;
+    deft_optimizer *opt = deft_optimizer_new(g, DEFT_OPTIM_SGD, step);
+    if (opt) {
+        opt->sgd = *o;
+        opt->lr = o->lr;
+    }
+    return opt;
+}
+
+deft_optimizer *deft_adamw(deft_graph *g, const deft_adamw_options *o, const deft_step_options *step) {
+    deft_adamw_options a = o ? *o : deft_adamw_defaults();
+    if (!deft_check_graph(g, "adamw") || deft_check_adamw(&a) != DEFT_OK || deft_check_step(step) != DEFT_OK)
+        return NULL;
+    deft_optimizer *opt = deft_optimizer_new(g, DEFT_OPTIM_ADAMW, step);
+    if (opt) {
+        opt->adamw = a;
+        opt->lr = a.lr;
+    }
+    return opt;
+}
+
+deft_tensor *deft_optimizer_step(deft_optimizer *opt) {
+    if (!opt) {
+        deft_set_error(DEFT_ERR_INVALID, "optimizer_step: optimizer is NULL");
+        return NULL;
+    }
+    if (opt->step_node) return opt->step_node;
+    deft_graph *g = opt->graph;
+    deft_status s = deft_flatten_params(opt);
+    if (s != DEFT_OK) {
+        deft_graph_fail(g, s, "optimizer_step: flat storage for %lld elements: %s", (long long)opt->total,
+                        deft_errmsg());
+        return NULL;
+    }
+    deft_tensor **grads = malloc((size_t)opt->n_params * sizeof *grads);
+    if (!grads) {
+        deft_graph_fail(g, DEFT_ERR_OOM, "optimizer_step: out of host memory");
+        return NULL;
+    }
+    for (int i = 0; i < opt->n_params; i++) grads[i] = opt->params[i]->grad;
+    deft_tensor *t = deft_node_new(g, DEFT_OP_OPTIMIZER, DEFT_F32, opt->device, 0, NULL, opt->n_params, grads);
+    free(grads);
+    if (!t) return NULL;
+    t->p.optimizer = opt;
+    deft_set_name(t, opt->kind == DEFT_OPTIM_SGD ? "sgd.step" : "adamw.step");
+    opt->step_node = t;
+    return t;
+}
+
+deft_status deft_optimizer_set_lr(deft_optimizer *opt, double lr) {
+    if (!opt) return deft_set_error(DEFT_ERR_INVALID, "optimizer_set_lr: optimizer is NULL");
+    if (!deft_valid_lr(lr))
+        return deft_set_error(DEFT_ERR_INVALID, "optimizer_set_lr: learning rate %g must be finite and >= 0", lr);
+    opt->lr = lr;
+    return DEFT_OK;
+}
+
+double deft_optimizer_lr(const deft_optimizer *opt) { return opt ? opt->lr : NAN; }
+
+int64_t deft_optimizer_updates(const deft_optimizer *opt) { return opt ? opt->updates : 0; }
+
+/* Called by deft_graph_free before the nodes go: the parameters' storage lives in the flat block. */
+void deft_optimizer_destroy(deft_optimizer *opt) {
+    if (!opt) return;
+    deft_device d = opt->device;
+    for (int i = 0; opt->flat_params && i < opt->n_params; i++) {
+        deft_tensor *t = opt->params[i];
+        if (!t->storage_borrowed) continue;
+        if (d.type == DEFT_CPU) t->host_data = NULL;
+        else t->dev_data = NULL;
+        t->storage_borrowed = false;
+    }
+    deft_mem_free(d, opt->flat_params);
+    deft_mem_free(d, opt->flat_grads);
+    deft_mem_free(d, opt->state0);
+    deft_mem_free(d, opt->state1);
+    free(opt->params);
+    free(opt->offsets);
+    free(opt);
+}

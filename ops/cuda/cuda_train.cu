@@ -1,0 +1,393 @@
+/* The ops of training: activation gradients, expand (a materialised broadcast), slice gradients, fused
+ * cross-entropy and its gradient, and dropout. The formulas are the CPU backend's (ops/cpu/cpu_train.c): halves
+ * compute in float and round once on the store; cross-entropy subtracts the row maximum and sums in double; dropout
+ * draws the same counter-based numbers (rng.h), so both backends drop the same elements. */
+#include <string.h>
+
+#include "cuda_common.cuh"
+#include "rng.h"
+
+#define DEFT_SQRT1_2 0.70710678118654752440
+#define DEFT_INV_SQRT_2PI 0.39894228040143267794
+
+/* ---------------------------------------------------------------- activation gradients: out = dy * act'(x) */
+/* relu'(0) = 0, and x <= 0 rather than x > 0 so that a NaN input passes dy on, as torch's threshold_backward. */
+struct deft_ag_relu {
+    template <class C> __device__ C operator()(C dy, C x) const { return x <= C(0) ? C(0) : dy; }
+};
+/* The exact (erf) gelu: Phi(x) + x * phi(x), with Phi written through erfc as the forward is. */
+struct deft_ag_gelu {
+    template <class C> __device__ C operator()(C dy, C x) const {
+        const C d = C(0.5) * deft_math_erfc(-x * C(DEFT_SQRT1_2)) +
+                    x * C(DEFT_INV_SQRT_2PI) * deft_math_exp(C(-0.5) * x * x);
+        return dy * d;
+    }
+};
+struct deft_ag_silu {
+    template <class C> __device__ C operator()(C dy, C x) const {
+        const C s = deft_math_sigmoid(x);
+        return dy * (s + x * s * (C(1) - s));
+    }
+};
+struct deft_ag_tanh {
+    template <class C> __device__ C operator()(C dy, C x) const {
+        const C t = deft_math_tanh(x);
+        return dy * (C(1) - t * t);
+    }
+};
+struct deft_ag_sigmoid {
+    template <class C> __device__ C operator()(C dy, C x) const {
+        const C s = deft_math_sigmoid(x);
+        return dy * (s * (C(1) - s));
+    }
+};
+
+/* The output may be dy's or x's own buffer (in-place reuse by the planner): element i is read before it is written. */
+template <class T, class F> __global__ void deft_k_act_grad(T *o, const T *dy, const T *x, int64_t n, F f) {
+    typedef deft_ty<T> Ty;
+    for (int64_t i = deft_tid(); i < n; i += deft_nthreads()) o[i] = Ty::store(f(Ty::load(dy[i]), Ty::load(x[i])));
+}
+
+template <class F>
+static deft_status deft_act_grad_launch(const deft_tensor *n, void *out, const void *dy, const void *x,
+                                        cudaStream_t st, F f) {
+    const int64_t total = deft_shape_numel(n->ndim, n->shape);
+    return deft_with_float_dtype(n, [&](auto tag) -> deft_status {
+        typedef typename decltype(tag)::type T;
+        deft_k_act_grad<T, F><<<deft_cuda_blocks(total, DEFT_CUDA_THREADS), DEFT_CUDA_THREADS, 0, st>>>(
+            (T *)out, (const T *)dy, (const T *)x, total, f);
+        return deft_cuda_check_launch(n, "act_grad");
+    });
+}
+
+static bool deft_same_shape(const deft_tensor *a, const deft_tensor *b) {
+    return a->ndim == b->ndim && memcmp(a->shape, b->shape, sizeof(int64_t) * (size_t)a->ndim) == 0;
+}
+
+deft_status deft_cuda_act_grad(const deft_tensor *n, void *out, const void *dy, const void *x, cudaStream_t st) {
+    if (!deft_same_shape(n->src[0], n) || !deft_same_shape(n->src[1], n))
+        return deft_set_error(DEFT_ERR_SHAPE, "act_grad: the gradient, the input and the output differ in shape");
+    switch (n->p.act) {
+    case DEFT_OP_RELU: return deft_act_grad_launch(n, out, dy, x, st, deft_ag_relu());
+    case DEFT_OP_GELU: return deft_act_grad_launch(n, out, dy, x, st, deft_ag_gelu());
+    case DEFT_OP_SILU: return deft_act_grad_launch(n, out, dy, x, st, deft_ag_silu());
+    case DEFT_OP_TANH: return deft_act_grad_launch(n, out, dy, x, st, deft_ag_tanh());
+    case DEFT_OP_SIGMOID: return deft_act_grad_launch(n, out, dy, x, st, deft_ag_sigmoid());
+    default:
+        return deft_set_error(DEFT_ERR_INVALID, "act_grad: %s is not an activation with a gradient kernel",
+                              deft_op_name(n->p.act));
+    }
+}
+
+/* ---------------------------------------------------------------- expand and slice_grad: moving bits */
+/* The unsigned integer of one element's size: moving bits, never converting them. */
+template <class F> static inline deft_status deft_train_with_elem_size(size_t esz, F f) {
+    switch (esz) {
+    case 2: return f(deft_tag<uint16_t>());
+    case 4: return f(deft_tag<uint32_t>());
+    case 8: return f(deft_tag<uint64_t>());
+    default: return deft_set_error(DEFT_ERR_DTYPE, "cuda: element size %zu", esz);
+    }
+}
+
+/* out (contiguous over s.shape) [i] = in[sum of index * s.st[0]], the strides 0 on broadcast dims. */
+template <class E> __global__ void deft_k_expand(E *o, const E *in, int64_t n, deft_cuda_strides s) {
+    for (int64_t i = deft_tid(); i < n; i += deft_nthreads()) {
+        int64_t off, unused;
+        deft_cuda_offsets(s, i, &off, &unused);
+        o[i] = in[off];
+    }
+}
+
+deft_status deft_cuda_expand(const deft_tensor *n, void *out, const void *a, cudaStream_t st) {
+    const deft_tensor *src = n->src[0];
+    bool ok = src->ndim <= n->ndim;
+    for (int d = 0; ok && d < src->ndim; d++) {
+        const int64_t sd = src->shape[d], od = n->shape[n->ndim - src->ndim + d];
+        if (sd != 1 && sd != od) ok = false;
+    }
+    if (!ok) {
+        char as[96], bs[96];
+        return deft_set_error(DEFT_ERR_SHAPE, "expand: %s does not broadcast to %s",
+                              deft_shape_str(src->ndim, src->shape, as, sizeof as),
+                              deft_shape_str(n->ndim, n->shape, bs, sizeof bs));
+    }
+    const int64_t total = deft_shape_numel(n->ndim, n->shape);
+    deft_cuda_strides s;
+    memset(&s, 0, sizeof s);
+    s.ndim = n->ndim;
+    memcpy(s.shape, n->shape, sizeof(int64_t) * (size_t)n->ndim);
+    deft_broadcast_strides(src->ndim, src->shape, n->ndim, n->shape, s.st[0]);
+    deft_cuda_coalesce(&s, 1);
+    return deft_train_with_elem_size(deft_dtype_size(n->dtype), [&](auto tag) -> deft_status {
+        typedef typename decltype(tag)::type E;
+        deft_k_expand<E><<<deft_cuda_blocks(total, DEFT_CUDA_THREADS), DEFT_CUDA_THREADS, 0, st>>>(
+            (E *)out, (const E *)a, total, s);
+        return deft_cuda_check_launch(n, "expand");
+    });
+}
+
+/* The output seen as [outer, L, inner] around the axis, dy as [outer, m, inner]: element (o, l, j) is dy's
+ * (o, (l - start) / step, j) where l is selected, zero (all zero bits, in every dtype) elsewhere. One pass writes
+ * every output element once. */
+template <class E>
+__global__ void deft_k_slice_grad(E *o, const E *dy, int64_t n, int64_t L, int64_t inner, int64_t m, int64_t start,
+                                  int64_t step) {
+    for (int64_t i = deft_tid(); i < n; i += deft_nthreads()) {
+        const int64_t j = i % inner, r = i / inner, l = r % L, outer = r / L, d = l - start;
+        E v = E(0);
+        if (d >= 0 && d % step == 0 && d / step < m) v = dy[(outer * m + d / step) * inner + j];
+        o[i] = v;
+    }
+}
+
+deft_status deft_cuda_slice_grad(const deft_tensor *n, void *out, const void *dy, cudaStream_t st) {
+    const deft_tensor *src = n->src[0];
+    const int ax = n->p.slice.axis;
+    const int64_t start = n->p.slice.start, step = n->p.slice.step;
+    bool ok = src->ndim == n->ndim && ax >= 0 && ax < n->ndim && start >= 0 && step > 0;
+    for (int d = 0; ok && d < n->ndim; d++)
+        if (d != ax && src->shape[d] != n->shape[d]) ok = false;
+    if (ok && src->shape[ax] > 0 && start + (src->shape[ax] - 1) * step >= n->shape[ax]) ok = false;
+    if (!ok) {
+        char as[96], bs[96];
+        return deft_set_error(DEFT_ERR_SHAPE, "slice_grad: %s does not fit %s at axis %d start %lld step %lld",
+                              deft_shape_str(src->ndim, src->shape, as, sizeof as),
+                              deft_shape_str(n->ndim, n->shape, bs, sizeof bs), ax, (long long)start,
+                              (long long)step);
+    }
+    const int64_t total = deft_shape_numel(n->ndim, n->shape);
+    const int64_t L = n->shape[ax], m = src->shape[ax];
+    const int64_t inner = deft_shape_numel(n->ndim - ax - 1, n->shape + ax + 1);
+    return deft_train_with_elem_size(deft_dtype_size(n->dtype), [&](auto tag) -> deft_status {
+        typedef typename decltype(tag)::type E;
+        deft_k_slice_grad<E><<<deft_cuda_blocks(total, DEFT_CUDA_THREADS), DEFT_CUDA_THREADS, 0, st>>>(
+            (E *)out, (const E *)dy, total, L, inner, m, start, step);
+        return deft_cuda_check_launch(n, "slice_grad");
+    });
+}
+
+/* ---------------------------------------------------------------- cross-entropy */
+/* A warp per row. The first row with a target outside [0, C) is recorded here, as (row << 32) | (uint32) target,
+ * by atomicMin: all ones means none. The launcher resets it before the kernel and reads it back after (one record
+ * per device, like deft_ce_partial below: the kernels of one device run in order on one stream). */
+__device__ unsigned long long deft_ce_bad_target;
+#define DEFT_CE_NONE (~0ull)
+
+__device__ __forceinline__ void deft_ce_record_bad(int64_t row, int32_t target) {
+    const unsigned long long r = (unsigned long long)(row < 0xfffffffell ? row : 0xfffffffell);
+    atomicMin(&deft_ce_bad_target, (r << 32) | (unsigned long long)(uint32_t)target);
+}
+
+/* Every lane gets the result: the xor butterfly combines the same pairs in every lane, so they agree bit for bit. */
+template <class A> __device__ __forceinline__ A deft_warp_max(A v) {
+    for (int off = 16; off > 0; off >>= 1) v = deft_max_nan(v, __shfl_xor_sync(0xffffffffu, v, off));
+    return v;
+}
+__device__ __forceinline__ double deft_warp_sum(double v) {
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    return v;
+}
+
+/* The row's maximum (NaN wins, so a row holding NaN gives NaN) and the sum of exp(x - max) in double; every lane of
+ * the warp calls it and gets both. */
+template <class T>
+__device__ void deft_ce_row_stats(const T *x, int64_t c, int lane, typename deft_ty<T>::C *mx, double *sum) {
+    typedef deft_ty<T> Ty;
+    typedef typename Ty::C C;
+    C m = -INFINITY;
+    for (int64_t l = lane; l < c; l += 32) m = deft_max_nan(Ty::load(x[l]), m);
+    m = deft_warp_max(m);
+    double s = 0.0;
+    for (int64_t l = lane; l < c; l += 32) s += (double)deft_math_exp(Ty::load(x[l]) - m);
+    *mx = m;
+    *sum = deft_warp_sum(s);
+}
+
+/* The loss in two kernels, a warp per row: the first has each block sum its warps' rows (each warp's rows in order,
+ * then the warps in order) into deft_ce_partial[block]; the second sums the blocks' partials in a fixed order and
+ * divides by N. The partition depends only on N, so the loss does not depend on scheduling. The loss of a row is
+ * formed as (max - x[t]) + log(sum) in double, which keeps its precision when the logits are large.
+ * deft_ce_partial is one buffer per device: two cross-entropy losses must not run at once on one device (the
+ * executor runs a device's steps in order on one stream). */
+#define DEFT_CE_MAX_BLOCKS 1024
+#define DEFT_CE_ROWS_PER_BLOCK (DEFT_CUDA_THREADS / 32)
+__device__ double deft_ce_partial[DEFT_CE_MAX_BLOCKS];
+
+template <class T> __global__ void deft_k_cross_entropy_rows(const T *x, const int32_t *t, int64_t rows, int64_t c) {
+    typedef deft_ty<T> Ty;
+    __shared__ double part[DEFT_CUDA_THREADS / 32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const int64_t stride = (int64_t)gridDim.x * nw;
+    double acc = 0.0;
+    for (int64_t r = (int64_t)blockIdx.x * nw + warp; r < rows; r += stride) {
+        const int32_t tr = t[r];
+        if (tr < 0 || tr >= c) {
+            if (lane == 0) deft_ce_record_bad(r, tr);
+            acc = NAN;
+            continue;
+        }
+        const T *xr = x + r * c;
+        typename Ty::C m;
+        double s;
+        deft_ce_row_stats(xr, c, lane, &m, &s);
+        acc += ((double)m - (double)Ty::load(xr[tr])) + log(s);
+    }
+    if (lane == 0) part[warp] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double total = 0.0;
+        for (int w = 0; w < nw; w++) total += part[w];
+        deft_ce_partial[blockIdx.x] = total;
+    }
+}
+
+/* One warp. */
+template <class T> __global__ void deft_k_cross_entropy_mean(T *out, int nblocks, int64_t rows) {
+    double s = 0.0;
+    for (int b = threadIdx.x; b < nblocks; b += 32) s += deft_ce_partial[b];
+    s = deft_warp_sum(s);
+    /* No rows: the mean of nothing is NaN, as in torch. */
+    if (threadIdx.x == 0) out[0] = deft_ty<T>::from_f64(rows > 0 ? s / (double)rows : (double)NAN);
+}
+
+/* A warp per row over the whole grid: (softmax(row) - onehot(t)) * dloss / N. */
+template <class T>
+__global__ void deft_k_cross_entropy_grad(T *o, const T *dloss, const T *x, const int32_t *t, int64_t rows,
+                                          int64_t c) {
+    typedef deft_ty<T> Ty;
+    const int lane = threadIdx.x & 31;
+    const int64_t warp0 = deft_tid() >> 5, nwarps = deft_nthreads() >> 5;
+    const double scale = (double)Ty::load(dloss[0]) / (double)rows;
+    for (int64_t r = warp0; r < rows; r += nwarps) {
+        const int32_t tr = t[r];
+        const T *xr = x + r * c;
+        T *orow = o + r * c;
+        if (tr < 0 || tr >= c) {
+            if (lane == 0) deft_ce_record_bad(r, tr);
+            for (int64_t l = lane; l < c; l += 32) orow[l] = Ty::from_f64((double)NAN);
+            continue;
+        }
+        typename Ty::C m;
+        double s;
+        deft_ce_row_stats(xr, c, lane, &m, &s);
+        const double inv = 1.0 / s;
+        for (int64_t l = lane; l < c; l += 32) {
+            const double p = (double)deft_math_exp(Ty::load(xr[l]) - m) * inv;
+            orow[l] = Ty::from_f64((p - (l == tr ? 1.0 : 0.0)) * scale);
+        }
+    }
+}
+
+/* Targets are data on the device, so a bad one is only known once the kernel has run. Outside stream capture the
+ * launcher resets the record, and after the kernel waits for it and reads it back, so that a bad target fails the
+ * run with the CPU's message. Under capture (a CUDA Graph) it cannot wait: the affected rows come out NaN. */
+static deft_status deft_ce_arm(cudaStream_t st, bool *check) {
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(st, &cs) != cudaSuccess) {
+        (void)cudaGetLastError();
+        cs = cudaStreamCaptureStatusActive;
+    }
+    *check = cs == cudaStreamCaptureStatusNone;
+    if (!*check) return DEFT_OK;
+    static const unsigned long long none = DEFT_CE_NONE;
+    cudaError_t e = cudaMemcpyToSymbolAsync(deft_ce_bad_target, &none, sizeof none, 0, cudaMemcpyHostToDevice, st);
+    if (e == cudaSuccess) return DEFT_OK;
+    (void)cudaGetLastError();
+    return deft_set_error(DEFT_ERR_RUNTIME, "cuda cross_entropy: resetting the target check failed: %s",
+                          cudaGetErrorString(e));
+}
+
+static deft_status deft_ce_verdict(cudaStream_t st, int64_t c) {
+    unsigned long long bad = DEFT_CE_NONE;
+    cudaError_t e = cudaMemcpyFromSymbolAsync(&bad, deft_ce_bad_target, sizeof bad, 0, cudaMemcpyDeviceToHost, st);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(st);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return deft_set_error(DEFT_ERR_RUNTIME, "cuda cross_entropy: reading the target check failed: %s",
+                              cudaGetErrorString(e));
+    }
+    if (bad == DEFT_CE_NONE) return DEFT_OK;
+    return deft_set_error(DEFT_ERR_INVALID, "cross_entropy: target %d of row %lld is outside [0, %lld)",
+                          (int)(int32_t)(uint32_t)(bad & 0xffffffffull), (long long)(bad >> 32), (long long)c);
+}
+
+static deft_status deft_ce_check_shapes(const deft_tensor *n, const deft_tensor *logits, const deft_tensor *targets) {
+    if (logits->ndim != 2 || targets->ndim != 1 || targets->shape[0] != logits->shape[0])
+        return deft_set_error(DEFT_ERR_SHAPE, "%s: logits must be [N, C] and targets [N]", deft_op_name(n->op));
+    return DEFT_OK;
+}
+
+deft_status deft_cuda_cross_entropy(const deft_tensor *n, void *out, const void *logits, const void *targets,
+                                    cudaStream_t st) {
+    deft_status s = deft_ce_check_shapes(n, n->src[0], n->src[1]);
+    if (s != DEFT_OK) return s;
+    const int64_t rows = n->src[0]->shape[0], c = n->src[0]->shape[1];
+    bool check;
+    return deft_with_float_dtype(n, [&](auto tag) -> deft_status {
+        typedef typename decltype(tag)::type T;
+        deft_status r = deft_ce_arm(st, &check);
+        if (r != DEFT_OK) return r;
+        const int64_t want = (rows + DEFT_CE_ROWS_PER_BLOCK - 1) / DEFT_CE_ROWS_PER_BLOCK;
+        const int blocks = (int)(want < 1 ? 1 : want > DEFT_CE_MAX_BLOCKS ? DEFT_CE_MAX_BLOCKS : want);
+        deft_k_cross_entropy_rows<T><<<blocks, DEFT_CUDA_THREADS, 0, st>>>((const T *)logits,
+                                                                            (const int32_t *)targets, rows, c);
+        r = deft_cuda_check_launch(n, "cross_entropy rows");
+        if (r != DEFT_OK) return r;
+        deft_k_cross_entropy_mean<T><<<1, 32, 0, st>>>((T *)out, blocks, rows);
+        r = deft_cuda_check_launch(n, "cross_entropy mean");
+        if (r != DEFT_OK || !check) return r;
+        return deft_ce_verdict(st, c);
+    });
+}
+
+deft_status deft_cuda_cross_entropy_grad(const deft_tensor *n, void *out, const void *dloss, const void *logits,
+                                         const void *targets, cudaStream_t st) {
+    deft_status s = deft_ce_check_shapes(n, n->src[1], n->src[2]);
+    if (s != DEFT_OK) return s;
+    if (deft_shape_numel(n->src[0]->ndim, n->src[0]->shape) != 1 || !deft_same_shape(n, n->src[1]))
+        return deft_set_error(DEFT_ERR_SHAPE, "cross_entropy_grad: wants a one-element loss gradient and an output "
+                                              "of the logits' shape");
+    const int64_t rows = n->src[1]->shape[0], c = n->src[1]->shape[1];
+    bool check;
+    return deft_with_float_dtype(n, [&](auto tag) -> deft_status {
+        typedef typename decltype(tag)::type T;
+        deft_status r = deft_ce_arm(st, &check);
+        if (r != DEFT_OK) return r;
+        deft_k_cross_entropy_grad<T><<<deft_cuda_blocks(rows * 32, DEFT_CUDA_THREADS), DEFT_CUDA_THREADS, 0, st>>>(
+            (T *)out, (const T *)dloss, (const T *)logits, (const int32_t *)targets, rows, c);
+        r = deft_cuda_check_launch(n, "cross_entropy_grad");
+        if (r != DEFT_OK || !check) return r;
+        return deft_ce_verdict(st, c);
+    });
+}
+
+/* ---------------------------------------------------------------- dropout */
+/* Element i is kept when uniform01(key, i) >= p; kept values are x * scale in the compute type, the scale rounded
+ * to it, as on the CPU. In place is safe. */
+template <class T>
+__global__ void deft_k_dropout(T *o, const T *x, int64_t n, uint64_t key, double p, typename deft_ty<T>::C sc) {
+    typedef deft_ty<T> Ty;
+    typedef typename Ty::C C;
+    for (int64_t i = deft_tid(); i < n; i += deft_nthreads()) {
+        const C v = Ty::load(x[i]);
+        o[i] = deft_rng_uniform01(key, (uint64_t)i) >= p ? Ty::store(v * sc) : Ty::store(C(0));
+    }
+}
+
+deft_status deft_cuda_dropout(const deft_tensor *n, void *out, const void *x, cudaStream_t st) {
+    const double p = n->p.dropout.p;
+    if (!(p >= 0.0 && p < 1.0)) return deft_set_error(DEFT_ERR_INVALID, "dropout: probability %g is not in [0, 1)", p);
+    if (!deft_same_shape(n->src[0], n))
+        return deft_set_error(DEFT_ERR_SHAPE, "dropout: the input and the output differ in shape");
+    const uint64_t key = deft_rng_mix(n->p.dropout.seed ^ deft_rng_mix(n->p.dropout.run));
+    const double scale = 1.0 / (1.0 - p);
+    const int64_t total = deft_shape_numel(n->ndim, n->shape);
+    return deft_with_float_dtype(n, [&](auto tag) -> deft_status {
+        typedef typename decltype(tag)::type T;
+        typedef typename deft_ty<T>::C C;
+        deft_k_dropout<T><<<deft_cuda_blocks(total, DEFT_CUDA_THREADS), DEFT_CUDA_THREADS, 0, st>>>(
+            (T *)out, (const T *)x, total, key, p, (C)scale);
+        return deft_cuda_check_launch(n, "dropout");
+    });
+}
