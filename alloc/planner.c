@@ -492,8 +492,9 @@ static void deft_work_free(deft_plan_work *w) {
     free(w->order);
 }
 
-/* bufs' lifetimes lie in [0, steps); live[t] is the bytes live at step t. */
-static deft_status deft_plan_greedy(deft_plan_buffer *bufs, int n, int steps, const size_t *live, size_t *arena) {
+/* bufs' lifetimes lie in [0, steps); live[t] is the bytes live at step t, at most `bound`. */
+static deft_status deft_plan_greedy(deft_plan_buffer *bufs, int n, int steps, const size_t *live, size_t bound,
+                                    size_t *arena) {
     size_t count = (size_t)n;
     deft_plan_work w = {.bufs = bufs, .n = n, .n_levels = 1};
     while (w.n_levels < DEFT_MAX_LEVELS && ((steps - 1) >> deft_level_shift(w.n_levels - 1)) > 1) w.n_levels++;
@@ -518,10 +519,11 @@ static deft_status deft_plan_greedy(deft_plan_buffer *bufs, int n, int steps, co
     if (s == DEFT_OK) s = deft_range_max_init(&rm, live, steps);
     for (int i = 0; s == DEFT_OK && i < n; i++) w.size[i] = deft_plan_align(bufs[i].size);
     *arena = SIZE_MAX;
-    for (int st = 0; st < DEFT_N_STRATEGIES && s == DEFT_OK; st++) {
+    /* An arena at the lower bound cannot be beaten: the strategies after it would only cost time. */
+    for (int st = 0; st < DEFT_N_STRATEGIES && s == DEFT_OK && *arena > bound; st++) {
         deft_order_by(&w, (deft_strategy)st, &rm, keys);
         size_t this_arena = deft_place_in_order(&w, deft_strategy_fit[st]);
-        if (!w.failed) this_arena = deft_repair(&w, &heap);
+        if (!w.failed && this_arena > bound) this_arena = deft_repair(&w, &heap);
         if (w.failed) s = deft_set_error(DEFT_ERR_OOM, "planner: out of host memory for %d buffers", n);
         if (s == DEFT_OK && this_arena < *arena) {
             *arena = this_arena;
@@ -606,7 +608,7 @@ deft_status deft_plan_offsets(deft_plan_buffer *bufs, int n, int no_reuse, deft_
             }
             stats->arena_bytes = off;
         } else {
-            s = deft_plan_greedy(work, n, steps, live, &stats->arena_bytes);
+            s = deft_plan_greedy(work, n, steps, live, stats->lower_bound, &stats->arena_bytes);
         }
     }
     for (int i = 0; s == DEFT_OK && i < n; i++) bufs[i].offset = work[i].offset;

@@ -1,6 +1,8 @@
 /* Reports of what the planner decided: numbers, a table, and per-node facts for the DOT dump. */
 #include <stdio.h>
 
+#include "cuda_kernels.h"
+#include "optimizer.h"
 #include "program_state.h"
 
 void deft_program_node_plan(const deft_program *p, const deft_tensor *t, deft_node_plan *out) {
@@ -58,5 +60,50 @@ deft_status deft_program_print_plan(const deft_program *p, void *file) {
         fprintf(f, "  %-24s %-10s %12zu %12zu %6d %6d\n", t->name, deft_op_name(t->op), buf->plan.offset,
                 buf->plan.size, buf->plan.first, buf->plan.last);
     }
+    return DEFT_OK;
+}
+
+static int deft_footprint_slot(deft_device_footprint *fp, int *n, int max, deft_device d) {
+    for (int i = 0; i < *n; i++)
+        if (deft_device_equal(fp[i].device, d)) return i;
+    if (*n == max) return -1;
+    fp[*n] = (deft_device_footprint){.device = d};
+    return (*n)++;
+}
+
+/* cuBLAS keeps one workspace per GPU that runs a matmul (ops/cuda/cuda_matmul.cu). */
+static bool deft_uses_cublas(const deft_program *p, deft_device d) {
+    if (d.type != DEFT_CUDA || !deft_has_cuda_build()) return false;
+    for (int i = 0; i < p->n_steps; i++) {
+        const deft_tensor *t = p->graph->nodes[p->steps[i]];
+        if (t->op == DEFT_OP_MATMUL && deft_device_equal(t->device, d)) return true;
+    }
+    return false;
+}
+
+deft_status deft_program_footprint(const deft_program *p, deft_device_footprint *out, int max, int *n) {
+    if (!p || !out || !n || max <= 0) return deft_set_error(DEFT_ERR_INVALID, "program_footprint: bad argument");
+    *n = 0;
+    int full = 0;
+    for (int a = 0; a < p->n_arenas; a++) {
+        int i = deft_footprint_slot(out, n, max, p->arenas[a].device);
+        if (i < 0) full = 1;
+        else out[i].arena_bytes += p->arenas[a].bytes;
+    }
+    for (int id = 0; id < p->n_nodes; id++) {
+        const deft_tensor *t = p->graph->nodes[id];
+        if (!p->nodes[id].needed) continue;
+        size_t bytes = deft_op_is_leaf(t->op) ? deft_tensor_bytes(t)
+                       : t->op == DEFT_OP_OPTIMIZER ? deft_optimizer_state_bytes(t->p.optimizer) : 0;
+        if (!bytes) continue;
+        int i = deft_footprint_slot(out, n, max, t->device);
+        if (i < 0) full = 1;
+        else out[i].persistent_bytes += bytes;
+    }
+    for (int i = 0; i < *n; i++) {
+        out[i].workspace_bytes = deft_uses_cublas(p, out[i].device) ? DEFT_CUBLAS_WORKSPACE_BYTES : 0;
+        out[i].total_bytes = out[i].persistent_bytes + out[i].arena_bytes + out[i].workspace_bytes;
+    }
+    if (full) return deft_set_error(DEFT_ERR_INVALID, "program_footprint: the program touches more than %d devices", max);
     return DEFT_OK;
 }
