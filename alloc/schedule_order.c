@@ -186,8 +186,8 @@ static deft_status deft_sched_build(deft_sched *s, const int *deps) {
             int d = deps[k];
             if (d < 0 || d >= i) {
                 free(seen);
-                return deft_set_error(DEFT_ERR_INVALID, "schedule_order: step %d depends on step %d, not an earlier one",
-                                      i, d);
+                return deft_set_error(DEFT_ERR_INVALID,
+                                      "schedule_order: step %d depends on step %d, not an earlier one", i, d);
             }
             if (seen[d] == i) continue;   /* read twice, counted once */
             seen[d] = i;
