@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "byte_order.h"
 #include "graph_internal.h"
 
 /* Data is read and converted in pieces of this size, so memory grows with what the file really holds, not with what
@@ -24,24 +25,6 @@ static size_t deft_idx_type_size(int type) {
     }
 }
 
-static bool deft_host_is_little_endian(void) {
-    const uint16_t one = 1;
-    unsigned char first;
-    memcpy(&first, &one, 1);
-    return first == 1;
-}
-
-/* Converts elements between host order and big-endian in place (its own inverse). */
-static void deft_elements_be(void *data, size_t bytes, size_t esize) {
-    if (!deft_host_is_little_endian() || esize < 2) return;
-    unsigned char *p = data;
-    for (size_t off = 0; off + esize <= bytes; off += esize)
-        for (size_t i = 0; i < esize / 2; i++) {
-            unsigned char t = p[off + i];
-            p[off + i] = p[off + esize - 1 - i];
-            p[off + esize - 1 - i] = t;
-        }
-}
 
 /* The data bytes the dims describe, or DEFT_ERR_IO when that overflows a size_t (a corrupt header must not wrap
  * round to a small allocation). A zero dimension anywhere makes an empty, not an overflowing, tensor. */
@@ -153,7 +136,7 @@ deft_status deft_idx_read(const char *path, deft_idx *out) {
     if (s == DEFT_OK) s = deft_idx_read_data(f, path, d.bytes, &d.data);
     fclose(f);
     if (s != DEFT_OK) return s;
-    deft_elements_be(d.data, d.bytes, deft_idx_type_size(d.type));
+    deft_elements_to_order(d.data, d.bytes, deft_idx_type_size(d.type), false);
     *out = d;
     return DEFT_OK;
 }
@@ -213,7 +196,7 @@ static deft_status deft_idx_write_data(FILE *f, const char *path, const deft_idx
     for (size_t off = 0; off < in->bytes && s == DEFT_OK; off += step) {
         size_t n = in->bytes - off < step ? in->bytes - off : step;
         memcpy(chunk, (const unsigned char *)in->data + off, n);
-        deft_elements_be(chunk, n, esize);
+        deft_elements_to_order(chunk, n, esize, false);
         s = deft_idx_put(f, path, chunk, n);
     }
     free(chunk);

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "byte_order.h"
 #include "graph_internal.h"
 
 #define DEFT_PARAMS_MAGIC "DEFTPARM"
@@ -49,24 +50,6 @@ static uint64_t deft_get_le(const unsigned char *b, int n) {
     return v;
 }
 
-static bool deft_host_is_little_endian(void) {
-    const uint16_t one = 1;
-    unsigned char first;
-    memcpy(&first, &one, 1);
-    return first == 1;
-}
-
-/* Converts elements between host order and little-endian in place (its own inverse); nothing to do on most hosts. */
-static void deft_elements_le(void *data, size_t bytes, size_t esize) {
-    if (deft_host_is_little_endian() || esize < 2) return;
-    unsigned char *p = data;
-    for (size_t off = 0; off + esize <= bytes; off += esize)
-        for (size_t i = 0; i < esize / 2; i++) {
-            unsigned char t = p[off + i];
-            p[off + i] = p[off + esize - 1 - i];
-            p[off + esize - 1 - i] = t;
-        }
-}
 
 /* ---- the graph's parameters ---- */
 
@@ -136,7 +119,7 @@ static deft_status deft_write_record(FILE *f, const char *path, const deft_tenso
                                          deft_errmsg());
     unsigned char head[4 + sizeof t->name + 4 + 4 + 8 * DEFT_MAX_DIMS + 8], crc[4];
     if (s == DEFT_OK) {
-        deft_elements_le(data, bytes, deft_dtype_size(t->dtype));
+        deft_elements_to_order(data, bytes, deft_dtype_size(t->dtype), true);
         deft_put_le(crc, deft_crc32(data, bytes), 4);
         s = deft_write(f, path, head, deft_record_head(t, bytes, head));
     }
@@ -309,7 +292,7 @@ static deft_status deft_read_record_data(deft_param_reader *r, const deft_tensor
         free(data);
         return s;
     }
-    deft_elements_le(data, bytes, deft_dtype_size(t->dtype));
+    deft_elements_to_order(data, bytes, deft_dtype_size(t->dtype), true);
     *out = data;
     return DEFT_OK;
 }

@@ -39,6 +39,18 @@ static inline int32_t deft_cpu_wrap_i32(int64_t v) {
 
 
 
+/* The branch keeps exp's argument non-positive, so neither side overflows for large |x|. */
+static inline float sigmoid_f(float x) {
+    if (x >= 0.0f) return 1.0f / (1.0f + expf(-x));
+    float e = expf(x);
+    return e / (1.0f + e);
+}
+static inline double sigmoid_d(double x) {
+    if (x >= 0.0) return 1.0 / (1.0 + exp(-x));
+    double e = exp(x);
+    return e / (1.0 + e);
+}
+
 /* DEFT_ERR_DTYPE naming the op and the dtype. */
 deft_status deft_cpu_dtype_error(const deft_tensor *n, deft_dtype dt);
 

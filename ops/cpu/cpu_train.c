@@ -13,17 +13,6 @@
 #define INV_SQRT_2PI 0.39894228040143267794
 
 /* ---------------------------------------------------------------- activation gradients */
-/* The branch keeps exp's argument non-positive, so neither side overflows for large |x| (as in cpu_unary.c). */
-static inline float sigmoid_f(float x) {
-    if (x >= 0.0f) return 1.0f / (1.0f + expf(-x));
-    float e = expf(x);
-    return e / (1.0f + e);
-}
-static inline double sigmoid_d(double x) {
-    if (x >= 0.0) return 1.0 / (1.0 + exp(-x));
-    double e = exp(x);
-    return e / (1.0 + e);
-}
 
 /* act'(x). gelu is the exact form: Phi(x) + x * phi(x), with Phi written through erfc as the forward is. */
 static inline float dgelu_f(float x) {

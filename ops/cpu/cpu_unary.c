@@ -5,17 +5,6 @@
 
 #define SQRT1_2 0.70710678118654752440
 
-/* The branch keeps exp's argument non-positive, so neither side overflows for large |x|. */
-static inline float sigmoid_f(float x) {
-    if (x >= 0.0f) return 1.0f / (1.0f + expf(-x));
-    float e = expf(x);
-    return e / (1.0f + e);
-}
-static inline double sigmoid_d(double x) {
-    if (x >= 0.0) return 1.0 / (1.0 + exp(-x));
-    double e = exp(x);
-    return e / (1.0 + e);
-}
 
 typedef void (*unary_fn)(void *o, const void *a, int64_t n);
 /* Like the binary loops, safe in place (out == in): no `restrict`. */
