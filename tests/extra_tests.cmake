@@ -15,3 +15,18 @@ if(EXISTS ${PROJECT_SOURCE_DIR}/cmake/install.cmake)
                        RESOURCE_LOCK deft_install_consumer
                        ENVIRONMENT "${DEFT_TEST_ENV}")
 endif()
+
+# The training examples, run to the end: the loss of the linear regression must fall to the noise floor, and the
+# MLP must classify the generated MNIST-format test set (written by the example itself) at over 90%.
+if(DEFT_BUILD_EXAMPLES)
+  add_test(NAME example_linear_regression COMMAND linear_regression 100)
+  set_tests_properties(example_linear_regression PROPERTIES LABELS cpu TIMEOUT 300
+                       PASS_REGULAR_EXPRESSION "epoch 100  loss 0\\.0000[0-9]+ .*learned b: 0\\.70"
+                       ENVIRONMENT "${DEFT_TEST_ENV}")
+  set(DEFT_MNIST_DIR ${PROJECT_BINARY_DIR}/mnist_synthetic)
+  file(MAKE_DIRECTORY ${DEFT_MNIST_DIR})
+  add_test(NAME example_mnist_mlp COMMAND mnist_mlp ${DEFT_MNIST_DIR} --synthetic 3000 --epochs 2)
+  set_tests_properties(example_mnist_mlp PROPERTIES LABELS cpu TIMEOUT 300
+                       PASS_REGULAR_EXPRESSION "epoch 2  test accuracy (9[0-9]|100)\\."
+                       ENVIRONMENT "${DEFT_TEST_ENV}")
+endif()
