@@ -196,7 +196,9 @@ typedef struct deft_compile_options {
     size_t memory_budget;      /* 0: no budget */
     int no_reuse;              /* 1: every buffer gets its own arena range (for checking the planner) */
     int reorder;               /* 1: reorder independent nodes to lower the peak (kept only when the arena shrinks) */
+    int no_cuda_graphs;        /* 1: run every step eagerly, never as a CUDA Graph replay (for debugging) */
 } deft_compile_options;
+#define DEFT_HAS_NO_CUDA_GRAPHS_OPTION 1
 
 /* Compiles the nodes that `outputs` need (and nothing else). opts may be NULL. */
 deft_program *deft_compile(deft_graph *g, deft_tensor *const *outputs, int n_outputs,
@@ -207,6 +209,12 @@ deft_status deft_program_feed(deft_program *p, deft_tensor *input, const void *h
 deft_status deft_program_run(deft_program *p);
 /* Copies an output of the last run to host memory; the tensor must be one of the compiled outputs. */
 deft_status deft_program_read(deft_program *p, const deft_tensor *t, void *host, size_t bytes);
+
+/* A program whose steps all run on one GPU runs them on a stream of its own, without synchronising the host (reading
+ * an output waits for the step). Its first run is eager; the second captures the step into a CUDA Graph, and every
+ * later run is one replay. Programs with steps on the CPU or on several devices, or with dropout, run eagerly. */
+int64_t deft_program_graph_replays(const deft_program *p);      /* runs done as a replay */
+const char *deft_program_graph_status(const deft_program *p);   /* "replaying a CUDA Graph", or why not */
 
 /* What compiling decided, for tests and reports. */
 int deft_program_step_count(const deft_program *p);              /* nodes that run each step */

@@ -46,7 +46,7 @@ static deft_status deft_check_fed(const deft_program *p) {
     return DEFT_OK;
 }
 
-static deft_status deft_run_step(deft_program *p, int id) {
+static deft_status deft_run_step(deft_program *p, int id, void *stream) {
     const deft_tensor *t = p->graph->nodes[id];
     void *out = deft_program_data(p, id);
     if (t->op == DEFT_OP_COPY) {
@@ -65,13 +65,28 @@ static deft_status deft_run_step(deft_program *p, int id) {
     } else {
 #ifdef DEFT_HAVE_CUDA
         s = deft_cuda_set_device(t->device.index);
-        if (s == DEFT_OK) s = deft_cuda_run_node(t, out, in, NULL);
+        if (s == DEFT_OK) s = deft_cuda_run_node(t, out, in, stream);
 #else
+        (void)stream;
         s = deft_set_error(DEFT_ERR_NO_CUDA, "deft was built without CUDA");
 #endif
     }
     if (in != in_small) free((void *)in);
     return s;
+}
+
+static deft_status deft_run_steps(deft_program *p, void *stream) {
+    for (int i = 0; i < p->n_steps; i++) {
+        int id = p->steps[i];
+        deft_status s = deft_run_step(p, id, stream);
+        if (s != DEFT_OK) {
+            char msg[768];
+            snprintf(msg, sizeof msg, "%s", deft_errmsg());
+            return deft_set_error(s, "run: step %d (%s, %s): %s", i, p->graph->nodes[id]->name,
+                                  deft_op_name(p->graph->nodes[id]->op), msg);
+        }
+    }
+    return DEFT_OK;
 }
 
 /* Each run draws new dropout masks; every reader within the run sees the same one. */
@@ -82,22 +97,20 @@ static void deft_stamp_run(deft_program *p) {
     }
 }
 
+/* A program on one GPU's stream returns once its step is queued; others finish before returning, as reads of CPU
+ * values need. */
 deft_status deft_program_run(deft_program *p) {
     if (!p) return deft_set_error(DEFT_ERR_INVALID, "run: program is NULL");
     deft_status s = deft_check_fed(p);
-    if (s == DEFT_OK) deft_stamp_run(p);
-    for (int i = 0; s == DEFT_OK && i < p->n_steps; i++) {
-        int id = p->steps[i];
-        s = deft_run_step(p, id);
-        if (s != DEFT_OK) {
-            char msg[768];
-            snprintf(msg, sizeof msg, "%s", deft_errmsg());
-            return deft_set_error(s, "run: step %d (%s, %s): %s", i, p->graph->nodes[id]->name,
-                                  deft_op_name(p->graph->nodes[id]->op), msg);
-        }
-        p->nodes[id].runs++;
+    if (s != DEFT_OK) return s;
+    deft_stamp_run(p);
+    if (p->gpu.device >= 0) {
+        s = deft_program_gpu_run(p, deft_run_steps);
+    } else {
+        s = deft_run_steps(p, NULL);
+        for (int a = 0; s == DEFT_OK && a < p->n_arenas; a++) s = deft_device_synchronize(p->arenas[a].device);
     }
-    for (int a = 0; s == DEFT_OK && a < p->n_arenas; a++) s = deft_device_synchronize(p->arenas[a].device);
+    for (int i = 0; s == DEFT_OK && i < p->n_steps; i++) p->nodes[p->steps[i]].runs++;
     p->ran = s == DEFT_OK;
     p->run_count++;
     return s;

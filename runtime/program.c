@@ -296,6 +296,7 @@ static deft_status deft_build(deft_program *p, deft_tensor *const *outputs, int 
     if (s == DEFT_OK) s = deft_place_persistent(p);
     if (s == DEFT_OK) s = deft_check_device_room(p);
     if (s == DEFT_OK) s = deft_alloc_arenas(p);
+    if (s == DEFT_OK) s = deft_program_gpu_init(p, !(opts && opts->no_cuda_graphs));
     return s;
 }
 
@@ -308,6 +309,7 @@ static deft_status deft_compile_with(deft_graph *g, deft_tensor *const *outputs,
     if (!p) return deft_set_error(DEFT_ERR_OOM, "compile: out of host memory");
     p->graph = g;
     p->n_nodes = g->n_nodes;
+    p->gpu.device = -1;
     s = deft_graph_add_program(g, p);
     if (s != DEFT_OK) {
         free(p);
@@ -349,6 +351,9 @@ deft_program *deft_compile(deft_graph *g, deft_tensor *const *outputs, int n_out
 
 void deft_program_free(deft_program *p) {
     if (!p) return;
+    /* Work still queued on the program's stream reads its arenas: finish it before they go back to the cache. */
+    if (p->gpu.device >= 0) (void)deft_device_synchronize(deft_cuda(p->gpu.device));
+    deft_program_gpu_free(p);
     for (int a = 0; a < p->n_arenas; a++) deft_mem_free(p->arenas[a].device, p->arenas[a].base);
     for (int id = 0; p->nodes && id < p->n_nodes; id++)
         if (p->nodes[id].input_storage) deft_mem_free(p->graph->nodes[id]->device, p->nodes[id].input_storage);

@@ -4,6 +4,7 @@
 
 #include "graph_internal.h"
 #include "planner.h"
+#include "program_graph.h"
 #include "program_internal.h"
 
 #define DEFT_MAX_ARENAS 16   /* distinct devices one program may touch */
@@ -51,6 +52,7 @@ struct deft_program {
     size_t persistent_bytes;
     bool ran;
     uint64_t run_count;   /* runs started, the dropout masks' counter */
+    deft_program_gpu gpu; /* its stream and CUDA Graph, when every step runs on one GPU */
 };
 
 /* deft_compile, returning its status. */

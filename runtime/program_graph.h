@@ -1,0 +1,42 @@
+/* How a program's step runs on a GPU: its own stream, and after a first eager run, one CUDA Graph replay per step.
+ * runtime/program_graph_cuda.c with CUDA, runtime/program_graph_nocuda.c without. */
+#ifndef DEFT_PROGRAM_GRAPH_H
+#define DEFT_PROGRAM_GRAPH_H
+
+#include "graph_internal.h"
+
+struct deft_program;
+
+typedef enum deft_graph_state {
+    DEFT_GRAPH_OFF = 0,     /* eager every run: CPU steps, several devices, the option, or an op a replay would bake */
+    DEFT_GRAPH_WARMUP,      /* the next run is eager (handles, workspaces and scratch get created outside capture) */
+    DEFT_GRAPH_CAPTURE,     /* the next run captures the step and replays it */
+    DEFT_GRAPH_READY        /* every run is one replay */
+} deft_graph_state;
+
+typedef struct deft_program_gpu {
+    int device;             /* the GPU every step runs on, or -1 */
+    void *stream;           /* cudaStream_t of the program (blocking: ordered with the legacy stream's copies) */
+    void *graph, *exec;     /* cudaGraph_t, cudaGraphExec_t */
+    deft_graph_state state;
+    char why_eager[160];    /* why the program does not replay a graph */
+    int64_t replays;
+} deft_program_gpu;
+
+/* Decides whether p can replay graphs and creates its stream (no GPU work is queued). */
+deft_status deft_program_gpu_init(struct deft_program *p, int allow_graphs);
+void deft_program_gpu_free(struct deft_program *p);
+/* Runs every step of p: eagerly on its stream, capturing, or as one replay, as its state says. `run_steps` queues the
+ * steps on the stream it is given. */
+deft_status deft_program_gpu_run(struct deft_program *p, deft_status (*run_steps)(struct deft_program *, void *));
+
+/* ---- the CUDA calls (runtime/program_graph_cuda.c; DEFT_ERR_NO_CUDA stubs without CUDA) ---- */
+deft_status deft_cuda_stream_create(int device, void **stream);
+void deft_cuda_stream_destroy(int device, void *stream);
+deft_status deft_cuda_capture_begin(int device, void *stream);
+/* Ends the capture (always, so the stream leaves capture mode) and instantiates the graph. */
+deft_status deft_cuda_capture_end(int device, void *stream, void **graph, void **exec);
+deft_status deft_cuda_graph_launch(int device, void *exec, void *stream);
+void deft_cuda_graph_destroy(int device, void *graph, void *exec);
+
+#endif

@@ -1,0 +1,70 @@
+/* Streams and CUDA Graphs for programs (runtime/program_graph.c decides when). */
+#include <stdio.h>
+
+#include <cuda_runtime_api.h>
+
+#include "device_internal.h"
+#include "program_graph.h"
+
+static deft_status deft_cuda_graph_error(cudaError_t e, const char *what, int device) {
+    (void)cudaGetLastError();
+    return deft_set_error(DEFT_ERR_RUNTIME, "%s on cuda:%d failed: %s (%s)", what, device, cudaGetErrorString(e),
+                          cudaGetErrorName(e));
+}
+
+/* A blocking stream: the legacy stream's synchronous copies (feeds, reads, parameter updates from the host) stay
+ * ordered with the program's kernels without extra events. */
+deft_status deft_cuda_stream_create(int device, void **stream) {
+    deft_status s = deft_cuda_set_device(device);
+    if (s != DEFT_OK) return s;
+    cudaStream_t st;
+    cudaError_t e = cudaStreamCreate(&st);
+    if (e != cudaSuccess) return deft_cuda_graph_error(e, "cudaStreamCreate", device);
+    *stream = st;
+    return DEFT_OK;
+}
+
+void deft_cuda_stream_destroy(int device, void *stream) {
+    if (!stream || deft_cuda_set_device(device) != DEFT_OK) return;
+    if (cudaStreamDestroy((cudaStream_t)stream) != cudaSuccess) (void)cudaGetLastError();
+}
+
+/* Thread-local mode: another thread's unrelated CUDA calls do not invalidate this capture. */
+deft_status deft_cuda_capture_begin(int device, void *stream) {
+    deft_status s = deft_cuda_set_device(device);
+    if (s != DEFT_OK) return s;
+    cudaError_t e = cudaStreamBeginCapture((cudaStream_t)stream, cudaStreamCaptureModeThreadLocal);
+    return e == cudaSuccess ? DEFT_OK : deft_cuda_graph_error(e, "cudaStreamBeginCapture", device);
+}
+
+deft_status deft_cuda_capture_end(int device, void *stream, void **graph, void **exec) {
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t x = NULL;
+    *graph = *exec = NULL;
+    cudaError_t e = cudaStreamEndCapture((cudaStream_t)stream, &g);
+    if (e != cudaSuccess) {
+        if (g) cudaGraphDestroy(g);
+        return deft_cuda_graph_error(e, "cudaStreamEndCapture", device);
+    }
+    e = cudaGraphInstantiate(&x, g, 0);
+    if (e != cudaSuccess) {
+        cudaGraphDestroy(g);
+        return deft_cuda_graph_error(e, "cudaGraphInstantiate", device);
+    }
+    *graph = g;
+    *exec = x;
+    return DEFT_OK;
+}
+
+deft_status deft_cuda_graph_launch(int device, void *exec, void *stream) {
+    deft_status s = deft_cuda_set_device(device);
+    if (s != DEFT_OK) return s;
+    cudaError_t e = cudaGraphLaunch((cudaGraphExec_t)exec, (cudaStream_t)stream);
+    return e == cudaSuccess ? DEFT_OK : deft_cuda_graph_error(e, "cudaGraphLaunch", device);
+}
+
+void deft_cuda_graph_destroy(int device, void *graph, void *exec) {
+    if ((!graph && !exec) || deft_cuda_set_device(device) != DEFT_OK) return;
+    if (exec && cudaGraphExecDestroy((cudaGraphExec_t)exec) != cudaSuccess) (void)cudaGetLastError();
+    if (graph && cudaGraphDestroy((cudaGraph_t)graph) != cudaSuccess) (void)cudaGetLastError();
+}

@@ -1,0 +1,39 @@
+/* Without CUDA no program runs on a GPU, so none of these is reached with a device; they answer DEFT_ERR_NO_CUDA. */
+#include "program_graph.h"
+
+static deft_status deft_graph_no_cuda(int device) {
+    return deft_set_error(DEFT_ERR_NO_CUDA, "deft was built without CUDA: cuda:%d is not available", device);
+}
+
+deft_status deft_cuda_stream_create(int device, void **stream) {
+    *stream = NULL;
+    return deft_graph_no_cuda(device);
+}
+
+void deft_cuda_stream_destroy(int device, void *stream) {
+    (void)device;
+    (void)stream;
+}
+
+deft_status deft_cuda_capture_begin(int device, void *stream) {
+    (void)stream;
+    return deft_graph_no_cuda(device);
+}
+
+deft_status deft_cuda_capture_end(int device, void *stream, void **graph, void **exec) {
+    (void)stream;
+    *graph = *exec = NULL;
+    return deft_graph_no_cuda(device);
+}
+
+deft_status deft_cuda_graph_launch(int device, void *exec, void *stream) {
+    (void)exec;
+    (void)stream;
+    return deft_graph_no_cuda(device);
+}
+
+void deft_cuda_graph_destroy(int device, void *graph, void *exec) {
+    (void)device;
+    (void)graph;
+    (void)exec;
+}

@@ -1,0 +1,118 @@
+/* A program on one GPU replays its step as a CUDA Graph from the third run on: replays give the same values as
+ * eager runs, see new inputs and parameter values, and programs a replay cannot stand for stay eager, saying why. */
+#include <stdint.h>
+
+#include "check.h"
+#include "ref.h"
+
+#define GPU deft_cuda(0)
+#define BATCH 16
+#define IN 24
+#define OUT 5
+
+typedef struct net {
+    deft_graph *g;
+    deft_tensor *x, *y, *loss, *gw, *w;
+    deft_program *p;
+} net;
+
+/* A forward and backward pass with no optimizer: loss and the gradient of the first weight. */
+static void net_build(net *n, int graphs) {
+    n->g = deft_graph_new();
+    deft_graph_set_seed(n->g, 5);
+    n->x = deft_input(n->g, "x", DEFT_F32, 2, (int64_t[]){BATCH, IN}, GPU);
+    n->y = deft_input(n->g, "y", DEFT_I32, 1, (int64_t[]){BATCH}, GPU);
+    deft_tensor *h = deft_gelu(deft_linear(n->x, 32, "fc1", NULL));
+    h = deft_layer_norm(h, NULL, NULL, 1e-5);
+    n->loss = deft_cross_entropy(deft_linear(h, OUT, "fc2", NULL), n->y);
+    CHECK_OK(deft_backward(n->loss));
+    n->w = deft_graph_find(n->g, "fc1.weight");
+    n->gw = deft_grad(n->w);
+    n->p = deft_compile(n->g, (deft_tensor *[]){n->loss, n->gw}, 2, &(deft_compile_options){.no_cuda_graphs = !graphs});
+    CHECK_MSG(n->p != NULL, "compile: %s", deft_errmsg());
+}
+
+static void make_batch(float *x, int32_t *y, uint64_t seed) {
+    for (int i = 0; i < BATCH * IN; i++) x[i] = (float)ref_unif(&seed, -2, 2);
+    for (int i = 0; i < BATCH; i++) y[i] = (int32_t)(ref_next(&seed) % OUT);
+}
+
+static void net_run(net *n, const float *x, const int32_t *y, float *loss, float *gw) {
+    CHECK_OK(deft_program_feed(n->p, n->x, x, sizeof(float) * BATCH * IN));
+    CHECK_OK(deft_program_feed(n->p, n->y, y, sizeof(int32_t) * BATCH));
+    CHECK_OK(deft_program_run(n->p));
+    CHECK_OK(deft_program_read(n->p, n->loss, loss, sizeof *loss));
+    CHECK_OK(deft_program_read(n->p, n->gw, gw, sizeof(float) * IN * 32));
+}
+
+static void test_replay_equals_eager(void) {
+    net graphs, eager;
+    net_build(&graphs, 1);
+    net_build(&eager, 0);
+    if (!graphs.p || !eager.p) return;
+    float x[BATCH * IN], lg, le, gg[IN * 32], ge[IN * 32], prev = NAN;
+    int32_t y[BATCH];
+    for (int run = 0; run < 6; run++) {
+        make_batch(x, y, 100 + (uint64_t)run);
+        net_run(&graphs, x, y, &lg, gg);
+        net_run(&eager, x, y, &le, ge);
+        CHECK_MSG(lg == le, "run %d: loss %.9g replayed, %.9g eager", run, lg, le);
+        CHECK(memcmp(gg, ge, sizeof gg) == 0);
+        CHECK(lg != prev);   /* each replay read the new batch */
+        prev = lg;
+    }
+    CHECK_MSG(deft_program_graph_replays(graphs.p) == 5, "replays %lld", (long long)deft_program_graph_replays(graphs.p));
+    CHECK(strcmp(deft_program_graph_status(graphs.p), "replaying a CUDA Graph") == 0);
+    CHECK(deft_program_graph_replays(eager.p) == 0);
+    CHECK(strstr(deft_program_graph_status(eager.p), "turned off") != NULL);
+    CHECK(deft_program_node_runs(graphs.p, graphs.loss) == 6);
+
+    /* A parameter changed from the host between replays is what the next replay reads. */
+    float w[IN * 32];
+    for (int i = 0; i < IN * 32; i++) w[i] = 0.01f * (float)(i % 7);
+    CHECK_OK(deft_param_set(graphs.w, w, sizeof w));
+    CHECK_OK(deft_param_set(eager.w, w, sizeof w));
+    net_run(&graphs, x, y, &lg, gg);
+    net_run(&eager, x, y, &le, ge);
+    CHECK(lg == le && lg != prev);
+    deft_graph_free(graphs.g);
+    deft_graph_free(eager.g);
+}
+
+static void test_programs_that_stay_eager(void) {
+    deft_graph *g = deft_graph_new();
+    deft_tensor *a = deft_full(g, DEFT_F32, 1, (int64_t[]){8}, GPU, 2.0);
+    deft_tensor *back = deft_to(deft_exp(a), deft_cpu(), DEFT_F32);
+    deft_tensor *mixed = deft_sum(back, 0, NULL, 0);
+    deft_program *p = deft_compile(g, &mixed, 1, NULL);
+    float v = 0;
+    for (int i = 0; i < 3; i++) CHECK_OK(deft_program_run(p));
+    CHECK_OK(deft_program_read(p, mixed, &v, sizeof v));
+    CHECK_NEAR(v, 8 * exp(2.0), 1e-3);
+    CHECK(deft_program_graph_replays(p) == 0);
+    CHECK_MSG(strstr(deft_program_graph_status(p), "cpu") != NULL, "%s", deft_program_graph_status(p));
+
+    deft_tensor *d = deft_sum(deft_dropout(a, 0.5, 3), 0, NULL, 0);
+    deft_program *pd = deft_compile(g, &d, 1, NULL);
+    float seen[4];
+    int differ = 0;
+    for (int i = 0; i < 4; i++) {
+        CHECK_OK(deft_program_run(pd));
+        CHECK_OK(deft_program_read(pd, d, &seen[i], sizeof seen[i]));
+        differ += i > 0 && seen[i] != seen[i - 1];
+    }
+    CHECK(differ > 0);   /* new masks each run: not frozen by a replay */
+    CHECK(deft_program_graph_replays(pd) == 0);
+    CHECK(strstr(deft_program_graph_status(pd), "dropout") != NULL);
+    deft_graph_free(g);
+}
+
+int main(void) {
+    if (deft_cuda_device_count() == 0) {
+        printf("no GPU: skipped\n");
+        return 77;
+    }
+    test_replay_equals_eager();
+    test_programs_that_stay_eager();
+    return deft_check_finish();
+}
