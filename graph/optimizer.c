@@ -1,5 +1,6 @@
 /* Building optimizers: checking hyperparameters, gathering the parameters into flat storage, and the step node. */
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -103,6 +104,25 @@ static deft_status deft_flatten_params(deft_optimizer *opt) {
     return DEFT_OK;
 }
 
+/* On a GPU the per-run state lives on the device (graph/optimizer.h), so that a step (or a CUDA Graph replaying it)
+ * advances it without the host. */
+static deft_status deft_optimizer_dev_new(deft_optimizer *opt) {
+    if (opt->device.type == DEFT_CPU) return DEFT_OK;
+    deft_optimizer_dev init;
+    memset(&init, 0, sizeof init);
+    init.lr = opt->lr;
+    init.last_norm = NAN;
+    void *p = NULL;
+    deft_status s = deft_mem_alloc_tagged(opt->device, sizeof init, "optimizer.counters", &p);
+    if (s == DEFT_OK) s = deft_mem_copy(opt->device, p, deft_cpu(), &init, sizeof init);
+    if (s != DEFT_OK) {
+        deft_mem_free(opt->device, p);
+        return s;
+    }
+    opt->dev = p;
+    return DEFT_OK;
+}
+
 static deft_status deft_register(deft_optimizer *opt) {
     deft_graph *g = opt->graph;
     deft_optimizer **n = realloc(g->optimizers, (size_t)(g->n_optimizers + 1) * sizeof *n);
@@ -174,6 +194,7 @@ deft_tensor *deft_optimizer_step(deft_optimizer *opt) {
     if (opt->step_node) return opt->step_node;
     deft_graph *g = opt->graph;
     deft_status s = deft_flatten_params(opt);
+    if (s == DEFT_OK) s = deft_optimizer_dev_new(opt);
     if (s != DEFT_OK) {
         deft_graph_fail(g, s, "optimizer_step: flat storage for %lld elements: %s", (long long)opt->total,
                         deft_errmsg());
@@ -198,18 +219,41 @@ deft_status deft_optimizer_set_lr(deft_optimizer *opt, double lr) {
     if (!opt) return deft_set_error(DEFT_ERR_INVALID, "optimizer_set_lr: optimizer is NULL");
     if (!deft_valid_lr(lr))
         return deft_set_error(DEFT_ERR_INVALID, "optimizer_set_lr: learning rate %g must be finite and >= 0", lr);
+    if (opt->dev) {
+        /* Between steps: wait for any step still queued (it reads the old rate), then write the new one; the copy
+         * is complete when deft_mem_copy returns, so `lr` (on this stack) may go at once. */
+        deft_status s = deft_device_synchronize(opt->device);
+        if (s == DEFT_OK)
+            s = deft_mem_copy(opt->device, (char *)opt->dev + offsetof(deft_optimizer_dev, lr), deft_cpu(), &lr,
+                              sizeof lr);
+        if (s != DEFT_OK) return s;
+    }
     opt->lr = lr;
     return DEFT_OK;
 }
 
+/* On a GPU only set_lr writes the device's rate, so the host's mirror is the truth. */
 double deft_optimizer_lr(const deft_optimizer *opt) { return opt ? opt->lr : NAN; }
 
-int64_t deft_optimizer_updates(const deft_optimizer *opt) { return opt ? opt->updates : 0; }
+/* On a GPU the count lives on the device: wait for the queued steps and copy it back (-1, with a message, when the
+ * device fails). */
+int64_t deft_optimizer_updates(const deft_optimizer *opt) {
+    if (!opt) return 0;
+    if (!opt->dev) return opt->updates;
+    int64_t n = -1;
+    deft_status s = deft_device_synchronize(opt->device);
+    if (s == DEFT_OK)
+        s = deft_mem_copy(deft_cpu(), &n, opt->device, (const char *)opt->dev + offsetof(deft_optimizer_dev, updates),
+                          sizeof n);
+    return s == DEFT_OK ? n : -1;
+}
 
 /* Called by deft_graph_free before the nodes go: the parameters' storage lives in the flat block. */
 void deft_optimizer_destroy(deft_optimizer *opt) {
     if (!opt) return;
     deft_device d = opt->device;
+    /* Steps still queued on a GPU read the flat storage, the state and the gather tables. */
+    if (d.type != DEFT_CPU && (opt->dev || opt->n_gathers > 0)) (void)deft_device_synchronize(d);
     for (int i = 0; opt->flat_params && i < opt->n_params; i++) {
         deft_tensor *t = opt->params[i];
         if (!t->storage_borrowed) continue;
@@ -221,6 +265,11 @@ void deft_optimizer_destroy(deft_optimizer *opt) {
     deft_mem_free(d, opt->flat_grads);
     deft_mem_free(d, opt->state0);
     deft_mem_free(d, opt->state1);
+    if (opt->dev) deft_mem_free(d, opt->dev);
+    for (int i = 0; i < opt->n_gathers; i++) {
+        deft_mem_free(d, opt->gathers[i].table);
+        free(opt->gathers[i].grads);
+    }
     free(opt->params);
     free(opt->offsets);
     free(opt);

@@ -1,10 +1,53 @@
-/* An optimizer's state, shared by graph/optimizer.c (building) and runtime/optimizer_run.c (running). */
+/* An optimizer's state, shared by graph/optimizer.c (building), runtime/optimizer_run.c (running on the CPU) and
+ * ops/cuda/cuda_optimizer.cu (running on a GPU). Plain C: the CUDA side includes it too. */
 #ifndef DEFT_OPTIMIZER_H
 #define DEFT_OPTIMIZER_H
 
 #include "graph_internal.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef enum deft_optimizer_kind { DEFT_OPTIM_SGD, DEFT_OPTIM_ADAMW } deft_optimizer_kind;
+
+/* The first-stage sums of the gradient norm on a GPU: at most this many blocks, each writing one partial sum. */
+#define DEFT_OPTIMIZER_NORM_BLOCKS 512
+
+/* The per-run state of an optimizer on a GPU, kept in device memory so that a step reads and advances it without the
+ * host: a step captured once into a CUDA Graph advances it on every replay. Written by the step's kernels (and by
+ * deft_optimizer_set_lr between steps); the host reads it back only when asked (deft_optimizer_updates). */
+typedef struct deft_optimizer_dev {
+    int64_t updates;          /* updates applied so far */
+    int32_t micro;            /* runs since the last update */
+    int32_t update_now;       /* this run applies an update (set by the prepare kernel, read by the update kernel) */
+    double lr;                /* the learning rate of the next update */
+    float last_norm;          /* the norm of the last update (NaN before the first): the step node's value */
+    int32_t first;            /* this run's update is the first one (the momentum buffer and the moments start) */
+    /* This run's coefficients, computed once on the device by the prepare kernel. */
+    double scale;             /* 1/k times the clip factor */
+    double step_size;         /* AdamW: lr / (1 - beta1^t) */
+    double bc2_sqrt;          /* AdamW: sqrt(1 - beta2^t) */
+    double decay;             /* AdamW: 1 - lr * weight_decay */
+    double partial[DEFT_OPTIMIZER_NORM_BLOCKS];   /* the norm's first-stage sums of squares */
+} deft_optimizer_dev;
+
+/* One parameter's gradient in the gather table of a GPU optimizer: count elements at src go to flat_grads + offset. */
+typedef struct deft_optimizer_segment {
+    const void *src;
+    int64_t offset, count;
+} deft_optimizer_segment;
+
+/* A gather table on the device, built for one set of gradient addresses (a compiled program's arena places the
+ * gradients at fixed addresses, so each program needs one table, built on its first run). */
+typedef struct deft_optimizer_gather {
+    const void **grads;                  /* host copy of the addresses the table was built for (n_params) */
+    deft_optimizer_segment *table;       /* device memory, n_params entries */
+    uint64_t last_used;
+} deft_optimizer_gather;
+
+/* Gather tables kept per optimizer; past this the least recently used one is rebuilt for the new addresses. */
+#define DEFT_OPTIMIZER_GATHER_CACHE 16
 
 struct deft_optimizer {
     deft_graph *graph;
@@ -13,7 +56,7 @@ struct deft_optimizer {
     deft_adamw_options adamw;
     int accumulate_steps;
     double max_grad_norm;
-    double lr;
+    double lr;                 /* the learning rate (on a GPU, a mirror of dev->lr, which only set_lr writes) */
     deft_dtype dtype;
     deft_device device;
     int n_params;
@@ -24,10 +67,16 @@ struct deft_optimizer {
      * the gradients summed over the micro-batches of one update, and the per-element state (SGD: momentum buffer;
      * AdamW: the first and second moments). */
     void *flat_params, *flat_grads, *state0, *state1;
+    /* The CPU's per-run state (on a GPU it lives in dev instead). */
     int micro;                 /* runs since the last update */
     int64_t updates;
     double last_norm;
     deft_tensor *step_node;
+    /* GPU only: the per-run state on the device (allocated with the step node) and the gather tables. */
+    deft_optimizer_dev *dev;
+    deft_optimizer_gather gathers[DEFT_OPTIMIZER_GATHER_CACHE];
+    int n_gathers;
+    uint64_t gather_clock;
 };
 
 void deft_optimizer_destroy(struct deft_optimizer *opt);
@@ -37,7 +86,18 @@ static inline size_t deft_optimizer_state_bytes(const struct deft_optimizer *opt
     return (size_t)opt->total * deft_dtype_size(opt->dtype) * (opt->kind == DEFT_OPTIM_ADAMW ? 3u : 2u);
 }
 
-/* Runs the optimizer's node: grads[i] is parameter i's gradient for this run; out (one f32) receives the norm. */
-deft_status deft_optimizer_run(struct deft_optimizer *opt, const void *const *grads, void *out);
+/* Runs the optimizer's node: grads[i] is parameter i's gradient for this run; out (one f32) receives the norm.
+ * `stream` (a cudaStream_t; NULL for the legacy stream) is where a GPU optimizer queues its kernels; the CPU ignores
+ * it. */
+deft_status deft_optimizer_run(struct deft_optimizer *opt, const void *const *grads, void *out, void *stream);
 
+
+/* The GPU side (ops/cuda/cuda_optimizer.cu, built only with CUDA): the same step as deft_optimizer_run's, queued on
+ * `stream` without synchronising the host, allocating or reading per-run state on the host, except on the first run
+ * with a new set of gradient addresses (which builds a gather table, outside any capture). */
+deft_status deft_cuda_optimizer_run(struct deft_optimizer *opt, const void *const *grads, void *out, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
 #endif

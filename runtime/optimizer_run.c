@@ -1,5 +1,6 @@
 /* Running an optimizer's node: gather this run's gradients into the flat block, and every k-th run clip and apply
- * one update over the whole flat storage in a single pass. The formulas are torch.optim.SGD's and AdamW's. */
+ * one update over the whole flat storage in a single pass. The formulas are torch.optim.SGD's and AdamW's; the CUDA
+ * kernels (ops/cuda/cuda_optimizer.cu) follow this file line by line. */
 #include <math.h>
 #include <string.h>
 
@@ -98,12 +99,20 @@ static void deft_update(deft_optimizer *o) {
     o->updates++;
 }
 
-deft_status deft_optimizer_run(deft_optimizer *o, const void *const *grads, void *out) {
+/* The CPU runs the step here, between the steps around it; a GPU queues it on `stream` (ops/cuda/cuda_optimizer.cu),
+ * with the per-run state on the device. */
+deft_status deft_optimizer_run(deft_optimizer *o, const void *const *grads, void *out, void *stream) {
     if (o->device.type != DEFT_CPU) {
+#ifdef DEFT_HAVE_CUDA
+        return deft_cuda_optimizer_run(o, grads, out, stream);
+#else
         char d[32];
-        return deft_set_error(DEFT_ERR_DEVICE, "optimizer: updates on %s are not available in this version; keep the "
-                              "parameters on the cpu", deft_device_str(o->device, d, sizeof d));
+        (void)stream;
+        return deft_set_error(DEFT_ERR_NO_CUDA, "optimizer: the parameters are on %s, but deft was built without CUDA",
+                              deft_device_str(o->device, d, sizeof d));
+#endif
     }
+    (void)stream;
     if (o->dtype == DEFT_F32) deft_gather_float(o, grads);
     else deft_gather_double(o, grads);
     if (++o->micro == o->accumulate_steps) {

@@ -1,0 +1,312 @@
+/* bench_mlp_train: the time of one MLP training step (forward, loss, backward, optimizer update) compiled by deft, on
+ * four sizes from launch-bound to matmul-bound. bench/peers/mlp_train.py runs the same steps in PyTorch (eager and
+ * CUDA Graphs) and prints the same names with "torch_" in place of "deft_"; scripts/bench_mlp.sh runs both and
+ * prints the ratios. One figure per line: `<name> <value> <unit>`.
+ *
+ *   ./bench_mlp_train [--config tiny|small|mid|large] [--device cuda:N|cpu] [--no-graphs]
+ *
+ * The configurations (all f32; `layers` Linear layers, ReLU between them, none after the last):
+ *   tiny   Linear(10, 1), batch 32, MSE against f32 targets [32, 1], SGD lr 0.01 (no momentum)
+ *   small  Linear(256,256)+ReLU x3, Linear(256,10);   batch 64,   cross-entropy on i32 labels, SGD lr 0.01 momentum 0.9
+ *   mid    Linear(1024,1024)+ReLU x7, Linear(1024,10); batch 256,  as small
+ *   large  Linear(4096,4096)+ReLU x7, Linear(4096,10); batch 2048, as small
+ * The input dimension is the width (10 for tiny). The inputs, targets, weights and biases are not drawn from deft's
+ * generator but from a hash of each element's index (below), which mlp_train.py computes bit for bit the same, so
+ * both start from the same model on the same batch: their losses at a given step agree to f32 rounding (TF32 is
+ * off in the peer), which checks that both train the same network.
+ *
+ * Timing: the batch is fed once and stays on the device (the per-step feed is not measured here). 20 warm-up steps
+ * (the loss of the first and of the 20th is printed), then 10 steps to estimate a step's time and choose N so that N
+ * steps take about 100 ms, then 7 repeats of: a host clock around N deft_program_run calls and one read of the loss
+ * (the read waits for the device). The figure is the median over the repeats of (time / N), with the fastest and
+ * slowest repeat beside it. --no-graphs compiles with deft_compile_options.no_cuda_graphs (every step launched
+ * kernel by kernel) and names the figures "deft_nographs_" instead of "deft_". --device cpu runs tiny and small
+ * (any one with --config). Without a usable GPU (and without --device cpu) the bench says so and exits 0. */
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "deft.h"
+
+#define WARMUP_STEPS 20
+#define CALIBRATE_STEPS 10
+#define REPEATS 7
+#define TARGET_REPEAT_S 0.1
+#define MAX_LAYERS 16
+
+typedef struct mlp_config {
+    const char *name;
+    int layers;
+    int64_t in_dim, width, classes, batch;
+    int mse;          /* 1: MSE against f32 targets [batch, classes]; 0: cross-entropy on i32 labels [batch] */
+    double lr, momentum;
+    int cpu_default;  /* run by --device cpu without --config */
+} mlp_config;
+
+static const mlp_config configs[] = {
+    {"tiny", 1, 10, 1, 1, 32, 1, 0.01, 0.0, 1},
+    {"small", 4, 256, 256, 10, 64, 0, 0.01, 0.9, 1},
+    {"mid", 8, 1024, 1024, 10, 256, 0, 0.01, 0.9, 0},
+    {"large", 8, 4096, 4096, 10, 2048, 0, 0.01, 0.9, 0},
+};
+#define N_CONFIGS ((int)(sizeof configs / sizeof configs[0]))
+
+static const char *prog = "bench_mlp_train";
+
+static void die(const char *what) {
+    fprintf(stderr, "%s: %s: %s\n", prog, what, deft_errmsg());
+    exit(1);
+}
+#define CHECK(call)                                  \
+    do {                                             \
+        if ((call) != DEFT_OK) die(#call);           \
+    } while (0)
+
+static void *xmalloc(size_t bytes) {
+    void *p = malloc(bytes);
+    if (!p) {
+        fprintf(stderr, "%s: out of host memory (%zu bytes)\n", prog, bytes);
+        exit(1);
+    }
+    return p;
+}
+
+static double seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* ---- the shared data: mlp_train.py's hash32 / hash_uniform / hash_labels compute the same values ----
+ * Element i of stream s: a 32-bit integer hash of (i + s * 0x9E3779B1) mod 2^32. Uniform values are
+ * (2 * h / 2^32 - 1) * scale in double, rounded once to f32; labels are h mod classes. Streams: 1 the input x,
+ * 2 the targets (labels or MSE targets), 100 + 2l the weight of layer l, 101 + 2l its bias. Weights are indexed as
+ * torch stores them ([out, in], row-major); deft's weight is [in, out], so it is filled transposed. The scale of
+ * layer l's weight and bias is 1 / sqrt(in_l), the bound of torch.nn.Linear's default initialisation. */
+static uint32_t hash32(uint64_t stream, uint64_t i) {
+    uint64_t h = (i + stream * 0x9E3779B1ull) & 0xffffffffull;
+    h = ((h ^ (h >> 16)) * 0x045D9F3Bull) & 0xffffffffull;
+    h = ((h ^ (h >> 16)) * 0x045D9F3Bull) & 0xffffffffull;
+    return (uint32_t)(h ^ (h >> 16));
+}
+
+static float hash_uniform(uint64_t stream, uint64_t i, double scale) {
+    return (float)((((double)hash32(stream, i) / 4294967296.0) * 2.0 - 1.0) * scale);
+}
+
+typedef struct mlp {
+    deft_graph *g;
+    deft_tensor *x, *y, *loss, *step;
+    deft_program *p;
+} mlp;
+
+static int64_t layer_in(const mlp_config *c, int l) { return l == 0 ? c->in_dim : c->width; }
+static int64_t layer_out(const mlp_config *c, int l) { return l == c->layers - 1 ? c->classes : c->width; }
+
+static void set_param(deft_graph *g, const char *name, const float *host, size_t bytes) {
+    deft_tensor *t = deft_graph_find(g, name);
+    if (!t) {
+        fprintf(stderr, "%s: no parameter named %s in the graph\n", prog, name);
+        exit(1);
+    }
+    CHECK(deft_param_set(t, host, bytes));
+}
+
+static void build(mlp *m, const mlp_config *c, deft_device dev, int no_graphs) {
+    deft_graph *g = m->g = deft_graph_new();
+    if (!g) die("deft_graph_new");
+    m->x = deft_input(g, "x", DEFT_F32, 2, (int64_t[]){c->batch, c->in_dim}, dev);
+    m->y = c->mse ? deft_input(g, "y", DEFT_F32, 2, (int64_t[]){c->batch, c->classes}, dev)
+                  : deft_input(g, "labels", DEFT_I32, 1, (int64_t[]){c->batch}, dev);
+    deft_tensor *h = m->x;
+    for (int l = 0; l < c->layers; l++) {
+        char name[32];
+        snprintf(name, sizeof name, "fc%d", l);
+        h = deft_linear(h, layer_out(c, l), name, NULL);
+        if (l < c->layers - 1) h = deft_relu(h);
+    }
+    m->loss = c->mse ? deft_mse_loss(h, m->y) : deft_cross_entropy(h, m->y);
+    if (!m->loss) die("building the forward pass");
+    CHECK(deft_backward(m->loss));
+    deft_optimizer *opt = deft_sgd(g, &(deft_sgd_options){.lr = c->lr, .momentum = c->momentum}, NULL);
+    if (!opt) die("deft_sgd");
+    m->step = deft_optimizer_step(opt);
+    if (!m->step) die("deft_optimizer_step");
+    if (deft_graph_error(g) != DEFT_OK) {
+        fprintf(stderr, "%s: building %s: %s\n", prog, c->name, deft_graph_errmsg(g));
+        exit(1);
+    }
+
+    /* The shared initial values, set before compiling. */
+    for (int l = 0; l < c->layers; l++) {
+        int64_t in = layer_in(c, l), out = layer_out(c, l);
+        double scale = 1.0 / sqrt((double)in);
+        float *w = xmalloc((size_t)(in * out) * sizeof *w), *b = xmalloc((size_t)out * sizeof *b);
+        for (int64_t o = 0; o < out; o++)
+            for (int64_t i = 0; i < in; i++)
+                w[i * out + o] = hash_uniform(100 + 2 * (uint64_t)l, (uint64_t)(o * in + i), scale);
+        for (int64_t o = 0; o < out; o++) b[o] = hash_uniform(101 + 2 * (uint64_t)l, (uint64_t)o, scale);
+        char name[48];
+        snprintf(name, sizeof name, "fc%d.weight", l);
+        set_param(g, name, w, (size_t)(in * out) * sizeof *w);
+        snprintf(name, sizeof name, "fc%d.bias", l);
+        set_param(g, name, b, (size_t)out * sizeof *b);
+        free(w);
+        free(b);
+    }
+
+    deft_compile_options co = {.no_cuda_graphs = no_graphs};
+    m->p = deft_compile(g, (deft_tensor *[]){m->loss, m->step}, 2, &co);
+    if (!m->p) die("deft_compile");
+
+    /* One fixed batch, fed once: it stays on the device for every step. */
+    size_t xn = (size_t)(c->batch * c->in_dim);
+    float *x = xmalloc(xn * sizeof *x);
+    for (size_t i = 0; i < xn; i++) x[i] = hash_uniform(1, i, 1.0);
+    CHECK(deft_program_feed(m->p, m->x, x, xn * sizeof *x));
+    free(x);
+    if (c->mse) {
+        size_t yn = (size_t)(c->batch * c->classes);
+        float *y = xmalloc(yn * sizeof *y);
+        for (size_t i = 0; i < yn; i++) y[i] = hash_uniform(2, i, 1.0);
+        CHECK(deft_program_feed(m->p, m->y, y, yn * sizeof *y));
+        free(y);
+    } else {
+        int32_t *y = xmalloc((size_t)c->batch * sizeof *y);
+        for (int64_t i = 0; i < c->batch; i++) y[i] = (int32_t)(hash32(2, (uint64_t)i) % (uint32_t)c->classes);
+        CHECK(deft_program_feed(m->p, m->y, y, (size_t)c->batch * sizeof *y));
+        free(y);
+    }
+}
+
+static float run_steps(mlp *m, int64_t n) {
+    float loss = 0;
+    for (int64_t i = 0; i < n; i++) CHECK(deft_program_run(m->p));
+    CHECK(deft_program_read(m->p, m->loss, &loss, sizeof loss));
+    return loss;
+}
+
+/* Matmul work of one step: forward, the weights' gradients, and the inputs' gradients of every layer but the first
+ * (the batch needs no gradient). */
+static double step_flop(const mlp_config *c) {
+    double f = 0;
+    for (int l = 0; l < c->layers; l++) f += (l ? 3.0 : 2.0) * 2.0 * (double)c->batch * layer_in(c, l) * layer_out(c, l);
+    return f;
+}
+
+static void bench(const mlp_config *c, deft_device dev, int no_graphs) {
+    const char *tag = no_graphs ? "deft_nographs" : "deft";
+    mlp m = {0};
+    CHECK(deft_memory_reset_peak(dev));
+    build(&m, c, dev, no_graphs);
+
+    float loss_first = run_steps(&m, 1), loss_warmup = 0;
+    for (int i = 1; i < WARMUP_STEPS; i++) loss_warmup = run_steps(&m, 1);
+    int64_t steps = WARMUP_STEPS;
+
+    double t0 = seconds();
+    run_steps(&m, CALIBRATE_STEPS);
+    double per = (seconds() - t0) / CALIBRATE_STEPS;
+    steps += CALIBRATE_STEPS;
+    int64_t n = (int64_t)ceil(TARGET_REPEAT_S / (per > 1e-9 ? per : 1e-9));
+    if (n < 1) n = 1;
+    if (n > 1000000) n = 1000000;
+
+    double us[REPEATS];
+    float loss = 0;
+    for (int r = 0; r < REPEATS; r++) {
+        t0 = seconds();
+        loss = run_steps(&m, n);
+        us[r] = (seconds() - t0) / (double)n * 1e6;
+        steps += n;
+    }
+    for (int i = 1; i < REPEATS; i++)   /* insertion sort for the median */
+        for (int j = i; j > 0 && us[j] < us[j - 1]; j--) {
+            double t = us[j];
+            us[j] = us[j - 1];
+            us[j - 1] = t;
+        }
+
+    deft_memory_report mr;
+    CHECK(deft_program_memory(m.p, &mr));
+    deft_device_footprint fp[4];
+    int nfp = 0;
+    CHECK(deft_program_footprint(m.p, fp, 4, &nfp));
+    size_t footprint = 0;
+    for (int i = 0; i < nfp; i++) footprint += fp[i].total_bytes;
+    deft_memory_stats ms;
+    CHECK(deft_memory_stats_get(dev, &ms));
+
+    const char *k = c->name;
+    printf("mlp_train.%s.step_gflop %.6f GFLOP\n", k, step_flop(c) / 1e9);
+    printf("mlp_train.%s.%s_step_us %.2f us\n", k, tag, us[REPEATS / 2]);
+    printf("mlp_train.%s.%s_step_us_min %.2f us\n", k, tag, us[0]);
+    printf("mlp_train.%s.%s_step_us_max %.2f us\n", k, tag, us[REPEATS - 1]);
+    printf("mlp_train.%s.%s_steps_per_repeat %lld count\n", k, tag, (long long)n);
+    printf("mlp_train.%s.%s_tflops %.3f TFLOP/s\n", k, tag, step_flop(c) / (us[REPEATS / 2] * 1e-6) / 1e12);
+    printf("mlp_train.%s.%s_arena_bytes %zu bytes\n", k, tag, mr.arena_bytes);
+    printf("mlp_train.%s.%s_persistent_bytes %zu bytes\n", k, tag, mr.persistent_bytes);
+    printf("mlp_train.%s.%s_footprint_bytes %zu bytes\n", k, tag, footprint);
+    printf("mlp_train.%s.%s_peak_bytes %lld bytes\n", k, tag, (long long)ms.allocated_bytes.peak);
+    printf("mlp_train.%s.%s_loss_first %.6f loss\n", k, tag, (double)loss_first);
+    printf("mlp_train.%s.%s_loss_warmup %.6f loss\n", k, tag, (double)loss_warmup);
+    printf("mlp_train.%s.%s_loss %.6f loss\n", k, tag, (double)loss);
+    printf("mlp_train.%s.%s_loss_steps %lld count\n", k, tag, (long long)steps);
+    fflush(stdout);
+    deft_graph_free(m.g);
+}
+
+static void usage(void) {
+    fprintf(stderr, "usage: %s [--config tiny|small|mid|large] [--device cuda:N|cpu] [--no-graphs]\n", prog);
+    exit(2);
+}
+
+int main(int argc, char **argv) {
+    const char *only = NULL, *device = NULL;
+    int no_graphs = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--config") && i + 1 < argc) only = argv[++i];
+        else if (!strcmp(argv[i], "--device") && i + 1 < argc) device = argv[++i];
+        else if (!strcmp(argv[i], "--no-graphs")) no_graphs = 1;
+        else usage();
+    }
+    if (only) {
+        int found = 0;
+        for (int i = 0; i < N_CONFIGS; i++) found |= !strcmp(configs[i].name, only);
+        if (!found) {
+            fprintf(stderr, "%s: unknown config %s (tiny, small, mid, large)\n", prog, only);
+            return 2;
+        }
+    }
+
+    deft_device dev;
+    if (device) {
+        deft_status s = deft_device_parse(device, &dev);
+        if (s == DEFT_ERR_NO_CUDA) {
+            printf("%s: skipped: %s (--device cpu runs tiny and small on the CPU)\n", prog, deft_errmsg());
+            return 0;
+        }
+        if (s != DEFT_OK) die("--device");
+    } else {
+        if (deft_cuda_device_count() < 1) {
+            printf("%s: skipped: no usable CUDA device (--device cpu runs tiny and small on the CPU)\n", prog);
+            return 0;
+        }
+        dev = deft_cuda(0);
+    }
+    char dname[256], dstr[32];
+    CHECK(deft_device_name(dev, dname, sizeof dname));
+    printf("# %s: deft %s on %s (%s)%s\n", prog, deft_version(), deft_device_str(dev, dstr, sizeof dstr), dname,
+           no_graphs ? ", CUDA Graphs off" : "");
+    fflush(stdout);
+
+    for (int i = 0; i < N_CONFIGS; i++) {
+        const mlp_config *c = &configs[i];
+        if (only ? strcmp(c->name, only) != 0 : dev.type == DEFT_CPU && !c->cpu_default) continue;
+        bench(c, dev, no_graphs);
+    }
+    return 0;
+}

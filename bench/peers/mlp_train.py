@@ -1,0 +1,269 @@
+#!/usr/bin/env python3
+"""The PyTorch peer of bench/bench_mlp_train.c: one MLP training step (forward, loss, backward, SGD update) timed
+in eager mode and as a whole-step CUDA Graph replay, on the same four configurations, the same data and the same
+initial weights, printing one figure per line as `<name> <value> <unit>` with "torch_eager_" / "torch_graph_" where
+the C bench prints "deft_".
+
+    python3 bench/peers/mlp_train.py [--config tiny|small|mid|large] [--device cuda:N|cpu]
+
+Configurations (f32, TF32 off; `layers` nn.Linear layers, nn.ReLU between them, none after the last):
+    tiny   Linear(10, 1), batch 32, nn.MSELoss against f32 targets [32, 1], SGD lr 0.01 (no momentum)
+    small  Linear(256,256)+ReLU x3, Linear(256,10);    batch 64,   nn.CrossEntropyLoss, SGD lr 0.01 momentum 0.9
+    mid    Linear(1024,1024)+ReLU x7, Linear(1024,10); batch 256,  as small
+    large  Linear(4096,4096)+ReLU x7, Linear(4096,10); batch 2048, as small
+The labels are int64 here (nn.CrossEntropyLoss's class indices); deft reads i32 ones of the same values.
+
+Data and weights come from an integer hash of each element's index (hash32 below, the same as the C bench's), so
+both programs train the same model on the same batch and their losses at a given step agree to f32 rounding.
+
+Timing: the batch is made once on the device and reused (static inputs). 20 warm-up steps (the loss of the first
+and of the 20th is printed), 10 steps to choose N so that N steps take about 100 ms, then 7 repeats of N steps
+between two torch.cuda.Event records; the figure is the median of (time / N), with the fastest and slowest repeat.
+  eager: optimizer.zero_grad(set_to_none=True), forward, loss, backward, optimizer.step() per step.
+  graph: the "whole network capture" recipe of the PyTorch CUDA Graphs docs: 3 warm-up steps on a side stream
+         (counted among the 20), zero_grad(set_to_none=True), then forward, loss, backward and optimizer.step()
+         captured into one torch.cuda.CUDAGraph; each step is one replay.
+torch_peak_bytes is torch.cuda.max_memory_allocated() over graph mode (reset before its model is made, so it
+counts parameters, gradients, momentum, the batch, activations and the graph's pool); torch_eager_peak_bytes the
+same over eager mode. With --device cpu only eager mode runs, timed with a host clock.
+
+torch is imported inside main(), so the file compiles and imports without it.
+"""
+import argparse
+import gc
+import math
+import sys
+import time
+
+WARMUP_STEPS = 20
+CALIBRATE_STEPS = 10
+REPEATS = 7
+TARGET_REPEAT_S = 0.1
+GRAPH_SIDE_WARMUP = 3
+
+# name: (layers, in_dim, width, classes, batch, mse, lr, momentum, run by --device cpu without --config)
+CONFIGS = {
+    "tiny": (1, 10, 1, 1, 32, True, 0.01, 0.0, True),
+    "small": (4, 256, 256, 10, 64, False, 0.01, 0.9, True),
+    "mid": (8, 1024, 1024, 10, 256, False, 0.01, 0.9, False),
+    "large": (8, 4096, 4096, 10, 2048, False, 0.01, 0.9, False),
+}
+
+
+def hash32(stream, i):
+    """Element i (an int64 tensor of indices) of stream `stream`: the C bench's hash32, in int64 arithmetic that
+    never overflows (every intermediate stays below 2^59). Streams: 1 the input, 2 the targets or labels, 100 + 2l
+    the weight of layer l ([out, in], row-major), 101 + 2l its bias."""
+    m = 0xFFFFFFFF
+    h = (i + stream * 0x9E3779B1) & m
+    h = ((h ^ (h >> 16)) * 0x045D9F3B) & m
+    h = ((h ^ (h >> 16)) * 0x045D9F3B) & m
+    return h ^ (h >> 16)
+
+
+def hash_uniform(torch, stream, n, scale, device):
+    """(2 h / 2^32 - 1) * scale in float64, rounded once to float32, as the C bench computes it."""
+    h = hash32(stream, torch.arange(n, dtype=torch.int64, device=device))
+    return (((h.to(torch.float64) / 4294967296.0) * 2.0 - 1.0) * scale).to(torch.float32)
+
+
+def layer_dims(cfg):
+    layers, in_dim, width, classes = cfg[:4]
+    return [(in_dim if l == 0 else width, classes if l == layers - 1 else width) for l in range(layers)]
+
+
+def make_model(torch, cfg, device):
+    mods = []
+    dims = layer_dims(cfg)
+    for l, (fan_in, fan_out) in enumerate(dims):
+        lin = torch.nn.Linear(fan_in, fan_out, device=device)
+        scale = 1.0 / math.sqrt(fan_in)
+        with torch.no_grad():
+            lin.weight.copy_(hash_uniform(torch, 100 + 2 * l, fan_out * fan_in, scale, device).view(fan_out, fan_in))
+            lin.bias.copy_(hash_uniform(torch, 101 + 2 * l, fan_out, scale, device))
+        mods.append(lin)
+        if l < len(dims) - 1:
+            mods.append(torch.nn.ReLU())
+    return torch.nn.Sequential(*mods)
+
+
+def make_batch(torch, cfg, device):
+    _, in_dim, _, classes, batch, mse = cfg[:6]
+    x = hash_uniform(torch, 1, batch * in_dim, 1.0, device).view(batch, in_dim)
+    if mse:
+        y = hash_uniform(torch, 2, batch * classes, 1.0, device).view(batch, classes)
+    else:
+        y = (hash32(2, torch.arange(batch, dtype=torch.int64, device=device)) % classes).to(torch.int64)
+    return x, y
+
+
+def step_flop(cfg):
+    """Matmul work of one step: forward, weight gradients, and input gradients of every layer but the first."""
+    batch = cfg[4]
+    return sum((3.0 if l else 2.0) * 2.0 * batch * i * o for l, (i, o) in enumerate(layer_dims(cfg)))
+
+
+class Timer:
+    def __init__(self, torch, cuda):
+        self.torch, self.cuda = torch, cuda
+
+    def seconds(self, fn, n):
+        """Wall time of n calls of fn: device events around them on CUDA, a host clock on the CPU."""
+        torch = self.torch
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(n):
+                fn()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) / 1e3
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        return time.perf_counter() - t0
+
+
+def measure(timer, fn, read_loss):
+    """Calibrates N, then REPEATS repeats of N steps: (sorted per-step microseconds, N, loss after the last)."""
+    per = timer.seconds(fn, CALIBRATE_STEPS) / CALIBRATE_STEPS
+    n = max(1, min(1000000, math.ceil(TARGET_REPEAT_S / max(per, 1e-9))))
+    us = sorted(timer.seconds(fn, n) / n * 1e6 for _ in range(REPEATS))
+    return us, n, read_loss()
+
+
+def report(name, tag, cfg, us, n, losses, steps, peak):
+    first, warm, last = losses
+    print(f"mlp_train.{name}.{tag}_step_us {us[REPEATS // 2]:.2f} us")
+    print(f"mlp_train.{name}.{tag}_step_us_min {us[0]:.2f} us")
+    print(f"mlp_train.{name}.{tag}_step_us_max {us[-1]:.2f} us")
+    print(f"mlp_train.{name}.{tag}_steps_per_repeat {n} count")
+    print(f"mlp_train.{name}.{tag}_tflops {step_flop(cfg) / (us[REPEATS // 2] * 1e-6) / 1e12:.3f} TFLOP/s")
+    if peak is not None:
+        peak_name = "torch_peak_bytes" if tag == "torch_graph" else f"{tag}_peak_bytes"
+        print(f"mlp_train.{name}.{peak_name} {peak} bytes")
+    print(f"mlp_train.{name}.{tag}_loss_first {first:.6f} loss")
+    print(f"mlp_train.{name}.{tag}_loss_warmup {warm:.6f} loss")
+    print(f"mlp_train.{name}.{tag}_loss {last:.6f} loss")
+    print(f"mlp_train.{name}.{tag}_loss_steps {steps} count")
+    sys.stdout.flush()
+
+
+def fresh(torch, cuda):
+    gc.collect()
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def run_eager(torch, name, cfg, device, cuda):
+    fresh(torch, cuda)
+    model = make_model(torch, cfg, device)
+    x, y = make_batch(torch, cfg, device)
+    loss_fn = torch.nn.MSELoss() if cfg[5] else torch.nn.CrossEntropyLoss()
+    opt = torch.optim.SGD(model.parameters(), lr=cfg[6], momentum=cfg[7])
+    last = [None]
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        last[0] = loss
+
+    step()
+    first = last[0].item()
+    for _ in range(WARMUP_STEPS - 1):
+        step()
+    warm = last[0].item()
+    timer = Timer(torch, cuda)
+    us, n, loss = measure(timer, step, lambda: last[0].item())
+    peak = torch.cuda.max_memory_allocated(device) if cuda else None
+    steps = WARMUP_STEPS + CALIBRATE_STEPS + REPEATS * n
+    report(name, "torch_eager", cfg, us, n, (first, warm, loss), steps, peak)
+    del model, opt, x, y, last
+
+
+def run_graph(torch, name, cfg, device):
+    fresh(torch, True)
+    model = make_model(torch, cfg, device)
+    static_x, static_y = make_batch(torch, cfg, device)
+    loss_fn = torch.nn.MSELoss() if cfg[5] else torch.nn.CrossEntropyLoss()
+    opt = torch.optim.SGD(model.parameters(), lr=cfg[6], momentum=cfg[7])
+
+    # Warm-up on a side stream (the first GRAPH_SIDE_WARMUP of the warm-up steps).
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    first_loss = None
+    with torch.cuda.stream(side):
+        for i in range(GRAPH_SIDE_WARMUP):
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(model(static_x), static_y)
+            loss.backward()
+            opt.step()
+            if i == 0:
+                first_loss = loss.detach()
+    torch.cuda.current_stream().wait_stream(side)
+    first = first_loss.item()
+
+    # Capture: grads are None here, so backward allocates them from the graph's private pool.
+    graph = torch.cuda.CUDAGraph()
+    opt.zero_grad(set_to_none=True)
+    with torch.cuda.graph(graph):
+        static_loss = loss_fn(model(static_x), static_y)
+        static_loss.backward()
+        opt.step()
+
+    for _ in range(WARMUP_STEPS - GRAPH_SIDE_WARMUP):
+        graph.replay()
+    warm = static_loss.item()
+    timer = Timer(torch, True)
+    us, n, loss = measure(timer, graph.replay, static_loss.item)
+    peak = torch.cuda.max_memory_allocated(device)
+    steps = WARMUP_STEPS + CALIBRATE_STEPS + REPEATS * n
+    report(name, "torch_graph", cfg, us, n, (first, warm, loss), steps, peak)
+    del graph, static_loss, model, opt, static_x, static_y, first_loss
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", choices=sorted(CONFIGS), help="run one configuration (default: all)")
+    ap.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (cpu: eager only, tiny and small)")
+    args = ap.parse_args(argv)
+
+    try:
+        import torch
+    except ImportError as e:
+        print(f"mlp_train.py: skipped: PyTorch is not installed ({e})")
+        return 0
+    device = torch.device(args.device)
+    cuda = device.type == "cuda"
+    if cuda and not torch.cuda.is_available():
+        print("mlp_train.py: skipped: no usable CUDA device (--device cpu runs tiny and small on the CPU)")
+        return 0
+    if cuda:
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        torch.cuda.set_device(device)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.manual_seed(0)
+    where = f"{device} ({torch.cuda.get_device_name(device)})" if cuda else "cpu"
+    print(f"# mlp_train.py: torch {torch.__version__} on {where}, TF32 off")
+    sys.stdout.flush()
+
+    for name, cfg in CONFIGS.items():
+        if args.config and name != args.config:
+            continue
+        if not args.config and not cuda and not cfg[8]:
+            continue
+        print(f"mlp_train.{name}.step_gflop {step_flop(cfg) / 1e9:.6f} GFLOP")
+        run_eager(torch, name, cfg, device, cuda)
+        if cuda:
+            run_graph(torch, name, cfg, device)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,330 @@
+/* The optimizer's step on a GPU: SGD (momentum, dampening, Nesterov, weight decay) and AdamW over the flat storage
+ * (graph/optimizer.h), with the formulas of the CPU path (runtime/optimizer_run.c, torch.optim's), line by line.
+ *
+ * Built so that a whole training step can be captured into one CUDA Graph and replayed: the per-run state (runs
+ * since the last update, the update count, the learning rate, the last norm) lives on the device in
+ * deft_optimizer_dev, and every decision that depends on it (copy or add the gradients, update or not, the clip
+ * factor, the bias corrections) is taken by the kernels. Each run queues the same four kernels on the stream:
+ *
+ *   gather   flat_grads = (micro == 0 ? 0 : flat_grads) + this run's gradients: one launch over every parameter,
+ *            through a device table of {source, offset, count} segments
+ *   norm     on an update run, sums of squares of flat_grads per block (a fixed grid, so a fixed order)
+ *   prepare  one block: on an update run, sums the partial sums in a fixed order, the norm (of the mean gradient)
+ *            and the clip factor, the bias corrections from the device's update count; advances micro and updates;
+ *            writes the last norm to the node's output
+ *   update   on an update run, one pass over the flat storage: SGD or AdamW
+ *
+ * The host compares this run's gradient addresses with those of the tables it built before (no synchronisation);
+ * only a new set of addresses (a program's first run) builds a table, which must not happen inside a capture. */
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_common.cuh"
+#include "caching_allocator.h"
+#include "device_internal.h"
+#include "optimizer.h"
+
+/* The hyperparameters, fixed when the optimizer is built: passed by value, so a captured graph keeps them. */
+struct deft_opt_hyper {
+    int kind;                 /* deft_optimizer_kind */
+    int accumulate_steps;
+    double max_grad_norm;
+    double momentum, dampening, sgd_weight_decay;
+    int nesterov;
+    double beta1, beta2, eps, adamw_weight_decay;
+};
+
+#define DEFT_OPT_THREADS 256
+/* Elements one gather block covers at least (it walks the segments that overlap its range). */
+#define DEFT_OPT_GATHER_CHUNK 2048
+
+/* ---------------------------------------------------------------- gather */
+/* Block b covers elements [b * per_block, (b + 1) * per_block) of the flat gradients: it finds the segment holding
+ * its first element by bisection, then walks the segments that overlap its range. On the first micro-batch of an
+ * update it copies, afterwards it adds (micro is read before the prepare kernel of this run advances it). */
+template <class T>
+__global__ void deft_k_opt_gather(T *flat, const deft_optimizer_segment *seg, int nseg, int64_t total,
+                                  int64_t per_block, const deft_optimizer_dev *dev) {
+    const bool add = dev->micro != 0;
+    const int64_t lo = (int64_t)blockIdx.x * per_block;
+    const int64_t hi = lo + per_block < total ? lo + per_block : total;
+    if (lo >= hi) return;
+    int a = 0, b = nseg - 1;   /* the last segment starting at or before lo */
+    while (a < b) {
+        const int m = (a + b + 1) / 2;
+        if (seg[m].offset <= lo) a = m;
+        else b = m - 1;
+    }
+    for (int s = a; s < nseg && seg[s].offset < hi; s++) {
+        const int64_t off = seg[s].offset, end = off + seg[s].count;
+        const int64_t s0 = lo > off ? lo : off, s1 = hi < end ? hi : end;
+        const T *src = (const T *)seg[s].src;
+        for (int64_t j = s0 + threadIdx.x; j < s1; j += blockDim.x) {
+            const T x = src[j - off];
+            flat[j] = add ? flat[j] + x : x;
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- norm */
+/* Sums in double, as the CPU does, in a tree of fixed shape: the same gradients give the same norm bit for bit. */
+__device__ __forceinline__ double deft_opt_block_sum(double v, double *sh) {
+    sh[threadIdx.x] = v;
+    __syncthreads();
+    for (int w = DEFT_OPT_THREADS / 2; w > 0; w /= 2) {
+        if ((int)threadIdx.x < w) sh[threadIdx.x] += sh[threadIdx.x + w];
+        __syncthreads();
+    }
+    return sh[0];
+}
+
+__device__ __forceinline__ bool deft_opt_update_run(const deft_optimizer_dev *dev, int k) {
+    return dev->micro + 1 >= k;
+}
+
+template <class T>
+__global__ void deft_k_opt_norm(const T *g, int64_t total, deft_optimizer_dev *dev, int k) {
+    __shared__ double sh[DEFT_OPT_THREADS];
+    if (!deft_opt_update_run(dev, k)) return;   /* the whole grid takes the same branch */
+    double sum = 0.0;
+    for (int64_t j = deft_tid(); j < total; j += deft_nthreads()) {
+        const double v = (double)g[j];
+        sum += v * v;
+    }
+    sum = deft_opt_block_sum(sum, sh);
+    if (threadIdx.x == 0) dev->partial[blockIdx.x] = sum;
+}
+
+/* ---------------------------------------------------------------- prepare: the per-run decisions, on the device */
+__global__ void deft_k_opt_prepare(deft_optimizer_dev *dev, int nblocks, deft_opt_hyper h, float *out) {
+    __shared__ double sh[DEFT_OPT_THREADS];
+    const bool update = deft_opt_update_run(dev, h.accumulate_steps);
+    __syncthreads();   /* every thread has read micro before thread 0 advances it: all take the same branch */
+    if (update) {
+        double v = 0.0;
+        for (int b = (int)threadIdx.x; b < nblocks; b += (int)blockDim.x) v += dev->partial[b];
+        const double sum = deft_opt_block_sum(v, sh);
+        if (threadIdx.x == 0) {
+            /* runtime/optimizer_run.c's deft_update and deft_clip_factor (torch's clip_grad_norm_). */
+            const double mean = 1.0 / (double)h.accumulate_steps;
+            const double norm = sqrt(sum) * mean;
+            double clip = 1.0;
+            if (h.max_grad_norm > 0.0) {
+                const double c = h.max_grad_norm / (norm + 1e-6);
+                clip = c < 1.0 ? c : 1.0;
+            }
+            dev->scale = mean * clip;
+            dev->first = dev->updates == 0;
+            if (h.kind == DEFT_OPTIM_ADAMW) {
+                const double t = (double)(dev->updates + 1);
+                dev->step_size = dev->lr / (1.0 - pow(h.beta1, t));
+                dev->bc2_sqrt = sqrt(1.0 - pow(h.beta2, t));
+                dev->decay = 1.0 - dev->lr * h.adamw_weight_decay;
+            }
+            dev->last_norm = (float)norm;
+            dev->updates++;
+            dev->micro = 0;
+        }
+    } else if (threadIdx.x == 0) {
+        dev->micro++;
+    }
+    if (threadIdx.x == 0) {
+        dev->update_now = update ? 1 : 0;
+        if (out) *out = dev->last_norm;
+    }
+}
+
+/* ---------------------------------------------------------------- update */
+/* runtime/optimizer_run.c's DEFT_SGD: the coefficients in T, d = g * scale, weight decay added to d, the momentum
+ * buffer starting as d on the first update. */
+template <class T>
+__global__ void deft_k_opt_sgd(T *p, const T *g, T *buf, int64_t total, const deft_optimizer_dev *dev,
+                               deft_opt_hyper h) {
+    if (!dev->update_now) return;
+    const T scale = (T)dev->scale, lr = (T)dev->lr, mom = (T)h.momentum, damp = (T)(1.0 - h.dampening);
+    const T wd = (T)h.sgd_weight_decay;
+    const bool first = dev->first != 0, nesterov = h.nesterov != 0;
+    for (int64_t j = deft_tid(); j < total; j += deft_nthreads()) {
+        T d = g[j] * scale;
+        if (wd != T(0)) d += wd * p[j];
+        if (mom != T(0)) {
+            const T b = first ? d : mom * buf[j] + damp * d;
+            buf[j] = b;
+            d = nesterov ? d + mom * b : b;
+        }
+        p[j] -= lr * d;
+    }
+}
+
+/* runtime/optimizer_run.c's DEFT_ADAMW: the moments start at zero on the first update (the CPU clears them there).
+ * The last line mirrors C's promotions on the CPU: for f32, sqrt(v) and the division are in double. */
+template <class T>
+__global__ void deft_k_opt_adamw(T *p, const T *g, T *m, T *v, int64_t total, const deft_optimizer_dev *dev,
+                                 deft_opt_hyper h) {
+    if (!dev->update_now) return;
+    const T scale = (T)dev->scale, b1 = (T)h.beta1, b2 = (T)h.beta2, eps = (T)h.eps;
+    const T decay = (T)dev->decay, step = (T)dev->step_size, bc2_sqrt = (T)dev->bc2_sqrt;
+    const bool first = dev->first != 0;
+    for (int64_t j = deft_tid(); j < total; j += deft_nthreads()) {
+        const T d = g[j] * scale;
+        const T pj = p[j] * decay;
+        T mj = first ? T(0) : m[j], vj = first ? T(0) : v[j];
+        mj = b1 * mj + (T(1) - b1) * d;
+        vj = b2 * vj + (T(1) - b2) * d * d;
+        m[j] = mj;
+        v[j] = vj;
+        p[j] = (T)((double)pj - (double)(step * mj) / (sqrt((double)vj) / (double)bc2_sqrt + (double)eps));
+    }
+}
+
+/* ---------------------------------------------------------------- the host side */
+static deft_status deft_opt_cuda_fail(cudaError_t e, const char *what) {
+    (void)cudaGetLastError();
+    return deft_set_error(DEFT_ERR_RUNTIME, "optimizer: %s failed: %s", what, cudaGetErrorString(e));
+}
+
+/* True when `st` is capturing, or when the runtime cannot say (then building a table would break the capture). */
+static bool deft_opt_capturing(cudaStream_t st) {
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    cudaError_t e = cudaStreamIsCapturing(st, &cs);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return true;
+    }
+    return cs != cudaStreamCaptureStatusNone;
+}
+
+/* The device gather table for these gradient addresses: one built before (a compare on the host, no device call),
+ * or a new one. Building waits for the stream (and, when it replaces a table another program may still read, for
+ * the device): it happens on a program's first run, never during a capture. */
+static deft_status deft_opt_gather_table(deft_optimizer *o, const void *const *grads, cudaStream_t st,
+                                         const deft_optimizer_segment **out) {
+    const size_t ptr_bytes = (size_t)o->n_params * sizeof *grads;
+    for (int i = 0; i < o->n_gathers; i++) {
+        deft_optimizer_gather *e = &o->gathers[i];
+        if (memcmp(e->grads, grads, ptr_bytes) == 0) {
+            e->last_used = ++o->gather_clock;
+            *out = e->table;
+            return DEFT_OK;
+        }
+    }
+    if (deft_opt_capturing(st))
+        return deft_set_error(DEFT_ERR_STATE, "optimizer: the gradients sit at addresses this optimizer has not seen "
+                              "while its stream is capturing a CUDA Graph; run the step once eagerly first");
+    const size_t table_bytes = (size_t)o->n_params * sizeof(deft_optimizer_segment);
+    deft_optimizer_gather *e;
+    deft_status s;
+    if (o->n_gathers < DEFT_OPTIMIZER_GATHER_CACHE) {
+        e = &o->gathers[o->n_gathers];
+        memset(e, 0, sizeof *e);
+        e->grads = (const void **)malloc(ptr_bytes ? ptr_bytes : 1);
+        if (!e->grads) return deft_set_error(DEFT_ERR_OOM, "optimizer: out of host memory");
+        void *table = NULL;
+        s = deft_caching_alloc(o->device, table_bytes, st, "optimizer.gather", &table);
+        if (s != DEFT_OK) {
+            free(e->grads);
+            e->grads = NULL;
+            return s;
+        }
+        e->table = (deft_optimizer_segment *)table;
+        o->n_gathers++;
+    } else {
+        /* Replace the least recently used table; another program's queued step may still read it. */
+        e = &o->gathers[0];
+        for (int i = 1; i < o->n_gathers; i++)
+            if (o->gathers[i].last_used < e->last_used) e = &o->gathers[i];
+        s = deft_device_synchronize(o->device);
+        if (s != DEFT_OK) return s;
+    }
+    deft_optimizer_segment *host = (deft_optimizer_segment *)malloc(table_bytes ? table_bytes : 1);
+    if (!host) return deft_set_error(DEFT_ERR_OOM, "optimizer: out of host memory");
+    for (int i = 0; i < o->n_params; i++) {
+        const deft_tensor *t = o->params[i];
+        host[i].src = grads[i];
+        host[i].offset = o->offsets[i];
+        host[i].count = deft_shape_numel(t->ndim, t->shape);
+    }
+    /* Until the copy is done the table matches no addresses, so a failure leaves nothing half built. */
+    memset(e->grads, 0, ptr_bytes);
+    cudaError_t ce = cudaMemcpyAsync(e->table, host, table_bytes, cudaMemcpyHostToDevice, st);
+    if (ce == cudaSuccess) ce = cudaStreamSynchronize(st);
+    free(host);
+    if (ce != cudaSuccess) return deft_opt_cuda_fail(ce, "copying the gather table");
+    memcpy(e->grads, grads, ptr_bytes);
+    e->last_used = ++o->gather_clock;
+    *out = e->table;
+    return DEFT_OK;
+}
+
+template <class T>
+static deft_status deft_opt_launch(deft_optimizer *o, const deft_optimizer_segment *table, float *out,
+                                   cudaStream_t st) {
+    const int64_t total = o->total;
+    deft_opt_hyper h;
+    h.kind = (int)o->kind;
+    h.accumulate_steps = o->accumulate_steps;
+    h.max_grad_norm = o->max_grad_norm;
+    h.momentum = o->sgd.momentum;
+    h.dampening = o->sgd.dampening;
+    h.sgd_weight_decay = o->sgd.weight_decay;
+    h.nesterov = o->sgd.nesterov;
+    h.beta1 = o->adamw.beta1;
+    h.beta2 = o->adamw.beta2;
+    h.eps = o->adamw.eps;
+    h.adamw_weight_decay = o->adamw.weight_decay;
+
+    /* Every grid below depends only on the flat storage's size, so the launches (and the norm's summation order)
+     * are the same on every run. */
+    int64_t per_block = (total + DEFT_CUDA_MAX_BLOCKS - 1) / DEFT_CUDA_MAX_BLOCKS;
+    if (per_block < DEFT_OPT_GATHER_CHUNK) per_block = DEFT_OPT_GATHER_CHUNK;
+    const int64_t gather_blocks64 = (total + per_block - 1) / per_block;
+    const unsigned gather_blocks = (unsigned)(gather_blocks64 > 0 ? gather_blocks64 : 1);
+    unsigned norm_blocks = deft_cuda_blocks(total, DEFT_OPT_THREADS * 4);
+    if (norm_blocks > DEFT_OPTIMIZER_NORM_BLOCKS) norm_blocks = DEFT_OPTIMIZER_NORM_BLOCKS;
+    const unsigned update_blocks = deft_cuda_blocks(total, DEFT_OPT_THREADS);
+
+    T *p = (T *)o->flat_params, *g = (T *)o->flat_grads, *s0 = (T *)o->state0, *s1 = (T *)o->state1;
+    deft_optimizer_dev *dev = o->dev;
+    const deft_tensor *n = o->step_node;
+
+    deft_k_opt_gather<T><<<gather_blocks, DEFT_OPT_THREADS, 0, st>>>(g, table, o->n_params, total, per_block, dev);
+    deft_status s = deft_cuda_check_launch(n, "optimizer gather");
+    if (s != DEFT_OK) return s;
+    deft_k_opt_norm<T><<<norm_blocks, DEFT_OPT_THREADS, 0, st>>>(g, total, dev, o->accumulate_steps);
+    if ((s = deft_cuda_check_launch(n, "optimizer norm")) != DEFT_OK) return s;
+    deft_k_opt_prepare<<<1, DEFT_OPT_THREADS, 0, st>>>(dev, (int)norm_blocks, h, out);
+    if ((s = deft_cuda_check_launch(n, "optimizer prepare")) != DEFT_OK) return s;
+    if (o->kind == DEFT_OPTIM_SGD)
+        deft_k_opt_sgd<T><<<update_blocks, DEFT_OPT_THREADS, 0, st>>>(p, g, s0, total, dev, h);
+    else
+        deft_k_opt_adamw<T><<<update_blocks, DEFT_OPT_THREADS, 0, st>>>(p, g, s0, s1, total, dev, h);
+    return deft_cuda_check_launch(n, o->kind == DEFT_OPTIM_SGD ? "optimizer sgd" : "optimizer adamw");
+}
+
+extern "C" deft_status deft_cuda_optimizer_run(struct deft_optimizer *o, const void *const *grads, void *out,
+                                               void *stream) {
+    if (!o || !o->step_node)
+        return deft_set_error(DEFT_ERR_STATE, "optimizer: run before its step node was built");
+    if (!o->dev)
+        return deft_set_error(DEFT_ERR_STATE, "optimizer %s: no device state on the GPU", o->step_node->name);
+    if (o->total <= 0 || o->n_params <= 0)
+        return deft_set_error(DEFT_ERR_STATE, "optimizer %s: no parameters", o->step_node->name);
+    for (int i = 0; i < o->n_params; i++)
+        if (!grads[i] && deft_shape_numel(o->params[i]->ndim, o->params[i]->shape) > 0)
+            return deft_set_error(DEFT_ERR_INVALID, "optimizer %s: the gradient of %s has no storage",
+                                  o->step_node->name, o->params[i]->name);
+    deft_status s = deft_cuda_set_device(o->device.index);
+    if (s != DEFT_OK) return s;
+    cudaStream_t st = (cudaStream_t)stream;
+    const deft_optimizer_segment *table = NULL;
+    s = deft_opt_gather_table(o, grads, st, &table);
+    if (s != DEFT_OK) return s;
+    switch (o->dtype) {
+    case DEFT_F32: return deft_opt_launch<float>(o, table, (float *)out, st);
+    case DEFT_F64: return deft_opt_launch<double>(o, table, (float *)out, st);
+    default:
+        return deft_set_error(DEFT_ERR_DTYPE, "optimizer %s: parameters are %s; the optimizer keeps f32 or f64 weights",
+                              o->step_node->name, deft_dtype_name(o->dtype));
+    }
+}

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# MLP training steps, deft beside PyTorch on the same GPU in one run. Run from the repository root after
+# scripts/gpu_suite.sh has built build-gpu. Usage: scripts/bench_mlp.sh [log-dir]   (env: BUILD=build-gpu, PYTHON=python3)
+#
+# Runs build-gpu/bench_mlp_train (deft, then deft with --no-graphs) and bench/peers/mlp_train.py (PyTorch eager and
+# CUDA Graphs) on every configuration, writes everything they print to <log-dir>/mlp_train.txt, and prints a table
+# of the per-step times with the ratios torch/deft (> 1: deft is faster), also as
+# `mlp_train.<cfg>.speedup_vs_torch_graphs <r> x` and `mlp_train.<cfg>.speedup_vs_torch_eager <r> x` lines (appended
+# to the same file). The loss columns are the losses at step 20 of each: the same data and initial weights go into
+# both, so they should agree to a few digits.
+set -uo pipefail
+log=${1:-gpu-logs}
+build=${BUILD:-build-gpu}
+python=${PYTHON:-python3}
+mkdir -p "$log"
+out="$log/mlp_train.txt"
+rc=0
+
+{
+  echo "# scripts/bench_mlp.sh, $(date -u '+%Y-%m-%d %H:%M UTC')"
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw \
+    --format=csv,noheader 2>&1 | sed 's/^/# gpu: /'
+} > "$out"
+
+echo "== deft: $build/bench_mlp_train" >&2
+"$build/bench_mlp_train" > "$log/mlp_train_deft.txt" 2>&1 || { echo "bench_mlp_train failed" >&2; rc=1; }
+cat "$log/mlp_train_deft.txt" >> "$out"
+
+echo "== deft without CUDA Graphs: $build/bench_mlp_train --no-graphs" >&2
+"$build/bench_mlp_train" --no-graphs > "$log/mlp_train_deft_nographs.txt" 2>&1 \
+  || { echo "bench_mlp_train --no-graphs failed (column left empty)" >&2; }
+cat "$log/mlp_train_deft_nographs.txt" >> "$out"
+
+echo "== torch: $python bench/peers/mlp_train.py" >&2
+"$python" bench/peers/mlp_train.py > "$log/mlp_train_torch.txt" 2>&1 || { echo "mlp_train.py failed" >&2; rc=1; }
+cat "$log/mlp_train_torch.txt" >> "$out"
+
+# Anything that is not a figure (skips, errors, the comment lines) is shown as it came.
+grep -v '^mlp_train\.' "$out" | grep -v '^# gpu' >&2
+
+awk '
+  $1 ~ /^mlp_train\./ { v[$1] = $2 }
+  function get(k) { return (k in v) ? v[k] : "" }
+  function num(x) { return x == "" ? "-" : sprintf("%.1f", x) }
+  function ratio(a, b) { return (a == "" || b == "" || b + 0 == 0) ? "" : a / b }
+  END {
+    n = split("tiny small mid large", cfgs, " ")
+    printf "%-6s %11s %11s %11s %11s %10s %10s   %-10s %-10s %-10s\n", "config", "deft_us", "deft_nogr", \
+      "torch_eag", "torch_gr", "gr/deft", "eag/deft", "loss20_dft", "loss20_eag", "loss20_gr"
+    for (i = 1; i <= n; i++) {
+      c = cfgs[i]; p = "mlp_train." c "."
+      d = get(p "deft_step_us"); dn = get(p "deft_nographs_step_us")
+      e = get(p "torch_eager_step_us"); g = get(p "torch_graph_step_us")
+      if (d == "" && e == "" && g == "") continue
+      rg = ratio(g, d); re = ratio(e, d)
+      printf "%-6s %11s %11s %11s %11s %10s %10s   %-10s %-10s %-10s\n", c, num(d), num(dn), num(e), num(g), \
+        rg == "" ? "-" : sprintf("%.2fx", rg), re == "" ? "-" : sprintf("%.2fx", re), \
+        get(p "deft_loss_warmup"), get(p "torch_eager_loss_warmup"), get(p "torch_graph_loss_warmup")
+      if (rg != "") lines = lines sprintf("%sspeedup_vs_torch_graphs %.3f x\n", p, rg)
+      if (re != "") lines = lines sprintf("%sspeedup_vs_torch_eager %.3f x\n", p, re)
+    }
+    printf "%s", lines
+  }' "$out" | tee "$log/mlp_train_table.txt"
+grep '^mlp_train\.' "$log/mlp_train_table.txt" >> "$out"
+echo "(figures: $out)"
+exit $rc
