@@ -3,77 +3,17 @@
  * reference magnitude (f32 1e-5, matmul 1e-4; f64 1e-12; f16 2e-3; bf16 1e-2; i32 exact). Inputs are seeded random
  * tensors of awkward sizes (1, 7, 33, 1000, broadcast shapes), with NaN and infinities where an op must pass them
  * on. Skips (exit 77) where no GPU works. */
-#include "ref.h"
+#include "cuda_compare.h"
 
 static uint64_t rng = 0xc0da0001ull;
 static int cases_run = 0, cases_skipped = 0;
 
-/* Builds the op under test on `dev` from leaves x[0..] (constants holding the case's host data). */
-typedef deft_tensor *(*build_fn)(deft_graph *g, deft_device dev, deft_tensor *const *x, const void *ctx);
-
-/* Builds on `dev` and realizes into a malloc'd host buffer; NULL (with *st set) when building or running fails. */
-static void *build_and_realize(deft_device dev, int nin, const ref_tensor *ins, build_fn f, const void *ctx,
-                               deft_tensor **out_t, deft_graph **out_g, deft_status *st) {
-    deft_graph *g = deft_graph_new();
-    deft_tensor *x[8] = {0};
-    for (int i = 0; i < nin; i++)
-        x[i] = deft_constant(g, ins[i].dt, ins[i].ndim, ins[i].shape, dev, ins[i].raw,
-                             (size_t)ins[i].n * deft_dtype_size(ins[i].dt));
-    deft_tensor *t = f(g, dev, x, ctx);
-    *out_g = g;
-    *out_t = t;
-    if (!t) {
-        *st = deft_graph_error(g) != DEFT_OK ? deft_graph_error(g) : DEFT_ERR_INVALID;
-        return NULL;
-    }
-    void *buf = malloc(deft_tensor_nbytes(t) + 8);
-    *st = deft_realize(t, buf, deft_tensor_nbytes(t));
-    if (*st != DEFT_OK) {
-        free(buf);
-        return NULL;
-    }
-    return buf;
-}
-
-static double *to_doubles(const void *raw, deft_dtype dt, int64_t n) {
-    double *v = malloc((size_t)(n > 0 ? n : 1) * sizeof(double));
-    for (int64_t i = 0; i < n; i++) v[i] = ref_load(raw, dt, i);
-    return v;
-}
-
 /* The whole comparison of one case. The CPU result is the reference: where the CPU refuses a case (an op the
  * builder or the CPU kernel does not support for a dtype), the case is skipped rather than failed. */
 static void run_case(const char *name, int nin, const ref_tensor *ins, build_fn f, const void *ctx, double tol) {
-    deft_tensor *tc, *tg;
-    deft_graph *gc, *gg;
-    deft_status sc, sg;
-    void *ref = build_and_realize(deft_cpu(), nin, ins, f, ctx, &tc, &gc, &sc);
-    if (!ref) {
-        printf("skip %s: the CPU reference fails (%s: %s)\n", name, deft_status_name(sc), deft_errmsg());
-        cases_skipped++;
-        deft_graph_free(gc);
-        return;
-    }
-    void *got = build_and_realize(deft_cuda(0), nin, ins, f, ctx, &tg, &gg, &sg);
-    CHECK_MSG(got != NULL, "%s on cuda:0 failed: %s: %s", name, deft_status_name(sg), deft_errmsg());
-    if (got) {
-        const deft_dtype dt = deft_tensor_dtype(tc);
-        const int64_t n = deft_tensor_numel(tc);
-        CHECK_MSG(deft_tensor_dtype(tg) == dt && deft_tensor_numel(tg) == n,
-                  "%s: cpu and cuda outputs differ in form", name);
-        double *want = to_doubles(ref, dt, n), *have = to_doubles(got, dt, n);
-        ref_close_tol(name, have, want, n, tol < 0 ? ref_tol(dt) : tol);
-        free(want);
-        free(have);
-        free(got);
-    }
-    cases_run++;
-    free(ref);
-    deft_graph_free(gc);
-    deft_graph_free(gg);
+    if (compare_case(name, nin, ins, f, ctx, tol, 0)) cases_run++;
+    else cases_skipped++;
 }
-
-static const char *const dt_names[] = {"f32", "f64", "f16", "bf16", "i32"};
 
 /* Writes NaN, +inf and -inf at a few places of a floating tensor (the ops must pass them on alike). */
 static void add_specials(ref_tensor *t) {
@@ -98,14 +38,7 @@ static deft_tensor *build_binary(deft_graph *g, deft_device dev, deft_tensor *co
     }
 }
 
-typedef struct bshape {
-    int na;
-    int64_t a[4];
-    int nb;
-    int64_t b[4];
-} bshape;
-
-static const bshape bshapes[] = {
+static const ref_bshape bshapes[] = {
     {1, {1}, 1, {1}},
     {1, {7}, 1, {7}},
     {1, {1000}, 1, {1000}},

@@ -5,85 +5,18 @@
  * others within a tolerance by dtype relative to the largest reference magnitude. Skips (exit 77) where no GPU
  * works. */
 #include "build_grad_ops.h"
-#include "ref.h"
+#include "cuda_compare.h"
 
 static uint64_t rng = 0xc0da7a11ull;
 static int cases_run = 0;
 
-/* Builds the op under test on `dev` from leaves x[0..] (constants holding the case's host data). */
-typedef deft_tensor *(*build_fn)(deft_graph *g, deft_device dev, deft_tensor *const *x, const void *ctx);
-
-/* Builds on `dev` and realizes into a malloc'd host buffer; NULL (with *st set) when building or running fails. */
-static void *build_and_realize(deft_device dev, int nin, const ref_tensor *ins, build_fn f, const void *ctx,
-                               deft_tensor **out_t, deft_graph **out_g, deft_status *st) {
-    deft_graph *g = deft_graph_new();
-    deft_tensor *x[8] = {0};
-    for (int i = 0; i < nin; i++)
-        x[i] = deft_constant(g, ins[i].dt, ins[i].ndim, ins[i].shape, dev, ins[i].raw,
-                             (size_t)ins[i].n * deft_dtype_size(ins[i].dt));
-    deft_tensor *t = f(g, dev, x, ctx);
-    *out_g = g;
-    *out_t = t;
-    if (!t) {
-        *st = deft_graph_error(g) != DEFT_OK ? deft_graph_error(g) : DEFT_ERR_INVALID;
-        return NULL;
-    }
-    void *buf = malloc(deft_tensor_nbytes(t) + 8);
-    *st = deft_realize(t, buf, deft_tensor_nbytes(t));
-    if (*st != DEFT_OK) {
-        free(buf);
-        return NULL;
-    }
-    return buf;
-}
-
-static double *to_doubles(const void *raw, deft_dtype dt, int64_t n) {
-    double *v = malloc((size_t)(n > 0 ? n : 1) * sizeof(double));
-    for (int64_t i = 0; i < n; i++) v[i] = ref_load(raw, dt, i);
-    return v;
-}
-
 /* One case: the CPU result is the reference (and must exist: every op here has a CPU kernel for every dtype it
  * is given). tol < 0 means the dtype's tolerance. */
 static void run_case(const char *name, int nin, const ref_tensor *ins, build_fn f, const void *ctx, double tol) {
-    deft_tensor *tc, *tg;
-    deft_graph *gc, *gg;
-    deft_status sc, sg;
-    void *ref = build_and_realize(deft_cpu(), nin, ins, f, ctx, &tc, &gc, &sc);
-    CHECK_MSG(ref != NULL, "%s on the CPU failed: %s: %s", name, deft_status_name(sc), deft_errmsg());
-    if (!ref) {
-        deft_graph_free(gc);
-        return;
-    }
-    void *got = build_and_realize(deft_cuda(0), nin, ins, f, ctx, &tg, &gg, &sg);
-    CHECK_MSG(got != NULL, "%s on cuda:0 failed: %s: %s", name, deft_status_name(sg), deft_errmsg());
-    if (got) {
-        const deft_dtype dt = deft_tensor_dtype(tc);
-        const int64_t n = deft_tensor_numel(tc);
-        CHECK_MSG(deft_tensor_dtype(tg) == dt && deft_tensor_numel(tg) == n,
-                  "%s: cpu and cuda outputs differ in form", name);
-        double *want = to_doubles(ref, dt, n), *have = to_doubles(got, dt, n);
-        ref_close_tol(name, have, want, n, tol < 0 ? ref_tol(dt) : tol);
-        free(want);
-        free(have);
-        free(got);
-    }
-    cases_run++;
-    free(ref);
-    deft_graph_free(gc);
-    deft_graph_free(gg);
+    if (compare_case(name, nin, ins, f, ctx, tol, 1)) cases_run++;
 }
 
-static const char *const dt_names[] = {"f32", "f64", "f16", "bf16", "i32"};
-
 /* ---------------------------------------------------------------- comparisons */
-typedef struct bshape {
-    int na;
-    int64_t a[4];
-    int nb;
-    int64_t b[4];
-} bshape;
-
 static deft_tensor *build_compare(deft_graph *g, deft_device dev, deft_tensor *const *x, const void *ctx) {
     (void)g, (void)dev;
     switch (*(const int *)ctx) {
@@ -94,7 +27,7 @@ static deft_tensor *build_compare(deft_graph *g, deft_device dev, deft_tensor *c
 }
 
 static void test_compare(void) {
-    static const bshape shapes[] = {
+    static const ref_bshape shapes[] = {
         {1, {1}, 1, {1}},        {2, {7, 13}, 2, {7, 13}},   {3, {7, 1, 13}, 2, {5, 1}},
         {1, {1}, 2, {13, 7}},    {2, {33, 1}, 2, {1, 1000}}, {4, {2, 3, 1, 5}, 3, {3, 4, 1}},
     };
@@ -148,12 +81,12 @@ static void test_act_grad(void) {
 /* ---------------------------------------------------------------- expand */
 static deft_tensor *build_expand(deft_graph *g, deft_device dev, deft_tensor *const *x, const void *ctx) {
     (void)g, (void)dev;
-    const bshape *c = ctx;
+    const ref_bshape *c = ctx;
     return deft_expand(x[0], c->nb, c->b);
 }
 
 static void test_expand(void) {
-    static const bshape cases[] = {
+    static const ref_bshape cases[] = {
         {1, {1}, 2, {7, 13}},           {1, {13}, 2, {7, 13}},           {2, {7, 1}, 2, {7, 13}},
         {3, {7, 1, 13}, 4, {3, 7, 5, 13}}, {2, {1, 70001}, 2, {3, 70001}}, {3, {33, 1, 1}, 3, {33, 40, 30}},
     };

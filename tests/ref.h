@@ -221,6 +221,14 @@ static inline int ref_shape_eq(const deft_tensor *t, int ndim, const int64_t *sh
     return 1;
 }
 
+/* The shapes of the two operands of a broadcasting binary case. */
+typedef struct ref_bshape {
+    int na;
+    int64_t a[4];
+    int nb;
+    int64_t b[4];
+} ref_bshape;
+
 /* Initialisers for local dtype lists (macros, so a test that uses neither draws no unused-variable warning). */
 #define REF_ALL_DTYPES {DEFT_F32, DEFT_F64, DEFT_F16, DEFT_BF16, DEFT_I32}
 #define REF_FLOAT_DTYPES {DEFT_F32, DEFT_F64, DEFT_F16, DEFT_BF16}

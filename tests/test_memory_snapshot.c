@@ -4,6 +4,7 @@
 
 #include "caching_allocator.h"
 #include "check.h"
+#include "read_file.h"
 
 #define KiB ((size_t)1024)
 #define MiB ((size_t)1024 * 1024)
@@ -243,20 +244,8 @@ static int j_len(const jval *v) { return v && v->type == J_ARR ? v->n : -1; }
 
 /* ---- tests ---- */
 
-static char *slurp(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    rewind(f);
-    char *buf = calloc((size_t)n + 1, 1);
-    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) buf[0] = '\0';
-    fclose(f);
-    return buf;
-}
-
 static int parse_file(const char *path, jval *out) {
-    char *text = slurp(path);
+    char *text = read_file(path);
     int ok = text && j_parse(text, out);
     CHECK_MSG(ok, "%s is not valid JSON:\n%s", path, text ? text : "(unreadable)");
     free(text);

@@ -20,14 +20,7 @@ static double bin_ref(bin_kind k, double x, double y) {
     }
 }
 
-typedef struct bshape {
-    int na;
-    int64_t a[4];
-    int nb;
-    int64_t b[4];
-} bshape;
-
-static const bshape bshapes[] = {
+static const ref_bshape bshapes[] = {
     {1, {1}, 1, {1}},
     {1, {7}, 1, {7}},
     {2, {33, 1000}, 2, {33, 1000}},     /* same shape, large enough to run in parallel */
@@ -53,7 +46,7 @@ static ref_tensor random_operand(deft_dtype dt, int nd, const int64_t *shape, in
 static void test_binary(void) {
     static const deft_dtype dts[] = REF_ALL_DTYPES;
     for (size_t si = 0; si < sizeof bshapes / sizeof bshapes[0]; si++) {
-        const bshape *bs = &bshapes[si];
+        const ref_bshape *bs = &bshapes[si];
         for (size_t di = 0; di < 5; di++) {
             const deft_dtype dt = dts[di];
             ref_tensor a = random_operand(dt, bs->na, bs->a, 0);

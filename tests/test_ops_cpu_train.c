@@ -20,14 +20,7 @@ static void expect_close(const char *what, deft_tensor *t, const double *want, i
 }
 
 /* ---------------------------------------------------------------- comparisons */
-typedef struct bshape {
-    int na;
-    int64_t a[4];
-    int nb;
-    int64_t b[4];
-} bshape;
-
-static const bshape cmp_shapes[] = {
+static const ref_bshape cmp_shapes[] = {
     {1, {1}, 1, {1}},
     {2, {7, 13}, 2, {7, 13}},
     {3, {7, 1, 13}, 2, {5, 1}},        /* -> [7, 5, 13] */
@@ -41,7 +34,7 @@ static void test_compare(void) {
     static const deft_dtype dts[] = REF_ALL_DTYPES;
     static const char *const names[] = {"eq", "gt", "ge"};
     for (size_t si = 0; si < sizeof cmp_shapes / sizeof cmp_shapes[0]; si++) {
-        const bshape *bs = &cmp_shapes[si];
+        const ref_bshape *bs = &cmp_shapes[si];
         for (int di = 0; di < 5; di++) {
             const deft_dtype dt = dts[di];
             /* Few distinct values, so ties are common; halves hold them exactly. */
@@ -145,7 +138,7 @@ static void test_act_grad(void) {
 /* ---------------------------------------------------------------- expand */
 static void test_expand(void) {
     static const deft_dtype dts[] = REF_ALL_DTYPES;
-    static const bshape cases[] = {
+    static const ref_bshape cases[] = {
         /* a = from, b = to */
         {1, {1}, 2, {7, 13}},
         {1, {13}, 2, {7, 13}},
@@ -157,7 +150,7 @@ static void test_expand(void) {
     };
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
         for (int di = 0; di < 5; di++) {
-            const bshape *c = &cases[ci];
+            const ref_bshape *c = &cases[ci];
             const deft_dtype dt = dts[di];
             ref_tensor a = ref_random(&rng, dt, c->na, c->a, -100, 100);
             deft_graph *g = deft_graph_new();

@@ -5,15 +5,8 @@
  *
  * It runs where a GPU works too: the pool is then page-locked (cudaHostAlloc) and every figure is the same, since
  * the rules do not depend on the backend. tests/cuda_test_pinned_allocator.c covers real streams. */
-#include <pthread.h>
-#include <stdint.h>
-
-#include "caching_allocator.h"
-#include "check.h"
+#include "alloc_test.h"
 #include "pinned_allocator.h"
-
-#define KiB ((size_t)1024)
-#define MiB ((size_t)1024 * 1024)
 
 static int page_locked;   /* a GPU works: the blocks are page-locked */
 
@@ -29,10 +22,7 @@ static void *palloc(size_t bytes) {
     CHECK_OK(deft_pinned_alloc(bytes, &p));
     CHECK(p != NULL);
     if (!p) return p;
-    /* The bytes asked for are usable (valgrind and ASan would catch an overrun); big blocks at both ends only. */
-    size_t edge = bytes < 8192 ? bytes : 4096;
-    memset(p, 0xab, edge);
-    memset((char *)p + bytes - edge, 0xab, edge);
+    alloc_test_touch(p, bytes);
     CHECK((uintptr_t)p % 512 == 0);
     return p;
 }
@@ -41,13 +31,11 @@ static void release(void *p) { CHECK_OK(deft_pinned_free(p)); }
 
 static void consistent(void) { CHECK_OK(deft_pinned_check()); }
 
-static void check_empty(void) {
-    CHECK_OK(deft_pinned_empty_cache());
-    deft_memory_stats s = stats();
-    CHECK(s.allocated_bytes.current == 0 && s.reserved_bytes.current == 0 && s.active_bytes.current == 0);
-    CHECK(s.requested_bytes.current == 0 && s.allocation.current == 0 && s.segment.current == 0);
-    consistent();
-}
+static deft_status empty_cache(void) { return deft_pinned_empty_cache(); }
+
+static const alloc_test_pool pool = {stats, release, consistent, empty_cache};
+
+static void check_empty(void) { alloc_test_check_empty(&pool); }
 
 /* Runs first: nothing has been asked yet, and asking about the pool allocates nothing. */
 static void test_fresh(void) {
@@ -78,29 +66,18 @@ static void test_counters(void) {
     CHECK(deft_pinned_is_page_locked((char *)a + 999) == page_locked);   /* inside the block */
     CHECK(deft_pinned_is_page_locked((char *)a + 1024) == 0);            /* past it: free memory of the segment */
     deft_memory_stats s = stats();
-    CHECK(s.allocated_bytes.current == 1024 && s.allocated_bytes.peak == 1024);
-    CHECK(s.allocated_bytes.allocated - s0.allocated_bytes.allocated == 1024);
-    CHECK(s.requested_bytes.current == 1000 && s.active_bytes.current == 1024);
-    CHECK(s.reserved_bytes.current == (int64_t)(2 * MiB) && s.segment.current == 1 && s.allocation.current == 1);
-    CHECK(s.num_device_alloc - s0.num_device_alloc == 1 && s.num_device_free == s0.num_device_free);
-    CHECK(s.num_alloc_retries == s0.num_alloc_retries && s.num_ooms == s0.num_ooms);
+    alloc_test_counters_first(&s0, &s);
     consistent();
 
     release(a);
     CHECK(deft_pinned_is_page_locked(a) == 0);   /* freed */
     s = stats();
-    CHECK(s.allocated_bytes.current == 0 && s.allocated_bytes.peak == 1024);
-    CHECK(s.allocated_bytes.freed - s0.allocated_bytes.freed == 1024);
-    CHECK(s.requested_bytes.current == 0 && s.requested_bytes.freed - s0.requested_bytes.freed == 1000);
-    CHECK(s.active_bytes.current == 0 && s.allocation.current == 0);
-    CHECK(s.reserved_bytes.current == (int64_t)(2 * MiB));   /* kept in the cache */
+    alloc_test_counters_freed(&s0, &s);   /* kept in the cache */
 
     void *b = palloc(1000);   /* the cached block comes back: no new segment */
     CHECK(b == a);
     s = stats();
-    CHECK(s.num_device_alloc - s0.num_device_alloc == 1);
-    CHECK(s.allocated_bytes.allocated - s0.allocated_bytes.allocated == 2048);
-    CHECK(s.allocation.allocated - s0.allocation.allocated == 2);
+    alloc_test_counters_reused(&s0, &s);
     void *c = palloc(5000);   /* 5120, right after b */
     CHECK((char *)c == (char *)b + 1024);
     s = stats();
@@ -111,9 +88,7 @@ static void test_counters(void) {
 
     CHECK_OK(deft_pinned_empty_cache());
     s = stats();
-    CHECK(s.reserved_bytes.current == 0 && s.reserved_bytes.peak == (int64_t)(2 * MiB));
-    CHECK(s.reserved_bytes.freed - s0.reserved_bytes.freed == (int64_t)(2 * MiB));
-    CHECK(s.segment.current == 0 && s.num_device_free - s0.num_device_free == 1);
+    alloc_test_counters_emptied(&s0, &s);
     CHECK(s.allocated_bytes.allocated - s0.allocated_bytes.allocated == 1024 + 1024 + 5120);
     check_empty();
 }
@@ -291,37 +266,7 @@ static void test_bad_free(void) {
     check_empty();
 }
 
-/* Fake events, completed by the test, to see blocks that wait for the streams recorded on them. */
-#define S1 ((void *)0x1000)
-#define S2 ((void *)0x2000)
-
-typedef struct fake_event {
-    void *stream;
-    int done, waited, destroyed;
-} fake_event;
-static fake_event fake_events[16];
-static int n_fake_events;
-
-static deft_status fake_record(int index, void *stream, void **event) {
-    (void)index;
-    fake_events[n_fake_events].stream = stream;
-    *event = &fake_events[n_fake_events++];
-    return DEFT_OK;
-}
-static int fake_query(int index, void *event) {
-    (void)index;
-    return ((fake_event *)event)->done;
-}
-static void fake_wait(int index, void *event) {
-    (void)index;
-    ((fake_event *)event)->done = ((fake_event *)event)->waited = 1;
-}
-static void fake_destroy(int index, void *event) {
-    (void)index;
-    ((fake_event *)event)->destroyed++;
-}
-static const deft_caching_event_hooks fake_hooks = {fake_record, fake_query, fake_wait, fake_destroy};
-
+/* Blocks that wait for the streams recorded on them, with the fake events of alloc_test.h. */
 static void test_record_stream(void) {
     CHECK_OK(deft_pinned_set_event_hooks(&fake_hooks));
     /* Freed with no stream recorded: reusable at once, no event. */
@@ -386,15 +331,12 @@ static void test_record_stream(void) {
     }
 }
 
-/* Many threads on the pool: the mutex keeps the blocks and the counters whole. */
-#define THREADS 4
-#define ROUNDS 3000
-
+/* Many threads on the pool (alloc_test_threads runs them). */
 static void *churn(void *arg) {
     uint32_t x = (uint32_t)(uintptr_t)arg * 2654435761u + 1;
     void *held[8] = {0};
     for (int i = 0; i < ROUNDS; i++) {
-        x ^= x << 13, x ^= x >> 17, x ^= x << 5;
+        xorshift32(&x);
         int slot = (int)(x % 8);
         if (held[slot] && deft_pinned_free(held[slot]) != DEFT_OK) return (void *)1;
         size_t bytes = (x >> 8) % 4 == 0 ? (x >> 12) % (3 * MiB) + 1 : (x >> 12) % (64 * KiB) + 1;
@@ -409,40 +351,15 @@ static void *churn(void *arg) {
     return NULL;
 }
 
-static void test_threads(void) {
-    deft_memory_stats s0 = stats();
-    pthread_t t[THREADS];
-    for (int i = 0; i < THREADS; i++) CHECK(pthread_create(&t[i], NULL, churn, (void *)(uintptr_t)(i + 1)) == 0);
-    for (int i = 0; i < THREADS; i++) {
-        void *r = (void *)1;
-        CHECK(pthread_join(t[i], &r) == 0 && r == NULL);
-    }
-    deft_memory_stats s = stats();
-    CHECK(s.allocation.allocated - s0.allocation.allocated == THREADS * ROUNDS);
-    CHECK(s.allocation.current == 0 && s.allocated_bytes.current == 0 && s.requested_bytes.current == 0);
-    consistent();
-    check_empty();
-}
+static void test_threads(void) { alloc_test_threads(&pool, churn); }
 
 /* A long random sequence, checked against every invariant as it goes. */
-static void test_random(void) {
-    void *held[64] = {0};
-    uint32_t x = 12345;
-    for (int i = 0; i < 4000; i++) {
-        x ^= x << 13, x ^= x >> 17, x ^= x << 5;
-        uint32_t r = x * 2654435761u;
-        int slot = (int)(x % 64);
-        if (held[slot]) release(held[slot]);
-        held[slot] = NULL;
-        size_t bytes = r % ((x & 0x200) ? 30 * MiB : 200 * KiB) + 1;
-        if (x & 0x100) held[slot] = palloc(bytes);
-        if (i % 97 == 0) consistent();
-        if (i % 1000 == 999) CHECK_OK(deft_pinned_empty_cache());
-    }
-    for (int i = 0; i < 64; i++) release(held[i]);
-    consistent();
-    check_empty();
+static void *random_alloc(size_t bytes, uint32_t x) {
+    (void)x;
+    return palloc(bytes);
 }
+
+static void test_random(void) { alloc_test_random(&pool, random_alloc); }
 
 int main(void) {
     test_fresh();

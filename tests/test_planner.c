@@ -7,15 +7,10 @@
 #include "graph_internal.h"
 #include "planner.h"
 #include "program_internal.h"
+#include "xorshift.h"
 
 static uint64_t rng_state = 88172645463325252ull;
-static uint64_t next_u64(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return rng_state;
-}
-static int rand_below(int n) { return (int)(next_u64() % (uint64_t)n); }
+static int rand_below(int n) { return xorshift64_below(&rng_state, n); }
 
 static int overlaps(const deft_plan_buffer *a, const deft_plan_buffer *b) {
     int live_together = a->first <= b->last && b->first <= a->last;
@@ -211,7 +206,7 @@ static void test_reuse_equals_no_reuse(void) {
         check_program_plan(g, reuse);
         float x[128];
         for (int i = 0; i < 3; i++) {
-            for (int j = 0; j < 128; j++) x[j] = (float)((int)(next_u64() % 2001) - 1000) / 250.0f;
+            for (int j = 0; j < 128; j++) x[j] = (float)((int)(xorshift64(&rng_state) % 2001) - 1000) / 250.0f;
             CHECK_OK(deft_program_feed(reuse, in[i], x, sizeof x));
             CHECK_OK(deft_program_feed(plain, in[i], x, sizeof x));
         }

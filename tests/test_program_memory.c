@@ -3,6 +3,7 @@
 #include <stdint.h>
 
 #include "check.h"
+#include "read_file.h"
 
 #define CPU deft_cpu()
 
@@ -61,19 +62,6 @@ static void test_reorder_lowers_the_peak(void) {
     CHECK(arenas[1] <= (size_t)n * sizeof(float) + 2 * 256);
     CHECK(results[0][0] == results[1][0] && results[0][1] == results[1][1]);
     free(xs);
-}
-
-static char *read_file(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    size_t got = fread(s, 1, (size_t)n, f);
-    s[got] = 0;
-    fclose(f);
-    return s;
 }
 
 static void test_allocations_are_tagged(void) {

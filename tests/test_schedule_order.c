@@ -6,15 +6,10 @@
 
 #include "check.h"
 #include "schedule_order.h"
+#include "xorshift.h"
 
 static uint64_t rng_state = 0x2545f4914f6cdd1dull;
-static uint64_t next_u64(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return rng_state;
-}
-static int rand_below(int n) { return (int)(next_u64() % (uint64_t)n); }
+static int rand_below(int n) { return xorshift64_below(&rng_state, n); }
 
 /* A step list under construction. */
 typedef struct sched_graph {
