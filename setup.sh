@@ -25,7 +25,7 @@ say() { printf '\n== setup: %s\n' "$*"; }
 warn() { printf 'setup: warning: %s\n' "$*" >&2; }
 
 # ---------------------------------------------------------------- system packages
-PACKAGES=(build-essential cmake ninja-build libopenblas-dev graphviz valgrind pkg-config)
+PACKAGES=(build-essential cmake ninja-build libopenblas-dev libopenblas-openmp-dev graphviz valgrind pkg-config)
 
 install_packages() {
     if [ "${DEFT_SKIP_PACKAGES:-0}" = 1 ]; then
