@@ -175,6 +175,8 @@ const char *deft_shape_str(int ndim, const int64_t *shape, char *buf, size_t n);
 void deft_shape_strides(int ndim, const int64_t *shape, int64_t *strides);
 /* Numpy broadcasting of two shapes; DEFT_ERR_SHAPE (with message) if they do not broadcast. */
 deft_status deft_shape_broadcast(int na, const int64_t *a, int nb, const int64_t *b, int *nout, int64_t *out);
+/* DEFT_ERR_SHAPE (with message) unless src broadcasts to out's shape; kernels re-check what builders checked. */
+deft_status deft_check_expand_shape(const deft_tensor *src, const deft_tensor *out);
 /* Strides of `in` (ndim_in dims) seen through the output shape: 0 on broadcast dims, aligned right. */
 void deft_broadcast_strides(int ndim_in, const int64_t *in_shape, int ndim_out, const int64_t *out_shape,
                             int64_t *strides);

@@ -56,3 +56,16 @@ void deft_broadcast_strides(int ndim_in, const int64_t *in_shape, int ndim_out, 
         strides[i] = (j >= 0 && in_shape[j] == out_shape[i] && in_shape[j] != 1) ? in_strides[j] : 0;
     }
 }
+
+deft_status deft_check_expand_shape(const deft_tensor *src, const deft_tensor *out) {
+    bool ok = src->ndim <= out->ndim;
+    for (int d = 0; ok && d < src->ndim; d++) {
+        const int64_t sd = src->shape[d], od = out->shape[out->ndim - src->ndim + d];
+        if (sd != 1 && sd != od) ok = false;
+    }
+    if (ok) return DEFT_OK;
+    char as[96], bs[96];
+    return deft_set_error(DEFT_ERR_SHAPE, "expand: %s does not broadcast to %s",
+                          deft_shape_str(src->ndim, src->shape, as, sizeof as),
+                          deft_shape_str(out->ndim, out->shape, bs, sizeof bs));
+}

@@ -141,17 +141,8 @@ deft_status deft_cpu_expand(const deft_tensor *n, void *out, const void *a) {
         return deft_set_error(DEFT_ERR_DTYPE, "expand: input is %s, output %s", deft_dtype_name(src->dtype),
                               deft_dtype_name(n->dtype));
     if ((unsigned)n->dtype >= DEFT_DTYPE_COUNT) return deft_cpu_dtype_error(n, n->dtype);
-    int ok = src->ndim <= n->ndim;
-    for (int d = 0; ok && d < src->ndim; d++) {
-        const int64_t sd = src->shape[d], od = n->shape[n->ndim - src->ndim + d];
-        if (sd != 1 && sd != od) ok = 0;
-    }
-    if (!ok) {
-        char as[96], bs[96];
-        return deft_set_error(DEFT_ERR_SHAPE, "expand: %s does not broadcast to %s",
-                              deft_shape_str(src->ndim, src->shape, as, sizeof as),
-                              deft_shape_str(n->ndim, n->shape, bs, sizeof bs));
-    }
+    deft_status shape_ok = deft_check_expand_shape(src, n);
+    if (shape_ok != DEFT_OK) return shape_ok;
     const int64_t total = deft_shape_numel(n->ndim, n->shape);
     if (total == 0) return DEFT_OK;
     const size_t esz = deft_dtype_size(n->dtype);

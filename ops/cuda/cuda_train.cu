@@ -101,17 +101,8 @@ template <class E> __global__ void deft_k_expand(E *o, const E *in, int64_t n, d
 
 deft_status deft_cuda_expand(const deft_tensor *n, void *out, const void *a, cudaStream_t st) {
     const deft_tensor *src = n->src[0];
-    bool ok = src->ndim <= n->ndim;
-    for (int d = 0; ok && d < src->ndim; d++) {
-        const int64_t sd = src->shape[d], od = n->shape[n->ndim - src->ndim + d];
-        if (sd != 1 && sd != od) ok = false;
-    }
-    if (!ok) {
-        char as[96], bs[96];
-        return deft_set_error(DEFT_ERR_SHAPE, "expand: %s does not broadcast to %s",
-                              deft_shape_str(src->ndim, src->shape, as, sizeof as),
-                              deft_shape_str(n->ndim, n->shape, bs, sizeof bs));
-    }
+    deft_status shape_ok = deft_check_expand_shape(src, n);
+    if (shape_ok != DEFT_OK) return shape_ok;
     const int64_t total = deft_shape_numel(n->ndim, n->shape);
     deft_cuda_strides s;
     memset(&s, 0, sizeof s);
