@@ -21,6 +21,19 @@ static void deft_mark_reach(const deft_graph *g, int last, bool *reach) {
     }
 }
 
+/* d loss / d loss: a constant, so a step runs no kernel to make it. */
+static deft_tensor *deft_one_like(const deft_tensor *loss) {
+    unsigned char one[8];
+    switch (loss->dtype) {
+    case DEFT_F64: memcpy(one, &(double){1.0}, 8); break;
+    case DEFT_F16: memcpy(one, &(uint16_t){0x3C00}, 2); break;
+    case DEFT_BF16: memcpy(one, &(uint16_t){0x3F80}, 2); break;
+    default: memcpy(one, &(float){1.0f}, 4); break;
+    }
+    return deft_constant(loss->graph, loss->dtype, loss->ndim, loss->shape, loss->device, one,
+                         deft_dtype_size(loss->dtype));
+}
+
 static deft_status deft_check_loss(const deft_tensor *loss) {
     if (!loss) return deft_set_error(DEFT_ERR_INVALID, "backward: the loss is NULL (an earlier builder failed: %s)",
                                      deft_errmsg());
@@ -79,7 +92,7 @@ deft_status deft_backward(deft_tensor *loss) {
                                "backward: the loss %s does not depend on any parameter that requires a gradient",
                                loss->name);
     }
-    grads[last] = deft_full(g, loss->dtype, loss->ndim, loss->shape, loss->device, 1.0);
+    grads[last] = deft_one_like(loss);
     for (int id = last; id >= 0 && g->first_error == DEFT_OK; id--) {
         deft_tensor *t = g->nodes[id];
         if (!grads[id] || !reach[id] || deft_op_is_leaf(t->op)) continue;
