@@ -105,7 +105,7 @@ static deft_status train_epoch(model *m, const deft_dataset *d, int batch, int e
     float *x = malloc((size_t)batch * (size_t)d->features * sizeof *x);
     int32_t *y = malloc((size_t)batch * sizeof *y);
     deft_status s = order && x && y ? DEFT_OK : DEFT_ERR_OOM;
-    if (s == DEFT_OK) deft_shuffle(order, d->n, seed);
+    if (s == DEFT_OK) s = deft_shuffle(order, d->n, seed);
     int64_t steps = d->n / batch;
     double start = seconds(), sum = 0;
     for (int64_t b = 0; s == DEFT_OK && b < steps; b++) {

@@ -12,7 +12,7 @@ static deft_tensor *deft_binary(deft_op op, deft_tensor *a, deft_tensor *b) {
                         deft_dtype_name(a->dtype), deft_dtype_name(b->dtype));
         return NULL;
     }
-    if (op == DEFT_OP_DIV && !deft_require_float(g, name, a->dtype)) return NULL;
+    if (deft_op_info_of(op)->float_only && !deft_require_float(g, name, a->dtype)) return NULL;
     int ndim;
     int64_t shape[DEFT_MAX_DIMS];
     deft_status s = deft_shape_broadcast(a->ndim, a->shape, b->ndim, b->shape, &ndim, shape);
@@ -32,28 +32,11 @@ deft_tensor *deft_eq(deft_tensor *a, deft_tensor *b) { return deft_binary(DEFT_O
 deft_tensor *deft_gt(deft_tensor *a, deft_tensor *b) { return deft_binary(DEFT_OP_GT, a, b); }
 deft_tensor *deft_ge(deft_tensor *a, deft_tensor *b) { return deft_binary(DEFT_OP_GE, a, b); }
 
-static bool deft_op_needs_float(deft_op op) {
-    switch (op) {
-    case DEFT_OP_DIV_SCALAR:
-    case DEFT_OP_RDIV_SCALAR:
-    case DEFT_OP_POW_SCALAR:
-    case DEFT_OP_EXP:
-    case DEFT_OP_LOG:
-    case DEFT_OP_SQRT:
-    case DEFT_OP_RSQRT:
-    case DEFT_OP_TANH:
-    case DEFT_OP_SIGMOID:
-    case DEFT_OP_GELU:
-    case DEFT_OP_SILU: return true;
-    default: return false;
-    }
-}
-
 /* Unary and scalar ops keep their input's shape, dtype and device. */
 static deft_tensor *deft_unary(deft_op op, deft_tensor *a, double scalar) {
     deft_graph *g = deft_srcs_graph(deft_op_name(op), 1, &a);
     if (!g) return NULL;
-    if (deft_op_needs_float(op) && !deft_require_float(g, deft_op_name(op), a->dtype)) return NULL;
+    if (deft_op_info_of(op)->float_only && !deft_require_float(g, deft_op_name(op), a->dtype)) return NULL;
     deft_tensor *t = deft_node_new(g, op, a->dtype, a->device, a->ndim, a->shape, 1, &a);
     if (t) t->p.scalar = scalar;
     return t;

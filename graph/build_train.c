@@ -129,8 +129,11 @@ static bool deft_check_affine(deft_graph *g, const deft_tensor *x, const deft_te
 deft_tensor *deft_layer_norm(deft_tensor *x, deft_tensor *weight, deft_tensor *bias, double eps) {
     deft_graph *g = deft_srcs_graph("layer_norm", 1, &x);
     if (!g || !deft_require_float(g, "layer_norm", x->dtype)) return NULL;
-    if (x->ndim < 1 || !deft_check_affine(g, x, weight, "weight") || !deft_check_affine(g, x, bias, "bias"))
+    if (x->ndim < 1) {
+        deft_graph_fail(g, DEFT_ERR_SHAPE, "layer_norm: the input has no dimension to normalise over");
         return NULL;
+    }
+    if (!deft_check_affine(g, x, weight, "weight") || !deft_check_affine(g, x, bias, "bias")) return NULL;
     if (!(eps >= 0.0)) {
         deft_graph_fail(g, DEFT_ERR_INVALID, "layer_norm: eps %g must be >= 0", eps);
         return NULL;

@@ -83,6 +83,7 @@ typedef enum deft_op_kind {
     DEFT_KIND_BINARY,
     DEFT_KIND_SCALAR,
     DEFT_KIND_UNARY,
+    DEFT_KIND_CAST,          /* a dtype change, element by element */
     DEFT_KIND_ELEMENTWISE,   /* other same-shape elementwise ops (element i read before element i is written) */
     DEFT_KIND_OTHER
 } deft_op_kind;
@@ -90,7 +91,14 @@ typedef enum deft_op_kind {
 typedef struct deft_op_info {
     const char *name;
     deft_op_kind kind;
+    bool float_only;      /* the op is defined on floating dtypes only (the builder refuses i32) */
 } deft_op_info;
+
+/* Kinds whose kernel computes element i from element i of each input only: they may write over a dying input. */
+static inline bool deft_kind_is_elementwise(deft_op_kind k) {
+    return k == DEFT_KIND_BINARY || k == DEFT_KIND_SCALAR || k == DEFT_KIND_UNARY || k == DEFT_KIND_CAST ||
+           k == DEFT_KIND_ELEMENTWISE;
+}
 
 const deft_op_info *deft_op_info_of(deft_op op);
 const char *deft_op_name(deft_op op);

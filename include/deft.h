@@ -409,8 +409,8 @@ void deft_dataset_free(deft_dataset *d);
  * into x ([batch, features]) and y ([batch]). */
 deft_status deft_dataset_batch(const deft_dataset *d, const int64_t *order, int64_t start, int64_t batch, float *x,
                                int32_t *y);
-/* Fills order with a permutation of [0, n) drawn from seed (Fisher-Yates). */
-void deft_shuffle(int64_t *order, int64_t n, uint64_t seed);
+/* Fills order with a permutation of [0, n) drawn from seed (Fisher-Yates). NULL order (n > 0) or n < 0: an error. */
+deft_status deft_shuffle(int64_t *order, int64_t n, uint64_t seed);
 
 /* ---- half-precision conversion helpers (round to nearest even) ---- */
 uint16_t deft_f32_to_f16(float f);

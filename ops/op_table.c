@@ -12,26 +12,26 @@ static const deft_op_info deft_ops[DEFT_OP_COUNT] = {
     [DEFT_OP_ADD] = {"add", DEFT_KIND_BINARY},
     [DEFT_OP_SUB] = {"sub", DEFT_KIND_BINARY},
     [DEFT_OP_MUL] = {"mul", DEFT_KIND_BINARY},
-    [DEFT_OP_DIV] = {"div", DEFT_KIND_BINARY},
+    [DEFT_OP_DIV] = {"div", DEFT_KIND_BINARY, true},
     [DEFT_OP_MAXIMUM] = {"maximum", DEFT_KIND_BINARY},
     [DEFT_OP_ADD_SCALAR] = {"add_scalar", DEFT_KIND_SCALAR},
     [DEFT_OP_RSUB_SCALAR] = {"rsub_scalar", DEFT_KIND_SCALAR},
     [DEFT_OP_MUL_SCALAR] = {"mul_scalar", DEFT_KIND_SCALAR},
-    [DEFT_OP_DIV_SCALAR] = {"div_scalar", DEFT_KIND_SCALAR},
-    [DEFT_OP_RDIV_SCALAR] = {"rdiv_scalar", DEFT_KIND_SCALAR},
+    [DEFT_OP_DIV_SCALAR] = {"div_scalar", DEFT_KIND_SCALAR, true},
+    [DEFT_OP_RDIV_SCALAR] = {"rdiv_scalar", DEFT_KIND_SCALAR, true},
     [DEFT_OP_MAXIMUM_SCALAR] = {"maximum_scalar", DEFT_KIND_SCALAR},
-    [DEFT_OP_POW_SCALAR] = {"pow_scalar", DEFT_KIND_SCALAR},
+    [DEFT_OP_POW_SCALAR] = {"pow_scalar", DEFT_KIND_SCALAR, true},
     [DEFT_OP_NEG] = {"neg", DEFT_KIND_UNARY},
-    [DEFT_OP_EXP] = {"exp", DEFT_KIND_UNARY},
-    [DEFT_OP_LOG] = {"log", DEFT_KIND_UNARY},
-    [DEFT_OP_SQRT] = {"sqrt", DEFT_KIND_UNARY},
-    [DEFT_OP_RSQRT] = {"rsqrt", DEFT_KIND_UNARY},
-    [DEFT_OP_TANH] = {"tanh", DEFT_KIND_UNARY},
-    [DEFT_OP_SIGMOID] = {"sigmoid", DEFT_KIND_UNARY},
+    [DEFT_OP_EXP] = {"exp", DEFT_KIND_UNARY, true},
+    [DEFT_OP_LOG] = {"log", DEFT_KIND_UNARY, true},
+    [DEFT_OP_SQRT] = {"sqrt", DEFT_KIND_UNARY, true},
+    [DEFT_OP_RSQRT] = {"rsqrt", DEFT_KIND_UNARY, true},
+    [DEFT_OP_TANH] = {"tanh", DEFT_KIND_UNARY, true},
+    [DEFT_OP_SIGMOID] = {"sigmoid", DEFT_KIND_UNARY, true},
     [DEFT_OP_RELU] = {"relu", DEFT_KIND_UNARY},
-    [DEFT_OP_GELU] = {"gelu", DEFT_KIND_UNARY},
-    [DEFT_OP_SILU] = {"silu", DEFT_KIND_UNARY},
-    [DEFT_OP_CAST] = {"cast", DEFT_KIND_UNARY},
+    [DEFT_OP_GELU] = {"gelu", DEFT_KIND_UNARY, true},
+    [DEFT_OP_SILU] = {"silu", DEFT_KIND_UNARY, true},
+    [DEFT_OP_CAST] = {"cast", DEFT_KIND_CAST},
     [DEFT_OP_COPY] = {"copy", DEFT_KIND_OTHER},
     [DEFT_OP_MATMUL] = {"matmul", DEFT_KIND_OTHER},
     [DEFT_OP_RESHAPE] = {"reshape", DEFT_KIND_OTHER},
@@ -56,7 +56,7 @@ static const deft_op_info deft_ops[DEFT_OP_COUNT] = {
 };
 
 const deft_op_info *deft_op_info_of(deft_op op) {
-    static const deft_op_info unknown = {"unknown", DEFT_KIND_OTHER};
+    static const deft_op_info unknown = {"unknown", DEFT_KIND_OTHER, false};
     return ((int)op >= 0 && op < DEFT_OP_COUNT) ? &deft_ops[op] : &unknown;
 }
 

@@ -135,8 +135,9 @@ static uint64_t deft_below(uint64_t *state, uint64_t bound) {
     }
 }
 
-void deft_shuffle(int64_t *order, int64_t n, uint64_t seed) {
-    if (!order || n <= 0) return;
+deft_status deft_shuffle(int64_t *order, int64_t n, uint64_t seed) {
+    if (n < 0) return deft_set_error(DEFT_ERR_INVALID, "shuffle: n is %lld", (long long)n);
+    if (!order && n > 0) return deft_set_error(DEFT_ERR_INVALID, "shuffle: order is NULL for %lld entries", (long long)n);
     for (int64_t i = 0; i < n; i++) order[i] = i;
     uint64_t state = seed;
     for (int64_t i = n - 1; i > 0; i--) {
@@ -145,4 +146,5 @@ void deft_shuffle(int64_t *order, int64_t n, uint64_t seed) {
         order[i] = order[j];
         order[j] = t;
     }
+    return DEFT_OK;
 }

@@ -7,7 +7,7 @@
 #include "optimizer.h"
 #include "program_state.h"
 
-static int deft_view_base(const deft_graph *g, int id, size_t *offset) {
+int deft_view_base(const deft_graph *g, int id, size_t *offset) {
     size_t off = 0;
     const deft_tensor *t = g->nodes[id];
     while (t->is_view) {
@@ -104,10 +104,7 @@ static deft_status deft_schedule(deft_program *p) {
 
 /* Elementwise ops read element i before writing element i, so their output may take over an input's buffer. */
 static bool deft_may_run_in_place(const deft_tensor *t, const deft_tensor *src) {
-    deft_op_kind kind = deft_op_info_of(t->op)->kind;
-    if (kind != DEFT_KIND_BINARY && kind != DEFT_KIND_SCALAR && kind != DEFT_KIND_UNARY &&
-        kind != DEFT_KIND_ELEMENTWISE)
-        return false;
+    if (!deft_kind_is_elementwise(deft_op_info_of(t->op)->kind)) return false;
     return deft_tensor_bytes(src) == deft_tensor_bytes(t) && deft_dtype_size(src->dtype) == deft_dtype_size(t->dtype);
 }
 

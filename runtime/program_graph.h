@@ -30,7 +30,7 @@ void deft_program_gpu_free(struct deft_program *p);
  * steps on the stream it is given. */
 deft_status deft_program_gpu_run(struct deft_program *p, deft_status (*run_steps)(struct deft_program *, void *));
 
-/* ---- the CUDA calls (runtime/program_graph_cuda.c; DEFT_ERR_NO_CUDA stubs without CUDA) ---- */
+/* ---- the CUDA calls (runtime/program_graph_cuda.c; without CUDA, program_graph_nocuda.c answers DEFT_ERR_NO_CUDA) ---- */
 deft_status deft_cuda_stream_create(int device, void **stream);
 void deft_cuda_stream_destroy(int device, void *stream);
 deft_status deft_cuda_capture_begin(int device, void *stream);

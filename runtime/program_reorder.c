@@ -5,12 +5,6 @@
 #include "program_state.h"
 #include "schedule_order.h"
 
-static int deft_base_of(const deft_graph *g, int id) {
-    const deft_tensor *t = g->nodes[id];
-    while (t->is_view) t = t->src[0];
-    return t->id;
-}
-
 /* An optimizer writes parameters that earlier steps read and later ones read anew: it stays a barrier. */
 static int deft_add_deps(const deft_program *p, int i, int *deps, int n, int last_barrier, const int *step_of) {
     const deft_tensor *t = p->graph->nodes[p->steps[i]];
@@ -20,7 +14,7 @@ static int deft_add_deps(const deft_program *p, int i, int *deps, int n, int las
     }
     if (last_barrier >= 0) deps[n++] = last_barrier;
     for (int k = 0; k < t->nsrc; k++) {
-        int s = step_of[deft_base_of(p->graph, t->src[k]->id)];
+        int s = step_of[deft_view_base(p->graph, t->src[k]->id, NULL)];
         if (s >= 0) deps[n++] = s;
     }
     return n;

@@ -59,6 +59,9 @@ struct deft_program {
 deft_status deft_compile_into(deft_graph *g, deft_tensor *const *outputs, int n_outputs,
                               const deft_compile_options *opts, deft_program **out);
 
+/* The node whose storage node id's value lives in (itself unless a view), and the byte offset in it (may be NULL). */
+int deft_view_base(const deft_graph *g, int id, size_t *offset);
+
 /* Reorders p->steps (compile option `reorder`) to lower the peak of live bytes; runtime/program_reorder.c. */
 deft_status deft_program_reorder(deft_program *p);
 

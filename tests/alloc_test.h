@@ -17,11 +17,34 @@
 
 /* The pool under test. */
 typedef struct alloc_test_pool {
+    void *(*alloc)(size_t bytes);
     deft_memory_stats (*stats)(void);
     void (*release)(void *p);
     void (*consistent)(void);
     deft_status (*empty_cache)(void);
 } alloc_test_pool;
+
+/* Splitting and merging in a fresh 2 MiB small segment, the same rules in both pools: neighbours merge when freed,
+ * best fit picks the merged block, and even a 512-byte rest is split off. Returns the segment's first block. */
+static inline char *alloc_test_split_merge(const alloc_test_pool *pool) {
+    char *a = pool->alloc(256 * 1024), *b = pool->alloc(256 * 1024), *c = pool->alloc(256 * 1024);
+    CHECK(b == a + 256 * 1024 && c == b + 256 * 1024);
+    pool->release(b);
+    pool->release(a);   /* merges with b behind it: 512 KiB free at a */
+    pool->consistent();
+    char *ab = pool->alloc(512 * 1024);   /* best fit is the merged block, not the 1.25 MiB tail */
+    CHECK(ab == a);
+    pool->release(ab);
+    pool->release(c);   /* merges with a+b before it and the tail after it: the segment is one free block */
+    pool->consistent();
+    char *gap = pool->alloc(1024), *fence = pool->alloc(1000);
+    pool->release(gap);
+    char *h0 = pool->alloc(512), *h1 = pool->alloc(512);
+    CHECK(h0 == gap && h1 == gap + 512);
+    pool->release(h0), pool->release(h1), pool->release(fence);
+    pool->consistent();
+    return a;
+}
 
 /* The bytes asked for are usable (valgrind and ASan would catch an overrun); big blocks at both ends only. */
 static inline void alloc_test_touch(void *p, size_t bytes) {

@@ -314,6 +314,32 @@ static void test_bad_backward(void) {
     deft_graph_free(g);
 }
 
+/* Losses and layers refuse wrong shapes, dtypes and values when built, with the reason. */
+static void test_bad_layers(void) {
+    deft_graph *g = deft_graph_new();
+    deft_tensor *logits = deft_input(g, "logits", DEFT_F32, 2, (int64_t[]){4, 3}, CPU);
+    deft_tensor *labels_f = deft_input(g, "labels_f", DEFT_F32, 1, (int64_t[]){4}, CPU);
+    deft_tensor *labels_5 = deft_input(g, "labels_5", DEFT_I32, 1, (int64_t[]){5}, CPU);
+    deft_tensor *ints = deft_input(g, "ints", DEFT_I32, 2, (int64_t[]){4, 3}, CPU);
+    CHECK_NULL_ERR(deft_cross_entropy(logits, labels_f), "targets must be i32 class indices, got f32");
+    CHECK_NULL_ERR(deft_cross_entropy(logits, labels_5), "logits [4, 3] and targets [5]");
+    CHECK_NULL_ERR(deft_cross_entropy(ints, labels_5), "i32");
+    CHECK_NULL_ERR(deft_mse_loss(logits, deft_transpose(logits, 0, 1)), "prediction [4, 3] and target [3, 4] differ");
+    CHECK_NULL_ERR(deft_dropout(logits, 1.0, 1), "probability 1 is not in [0, 1)");
+    CHECK_NULL_ERR(deft_dropout(logits, NAN, 1), "is not in [0, 1)");
+    CHECK_NULL_ERR(deft_dropout(ints, 0.5, 1), "i32");
+    CHECK(deft_dropout(logits, 0.0, 1) == logits);
+    deft_tensor *w4 = deft_param(g, "w4", DEFT_F32, 1, (int64_t[]){4}, CPU, DEFT_INIT_ONES);
+    CHECK_NULL_ERR(deft_layer_norm(logits, w4, NULL, 1e-5), "weight must be [3] of f32, got [4] f32");
+    CHECK_NULL_ERR(deft_layer_norm(logits, NULL, NULL, -1.0), "eps -1 must be >= 0");
+    CHECK_NULL_ERR(deft_layer_norm(deft_sum(logits, 0, NULL, 0), NULL, NULL, 1e-5), "no dimension to normalise");
+    CHECK_NULL_ERR(deft_linear(logits, 0, "fc", NULL), "out_features > 0 (got 0)");
+    CHECK_NULL_ERR(deft_linear(ints, 2, "fc", NULL), "i32");
+    CHECK_NULL_ERR(deft_eq(logits, ints), "dtypes f32 and i32 differ");
+    CHECK(deft_graph_find(g, "labels_5") == labels_5 && deft_graph_find(g, "nothing") == NULL);
+    deft_graph_free(g);
+}
+
 int main(void) {
     test_binary();
     test_scalar_and_unary();
@@ -325,5 +351,6 @@ int main(void) {
     test_dropout_grad();
     test_what_gets_gradients();
     test_bad_backward();
+    test_bad_layers();
     return deft_check_finish();
 }

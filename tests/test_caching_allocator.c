@@ -30,7 +30,7 @@ static void consistent(void) { CHECK_OK(deft_caching_check(cpu)); }
 
 static deft_status empty_cache(void) { return deft_memory_empty_cache(cpu); }
 
-static const alloc_test_pool pool = {stats, release, consistent, empty_cache};
+static const alloc_test_pool pool = {alloc, stats, release, consistent, empty_cache};
 
 /* Every section leaves nothing allocated and nothing cached. */
 static void check_empty(void) { alloc_test_check_empty(&pool); }
@@ -106,25 +106,7 @@ static void test_rounding_and_pools(void) {
 
 static void test_split_and_merge(void) {
     deft_memory_stats s0 = stats();
-    char *a = alloc(256 * KiB), *b = alloc(256 * KiB), *c = alloc(256 * KiB);
-    CHECK(b == a + 256 * KiB && c == b + 256 * KiB);
-    release(b);
-    release(a);   /* merges with b behind it: 512 KiB free at a */
-    consistent();
-    char *ab = alloc(512 * KiB);   /* best fit is the merged block, not the 1.25 MiB tail */
-    CHECK(ab == a);
-    release(ab);
-    release(c);   /* merges with a+b before it and the tail after it: the segment is one free block */
-    consistent();
-    /* The small pool splits off even a 512-byte rest: a freed 1 KiB block serves two 512-byte requests. */
-    char *halves[2];
-    char *gap = alloc(1024), *fence = alloc(1000);
-    release(gap);
-    halves[0] = alloc(512);
-    halves[1] = alloc(512);
-    CHECK(halves[0] == gap && halves[1] == gap + 512);
-    release(halves[0]), release(halves[1]), release(fence);
-    consistent();
+    char *a = alloc_test_split_merge(&pool);
     char *most = alloc(MiB);   /* the largest small request, served from the merged block */
     CHECK(most == a);
     deft_memory_stats s = stats();

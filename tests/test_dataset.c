@@ -172,9 +172,11 @@ static void test_shuffle(void) {
         free(a);
         free(b);
     }
-    deft_shuffle(NULL, 5, 1);   /* nothing to do, nothing to crash */
+    CHECK_ERR(deft_shuffle(NULL, 5, 1), DEFT_ERR_INVALID, "order is NULL for 5 entries");
     int64_t none[1] = {42};
-    deft_shuffle(none, 0, 1);
+    CHECK_ERR(deft_shuffle(none, -1, 1), DEFT_ERR_INVALID, "n is -1");
+    CHECK_OK(deft_shuffle(none, 0, 1));
+    CHECK_OK(deft_shuffle(NULL, 0, 1));
     CHECK(none[0] == 42);
 }
 

@@ -33,7 +33,7 @@ static void consistent(void) { CHECK_OK(deft_pinned_check()); }
 
 static deft_status empty_cache(void) { return deft_pinned_empty_cache(); }
 
-static const alloc_test_pool pool = {stats, release, consistent, empty_cache};
+static const alloc_test_pool pool = {palloc, stats, release, consistent, empty_cache};
 
 static void check_empty(void) { alloc_test_check_empty(&pool); }
 
@@ -136,23 +136,7 @@ static void test_rounding_and_segments(void) {
 
 static void test_split_merge_and_reuse(void) {
     deft_memory_stats s0 = stats();
-    char *a = palloc(256 * KiB), *b = palloc(256 * KiB), *c = palloc(256 * KiB);
-    CHECK(b == a + 256 * KiB && c == b + 256 * KiB);
-    release(b);
-    release(a);   /* merges with b behind it: 512 KiB free at a */
-    consistent();
-    char *ab = palloc(512 * KiB);   /* best fit is the merged block, not the 1.25 MiB tail */
-    CHECK(ab == a);
-    release(ab);
-    release(c);   /* merges with a+b before it and the tail after it: the segment is one free block */
-    consistent();
-    /* The small pool splits off even a 512-byte rest: a freed 1 KiB block serves two 512-byte requests. */
-    char *gap = palloc(1024), *fence = palloc(1000);
-    release(gap);
-    char *h0 = palloc(512), *h1 = palloc(512);
-    CHECK(h0 == gap && h1 == gap + 512);
-    release(h0), release(h1), release(fence);
-    consistent();
+    char *a = alloc_test_split_merge(&pool);
 
     /* A steady loop of staging buffers costs one segment, whatever the number of rounds. */
     for (size_t i = 0; i < 100; i++) {

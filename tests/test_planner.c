@@ -18,6 +18,20 @@ static int overlaps(const deft_plan_buffer *a, const deft_plan_buffer *b) {
     return live_together && share_bytes;
 }
 
+/* Plans bufs and checks the plan: aligned, inside the arena, no two live buffers overlapping, arena between the lower
+ * bound and the no-reuse size. */
+static void plan_and_check(deft_plan_buffer *bufs, int n, int trial) {
+    deft_plan_stats st;
+    CHECK_OK(deft_plan_offsets(bufs, n, 0, &st));
+    int bad = 0;
+    for (int i = 0; i < n; i++) {
+        bad += bufs[i].offset % DEFT_PLAN_ALIGN != 0 || bufs[i].offset + bufs[i].size > st.arena_bytes;
+        for (int j = i + 1; j < n; j++) bad += overlaps(&bufs[i], &bufs[j]);
+    }
+    CHECK_MSG(bad == 0, "trial %d: %d overlapping or misplaced buffers", trial, bad);
+    CHECK(st.lower_bound <= st.arena_bytes && st.arena_bytes <= st.no_reuse_bytes);
+}
+
 static void test_planner_random_lifetimes(void) {
     enum { N = 300 };
     static deft_plan_buffer bufs[N];
@@ -27,15 +41,7 @@ static void test_planner_random_lifetimes(void) {
             int first = rand_below(200), len = rand_below(20);
             bufs[i] = (deft_plan_buffer){(size_t)(1 + rand_below(100000)), first, first + len, 0};
         }
-        deft_plan_stats st;
-        CHECK_OK(deft_plan_offsets(bufs, n, 0, &st));
-        int bad = 0;
-        for (int i = 0; i < n; i++) {
-            bad += bufs[i].offset % DEFT_PLAN_ALIGN != 0 || bufs[i].offset + bufs[i].size > st.arena_bytes;
-            for (int j = i + 1; j < n; j++) bad += overlaps(&bufs[i], &bufs[j]);
-        }
-        CHECK_MSG(bad == 0, "trial %d: %d overlapping or misplaced buffers", trial, bad);
-        CHECK(st.lower_bound <= st.arena_bytes && st.arena_bytes <= st.no_reuse_bytes);
+        plan_and_check(bufs, n, trial);
     }
     deft_plan_buffer backwards = {16, 5, 2, 0};
     CHECK_ERR(deft_plan_offsets(&backwards, 1, 0, &(deft_plan_stats){0}), DEFT_ERR_INVALID, "lifetime [5, 2]");
@@ -54,15 +60,7 @@ static void test_planner_mixed_lifetimes(void) {
             if (rand_below(3) == 0) size -= (size_t)rand_below(200);
             bufs[i] = (deft_plan_buffer){size, first, first + len, 0};
         }
-        deft_plan_stats st;
-        CHECK_OK(deft_plan_offsets(bufs, n, 0, &st));
-        int bad = 0;
-        for (int i = 0; i < n; i++) {
-            bad += bufs[i].offset % DEFT_PLAN_ALIGN != 0 || bufs[i].offset + bufs[i].size > st.arena_bytes;
-            for (int j = i + 1; j < n; j++) bad += overlaps(&bufs[i], &bufs[j]);
-        }
-        CHECK_MSG(bad == 0, "trial %d: %d overlapping or misplaced buffers", trial, bad);
-        CHECK(st.lower_bound <= st.arena_bytes && st.arena_bytes <= st.no_reuse_bytes);
+        plan_and_check(bufs, n, trial);
     }
 }
 

@@ -43,42 +43,15 @@ int deft_cpu_has_blas(void) {
 
 deft_status deft_cpu_run_node(const deft_tensor *n, void *out, const void *const *in) {
     if (!n) return deft_set_error(DEFT_ERR_INVALID, "cpu kernel: no node");
+    switch (deft_op_info_of(n->op)->kind) {
+    case DEFT_KIND_CREATE: return deft_cpu_create(n, out);
+    case DEFT_KIND_BINARY: return deft_cpu_binary(n, out, in[0], in[1]);
+    case DEFT_KIND_SCALAR: return deft_cpu_scalar(n, out, in[0]);
+    case DEFT_KIND_UNARY: return deft_cpu_unary(n, out, in[0]);
+    case DEFT_KIND_CAST: return deft_cpu_cast(n, out, in[0]);
+    default: break;
+    }
     switch (n->op) {
-    case DEFT_OP_FULL:
-    case DEFT_OP_ARANGE:
-    case DEFT_OP_UNIFORM:
-    case DEFT_OP_NORMAL:
-        return deft_cpu_create(n, out);
-    case DEFT_OP_ADD:
-    case DEFT_OP_SUB:
-    case DEFT_OP_MUL:
-    case DEFT_OP_DIV:
-    case DEFT_OP_MAXIMUM:
-    case DEFT_OP_EQ:
-    case DEFT_OP_GT:
-    case DEFT_OP_GE:
-        return deft_cpu_binary(n, out, in[0], in[1]);
-    case DEFT_OP_ADD_SCALAR:
-    case DEFT_OP_RSUB_SCALAR:
-    case DEFT_OP_MUL_SCALAR:
-    case DEFT_OP_DIV_SCALAR:
-    case DEFT_OP_RDIV_SCALAR:
-    case DEFT_OP_MAXIMUM_SCALAR:
-    case DEFT_OP_POW_SCALAR:
-        return deft_cpu_scalar(n, out, in[0]);
-    case DEFT_OP_NEG:
-    case DEFT_OP_EXP:
-    case DEFT_OP_LOG:
-    case DEFT_OP_SQRT:
-    case DEFT_OP_RSQRT:
-    case DEFT_OP_TANH:
-    case DEFT_OP_SIGMOID:
-    case DEFT_OP_RELU:
-    case DEFT_OP_GELU:
-    case DEFT_OP_SILU:
-        return deft_cpu_unary(n, out, in[0]);
-    case DEFT_OP_CAST:
-        return deft_cpu_cast(n, out, in[0]);
     case DEFT_OP_MATMUL:
         return deft_cpu_matmul(n, out, in[0], in[1]);
     case DEFT_OP_PERMUTE:
@@ -107,13 +80,7 @@ deft_status deft_cpu_run_node(const deft_tensor *n, void *out, const void *const
         return deft_cpu_cross_entropy_grad(n, out, in[0], in[1], in[2]);
     case DEFT_OP_DROPOUT:
         return deft_cpu_dropout(n, out, in[0]);
-    case DEFT_OP_INPUT:
-    case DEFT_OP_PARAM:
-    case DEFT_OP_CONSTANT:
-    case DEFT_OP_COPY:
-    case DEFT_OP_RESHAPE:
-    case DEFT_OP_OPTIMIZER:
-    case DEFT_OP_COUNT:
+    default:
         break;
     }
     /* Leaves, views and copies belong to the executor; reaching here means it routed a node wrongly. */

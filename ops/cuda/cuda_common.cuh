@@ -97,6 +97,16 @@ template <class T> struct deft_tag {
     typedef T type;
 };
 
+/* The unsigned integer of one element's size: moving bits, never converting them. */
+template <class F> static inline deft_status deft_with_elem_size(size_t esz, F f) {
+    switch (esz) {
+    case 2: return f(deft_tag<uint16_t>());
+    case 4: return f(deft_tag<uint32_t>());
+    case 8: return f(deft_tag<uint64_t>());
+    default: return deft_set_error(DEFT_ERR_DTYPE, "cuda: element size %zu", esz);
+    }
+}
+
 template <class F> static inline deft_status deft_cuda_with_dtype(deft_dtype dt, F f) {
     switch (dt) {
     case DEFT_F32: return f(deft_tag<float>());

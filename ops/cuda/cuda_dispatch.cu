@@ -62,42 +62,15 @@ static deft_status deft_cuda_no_kernel(const deft_tensor *n) {
 }
 
 static deft_status deft_cuda_route(const deft_tensor *n, void *out, const void *const *in, cudaStream_t st) {
+    switch (deft_op_info_of(n->op)->kind) {
+    case DEFT_KIND_CREATE: return deft_cuda_create(n, out, st);
+    case DEFT_KIND_BINARY: return deft_cuda_binary(n, out, in[0], in[1], st);
+    case DEFT_KIND_SCALAR: return deft_cuda_scalar(n, out, in[0], st);
+    case DEFT_KIND_UNARY: return deft_cuda_unary(n, out, in[0], st);
+    case DEFT_KIND_CAST: return deft_cuda_cast(n, out, in[0], st);
+    default: break;
+    }
     switch (n->op) {
-    case DEFT_OP_FULL:
-    case DEFT_OP_ARANGE:
-    case DEFT_OP_UNIFORM:
-    case DEFT_OP_NORMAL:
-        return deft_cuda_create(n, out, st);
-    case DEFT_OP_ADD:
-    case DEFT_OP_SUB:
-    case DEFT_OP_MUL:
-    case DEFT_OP_DIV:
-    case DEFT_OP_MAXIMUM:
-    case DEFT_OP_EQ:
-    case DEFT_OP_GT:
-    case DEFT_OP_GE:
-        return deft_cuda_binary(n, out, in[0], in[1], st);
-    case DEFT_OP_ADD_SCALAR:
-    case DEFT_OP_RSUB_SCALAR:
-    case DEFT_OP_MUL_SCALAR:
-    case DEFT_OP_DIV_SCALAR:
-    case DEFT_OP_RDIV_SCALAR:
-    case DEFT_OP_MAXIMUM_SCALAR:
-    case DEFT_OP_POW_SCALAR:
-        return deft_cuda_scalar(n, out, in[0], st);
-    case DEFT_OP_NEG:
-    case DEFT_OP_EXP:
-    case DEFT_OP_LOG:
-    case DEFT_OP_SQRT:
-    case DEFT_OP_RSQRT:
-    case DEFT_OP_TANH:
-    case DEFT_OP_SIGMOID:
-    case DEFT_OP_RELU:
-    case DEFT_OP_GELU:
-    case DEFT_OP_SILU:
-        return deft_cuda_unary(n, out, in[0], st);
-    case DEFT_OP_CAST:
-        return deft_cuda_cast(n, out, in[0], st);
     case DEFT_OP_MATMUL:
         return deft_cuda_matmul(n, out, in[0], in[1], st);
     case DEFT_OP_PERMUTE:
@@ -126,13 +99,7 @@ static deft_status deft_cuda_route(const deft_tensor *n, void *out, const void *
         return deft_cuda_cross_entropy_grad(n, out, in[0], in[1], in[2], st);
     case DEFT_OP_DROPOUT:
         return deft_cuda_dropout(n, out, in[0], st);
-    case DEFT_OP_INPUT:
-    case DEFT_OP_PARAM:
-    case DEFT_OP_CONSTANT:
-    case DEFT_OP_COPY:
-    case DEFT_OP_RESHAPE:
-    case DEFT_OP_OPTIMIZER:
-    case DEFT_OP_COUNT:
+    default:
         break;
     }
     return deft_cuda_no_kernel(n);

@@ -4,16 +4,6 @@
 
 #include "cuda_common.cuh"
 
-/* The unsigned integer of one element's size: moving bits, never converting them. */
-template <class F> static inline deft_status deft_with_elem_size(size_t esz, F f) {
-    switch (esz) {
-    case 2: return f(deft_tag<uint16_t>());
-    case 4: return f(deft_tag<uint32_t>());
-    case 8: return f(deft_tag<uint64_t>());
-    default: return deft_set_error(DEFT_ERR_DTYPE, "cuda copy: element size %zu", esz);
-    }
-}
-
 /* out (contiguous over s.shape) [i] = in[base + sum of index * s.st[0]]. */
 template <class E> __global__ void deft_k_gather(E *o, const E *in, int64_t n, deft_cuda_strides s) {
     for (int64_t i = deft_tid(); i < n; i += deft_nthreads()) {

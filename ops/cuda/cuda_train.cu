@@ -80,16 +80,6 @@ deft_status deft_cuda_act_grad(const deft_tensor *n, void *out, const void *dy, 
 }
 
 /* ---------------------------------------------------------------- expand and slice_grad: moving bits */
-/* The unsigned integer of one element's size: moving bits, never converting them. */
-template <class F> static inline deft_status deft_train_with_elem_size(size_t esz, F f) {
-    switch (esz) {
-    case 2: return f(deft_tag<uint16_t>());
-    case 4: return f(deft_tag<uint32_t>());
-    case 8: return f(deft_tag<uint64_t>());
-    default: return deft_set_error(DEFT_ERR_DTYPE, "cuda: element size %zu", esz);
-    }
-}
-
 /* out (contiguous over s.shape) [i] = in[sum of index * s.st[0]], the strides 0 on broadcast dims. */
 template <class E> __global__ void deft_k_expand(E *o, const E *in, int64_t n, deft_cuda_strides s) {
     for (int64_t i = deft_tid(); i < n; i += deft_nthreads()) {
@@ -110,7 +100,7 @@ deft_status deft_cuda_expand(const deft_tensor *n, void *out, const void *a, cud
     memcpy(s.shape, n->shape, sizeof(int64_t) * (size_t)n->ndim);
     deft_broadcast_strides(src->ndim, src->shape, n->ndim, n->shape, s.st[0]);
     deft_cuda_coalesce(&s, 1);
-    return deft_train_with_elem_size(deft_dtype_size(n->dtype), [&](auto tag) -> deft_status {
+    return deft_with_elem_size(deft_dtype_size(n->dtype), [&](auto tag) -> deft_status {
         typedef typename decltype(tag)::type E;
         deft_k_expand<E><<<deft_cuda_blocks(total, DEFT_CUDA_THREADS), DEFT_CUDA_THREADS, 0, st>>>(
             (E *)out, (const E *)a, total, s);
@@ -150,7 +140,7 @@ deft_status deft_cuda_slice_grad(const deft_tensor *n, void *out, const void *dy
     const int64_t total = deft_shape_numel(n->ndim, n->shape);
     const int64_t L = n->shape[ax], m = src->shape[ax];
     const int64_t inner = deft_shape_numel(n->ndim - ax - 1, n->shape + ax + 1);
-    return deft_train_with_elem_size(deft_dtype_size(n->dtype), [&](auto tag) -> deft_status {
+    return deft_with_elem_size(deft_dtype_size(n->dtype), [&](auto tag) -> deft_status {
         typedef typename decltype(tag)::type E;
         deft_k_slice_grad<E><<<deft_cuda_blocks(total, DEFT_CUDA_THREADS), DEFT_CUDA_THREADS, 0, st>>>(
             (E *)out, (const E *)dy, total, L, inner, m, start, step);
