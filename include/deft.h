@@ -197,7 +197,12 @@ typedef struct deft_compile_options {
     int no_reuse;              /* 1: every buffer gets its own arena range (for checking the planner) */
     int reorder;               /* 1: reorder independent nodes to lower the peak (kept only when the arena shrinks) */
     int no_cuda_graphs;        /* 1: run every step eagerly, never as a CUDA Graph replay (for debugging) */
+    int tf32;                  /* 1: f32 matmuls on a GPU may use TF32 tensor cores (10-bit mantissa products, f32
+                                * accumulation), as torch.backends.cuda.matmul.allow_tf32; the CPU is unaffected */
+    int no_fusion;             /* 1: every node runs as its own kernel (no fused elementwise chains or matmul
+                                * epilogues), for debugging and for measuring what fusion gives */
 } deft_compile_options;
+#define DEFT_HAS_TF32_OPTION 1
 #define DEFT_HAS_NO_CUDA_GRAPHS_OPTION 1
 
 /* Compiles the nodes that `outputs` need (and nothing else). opts may be NULL. */

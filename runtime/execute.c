@@ -9,31 +9,13 @@
 #include "optimizer.h"
 #include "program_state.h"
 
-static deft_status deft_check_program_tensor(const deft_program *p, const deft_tensor *t, const char *what) {
+deft_status deft_check_program_tensor(const deft_program *p, const deft_tensor *t, const char *what) {
     if (!p) return deft_set_error(DEFT_ERR_INVALID, "%s: program is NULL", what);
     if (!t) return deft_set_error(DEFT_ERR_INVALID, "%s: tensor is NULL", what);
     if (t->graph != p->graph || t->id >= p->n_nodes)
         return deft_set_error(DEFT_ERR_STATE, "%s: %s is not part of this program's graph as compiled", what,
                               t->name);
     return DEFT_OK;
-}
-
-deft_status deft_program_feed(deft_program *p, deft_tensor *input, const void *host, size_t bytes) {
-    deft_status s = deft_check_program_tensor(p, input, "feed");
-    if (s != DEFT_OK) return s;
-    if (input->op != DEFT_OP_INPUT)
-        return deft_set_error(DEFT_ERR_STATE, "feed: %s is a %s, not an input", input->name,
-                              deft_op_name(input->op));
-    if (bytes != deft_tensor_bytes(input))
-        return deft_set_error(DEFT_ERR_INVALID, "feed: %zu bytes given for input %s of %zu bytes (%lld x %s)",
-                              bytes, input->name, deft_tensor_bytes(input),
-                              (long long)deft_shape_numel(input->ndim, input->shape), deft_dtype_name(input->dtype));
-    if (!host) return deft_set_error(DEFT_ERR_INVALID, "feed: host buffer is NULL");
-    deft_node_state *st = &p->nodes[input->id];
-    if (!st->needed) return DEFT_OK;   /* an input this program does not read: nothing to do */
-    s = deft_mem_copy(input->device, st->input_storage, deft_cpu(), host, bytes);
-    if (s == DEFT_OK) st->fed = true;
-    return s;
 }
 
 static deft_status deft_check_fed(const deft_program *p) {
@@ -65,7 +47,7 @@ static deft_status deft_run_step(deft_program *p, int id, void *stream) {
     } else {
 #ifdef DEFT_HAVE_CUDA
         s = deft_cuda_set_device(t->device.index);
-        if (s == DEFT_OK) s = deft_cuda_run_node(t, out, in, stream);
+        if (s == DEFT_OK) s = deft_cuda_run_node(t, out, in, stream, p->cuda_flags);
 #else
         (void)stream;
         s = deft_set_error(DEFT_ERR_NO_CUDA, "deft was built without CUDA");

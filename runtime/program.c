@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda_kernels.h"
 #include "device_internal.h"
 #include "optimizer.h"
 #include "program_state.h"
@@ -284,6 +285,7 @@ static deft_status deft_build(deft_program *p, deft_tensor *const *outputs, int 
     p->outputs = malloc((size_t)n_outputs * sizeof *p->outputs);
     if (!p->nodes || !p->outputs) return deft_set_error(DEFT_ERR_OOM, "compile: out of host memory");
     p->n_outputs = n_outputs;
+    p->cuda_flags = opts && opts->tf32 ? DEFT_CUDA_ALLOW_TF32 : 0u;
     deft_mark_needed(p, outputs, n_outputs);
     deft_status s = deft_collect_steps(p);
     if (s == DEFT_OK) s = deft_plan_steps(p, opts);

@@ -53,6 +53,7 @@ struct deft_program {
     bool ran;
     uint64_t run_count;   /* runs started, the dropout masks' counter */
     deft_program_gpu gpu; /* its stream and CUDA Graph, when every step runs on one GPU */
+    unsigned cuda_flags;  /* DEFT_CUDA_* bits (cuda_kernels.h) from the compile options, passed to every kernel */
 };
 
 /* deft_compile, returning its status. */
@@ -64,6 +65,10 @@ int deft_view_base(const deft_graph *g, int id, size_t *offset);
 
 /* Reorders p->steps (compile option `reorder`) to lower the peak of live bytes; runtime/program_reorder.c. */
 deft_status deft_program_reorder(deft_program *p);
+
+/* DEFT_ERR_INVALID / DEFT_ERR_STATE (with message) unless t is a node of p's graph as compiled; `what` names the
+ * caller in the message. */
+deft_status deft_check_program_tensor(const deft_program *p, const deft_tensor *t, const char *what);
 
 /* The address of node id's value in a compiled program (persistent storage, arena, or a view into either). */
 void *deft_program_data(const deft_program *p, int id);

@@ -190,7 +190,8 @@ deft_status deft_cuda_permute(const deft_tensor *n, void *out, const void *a, cu
 deft_status deft_cuda_slice(const deft_tensor *n, void *out, const void *a, cudaStream_t st);
 deft_status deft_cuda_concat(const deft_tensor *n, void *out, const void *const *in, cudaStream_t st);
 deft_status deft_cuda_create(const deft_tensor *n, void *out, cudaStream_t st);
-deft_status deft_cuda_matmul(const deft_tensor *n, void *out, const void *a, const void *b, cudaStream_t st);
+deft_status deft_cuda_matmul(const deft_tensor *n, void *out, const void *a, const void *b, cudaStream_t st,
+                             unsigned flags);
 /* cuda_train.cu: the ops of training */
 deft_status deft_cuda_act_grad(const deft_tensor *n, void *out, const void *dy, const void *x, cudaStream_t st);
 deft_status deft_cuda_expand(const deft_tensor *n, void *out, const void *a, cudaStream_t st);

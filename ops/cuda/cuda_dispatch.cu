@@ -61,7 +61,8 @@ static deft_status deft_cuda_no_kernel(const deft_tensor *n) {
     return deft_set_error(DEFT_ERR_INVALID, "cuda kernel: unknown op %d", (int)n->op);
 }
 
-static deft_status deft_cuda_route(const deft_tensor *n, void *out, const void *const *in, cudaStream_t st) {
+static deft_status deft_cuda_route(const deft_tensor *n, void *out, const void *const *in, cudaStream_t st,
+                                   unsigned flags) {
     switch (deft_op_info_of(n->op)->kind) {
     case DEFT_KIND_CREATE: return deft_cuda_create(n, out, st);
     case DEFT_KIND_BINARY: return deft_cuda_binary(n, out, in[0], in[1], st);
@@ -72,7 +73,7 @@ static deft_status deft_cuda_route(const deft_tensor *n, void *out, const void *
     }
     switch (n->op) {
     case DEFT_OP_MATMUL:
-        return deft_cuda_matmul(n, out, in[0], in[1], st);
+        return deft_cuda_matmul(n, out, in[0], in[1], st, flags);
     case DEFT_OP_PERMUTE:
         return deft_cuda_permute(n, out, in[0], st);
     case DEFT_OP_SLICE:
@@ -105,7 +106,8 @@ static deft_status deft_cuda_route(const deft_tensor *n, void *out, const void *
     return deft_cuda_no_kernel(n);
 }
 
-extern "C" deft_status deft_cuda_run_node(const deft_tensor *n, void *out, const void *const *in, void *stream) {
+extern "C" deft_status deft_cuda_run_node(const deft_tensor *n, void *out, const void *const *in, void *stream,
+                                         unsigned flags) {
     if (!n) return deft_set_error(DEFT_ERR_INVALID, "cuda kernel: no node");
     if ((unsigned)n->op >= (unsigned)DEFT_OP_COUNT || deft_op_is_leaf(n->op) || n->op == DEFT_OP_COPY ||
         n->op == DEFT_OP_RESHAPE || (n->op == DEFT_OP_SLICE && n->p.slice.is_view))
@@ -114,5 +116,5 @@ extern "C" deft_status deft_cuda_run_node(const deft_tensor *n, void *out, const
     if (s != DEFT_OK) return s;
     /* A launch with no blocks is an error in CUDA; an empty tensor simply has nothing to compute. */
     if (deft_shape_numel(n->ndim, n->shape) == 0) return DEFT_OK;
-    return deft_cuda_route(n, out, in, (cudaStream_t)stream);
+    return deft_cuda_route(n, out, in, (cudaStream_t)stream, flags);
 }

@@ -8,10 +8,13 @@
 extern "C" {
 #endif
 
+/* How a program asks kernels to run (bits of `flags`). */
+#define DEFT_CUDA_ALLOW_TF32 1u   /* f32 matmuls may use TF32 tensor cores (compile option `tf32`) */
+
 /* Runs node n on the current CUDA device, enqueued on `stream` (a cudaStream_t; NULL for the legacy stream).
  * Pointers are device pointers with the same contract as deft_cpu_run_node. Returns a status carrying the CUDA or
  * cuBLAS error string on failure. */
-deft_status deft_cuda_run_node(const deft_tensor *n, void *out, const void *const *in, void *stream);
+deft_status deft_cuda_run_node(const deft_tensor *n, void *out, const void *const *in, void *stream, unsigned flags);
 
 /* The cuBLAS workspace each device's handle gets from the caching allocator (shown in memory footprints). */
 #define DEFT_CUBLAS_WORKSPACE_BYTES ((size_t)32 << 20)

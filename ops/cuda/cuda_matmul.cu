@@ -189,7 +189,9 @@ static deft_status deft_matmul_run(cublasHandle_t h, const deft_gemm_types &t, c
     return deft_gemm_each(h, t, s, (const char *)a, (const char *)b, (char *)c, esz);
 }
 
-deft_status deft_cuda_matmul(const deft_tensor *n, void *out, const void *a, const void *b, cudaStream_t st) {
+deft_status deft_cuda_matmul(const deft_tensor *n, void *out, const void *a, const void *b, cudaStream_t st,
+                             unsigned flags) {
+    (void)flags;   /* TF32 arrives with the cuBLASLt path */
     deft_gemm_types t;
     deft_status s = deft_gemm_types_of(n, &t);
     if (s != DEFT_OK) return s;

@@ -1,0 +1,41 @@
+/* Matrix products with fused epilogues on CUDA (cuBLASLt), callable from C: what the program's fusion pass
+ * (runtime/fusion.c) launches when a matmul node is followed by a bias add (and an activation), or when a bias
+ * gradient (a sum over the rows of a matmul operand) can be computed by the product that reads that operand.
+ * Defined in ops/cuda/cuda_matmul_lt.cu; declared in every build. */
+#ifndef DEFT_CUDA_MATMUL_H
+#define DEFT_CUDA_MATMUL_H
+
+#include "graph_internal.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum deft_mm_epilogue_kind {
+    DEFT_MM_EPI_NONE = 0,
+    DEFT_MM_EPI_BIAS,        /* out[m, n] = (a b)[m, n] + bias[n] */
+    DEFT_MM_EPI_BIAS_RELU,   /* out[m, n] = max((a b)[m, n] + bias[n], 0) */
+    DEFT_MM_EPI_BGRAD_B      /* out = a b as usual, and bias_grad[n] = sum over k of op(b)[k, n] */
+} deft_mm_epilogue_kind;
+
+typedef struct deft_mm_epilogue {
+    deft_mm_epilogue_kind kind;
+    const void *bias;   /* BIAS, BIAS_RELU: N elements of the output's dtype */
+    void *bias_grad;    /* BGRAD_B: receives N elements of the output's dtype */
+} deft_mm_epilogue;
+
+/* Whether deft_cuda_matmul_fused can run `mm` (a DEFT_OP_MATMUL node) with this epilogue kind: 2-d operands only
+ * (no batch dims), and a dtype and transpose combination cuBLASLt supports for that epilogue. The fusion pass asks
+ * before rewriting the graph, so it never plans a fusion that would fail at run time. */
+int deft_cuda_matmul_fusable(const deft_tensor *mm, deft_mm_epilogue_kind kind, unsigned flags);
+
+/* Runs `mm` (operands a and b, device pointers) with the epilogue, on `stream` (a cudaStream_t), on the current
+ * device. flags: the DEFT_CUDA_* bits of cuda_kernels.h (DEFT_CUDA_ALLOW_TF32). Capturable into a CUDA Graph once the
+ * shape has run once outside a capture (the algorithm choice is cached per shape). */
+deft_status deft_cuda_matmul_fused(const deft_tensor *mm, void *out, const void *a, const void *b,
+                                   const deft_mm_epilogue *ep, void *stream, unsigned flags);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
