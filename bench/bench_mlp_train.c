@@ -4,6 +4,7 @@
  * prints the ratios. One figure per line: `<name> <value> <unit>`.
  *
  *   ./bench_mlp_train [--config tiny|small|mid|large] [--device cuda:N|cpu] [--no-graphs]
+ *                     [--no-fusion] [--tf32] [--feed device|host|prefetch]
  *
  * The configurations (all f32; `layers` Linear layers, ReLU between them, none after the last):
  *   tiny   Linear(10, 1), batch 32, MSE against f32 targets [32, 1], SGD lr 0.01 (no momentum)
@@ -20,8 +21,19 @@
  * steps take about 100 ms, then 7 repeats of: a host clock around N deft_program_run calls and one read of the loss
  * (the read waits for the device). The figure is the median over the repeats of (time / N), with the fastest and
  * slowest repeat beside it. --no-graphs compiles with deft_compile_options.no_cuda_graphs (every step launched
- * kernel by kernel) and names the figures "deft_nographs_" instead of "deft_". --device cpu runs tiny and small
- * (any one with --config). Without a usable GPU (and without --device cpu) the bench says so and exits 0. */
+ * kernel by kernel) and names the figures "deft_nographs_" instead of "deft_"; --no-fusion compiles with
+ * deft_compile_options.no_fusion (one kernel per node) and adds "_nofusion" to the tag; --tf32 compiles with
+ * deft_compile_options.tf32, runs mid and large unless --config says otherwise, and names the configuration
+ * "<config>_tf32" (bench/peers/mlp_train.py --tf32 does the same in PyTorch). --device cpu runs tiny and small
+ * (any one with --config). Without a usable GPU (and without --device cpu) the bench says so and exits 0.
+ *
+ * --feed says where each step's batch comes from (the figures' tag gets "_feed_host" / "_feed_prefetch"):
+ *   device    (the default) the one batch above, fed once, stays on the device;
+ *   host      FEED_BATCHES batches held in pageable host memory, cycled, each step fed by deft_program_feed
+ *             (a synchronous copy before the run);
+ *   prefetch  the same batches through a deft_loader (depth 3) whose thread copies each into a pinned buffer, fed
+ *             by deft_loader_next (deft_program_feed_async: the copy of batch k+1 overlaps step k).
+ * Batch k's inputs are the hash streams above at offset k * (elements of a batch); batch 0 is the device batch. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <stdio.h>
@@ -36,6 +48,9 @@
 #define REPEATS 7
 #define TARGET_REPEAT_S 0.1
 #define MAX_LAYERS 16
+#define FEED_BATCHES 64
+
+typedef enum feed_mode { FEED_DEVICE, FEED_HOST, FEED_PREFETCH } feed_mode;
 
 typedef struct mlp_config {
     const char *name;
@@ -101,6 +116,12 @@ typedef struct mlp {
     deft_graph *g;
     deft_tensor *x, *y, *loss, *step;
     deft_program *p;
+    /* --feed host / prefetch: FEED_BATCHES batches in host memory, the next one to feed, and the loader */
+    feed_mode feed;
+    void *xs, *ys;
+    size_t x_bytes, y_bytes;
+    int64_t next_batch;
+    deft_loader *loader;
 } mlp;
 
 static int64_t layer_in(const mlp_config *c, int l) { return l == 0 ? c->in_dim : c->width; }
@@ -115,7 +136,7 @@ static void set_param(deft_graph *g, const char *name, const float *host, size_t
     CHECK(deft_param_set(t, host, bytes));
 }
 
-static void build(mlp *m, const mlp_config *c, deft_device dev, int no_graphs) {
+static void build(mlp *m, const mlp_config *c, deft_device dev, const deft_compile_options *co) {
     deft_graph *g = m->g = deft_graph_new();
     if (!g) die("deft_graph_new");
     m->x = deft_input(g, "x", DEFT_F32, 2, (int64_t[]){c->batch, c->in_dim}, dev);
@@ -158,8 +179,7 @@ static void build(mlp *m, const mlp_config *c, deft_device dev, int no_graphs) {
         free(b);
     }
 
-    deft_compile_options co = {.no_cuda_graphs = no_graphs};
-    m->p = deft_compile(g, (deft_tensor *[]){m->loss, m->step}, 2, &co);
+    m->p = deft_compile(g, (deft_tensor *[]){m->loss, m->step}, 2, co);
     if (!m->p) die("deft_compile");
 
     /* One fixed batch, fed once: it stays on the device for every step. */
@@ -182,9 +202,49 @@ static void build(mlp *m, const mlp_config *c, deft_device dev, int no_graphs) {
     }
 }
 
+/* Batch k of the cycled host data (the inputs at hash offset k * elements of a batch). */
+static void make_feed_data(mlp *m, const mlp_config *c) {
+    size_t xn = (size_t)(c->batch * c->in_dim), yn = c->mse ? (size_t)(c->batch * c->classes) : (size_t)c->batch;
+    m->x_bytes = xn * sizeof(float);
+    m->y_bytes = yn * (c->mse ? sizeof(float) : sizeof(int32_t));
+    m->xs = xmalloc(m->x_bytes * FEED_BATCHES);
+    m->ys = xmalloc(m->y_bytes * FEED_BATCHES);
+    float *x = m->xs;
+    for (size_t i = 0; i < xn * FEED_BATCHES; i++) x[i] = hash_uniform(1, i, 1.0);
+    for (size_t i = 0; i < yn * FEED_BATCHES; i++) {
+        if (c->mse) ((float *)m->ys)[i] = hash_uniform(2, i, 1.0);
+        else ((int32_t *)m->ys)[i] = (int32_t)(hash32(2, (uint64_t)i) % (uint32_t)c->classes);
+    }
+}
+
+/* The loader's thread: copies batch `index` of the host data into the pinned buffers (the "decode" of a real
+ * pipeline). */
+static deft_status fill_from_host(void *ctx, int64_t epoch, int64_t index, void *const *buffers) {
+    (void)epoch;
+    mlp *m = ctx;
+    memcpy(buffers[0], (char *)m->xs + (size_t)index * m->x_bytes, m->x_bytes);
+    memcpy(buffers[1], (char *)m->ys + (size_t)index * m->y_bytes, m->y_bytes);
+    return DEFT_OK;
+}
+
+static void feed_next(mlp *m) {
+    if (m->feed == FEED_HOST) {
+        size_t k = (size_t)(m->next_batch++ % FEED_BATCHES);
+        CHECK(deft_program_feed(m->p, m->x, (char *)m->xs + k * m->x_bytes, m->x_bytes));
+        CHECK(deft_program_feed(m->p, m->y, (char *)m->ys + k * m->y_bytes, m->y_bytes));
+    } else if (m->feed == FEED_PREFETCH) {
+        deft_loader_batch b;
+        do CHECK(deft_loader_next(m->loader, m->p, &b));
+        while (b.end);   /* an epoch is FEED_BATCHES batches: go on into the next */
+    }
+}
+
 static float run_steps(mlp *m, int64_t n) {
     float loss = 0;
-    for (int64_t i = 0; i < n; i++) CHECK(deft_program_run(m->p));
+    for (int64_t i = 0; i < n; i++) {
+        feed_next(m);
+        CHECK(deft_program_run(m->p));
+    }
     CHECK(deft_program_read(m->p, m->loss, &loss, sizeof loss));
     return loss;
 }
@@ -197,11 +257,18 @@ static double step_flop(const mlp_config *c) {
     return f;
 }
 
-static void bench(const mlp_config *c, deft_device dev, int no_graphs) {
-    const char *tag = no_graphs ? "deft_nographs" : "deft";
-    mlp m = {0};
+static void bench(const mlp_config *c, deft_device dev, const deft_compile_options *co, feed_mode feed) {
+    static const char *const feed_tags[] = {"", "_feed_host", "_feed_prefetch"};
+    char tag[64], k[48];
+    snprintf(tag, sizeof tag, "%s%s%s", co->no_cuda_graphs ? "deft_nographs" : "deft",
+             co->no_fusion ? "_nofusion" : "", feed_tags[feed]);
+    snprintf(k, sizeof k, "%s%s", c->name, co->tf32 ? "_tf32" : "");
+    mlp m = {.feed = feed};
     CHECK(deft_memory_reset_peak(dev));
-    build(&m, c, dev, no_graphs);
+    build(&m, c, dev, co);
+    if (feed != FEED_DEVICE) make_feed_data(&m, c);
+    if (feed == FEED_PREFETCH)
+        CHECK(deft_loader_new((deft_tensor *[]){m.x, m.y}, 2, FEED_BATCHES, 3, fill_from_host, &m, &m.loader));
 
     float loss_first = run_steps(&m, 1), loss_warmup = 0;
     for (int i = 1; i < WARMUP_STEPS; i++) loss_warmup = run_steps(&m, 1);
@@ -240,7 +307,6 @@ static void bench(const mlp_config *c, deft_device dev, int no_graphs) {
     deft_memory_stats ms;
     CHECK(deft_memory_stats_get(dev, &ms));
 
-    const char *k = c->name;
     printf("mlp_train.%s.step_gflop %.6f GFLOP\n", k, step_flop(c) / 1e9);
     printf("mlp_train.%s.%s_step_us %.2f us\n", k, tag, us[REPEATS / 2]);
     printf("mlp_train.%s.%s_step_us_min %.2f us\n", k, tag, us[0]);
@@ -256,21 +322,37 @@ static void bench(const mlp_config *c, deft_device dev, int no_graphs) {
     printf("mlp_train.%s.%s_loss %.6f loss\n", k, tag, (double)loss);
     printf("mlp_train.%s.%s_loss_steps %lld count\n", k, tag, (long long)steps);
     fflush(stdout);
+    deft_loader_free(m.loader);   /* before the graph: its buffers may still be read by the last copies */
     deft_graph_free(m.g);
+    free(m.xs);
+    free(m.ys);
 }
 
 static void usage(void) {
-    fprintf(stderr, "usage: %s [--config tiny|small|mid|large] [--device cuda:N|cpu] [--no-graphs]\n", prog);
+    fprintf(stderr,
+            "usage: %s [--config tiny|small|mid|large] [--device cuda:N|cpu] [--no-graphs] "
+            "[--no-fusion] [--tf32] [--feed device|host|prefetch]\n",
+            prog);
     exit(2);
 }
 
 int main(int argc, char **argv) {
     const char *only = NULL, *device = NULL;
-    int no_graphs = 0;
+    deft_compile_options co = {0};
+    feed_mode feed = FEED_DEVICE;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--config") && i + 1 < argc) only = argv[++i];
         else if (!strcmp(argv[i], "--device") && i + 1 < argc) device = argv[++i];
-        else if (!strcmp(argv[i], "--no-graphs")) no_graphs = 1;
+        else if (!strcmp(argv[i], "--no-graphs")) co.no_cuda_graphs = 1;
+        else if (!strcmp(argv[i], "--no-fusion")) co.no_fusion = 1;
+        else if (!strcmp(argv[i], "--tf32")) co.tf32 = 1;
+        else if (!strcmp(argv[i], "--feed") && i + 1 < argc) {
+            const char *f = argv[++i];
+            if (!strcmp(f, "device")) feed = FEED_DEVICE;
+            else if (!strcmp(f, "host")) feed = FEED_HOST;
+            else if (!strcmp(f, "prefetch")) feed = FEED_PREFETCH;
+            else usage();
+        }
         else usage();
     }
     if (only) {
@@ -299,14 +381,15 @@ int main(int argc, char **argv) {
     }
     char dname[256], dstr[32];
     CHECK(deft_device_name(dev, dname, sizeof dname));
-    printf("# %s: deft %s on %s (%s)%s\n", prog, deft_version(), deft_device_str(dev, dstr, sizeof dstr), dname,
-           no_graphs ? ", CUDA Graphs off" : "");
+    printf("# %s: deft %s on %s (%s)%s%s%s\n", prog, deft_version(), deft_device_str(dev, dstr, sizeof dstr), dname,
+           co.no_cuda_graphs ? ", CUDA Graphs off" : "", co.no_fusion ? ", fusion off" : "", co.tf32 ? ", TF32 on" : "");
     fflush(stdout);
 
     for (int i = 0; i < N_CONFIGS; i++) {
         const mlp_config *c = &configs[i];
         if (only ? strcmp(c->name, only) != 0 : dev.type == DEFT_CPU && !c->cpu_default) continue;
-        bench(c, dev, no_graphs);
+        if (!only && co.tf32 && c->cpu_default) continue;   /* TF32 figures: mid and large */
+        bench(c, dev, &co, feed);
     }
     return 0;
 }

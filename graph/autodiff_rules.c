@@ -83,6 +83,10 @@ static void deft_rule_binary(deft_tensor *t, deft_tensor *dy, const bool *reach,
         if (reach[b->id]) deft_accumulate(grads, reach, b, deft_neg(dy));
         break;
     case DEFT_OP_MUL:
+        if (a == b) {   /* a square: one product, doubled exactly, instead of two products summed */
+            if (reach[a->id]) deft_accumulate(grads, reach, a, deft_mul_scalar(deft_mul(dy, a), 2.0));
+            break;
+        }
         if (reach[a->id]) deft_accumulate(grads, reach, a, deft_mul(dy, b));
         if (reach[b->id]) deft_accumulate(grads, reach, b, deft_mul(dy, a));
         break;
@@ -116,9 +120,11 @@ static deft_tensor *deft_rule_pointwise(deft_tensor *t, deft_tensor *dy) {
     case DEFT_OP_LOG: return deft_div(dy, a);
     case DEFT_OP_SQRT: return deft_div(deft_mul_scalar(dy, 0.5), t);
     case DEFT_OP_RSQRT: return deft_mul(dy, deft_mul_scalar(deft_pow_scalar(t, 3.0), -0.5));
+    /* relu'(x) read off the output (y > 0 exactly where x > 0, NaN included): the pre-activation need not be kept
+     * for the backward pass, so a bias add and the relu after a matmul can run as the matmul's epilogue. */
+    case DEFT_OP_RELU: return deft_act_grad(t->op, dy, t);
     case DEFT_OP_TANH:
     case DEFT_OP_SIGMOID:
-    case DEFT_OP_RELU:
     case DEFT_OP_GELU:
     case DEFT_OP_SILU: return deft_act_grad(t->op, dy, a);
     case DEFT_OP_CAST: return deft_cast(dy, a->dtype);

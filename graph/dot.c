@@ -34,7 +34,9 @@ static void deft_dot_plan_line(FILE *f, const deft_program *p, const deft_tensor
         fprintf(f, "\\narena @%zu, %zu B\\nlive %d..%d", np.offset, np.size, np.first, np.last);
         break;
     case DEFT_PLACE_VIEW: fprintf(f, "\\nview @%zu, %zu B", np.offset, np.size); break;
+    case DEFT_PLACE_FUSED: fprintf(f, "\\nin fused kernel %d (not stored)", np.group); break;
     }
+    if (np.group >= 0 && np.place != DEFT_PLACE_FUSED) fprintf(f, "\\nfused kernel %d", np.group);
 }
 
 deft_status deft_graph_dump_dot(const deft_graph *g, const deft_program *p, const char *path) {

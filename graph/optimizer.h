@@ -29,6 +29,7 @@ typedef struct deft_optimizer_dev {
     double step_size;         /* AdamW: lr / (1 - beta1^t) */
     double bc2_sqrt;          /* AdamW: sqrt(1 - beta2^t) */
     double decay;             /* AdamW: 1 - lr * weight_decay */
+    uint32_t blocks_done;     /* the one-launch step: blocks finished this run (the last one closes the run) */
     double partial[DEFT_OPTIMIZER_NORM_BLOCKS];   /* the norm's first-stage sums of squares */
 } deft_optimizer_dev;
 

@@ -215,6 +215,55 @@ deft_status deft_program_run(deft_program *p);
 /* Copies an output of the last run to host memory; the tensor must be one of the compiled outputs. */
 deft_status deft_program_read(deft_program *p, const deft_tensor *t, void *host, size_t bytes);
 
+/* ---- prefetch and loading ----
+ * deft_program_feed_async queues the copy of a batch from pinned host memory into a second slot of the input and
+ * returns at once (like tensor.to("cuda", non_blocking=True) from pin_memory()). The next deft_program_run reads
+ * that slot once the copy is done, its stream waiting on the device, never the host; so feeding batch k+1 right
+ * after running step k overlaps the copy with the step. A copy never overwrites a slot that a step still in flight
+ * reads, and CUDA Graph replays go on (one graph per slot combination). The host buffer must come from
+ * deft_pinned_alloc (or be page-locked by cudaHostAlloc / cudaHostRegister); other memory is DEFT_ERR_INVALID. It
+ * must not be written until the copy is done: deft_pinned_free it (the pool hands it out again only after the
+ * copy, as with Tensor.record_stream), or let a deft_loader recycle it. Feeding the same buffer again at once is
+ * safe (copies run in order); a later deft_program_feed of the input replaces a batch fed asynchronously and not
+ * yet run. Programs that do not run on one GPU's stream (CPU steps, several devices, dropout) copy synchronously,
+ * as deft_program_feed does, from any host memory. */
+deft_status deft_program_feed_async(deft_program *p, deft_tensor *input, const void *pinned_host, size_t bytes);
+
+/* A loader (torch.utils.data.DataLoader with pin_memory): a thread of its own fills `depth` pinned batches ahead of
+ * the training loop by calling `fill` for batch (epoch, index), index in [0, batches_per_epoch), in order, batch
+ * after batch, epoch after epoch; deft_loader_next feeds the next one asynchronously into a program and recycles
+ * its buffers once their copies are done. Batches come in the same order whatever the threads' timing.
+ * `fill` runs on the loader's thread and writes buffers[i] (deft_tensor_nbytes of inputs[i]) for each input; a
+ * status other than DEFT_OK stops the loader, and deft_loader_next returns it with the message the callback left
+ * (deft_loader_error sets one) once the batches filled before it are taken. */
+typedef struct deft_loader deft_loader;
+typedef deft_status (*deft_loader_fill)(void *ctx, int64_t epoch, int64_t index, void *const *buffers);
+/* depth 0 means 3; otherwise 2..64. The inputs must stay alive while the loader does. */
+deft_status deft_loader_new(deft_tensor *const *inputs, int n_inputs, int64_t batches_per_epoch, int depth,
+                            deft_loader_fill fill, void *ctx, deft_loader **out);
+/* The built-in loader over a dataset: x ([batch, features], f32) and y ([batch], i32) get consecutive batches of
+ * d (which must outlive the loader), the last incomplete one dropped; with shuffle, each epoch in a new order drawn
+ * from seed and the epoch number (deft_shuffle). */
+struct deft_dataset;   /* below, with the idx files */
+deft_status deft_loader_new_dataset(const struct deft_dataset *d, deft_tensor *x, deft_tensor *y, int shuffle,
+                                    uint64_t seed, int depth, deft_loader **out);
+typedef struct deft_loader_batch {
+    int64_t epoch, index;    /* the batch just fed (index -1 when end is set) */
+    int64_t fed;             /* batches fed by this loader so far, this one included */
+    int end;                 /* 1: the epoch is over and nothing was fed; the next call starts the next epoch */
+} deft_loader_batch;
+/* Feeds the next batch into p (deft_program_feed_async of each input) and says which it was; after the last batch
+ * of an epoch, one call returns with end set. out may be NULL. */
+deft_status deft_loader_next(deft_loader *l, deft_program *p, deft_loader_batch *out);
+/* Stops the thread (waiting for a fill in progress) and frees the buffers once their copies are done. */
+void deft_loader_free(deft_loader *l);
+/* For fill callbacks: sets the calling thread's message (printf format) and returns s. */
+deft_status deft_loader_error(deft_status s, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
 /* A program whose steps all run on one GPU runs them on a stream of its own, without synchronising the host (reading
  * an output waits for the step). Its first run is eager; the second captures the step into a CUDA Graph, and every
  * later run is one replay. Programs with steps on the CPU or on several devices, or with dropout, run eagerly. */

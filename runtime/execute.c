@@ -5,6 +5,7 @@
 
 #include "cpu_kernels.h"
 #include "cuda_kernels.h"
+#include "device_errors.h"
 #include "device_internal.h"
 #include "optimizer.h"
 #include "program_state.h"
@@ -22,7 +23,8 @@ static deft_status deft_check_fed(const deft_program *p) {
     for (int id = 0; id < p->n_nodes; id++) {
         const deft_tensor *t = p->graph->nodes[id];
         if (p->nodes[id].needed && t->op == DEFT_OP_INPUT && !p->nodes[id].fed)
-            return deft_set_error(DEFT_ERR_STATE, "run: input %s was never fed; call deft_program_feed first",
+            return deft_set_error(DEFT_ERR_STATE,
+                                  "run: input %s was never fed; call deft_program_feed (or _feed_async) first",
                                   t->name);
     }
     return DEFT_OK;
@@ -30,6 +32,7 @@ static deft_status deft_check_fed(const deft_program *p) {
 
 static deft_status deft_run_step(deft_program *p, int id, void *stream) {
     const deft_tensor *t = p->graph->nodes[id];
+    if (p->nodes[id].group >= 0) return deft_group_run(p, &p->groups[p->nodes[id].group], stream);
     void *out = deft_program_data(p, id);
     if (t->op == DEFT_OP_COPY) {
         const deft_tensor *src = t->src[0];
@@ -87,12 +90,18 @@ deft_status deft_program_run(deft_program *p) {
     if (s != DEFT_OK) return s;
     deft_stamp_run(p);
     if (p->gpu.device >= 0) {
-        s = deft_program_gpu_run(p, deft_run_steps);
+        /* Slots fed asynchronously are switched in (the stream waits for their copies) before a graph is chosen. */
+        s = deft_prefetch_before_run(p);
+        if (s == DEFT_OK) s = deft_program_gpu_run(p, deft_run_steps);
+        if (s == DEFT_OK) s = deft_prefetch_after_run(p);
     } else {
         s = deft_run_steps(p, NULL);
         for (int a = 0; s == DEFT_OK && a < p->n_arenas; a++) s = deft_device_synchronize(p->arenas[a].device);
     }
     for (int i = 0; s == DEFT_OK && i < p->n_steps; i++) p->nodes[p->steps[i]].runs++;
+    for (int gi = 0; s == DEFT_OK && gi < p->n_groups; gi++)
+        for (int m = 0; m < p->groups[gi].n_members; m++)
+            if (p->groups[gi].members[m] != p->groups[gi].root) p->nodes[p->groups[gi].members[m]].runs++;
     p->ran = s == DEFT_OK;
     p->run_count++;
     return s;
@@ -110,7 +119,15 @@ deft_status deft_program_read(deft_program *p, const deft_tensor *t, void *host,
         return deft_set_error(DEFT_ERR_INVALID, "read: %zu bytes asked for output %s of %zu bytes", bytes, t->name,
                               deft_tensor_bytes(t));
     if (!host) return deft_set_error(DEFT_ERR_INVALID, "read: host buffer is NULL");
-    return deft_mem_copy(deft_cpu(), host, t->device, deft_program_data(p, t->id), bytes);
+    s = deft_mem_copy(deft_cpu(), host, t->device, deft_program_data(p, t->id), bytes);
+    if (s != DEFT_OK) return s;
+    /* The copy waited for the run: what its kernels found in the data (a bad cross-entropy target) is reported
+     * now, once, rather than by a host wait inside the step. */
+    s = deft_program_take_device_errors(p);
+    if (s == DEFT_OK) return DEFT_OK;
+    char msg[768];
+    snprintf(msg, sizeof msg, "%s", deft_errmsg());
+    return deft_set_error(s, "read %s: %s", t->name, msg);
 }
 
 deft_status deft_realize(deft_tensor *t, void *host, size_t bytes) {

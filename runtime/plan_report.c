@@ -6,11 +6,17 @@
 #include "program_state.h"
 
 void deft_program_node_plan(const deft_program *p, const deft_tensor *t, deft_node_plan *out) {
-    *out = (deft_node_plan){DEFT_PLACE_NONE, -1, 0, 0, -1, -1, -1, 0};
+    *out = (deft_node_plan){DEFT_PLACE_NONE, -1, 0, 0, -1, -1, -1, 0, -1};
     if (!deft_program_schedules(p, t)) return;
     const deft_node_state *s = &p->nodes[t->id];
     out->step = s->step;
     out->is_output = s->is_output;
+    out->group = s->group;
+    out->size = deft_tensor_bytes(t);
+    if (s->buffer < 0 && s->group >= 0) {
+        out->place = DEFT_PLACE_FUSED;
+        return;
+    }
     if (s->buffer < 0) {
         out->place = DEFT_PLACE_PERSISTENT;
         out->size = deft_tensor_bytes(t);

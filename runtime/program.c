@@ -5,6 +5,7 @@
 
 #include "cuda_kernels.h"
 #include "device_internal.h"
+#include "node.h"
 #include "optimizer.h"
 #include "program_state.h"
 
@@ -69,6 +70,14 @@ static deft_status deft_collect_steps(deft_program *p) {
     return DEFT_OK;
 }
 
+static void deft_schedule_buffer(deft_program *p, int id, int step, int arena) {
+    deft_node_state *s = &p->nodes[id];
+    s->step = step;
+    s->arena = arena;
+    s->buffer = p->n_buffers;
+    p->buffers[p->n_buffers++] = (deft_buffer){id, arena, -1, {deft_tensor_bytes(p->graph->nodes[id]), step, step, 0}};
+}
+
 /* Gives each step (in the order of p->steps) its buffer, and each buffer its lifetime: until its last reader, views
  * being read through their base; outputs live to the end. */
 static deft_status deft_schedule(deft_program *p) {
@@ -77,13 +86,19 @@ static deft_status deft_schedule(deft_program *p) {
     for (int id = 0; id < p->n_nodes; id++) p->nodes[id].step = p->nodes[id].buffer = p->nodes[id].arena = -1;
     for (int i = 0; i < p->n_steps; i++) {
         int id = p->steps[i];
-        deft_node_state *s = &p->nodes[id];
         int arena = deft_arena_for(p, g->nodes[id]->device);
         if (arena < 0) return deft_set_error(DEFT_ERR_DEVICE, "compile: more than %d devices", DEFT_MAX_ARENAS);
-        s->step = i;
-        s->arena = arena;
-        s->buffer = p->n_buffers;
-        p->buffers[p->n_buffers++] = (deft_buffer){id, arena, -1, {deft_tensor_bytes(g->nodes[id]), i, i, 0}};
+        const deft_group *grp = p->nodes[id].group >= 0 ? &p->groups[p->nodes[id].group] : NULL;
+        if (!grp) {
+            deft_schedule_buffer(p, id, i, arena);
+            continue;
+        }
+        /* A fused group runs at its root's step: every member is computed there, only the stores get buffers. */
+        for (int m = 0; m < grp->n_members; m++) {
+            p->nodes[grp->members[m]].step = i;
+            p->nodes[grp->members[m]].arena = arena;
+        }
+        for (int k = 0; k < grp->n_stores; k++) deft_schedule_buffer(p, grp->stores[k], i, arena);
     }
     for (int id = 0; id < p->n_nodes; id++) {
         deft_node_state *s = &p->nodes[id];
@@ -168,8 +183,9 @@ static deft_status deft_plan_arenas(deft_program *p, int no_reuse) {
     return st;
 }
 
-/* Input slots, and device copies of parameters and constants that live on a GPU. */
-static deft_status deft_place_persistent(deft_program *p) {
+/* Input slots, and device copies of parameters and constants that live on a GPU; `uploaded` marks the copies made
+ * here, so that a compile failing later can give them back. */
+static deft_status deft_place_persistent(deft_program *p, bool *uploaded) {
     for (int id = 0; id < p->n_nodes; id++) {
         deft_tensor *t = p->graph->nodes[id];
         if (!p->nodes[id].needed || !deft_op_is_leaf(t->op)) continue;
@@ -179,6 +195,7 @@ static deft_status deft_place_persistent(deft_program *p) {
             s = deft_mem_alloc_tagged(t->device, bytes, t->name, &p->nodes[id].input_storage);
         } else if (t->device.type != DEFT_CPU && !t->dev_data) {
             s = deft_mem_alloc_tagged(t->device, bytes, t->name, &t->dev_data);
+            if (s == DEFT_OK) uploaded[id] = true;
             if (s == DEFT_OK) s = deft_mem_copy(t->device, t->dev_data, deft_cpu(), t->host_data, bytes);
         }
         if (s != DEFT_OK) return deft_set_error(s, "compile: storage for %s: %s", t->name, deft_errmsg());
@@ -250,8 +267,9 @@ static deft_status deft_plan_pass(deft_program *p, int no_reuse) {
 }
 
 /* With `reorder`, a second plan over the reordered steps replaces the first only when its arenas are smaller. */
-static deft_status deft_plan_steps(deft_program *p, const deft_compile_options *opts) {
+static deft_status deft_order_steps(deft_program *p, const deft_compile_options *opts) {
     int no_reuse = opts ? opts->no_reuse : 0;
+    for (int id = 0; id < p->n_nodes; id++) p->nodes[id].group = -1;
     deft_status s = deft_plan_pass(p, no_reuse);
     if (s != DEFT_OK || !opts || !opts->reorder || no_reuse) return s;
     size_t in_order = deft_arena_total(p);
@@ -268,6 +286,16 @@ static deft_status deft_plan_steps(deft_program *p, const deft_compile_options *
     return s;
 }
 
+/* The order of the steps, then fusion over that order, then the plan of the fused steps. */
+static deft_status deft_plan_steps(deft_program *p, const deft_compile_options *opts) {
+    deft_status s = deft_order_steps(p, opts);
+    if (s != DEFT_OK || (opts && opts->no_fusion)) return s;
+    const int before = p->n_steps;
+    s = deft_program_fuse(p);
+    if (s == DEFT_OK && p->n_steps != before) s = deft_plan_pass(p, opts ? opts->no_reuse : 0);
+    return s;
+}
+
 static size_t deft_persistent_bytes(const deft_program *p) {
     size_t n = 0;
     for (int id = 0; id < p->n_nodes; id++) {
@@ -277,6 +305,13 @@ static size_t deft_persistent_bytes(const deft_program *p) {
         if (t->op == DEFT_OP_OPTIMIZER) n += deft_optimizer_state_bytes(t->p.optimizer);
     }
     return n;
+}
+
+/* A failed compile leaves the graph's device memory as it found it (out of memory must leak nothing): the copies it
+ * made go back. Their host values are still current, since nothing ran on them. */
+static void deft_release_uploads(deft_program *p, const bool *uploaded) {
+    for (int id = 0; id < p->n_nodes; id++)
+        if (uploaded[id]) deft_node_release_device_data(p->graph->nodes[id]);
 }
 
 static deft_status deft_build(deft_program *p, deft_tensor *const *outputs, int n_outputs,
@@ -292,10 +327,14 @@ static deft_status deft_build(deft_program *p, deft_tensor *const *outputs, int 
     p->persistent_bytes = deft_persistent_bytes(p);
     if (s == DEFT_OK) s = deft_check_budget(p, opts ? opts->memory_budget : 0);
     if (!allocate) return s;
-    if (s == DEFT_OK) s = deft_place_persistent(p);
+    bool *uploaded = calloc((size_t)(p->n_nodes ? p->n_nodes : 1), sizeof *uploaded);
+    if (!uploaded) return deft_set_error(DEFT_ERR_OOM, "compile: out of host memory");
+    if (s == DEFT_OK) s = deft_place_persistent(p, uploaded);
     if (s == DEFT_OK) s = deft_check_device_room(p);
     if (s == DEFT_OK) s = deft_alloc_arenas(p);
     if (s == DEFT_OK) s = deft_program_gpu_init(p, !(opts && opts->no_cuda_graphs));
+    if (s != DEFT_OK) deft_release_uploads(p, uploaded);
+    free(uploaded);
     return s;
 }
 
@@ -353,10 +392,12 @@ void deft_program_free(deft_program *p) {
     /* Work still queued on the program's stream reads its arenas: finish it before they go back to the cache. */
     if (p->gpu.device >= 0) (void)deft_device_synchronize(deft_cuda(p->gpu.device));
     deft_program_gpu_free(p);
+    deft_prefetch_free(p);   /* the second input slots; the first ones go below */
     for (int a = 0; a < p->n_arenas; a++) deft_mem_free(p->arenas[a].device, p->arenas[a].base);
     for (int id = 0; p->nodes && id < p->n_nodes; id++)
         if (p->nodes[id].input_storage) deft_mem_free(p->graph->nodes[id]->device, p->nodes[id].input_storage);
     deft_graph_remove_program(p->graph, p);
+    deft_program_groups_free(p);
     free(p->nodes);
     free(p->steps);
     free(p->outputs);

@@ -37,28 +37,72 @@ deft_status deft_program_gpu_init(deft_program *p, int allow_graphs) {
     return DEFT_OK;
 }
 
+static void deft_drop_execs(deft_program_gpu *g) {
+    for (int i = 0; i < DEFT_GRAPH_EXECS; i++) {
+        deft_cuda_graph_destroy(g->device, g->execs[i].graph, g->execs[i].exec);
+        g->execs[i] = (deft_graph_exec){0};
+    }
+}
+
 void deft_program_gpu_free(deft_program *p) {
     deft_program_gpu *g = &p->gpu;
     if (g->device < 0) return;
-    deft_cuda_graph_destroy(g->device, g->graph, g->exec);
+    deft_drop_execs(g);
     deft_cuda_stream_destroy(g->device, g->stream);
     g->device = -1;
 }
 
-/* A failed capture leaves the program eager for good, with the reason kept, and runs this step eagerly. */
+static deft_graph_exec *deft_find_exec(deft_program_gpu *g, uint64_t key) {
+    for (int i = 0; i < DEFT_GRAPH_EXECS; i++)
+        if (g->execs[i].exec && g->execs[i].key == key) return &g->execs[i];
+    return NULL;
+}
+
+/* An unused entry, or the one launched longest ago (its graph is destroyed: it is captured again if met again). */
+static deft_graph_exec *deft_free_exec(deft_program_gpu *g) {
+    deft_graph_exec *e = &g->execs[0];
+    for (int i = 0; i < DEFT_GRAPH_EXECS; i++) {
+        if (!g->execs[i].exec) return &g->execs[i];
+        if (g->execs[i].last_used < e->last_used) e = &g->execs[i];
+    }
+    deft_cuda_graph_destroy(g->device, e->graph, e->exec);
+    *e = (deft_graph_exec){0};
+    return e;
+}
+
+static deft_status deft_launch(deft_program_gpu *g, deft_graph_exec *e) {
+    e->last_used = ++g->launches;
+    g->replays++;
+    return deft_cuda_graph_launch(g->device, e->exec, g->stream);
+}
+
+/* Captures the step for the current slot key and launches it. A failed capture leaves the program eager for good,
+ * with the reason kept, and runs this step eagerly; so does a step that cannot run under capture (DEFT_ERR_STATE). */
 static deft_status deft_capture_and_launch(deft_program *p, deft_status (*run_steps)(deft_program *, void *)) {
     deft_program_gpu *g = &p->gpu;
+    deft_graph_exec *e = deft_free_exec(g);
+    void *graph = NULL, *exec = NULL;
     deft_status s = deft_cuda_capture_begin(g->device, g->stream);
     deft_status ran = s == DEFT_OK ? run_steps(p, g->stream) : s;
-    if (s == DEFT_OK) s = deft_cuda_capture_end(g->device, g->stream, &g->graph, &g->exec);
+    if (s == DEFT_OK) s = deft_cuda_capture_end(g->device, g->stream, &graph, &exec);
     if (ran == DEFT_OK && s == DEFT_OK) {
+        *e = (deft_graph_exec){.key = g->key, .graph = graph, .exec = exec};
+        g->captures++;
         g->state = DEFT_GRAPH_READY;
         snprintf(g->why_eager, sizeof g->why_eager, "replaying a CUDA Graph");
-        return deft_cuda_graph_launch(g->device, g->exec, g->stream);
+        return deft_launch(g, e);
+    }
+    if (s == DEFT_OK && ran != DEFT_OK && ran != DEFT_ERR_STATE) {
+        /* A step failed (a launch, memory) while the capture itself went well: that is the run's error, not the
+         * graph's, so it is returned and the next run captures again. Captured work never ran. */
+        char msg[768];
+        snprintf(msg, sizeof msg, "%s", deft_errmsg());
+        deft_cuda_graph_destroy(g->device, graph, exec);
+        return deft_set_error(ran, "%s (while capturing a CUDA Graph: no step of this run was executed)", msg);
     }
     snprintf(g->why_eager, sizeof g->why_eager, "capture failed: %.140s", deft_errmsg());
-    deft_cuda_graph_destroy(g->device, g->graph, g->exec);
-    g->graph = g->exec = NULL;
+    deft_cuda_graph_destroy(g->device, graph, exec);
+    deft_drop_execs(g);
     g->state = DEFT_GRAPH_OFF;
     return run_steps(p, g->stream);
 }
@@ -66,14 +110,11 @@ static deft_status deft_capture_and_launch(deft_program *p, deft_status (*run_st
 deft_status deft_program_gpu_run(deft_program *p, deft_status (*run_steps)(deft_program *, void *)) {
     deft_program_gpu *g = &p->gpu;
     switch (g->state) {
-    case DEFT_GRAPH_READY:
-        g->replays++;
-        return deft_cuda_graph_launch(g->device, g->exec, g->stream);
-    case DEFT_GRAPH_CAPTURE: {
-        deft_status s = deft_capture_and_launch(p, run_steps);
-        if (s == DEFT_OK && g->state == DEFT_GRAPH_READY) g->replays++;
-        return s;
+    case DEFT_GRAPH_READY: {
+        deft_graph_exec *e = deft_find_exec(g, g->key);
+        return e ? deft_launch(g, e) : deft_capture_and_launch(p, run_steps);
     }
+    case DEFT_GRAPH_CAPTURE: return deft_capture_and_launch(p, run_steps);
     case DEFT_GRAPH_WARMUP: {
         deft_status s = run_steps(p, g->stream);
         if (s == DEFT_OK) g->state = DEFT_GRAPH_CAPTURE;

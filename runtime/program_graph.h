@@ -14,13 +14,27 @@ typedef enum deft_graph_state {
     DEFT_GRAPH_READY        /* every run is one replay */
 } deft_graph_state;
 
+/* A captured step bakes in the address of every input slot it reads; inputs fed by deft_program_feed_async alternate
+ * between two slots (runtime/prefetch.c), so one graph is kept per combination of slots, named by `key` (bit i: the
+ * i-th double-slotted input reads its second slot). Inputs that all alternate together need two. */
+#define DEFT_GRAPH_EXECS 4
+
+typedef struct deft_graph_exec {
+    uint64_t key;
+    void *graph, *exec;     /* cudaGraph_t, cudaGraphExec_t; NULL when the entry is unused */
+    uint64_t last_used;     /* the run that last launched it, to evict the stalest when the table is full */
+} deft_graph_exec;
+
 typedef struct deft_program_gpu {
     int device;             /* the GPU every step runs on, or -1 */
     void *stream;           /* cudaStream_t of the program (blocking: ordered with the legacy stream's copies) */
-    void *graph, *exec;     /* cudaGraph_t, cudaGraphExec_t */
+    deft_graph_exec execs[DEFT_GRAPH_EXECS];
+    uint64_t key;           /* the slots the next run reads (set by runtime/prefetch.c before each run) */
+    uint64_t launches;
     deft_graph_state state;
     char why_eager[160];    /* why the program does not replay a graph */
     int64_t replays;
+    int64_t captures;       /* graphs captured (one per slot combination met, more after evictions) */
 } deft_program_gpu;
 
 /* Decides whether p can replay graphs and creates its stream (no GPU work is queued). */

@@ -9,7 +9,8 @@ typedef enum deft_placement {
     DEFT_PLACE_NONE = 0,     /* not computed by this program */
     DEFT_PLACE_PERSISTENT,   /* input, parameter or constant storage */
     DEFT_PLACE_ARENA,        /* a planned range of the device's arena */
-    DEFT_PLACE_VIEW          /* aliases another node's storage */
+    DEFT_PLACE_VIEW,         /* aliases another node's storage */
+    DEFT_PLACE_FUSED         /* computed inside a fused kernel and never stored */
 } deft_placement;
 
 typedef struct deft_node_plan {
@@ -19,6 +20,7 @@ typedef struct deft_node_plan {
     int first, last;         /* lifetime of its buffer in steps */
     int buffer;              /* its buffer's index (nodes that ran in place, and views, share one); -1 if none */
     int is_output;
+    int group;               /* the fused group computing it (runtime/fusion.c), -1 if none */
 } deft_node_plan;
 
 /* Fills *out for node t; DEFT_PLACE_NONE if p does not compute t. */

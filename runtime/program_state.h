@@ -4,6 +4,7 @@
 
 #include "graph_internal.h"
 #include "planner.h"
+#include "prefetch.h"
 #include "program_graph.h"
 #include "program_internal.h"
 
@@ -28,6 +29,7 @@ typedef struct deft_node_state {
     size_t offset;        /* byte offset within its base storage (views) */
     void *input_storage;  /* inputs: the slot that feeds write */
     int64_t runs;
+    int group;            /* index in groups of the fused group it belongs to, -1 if none */
 } deft_node_state;
 
 typedef struct deft_buffer {
@@ -36,6 +38,27 @@ typedef struct deft_buffer {
     int merged_into;      /* -1, or the buffer an in-place op took over (this one is then not planned) */
     deft_plan_buffer plan;
 } deft_buffer;
+
+/* Nodes that run as one kernel (runtime/fusion.c). The group runs at its root's step; members other than the stores
+ * never reach memory. */
+typedef enum deft_group_kind {
+    DEFT_GROUP_ELEMENTWISE,   /* a chain of same-shape f32 elementwise ops: ops/fused.h */
+    DEFT_GROUP_MATMUL         /* a matmul with a cuBLASLt epilogue: ops/cuda/cuda_matmul.h */
+} deft_group_kind;
+
+typedef struct deft_group {
+    deft_group_kind kind;
+    int root;                 /* the member whose step runs the group (the last one in step order) */
+    int n_members;
+    int *members;             /* node ids, increasing */
+    int n_inputs;
+    int *inputs;              /* elementwise: node ids of the kernel's inputs, in register order */
+    int n_stores;
+    int *stores;              /* members written to memory (read outside the group, or outputs) */
+    struct deft_fused_kernel *kernel;   /* elementwise */
+    int matmul, bias;         /* matmul: the matmul node; the bias added by the epilogue (-1 if none) */
+    int epilogue;             /* matmul: a deft_mm_epilogue_kind */
+} deft_group;
 
 struct deft_program {
     deft_graph *graph;
@@ -53,7 +76,10 @@ struct deft_program {
     bool ran;
     uint64_t run_count;   /* runs started, the dropout masks' counter */
     deft_program_gpu gpu; /* its stream and CUDA Graph, when every step runs on one GPU */
+    int n_groups;
+    deft_group *groups;   /* fused groups (none with the compile option no_fusion, or on the CPU) */
     unsigned cuda_flags;  /* DEFT_CUDA_* bits (cuda_kernels.h) from the compile options, passed to every kernel */
+    struct deft_prefetch *prefetch;   /* second input slots and their events, from the first feed_async (prefetch.c) */
 };
 
 /* deft_compile, returning its status. */
@@ -69,6 +95,13 @@ deft_status deft_program_reorder(deft_program *p);
 /* DEFT_ERR_INVALID / DEFT_ERR_STATE (with message) unless t is a node of p's graph as compiled; `what` names the
  * caller in the message. */
 deft_status deft_check_program_tensor(const deft_program *p, const deft_tensor *t, const char *what);
+
+/* Groups p->steps into fused kernels where its GPUs allow (runtime/fusion.c); members leave p->steps but for the
+ * roots. */
+deft_status deft_program_fuse(deft_program *p);
+void deft_program_groups_free(deft_program *p);
+/* Runs group g (its root's step) on `stream`; runtime/fusion_run.c. */
+deft_status deft_group_run(deft_program *p, const deft_group *g, void *stream);
 
 /* The address of node id's value in a compiled program (persistent storage, arena, or a view into either). */
 void *deft_program_data(const deft_program *p, int id);

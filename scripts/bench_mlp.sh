@@ -31,9 +31,22 @@ echo "== deft without CUDA Graphs: $build/bench_mlp_train --no-graphs" >&2
   || { echo "bench_mlp_train --no-graphs failed (column left empty)" >&2; }
 cat "$log/mlp_train_deft_nographs.txt" >> "$out"
 
+echo "== deft without fusion: $build/bench_mlp_train --no-fusion" >&2
+"$build/bench_mlp_train" --no-fusion > "$log/mlp_train_deft_nofusion.txt" 2>&1 \
+  || { echo "bench_mlp_train --no-fusion failed (column left empty)" >&2; }
+cat "$log/mlp_train_deft_nofusion.txt" >> "$out"
+
 echo "== torch: $python bench/peers/mlp_train.py" >&2
 "$python" bench/peers/mlp_train.py > "$log/mlp_train_torch.txt" 2>&1 || { echo "mlp_train.py failed" >&2; rc=1; }
 cat "$log/mlp_train_torch.txt" >> "$out"
+
+# TF32 on both sides, mid and large (figures named <config>_tf32).
+echo "== TF32: $build/bench_mlp_train --tf32, $python bench/peers/mlp_train.py --tf32" >&2
+"$build/bench_mlp_train" --tf32 > "$log/mlp_train_deft_tf32.txt" 2>&1 || { echo "bench_mlp_train --tf32 failed" >&2; rc=1; }
+cat "$log/mlp_train_deft_tf32.txt" >> "$out"
+"$python" bench/peers/mlp_train.py --tf32 > "$log/mlp_train_torch_tf32.txt" 2>&1 \
+  || { echo "mlp_train.py --tf32 failed" >&2; rc=1; }
+cat "$log/mlp_train_torch_tf32.txt" >> "$out"
 
 # Anything that is not a figure (skips, errors, the comment lines) is shown as it came.
 grep -v '^mlp_train\.' "$out" | grep -v '^# gpu' >&2
@@ -44,16 +57,16 @@ awk '
   function num(x) { return x == "" ? "-" : sprintf("%.1f", x) }
   function ratio(a, b) { return (a == "" || b == "" || b + 0 == 0) ? "" : a / b }
   END {
-    n = split("tiny small mid large", cfgs, " ")
-    printf "%-6s %11s %11s %11s %11s %10s %10s   %-10s %-10s %-10s\n", "config", "deft_us", "deft_nogr", \
-      "torch_eag", "torch_gr", "gr/deft", "eag/deft", "loss20_dft", "loss20_eag", "loss20_gr"
+    n = split("tiny small mid large mid_tf32 large_tf32", cfgs, " ")
+    printf "%-10s %11s %11s %11s %11s %11s %10s %10s   %-10s %-10s %-10s\n", "config", "deft_us", "deft_nogr", \
+      "deft_nofus", "torch_eag", "torch_gr", "gr/deft", "eag/deft", "loss20_dft", "loss20_eag", "loss20_gr"
     for (i = 1; i <= n; i++) {
       c = cfgs[i]; p = "mlp_train." c "."
-      d = get(p "deft_step_us"); dn = get(p "deft_nographs_step_us")
+      d = get(p "deft_step_us"); dn = get(p "deft_nographs_step_us"); df = get(p "deft_nofusion_step_us")
       e = get(p "torch_eager_step_us"); g = get(p "torch_graph_step_us")
       if (d == "" && e == "" && g == "") continue
       rg = ratio(g, d); re = ratio(e, d)
-      printf "%-6s %11s %11s %11s %11s %10s %10s   %-10s %-10s %-10s\n", c, num(d), num(dn), num(e), num(g), \
+      printf "%-10s %11s %11s %11s %11s %11s %10s %10s   %-10s %-10s %-10s\n", c, num(d), num(dn), num(df), num(e), num(g), \
         rg == "" ? "-" : sprintf("%.2fx", rg), re == "" ? "-" : sprintf("%.2fx", re), \
         get(p "deft_loss_warmup"), get(p "torch_eager_loss_warmup"), get(p "torch_graph_loss_warmup")
       if (rg != "") lines = lines sprintf("%sspeedup_vs_torch_graphs %.3f x\n", p, rg)

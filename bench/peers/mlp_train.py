@@ -4,7 +4,11 @@ in eager mode and as a whole-step CUDA Graph replay, on the same four configurat
 initial weights, printing one figure per line as `<name> <value> <unit>` with "torch_eager_" / "torch_graph_" where
 the C bench prints "deft_".
 
-    python3 bench/peers/mlp_train.py [--config tiny|small|mid|large] [--device cuda:N|cpu]
+    python3 bench/peers/mlp_train.py [--config tiny|small|mid|large] [--device cuda:N|cpu] [--tf32]
+
+With --tf32, f32 matmuls may use TF32 (torch.backends.cuda.matmul.allow_tf32 = True), only mid and large run
+unless --config says otherwise, and the figures are named after "<config>_tf32" (bench_mlp_train --tf32 does the
+same with deft's compile option `tf32`).
 
 Configurations (f32, TF32 off; `layers` nn.Linear layers, nn.ReLU between them, none after the last):
     tiny   Linear(10, 1), batch 32, nn.MSELoss against f32 targets [32, 1], SGD lr 0.01 (no momentum)
@@ -230,6 +234,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", choices=sorted(CONFIGS), help="run one configuration (default: all)")
     ap.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (cpu: eager only, tiny and small)")
+    ap.add_argument("--tf32", action="store_true", help="let f32 matmuls use TF32 (mid and large by default)")
     args = ap.parse_args(argv)
 
     try:
@@ -246,11 +251,11 @@ def main(argv=None):
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(device)
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = args.tf32
+    torch.backends.cudnn.allow_tf32 = args.tf32
     torch.manual_seed(0)
     where = f"{device} ({torch.cuda.get_device_name(device)})" if cuda else "cpu"
-    print(f"# mlp_train.py: torch {torch.__version__} on {where}, TF32 off")
+    print(f"# mlp_train.py: torch {torch.__version__} on {where}, TF32 {'on' if args.tf32 else 'off'}")
     sys.stdout.flush()
 
     for name, cfg in CONFIGS.items():
@@ -258,6 +263,10 @@ def main(argv=None):
             continue
         if not args.config and not cuda and not cfg[8]:
             continue
+        if not args.config and args.tf32 and name not in ("mid", "large"):
+            continue
+        if args.tf32:
+            name = name + "_tf32"
         print(f"mlp_train.{name}.step_gflop {step_flop(cfg) / 1e9:.6f} GFLOP")
         run_eager(torch, name, cfg, device, cuda)
         if cuda:

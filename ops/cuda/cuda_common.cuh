@@ -17,6 +17,7 @@
 #include <cuda_runtime.h>
 
 #include "graph_internal.h"
+#include "cuda_fault.h"
 #include "cuda_kernels.h"
 
 /* ---- element types: storage T, compute type C (deft_ty<T>::C), load and store ---- */
@@ -146,10 +147,17 @@ static inline unsigned deft_cuda_blocks(int64_t n, int threads) {
 __device__ __forceinline__ int64_t deft_tid(void) { return (int64_t)blockIdx.x * blockDim.x + threadIdx.x; }
 __device__ __forceinline__ int64_t deft_nthreads(void) { return (int64_t)gridDim.x * blockDim.x; }
 
+/* The error of the launch just made: the runtime's, or one a test injected (cuda_fault.h). Clears the runtime's, so
+ * that it does not surface again from an unrelated later call. Every launch is checked through this. */
+static inline cudaError_t deft_cuda_launch_error(void) {
+    cudaError_t e = cudaGetLastError();
+    return e != cudaSuccess ? e : (cudaError_t)deft_cuda_take_injected_launch_error();
+}
+
 /* Launch errors (bad configuration, no kernel image for this GPU) show at once; faults in the kernel show at the
  * next synchronisation, where the runtime reports them. */
 static inline deft_status deft_cuda_check_launch(const deft_tensor *n, const char *kernel) {
-    cudaError_t e = cudaGetLastError();
+    cudaError_t e = deft_cuda_launch_error();
     if (e == cudaSuccess) return DEFT_OK;
     return deft_set_error(DEFT_ERR_RUNTIME, "cuda %s (%s kernel, %s): %s", deft_op_name(n->op), kernel,
                           deft_dtype_name(n->dtype), cudaGetErrorString(e));

@@ -5,18 +5,9 @@
 #include <string.h>
 
 #include "cuda_common.cuh"
+#include "cuda_elementwise_fn.cuh"
 
-/* ---- binary ---- */
-struct deft_f_add { template <class C> __device__ C operator()(C x, C y) const { return x + y; } };
-struct deft_f_sub { template <class C> __device__ C operator()(C x, C y) const { return x - y; } };
-struct deft_f_mul { template <class C> __device__ C operator()(C x, C y) const { return x * y; } };
-struct deft_f_div { template <class C> __device__ C operator()(C x, C y) const { return x / y; } };
-struct deft_f_maximum { template <class C> __device__ C operator()(C x, C y) const { return deft_max_nan(x, y); } };
-/* Comparisons: 1 or 0 in the operands' dtype; any comparison with NaN is false, as in torch. */
-struct deft_f_eq { template <class C> __device__ C operator()(C x, C y) const { return x == y ? C(1) : C(0); } };
-struct deft_f_gt { template <class C> __device__ C operator()(C x, C y) const { return x > y ? C(1) : C(0); } };
-struct deft_f_ge { template <class C> __device__ C operator()(C x, C y) const { return x >= y ? C(1) : C(0); } };
-
+/* ---- binary (the functors are in cuda_elementwise_fn.cuh) ---- */
 template <class T, class Op>
 __global__ void deft_k_binary_flat(T *o, const T *a, const T *b, int64_t n, Op op) {
     typedef deft_ty<T> Ty;
@@ -99,34 +90,6 @@ static deft_status deft_map_float(const deft_tensor *n, void *out, const void *a
         return deft_cuda_check_launch(n, "map");
     });
 }
-
-#define DEFT_MAP_FN(name, EXPR)                                                                                      \
-    template <class C> struct name {                                                                                 \
-        C y;                                                                                                         \
-        __device__ C operator()(C x) const { return EXPR; }                                                          \
-    };
-
-DEFT_MAP_FN(deft_m_add_s, x + y)
-DEFT_MAP_FN(deft_m_rsub_s, y - x)
-DEFT_MAP_FN(deft_m_mul_s, x * y)
-DEFT_MAP_FN(deft_m_div_s, x / y)
-DEFT_MAP_FN(deft_m_rdiv_s, y / x)
-DEFT_MAP_FN(deft_m_max_s, deft_max_nan(x, y))
-/* pow(x, 2) as x * x, as the CPU does: exact-rounded and the common case (squares in losses and norms). */
-DEFT_MAP_FN(deft_m_pow_s, y == C(2) ? x * x : deft_math_pow(x, y))
-DEFT_MAP_FN(deft_m_neg, -x)
-DEFT_MAP_FN(deft_m_exp, deft_math_exp(x))
-DEFT_MAP_FN(deft_m_log, deft_math_log(x))
-DEFT_MAP_FN(deft_m_sqrt, deft_math_sqrt(x))
-DEFT_MAP_FN(deft_m_rsqrt, C(1) / deft_math_sqrt(x))
-DEFT_MAP_FN(deft_m_tanh, deft_math_tanh(x))
-DEFT_MAP_FN(deft_m_sigmoid, deft_math_sigmoid(x))
-/* x < 0 ? 0 : x rather than x > 0 ? x : 0, so that NaN passes through as in torch. */
-DEFT_MAP_FN(deft_m_relu, x < C(0) ? C(0) : x)
-/* The exact (erf) form, torch's default, written with erfc (1 + erf(t) = erfc(-t)) to keep its precision where
- * erf(t) nears -1; 1/sqrt(2) rounded to C first, as the CPU does. */
-DEFT_MAP_FN(deft_m_gelu, C(0.5) * x * deft_math_erfc(-x * C(0.70710678118654752440)))
-DEFT_MAP_FN(deft_m_silu, x * deft_math_sigmoid(x))
 
 /* ---- i32: integral scalars keep integer semantics (wrapping); others go through double and truncate ---- */
 enum { DEFT_SK_ADD, DEFT_SK_RSUB, DEFT_SK_MUL, DEFT_SK_DIV, DEFT_SK_MAX };

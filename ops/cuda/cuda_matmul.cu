@@ -1,46 +1,71 @@
-/* Batched matrix products through cuBLAS, with broadcast batch dims.
+/* Batched matrix products: the dispatch, the shape analysis, and the reference path through cuBLAS, with broadcast
+ * batch dims. cuda_matmul_lt.cu runs the same products through cuBLASLt (TF32 when allowed, fused epilogues); every
+ * product it takes goes there, and this file's cublasGemmEx path stays as the plain, obviously correct reference:
+ * f64, broadcasts no single stride describes, shapes cuBLASLt has no algorithm for, and every product when the
+ * environment sets DEFT_MATMUL_REFERENCE=1 (so tests can run both on the same node).
  *
  * cuBLAS is column-major and deft row-major: a row-major X is a column-major X^T with the same leading dimension,
  * so C = op(A) op(B) is computed as C^T = op(B)^T op(A)^T, i.e. cuBLAS gets B first, A second and (m, n) = (N, M).
  *
- * Precision: f32 computes in f32 (CUBLAS_COMPUTE_32F, never TF32), f64 in f64, f16 and bf16 accumulate in f32 with
- * reduced-precision split-K reductions disallowed, so only the final store rounds (as the CPU, which widens halves
- * to f32 scratch). */
+ * Precision on the reference path: f32 computes in f32 (CUBLAS_COMPUTE_32F, never TF32, whatever the flags), f64
+ * in f64, f16 and bf16 accumulate in f32 with reduced-precision split-K reductions disallowed, so only the final
+ * store rounds (as the CPU, which widens halves to f32 scratch). */
 #include <limits.h>
+#include <stdlib.h>
+#include <string.h>
 #include <mutex>
 
-#include <cublas_v2.h>
-
 #include "caching_allocator.h"
-#include "cuda_common.cuh"
-#include "cuda_kernels.h"
+#include "cuda_matmul_impl.cuh"
 
 /* ---- one cuBLAS handle per device, created on first use and kept for the life of the process ---- */
-#define DEFT_CUBLAS_MAX_DEVICES 64
 
 /* Handles are never destroyed: destroying one at exit can run after the CUDA runtime has torn down its contexts.
  * The lock also serialises the set-stream-then-launch pair, since a handle holds one stream at a time. */
 static cublasHandle_t deft_cublas_handles[DEFT_CUBLAS_MAX_DEVICES];
-/* Each handle's workspace comes from the caching allocator, so that it shows in the statistics and snapshots and
- * the memory a program reports before running includes it (32 MiB: what cuBLAS asks for on Hopper). */
-static void *deft_cublas_workspaces[DEFT_CUBLAS_MAX_DEVICES];
 static std::mutex deft_cublas_lock;
 
-static deft_status deft_cublas_error(const char *what, cublasStatus_t s) {
+/* Each device's workspace comes from the caching allocator, so that it shows in the statistics and snapshots and
+ * the memory a program reports before running includes it (32 MiB: what cuBLAS asks for on Hopper). cuBLAS and
+ * cuBLASLt share it: both enqueue on the caller's stream, so calls on one stream never overlap in it. */
+static void *deft_matmul_workspaces[DEFT_CUBLAS_MAX_DEVICES];
+static std::mutex deft_workspace_lock;
+
+deft_status deft_cublas_error(const char *what, cublasStatus_t s) {
     return deft_set_error(DEFT_ERR_RUNTIME, "cuda matmul: %s failed: %s", what, cublasGetStatusString(s));
+}
+
+deft_status deft_matmul_device(int *dev) {
+    cudaError_t e = cudaGetDevice(dev);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return deft_set_error(DEFT_ERR_RUNTIME, "cuda matmul: cudaGetDevice failed: %s", cudaGetErrorString(e));
+    }
+    if (*dev < 0 || *dev >= DEFT_CUBLAS_MAX_DEVICES)
+        return deft_set_error(DEFT_ERR_DEVICE, "cuda matmul: cuda:%d is past the %d devices deft supports", *dev,
+                              DEFT_CUBLAS_MAX_DEVICES);
+    return DEFT_OK;
+}
+
+deft_status deft_matmul_workspace(int dev, void **out) {
+    std::lock_guard<std::mutex> guard(deft_workspace_lock);
+    if (!deft_matmul_workspaces[dev]) {
+        deft_status s = deft_caching_alloc(deft_cuda(dev), DEFT_CUBLAS_WORKSPACE_BYTES, NULL, "cublas.workspace",
+                                           &deft_matmul_workspaces[dev]);
+        if (s != DEFT_OK) return s;
+    }
+    *out = deft_matmul_workspaces[dev];
+    return DEFT_OK;
 }
 
 /* The current device's handle, bound to `st`; the caller holds deft_cublas_lock. */
 static deft_status deft_cublas_handle(cudaStream_t st, cublasHandle_t *out) {
     int dev = 0;
-    cudaError_t e = cudaGetDevice(&dev);
-    if (e != cudaSuccess) {
-        (void)cudaGetLastError();
-        return deft_set_error(DEFT_ERR_RUNTIME, "cuda matmul: cudaGetDevice failed: %s", cudaGetErrorString(e));
-    }
-    if (dev < 0 || dev >= DEFT_CUBLAS_MAX_DEVICES)
-        return deft_set_error(DEFT_ERR_DEVICE, "cuda matmul: cuda:%d is past the %d devices deft supports", dev,
-                              DEFT_CUBLAS_MAX_DEVICES);
+    deft_status ds = deft_matmul_device(&dev);
+    if (ds != DEFT_OK) return ds;
+    void *ws = NULL;
+    ds = deft_matmul_workspace(dev, &ws);
+    if (ds != DEFT_OK) return ds;
     cublasStatus_t s;
     if (!deft_cublas_handles[dev]) {
         cublasHandle_t h;
@@ -52,34 +77,19 @@ static deft_status deft_cublas_handle(cudaStream_t st, cublasHandle_t *out) {
             cublasDestroy(h);
             return deft_cublas_error("cublasSetMathMode", s);
         }
-        deft_status ws = deft_caching_alloc(deft_cuda(dev), DEFT_CUBLAS_WORKSPACE_BYTES, NULL, "cublas.workspace",
-                                            &deft_cublas_workspaces[dev]);
-        if (ws != DEFT_OK) {
-            cublasDestroy(h);
-            return ws;
-        }
         deft_cublas_handles[dev] = h;
     }
     s = cublasSetStream(deft_cublas_handles[dev], st);
     if (s != CUBLAS_STATUS_SUCCESS) return deft_cublas_error("cublasSetStream", s);
     /* Setting the stream drops a user workspace, so it is set again after every stream change. */
-    s = cublasSetWorkspace(deft_cublas_handles[dev], deft_cublas_workspaces[dev], DEFT_CUBLAS_WORKSPACE_BYTES);
+    s = cublasSetWorkspace(deft_cublas_handles[dev], ws, DEFT_CUBLAS_WORKSPACE_BYTES);
     if (s != CUBLAS_STATUS_SUCCESS) return deft_cublas_error("cublasSetWorkspace", s);
     *out = deft_cublas_handles[dev];
     return DEFT_OK;
 }
 
 /* ---- the product's shape ---- */
-typedef struct deft_mm {
-    int ta, tb;
-    int64_t M, N, K;
-    int nbatch;                                      /* output batch dims */
-    int64_t bshape[DEFT_MAX_DIMS];                   /* output batch shape */
-    int64_t sa[DEFT_MAX_DIMS], sb[DEFT_MAX_DIMS];    /* batch strides of a and b in matrices (0: broadcast) */
-    int64_t batch, a_mats, b_mats;                   /* output matrices; matrices stored in a and in b */
-} deft_mm;
-
-static deft_status deft_mm_make(const deft_tensor *n, deft_mm *s) {
+deft_status deft_mm_make(const deft_tensor *n, deft_mm *s) {
     const deft_tensor *ta = n->src[0], *tb = n->src[1];
     if (ta->ndim < 2 || tb->ndim < 2 || n->ndim < 2)
         return deft_set_error(DEFT_ERR_SHAPE, "matmul: operands need rank >= 2 (got %d and %d)", ta->ndim, tb->ndim);
@@ -189,26 +199,45 @@ static deft_status deft_matmul_run(cublasHandle_t h, const deft_gemm_types &t, c
     return deft_gemm_each(h, t, s, (const char *)a, (const char *)b, (char *)c, esz);
 }
 
+/* DEFT_MATMUL_REFERENCE=1 sends every product down the reference path. Read at each call (a getenv is nothing
+ * beside a launch, and replays do not call here), so a test can switch it between runs. */
+static bool deft_matmul_reference_requested(void) {
+    const char *v = getenv("DEFT_MATMUL_REFERENCE");
+    return v && *v && strcmp(v, "0") != 0;
+}
+
+deft_status deft_cuda_matmul_reference(const deft_tensor *n, const deft_mm &mm, void *out, const void *a,
+                                       const void *b, cudaStream_t st) {
+    deft_gemm_types t;
+    deft_status s = deft_gemm_types_of(n, &t);
+    if (s != DEFT_OK) return s;
+    std::lock_guard<std::mutex> guard(deft_cublas_lock);
+    cublasHandle_t h = NULL;
+    s = deft_cublas_handle(st, &h);
+    if (s != DEFT_OK) return s;
+    return deft_matmul_run(h, t, mm, a, b, out, deft_dtype_size(n->dtype));
+}
+
 deft_status deft_cuda_matmul(const deft_tensor *n, void *out, const void *a, const void *b, cudaStream_t st,
                              unsigned flags) {
-    (void)flags;   /* TF32 arrives with the cuBLASLt path */
     deft_gemm_types t;
     deft_status s = deft_gemm_types_of(n, &t);
     if (s != DEFT_OK) return s;
     deft_mm mm;
     s = deft_mm_make(n, &mm);
     if (s != DEFT_OK) return s;
-    const size_t esz = deft_dtype_size(n->dtype);
     if (mm.K == 0) {
         /* An empty sum is zero; cuBLAS may leave C untouched for k = 0. */
-        cudaError_t e = cudaMemsetAsync(out, 0, (size_t)(mm.batch * mm.M * mm.N) * esz, st);
+        const size_t bytes = (size_t)(mm.batch * mm.M * mm.N) * deft_dtype_size(n->dtype);
+        cudaError_t e = cudaMemsetAsync(out, 0, bytes, st);
         if (e == cudaSuccess) return DEFT_OK;
         (void)cudaGetLastError();
         return deft_set_error(DEFT_ERR_RUNTIME, "cuda matmul: memset failed: %s", cudaGetErrorString(e));
     }
-    std::lock_guard<std::mutex> guard(deft_cublas_lock);
-    cublasHandle_t h = NULL;
-    s = deft_cublas_handle(st, &h);
-    if (s != DEFT_OK) return s;
-    return deft_matmul_run(h, t, mm, a, b, out, esz);
+    if (n->dtype != DEFT_F64 && !deft_matmul_reference_requested()) {
+        bool done = false;
+        s = deft_cuda_matmul_lt_plain(n, mm, out, a, b, st, flags, &done);
+        if (s != DEFT_OK || done) return s;
+    }
+    return deft_cuda_matmul_reference(n, mm, out, a, b, st);
 }

@@ -25,13 +25,17 @@ typedef struct deft_mm_epilogue {
 } deft_mm_epilogue;
 
 /* Whether deft_cuda_matmul_fused can run `mm` (a DEFT_OP_MATMUL node) with this epilogue kind: 2-d operands only
- * (no batch dims), and a dtype and transpose combination cuBLASLt supports for that epilogue. The fusion pass asks
- * before rewriting the graph, so it never plans a fusion that would fail at run time. */
+ * (no batch dims), on a CUDA device, in f32, f16 or bf16, with every dimension below 2^31. NONE, BIAS and BIAS_RELU
+ * take any transposes; BGRAD_B only an untransposed b (cuBLASLt's BGRADA, which computes it, needs transa = N).
+ * TF32 changes nothing here. The fusion pass asks before rewriting the graph, so it never plans a fusion that would
+ * fail at run time; where cuBLASLt has no algorithm for an accepted shape, the call still succeeds (the product
+ * and separate epilogue kernels run instead). */
 int deft_cuda_matmul_fusable(const deft_tensor *mm, deft_mm_epilogue_kind kind, unsigned flags);
 
 /* Runs `mm` (operands a and b, device pointers) with the epilogue, on `stream` (a cudaStream_t), on the current
- * device. flags: the DEFT_CUDA_* bits of cuda_kernels.h (DEFT_CUDA_ALLOW_TF32). Capturable into a CUDA Graph once the
- * shape has run once outside a capture (the algorithm choice is cached per shape). */
+ * device. flags: the DEFT_CUDA_* bits of cuda_kernels.h (DEFT_CUDA_ALLOW_TF32). Capturable into a CUDA Graph; the
+ * algorithm choice is cached per shape at its first run outside a capture (a shape first met inside a capture runs
+ * the product and separate epilogue kernels). DEFT_ERR_INVALID when the kind is not fusable for mm. */
 deft_status deft_cuda_matmul_fused(const deft_tensor *mm, void *out, const void *a, const void *b,
                                    const deft_mm_epilogue *ep, void *stream, unsigned flags);
 

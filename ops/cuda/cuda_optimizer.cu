@@ -14,6 +14,8 @@
  *            writes the last norm to the node's output
  *   update   on an update run, one pass over the flat storage: SGD or AdamW
  *
+ * With one micro-batch per update and no clipping (the common case) one kernel does all four (below).
+ *
  * The host compares this run's gradient addresses with those of the tables it built before (no synchronisation);
  * only a new set of addresses (a program's first run) builds a table, which must not happen inside a capture. */
 #include <stddef.h>
@@ -178,6 +180,91 @@ __global__ void deft_k_opt_adamw(T *p, const T *g, T *m, T *v, int64_t total, co
     }
 }
 
+/* ---------------------------------------------------------------- one launch: the common step
+ * With one micro-batch per update and no clipping, nothing in an update waits on the norm, so a single kernel does
+ * the whole step: each block reads its range of the gradients through the gather table, keeps them in flat_grads,
+ * updates its range of the parameters with the coefficients of this run (from the device's counters, which no
+ * block changes before every block has read them), and writes its sum of squares; the last block to finish (a
+ * ticket after a fence) adds the sums in block order, writes the norm and advances the counters. The formulas are
+ * the update kernels' above with scale 1, so both paths give the same parameters. */
+template <class T>
+__device__ __forceinline__ void deft_opt_step_one(T *p, T *s0, T *s1, int64_t j, T d, const deft_opt_hyper &h,
+                                                  const deft_optimizer_dev *dev, bool first) {
+    if (h.kind == DEFT_OPTIM_SGD) {
+        const T lr = (T)dev->lr, mom = (T)h.momentum, damp = (T)(1.0 - h.dampening), wd = (T)h.sgd_weight_decay;
+        if (wd != T(0)) d += wd * p[j];
+        if (mom != T(0)) {
+            const T b = first ? d : mom * s0[j] + damp * d;
+            s0[j] = b;
+            d = h.nesterov ? d + mom * b : b;
+        }
+        p[j] -= lr * d;
+        return;
+    }
+    const double t = (double)(dev->updates + 1);
+    const T step = (T)(dev->lr / (1.0 - pow(h.beta1, t))), bc2_sqrt = (T)sqrt(1.0 - pow(h.beta2, t));
+    const T decay = (T)(1.0 - dev->lr * h.adamw_weight_decay), b1 = (T)h.beta1, b2 = (T)h.beta2, eps = (T)h.eps;
+    const T pj = p[j] * decay;
+    T mj = first ? T(0) : s0[j], vj = first ? T(0) : s1[j];
+    mj = b1 * mj + (T(1) - b1) * d;
+    vj = b2 * vj + (T(1) - b2) * d * d;
+    s0[j] = mj;
+    s1[j] = vj;
+    p[j] = (T)((double)pj - (double)(step * mj) / (sqrt((double)vj) / (double)bc2_sqrt + (double)eps));
+}
+
+template <class T>
+__global__ void deft_k_opt_fused(T *p, T *flat, T *s0, T *s1, const deft_optimizer_segment *seg, int nseg,
+                                 int64_t total, int64_t per_block, deft_optimizer_dev *dev, deft_opt_hyper h,
+                                 float *out) {
+    __shared__ double sh[DEFT_OPT_THREADS];
+    __shared__ bool last;
+    const bool first = dev->updates == 0;
+    const int64_t lo = (int64_t)blockIdx.x * per_block;
+    const int64_t hi = lo + per_block < total ? lo + per_block : total;
+    double sum = 0.0;
+    int a = 0, b = nseg - 1;   /* the last segment starting at or before lo */
+    while (a < b) {
+        const int m = (a + b + 1) / 2;
+        if (seg[m].offset <= lo) a = m;
+        else b = m - 1;
+    }
+    for (int s = a; lo < hi && s < nseg && seg[s].offset < hi; s++) {
+        const int64_t off = seg[s].offset, end = off + seg[s].count;
+        const int64_t s0i = lo > off ? lo : off, s1i = hi < end ? hi : end;
+        const T *src = (const T *)seg[s].src;
+        for (int64_t j = s0i + threadIdx.x; j < s1i; j += blockDim.x) {
+            const T g = src[j - off];
+            flat[j] = g;
+            sum += (double)g * (double)g;
+            deft_opt_step_one<T>(p, s0, s1, j, g, h, dev, first);
+        }
+    }
+    sum = deft_opt_block_sum(sum, sh);
+    if (threadIdx.x == 0) {
+        dev->partial[blockIdx.x] = sum;
+        __threadfence();
+        last = atomicAdd(&dev->blocks_done, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    double v = 0.0;
+    for (int i = (int)threadIdx.x; i < (int)gridDim.x; i += (int)blockDim.x) v += ((volatile double *)dev->partial)[i];
+    const double total_sq = deft_opt_block_sum(v, sh);
+    if (threadIdx.x == 0) {
+        const double norm = sqrt(total_sq);
+        dev->last_norm = (float)norm;
+        dev->scale = 1.0;
+        dev->first = first;
+        dev->updates++;
+        dev->micro = 0;
+        dev->update_now = 1;
+        dev->blocks_done = 0;
+        if (out) *out = (float)norm;
+    }
+}
+
 /* ---------------------------------------------------------------- the host side */
 static deft_status deft_opt_cuda_fail(cudaError_t e, const char *what) {
     (void)cudaGetLastError();
@@ -195,48 +282,23 @@ static bool deft_opt_capturing(cudaStream_t st) {
     return cs != cudaStreamCaptureStatusNone;
 }
 
-/* The device gather table for these gradient addresses: one built before (a compare on the host, no device call),
- * or a new one. Building waits for the stream (and, when it replaces a table another program may still read, for
- * the device): it happens on a program's first run, never during a capture. */
-static deft_status deft_opt_gather_table(deft_optimizer *o, const void *const *grads, cudaStream_t st,
-                                         const deft_optimizer_segment **out) {
+/* The table built before for these gradient addresses (a compare on the host, no device call), or NULL. */
+static const deft_optimizer_segment *deft_opt_known_table(deft_optimizer *o, const void *const *grads) {
     const size_t ptr_bytes = (size_t)o->n_params * sizeof *grads;
     for (int i = 0; i < o->n_gathers; i++) {
         deft_optimizer_gather *e = &o->gathers[i];
         if (memcmp(e->grads, grads, ptr_bytes) == 0) {
             e->last_used = ++o->gather_clock;
-            *out = e->table;
-            return DEFT_OK;
+            return e->table;
         }
     }
-    if (deft_opt_capturing(st))
-        return deft_set_error(DEFT_ERR_STATE, "optimizer: the gradients sit at addresses this optimizer has not seen "
-                              "while its stream is capturing a CUDA Graph; run the step once eagerly first");
+    return NULL;
+}
+
+/* Copies the table for `grads` into e->table and waits for the copy (the host rows are freed at once). */
+static deft_status deft_opt_fill_table(deft_optimizer *o, deft_optimizer_gather *e, const void *const *grads,
+                                       cudaStream_t st) {
     const size_t table_bytes = (size_t)o->n_params * sizeof(deft_optimizer_segment);
-    deft_optimizer_gather *e;
-    deft_status s;
-    if (o->n_gathers < DEFT_OPTIMIZER_GATHER_CACHE) {
-        e = &o->gathers[o->n_gathers];
-        memset(e, 0, sizeof *e);
-        e->grads = (const void **)malloc(ptr_bytes ? ptr_bytes : 1);
-        if (!e->grads) return deft_set_error(DEFT_ERR_OOM, "optimizer: out of host memory");
-        void *table = NULL;
-        s = deft_caching_alloc(o->device, table_bytes, st, "optimizer.gather", &table);
-        if (s != DEFT_OK) {
-            free(e->grads);
-            e->grads = NULL;
-            return s;
-        }
-        e->table = (deft_optimizer_segment *)table;
-        o->n_gathers++;
-    } else {
-        /* Replace the least recently used table; another program's queued step may still read it. */
-        e = &o->gathers[0];
-        for (int i = 1; i < o->n_gathers; i++)
-            if (o->gathers[i].last_used < e->last_used) e = &o->gathers[i];
-        s = deft_device_synchronize(o->device);
-        if (s != DEFT_OK) return s;
-    }
     deft_optimizer_segment *host = (deft_optimizer_segment *)malloc(table_bytes ? table_bytes : 1);
     if (!host) return deft_set_error(DEFT_ERR_OOM, "optimizer: out of host memory");
     for (int i = 0; i < o->n_params; i++) {
@@ -245,16 +307,72 @@ static deft_status deft_opt_gather_table(deft_optimizer *o, const void *const *g
         host[i].offset = o->offsets[i];
         host[i].count = deft_shape_numel(t->ndim, t->shape);
     }
-    /* Until the copy is done the table matches no addresses, so a failure leaves nothing half built. */
-    memset(e->grads, 0, ptr_bytes);
     cudaError_t ce = cudaMemcpyAsync(e->table, host, table_bytes, cudaMemcpyHostToDevice, st);
     if (ce == cudaSuccess) ce = cudaStreamSynchronize(st);
     free(host);
-    if (ce != cudaSuccess) return deft_opt_cuda_fail(ce, "copying the gather table");
+    return ce == cudaSuccess ? DEFT_OK : deft_opt_cuda_fail(ce, "copying the gather table");
+}
+
+/* A new entry: registered only once its table is on the device, so that a failure (out of memory under a limit,
+ * say) leaves the cache as it was and the next run simply tries again. */
+static deft_status deft_opt_new_table(deft_optimizer *o, const void *const *grads, cudaStream_t st,
+                                      const deft_optimizer_segment **out) {
+    const size_t ptr_bytes = (size_t)o->n_params * sizeof *grads;
+    deft_optimizer_gather e;
+    memset(&e, 0, sizeof e);
+    e.grads = (const void **)malloc(ptr_bytes ? ptr_bytes : 1);
+    if (!e.grads) return deft_set_error(DEFT_ERR_OOM, "optimizer: out of host memory");
+    void *table = NULL;
+    deft_status s = deft_caching_alloc(o->device, (size_t)o->n_params * sizeof(deft_optimizer_segment), st,
+                                       "optimizer.gather", &table);
+    e.table = (deft_optimizer_segment *)table;
+    if (s == DEFT_OK) s = deft_opt_fill_table(o, &e, grads, st);
+    if (s != DEFT_OK) {
+        (void)deft_caching_free(o->device, table);
+        free(e.grads);
+        return s;
+    }
+    memcpy(e.grads, grads, ptr_bytes);
+    e.last_used = ++o->gather_clock;
+    o->gathers[o->n_gathers++] = e;
+    *out = e.table;
+    return DEFT_OK;
+}
+
+/* Refills the least recently used table; another program's queued step may still read it, hence the device wait.
+ * Until the copy is done the entry matches no addresses, so a failure leaves nothing half built. */
+static deft_status deft_opt_reuse_table(deft_optimizer *o, const void *const *grads, cudaStream_t st,
+                                        const deft_optimizer_segment **out) {
+    deft_optimizer_gather *e = &o->gathers[0];
+    for (int i = 1; i < o->n_gathers; i++)
+        if (o->gathers[i].last_used < e->last_used) e = &o->gathers[i];
+    deft_status s = deft_device_synchronize(o->device);
+    if (s != DEFT_OK) return s;
+    const size_t ptr_bytes = (size_t)o->n_params * sizeof *grads;
+    memset(e->grads, 0, ptr_bytes);
+    s = deft_opt_fill_table(o, e, grads, st);
+    if (s != DEFT_OK) return s;
     memcpy(e->grads, grads, ptr_bytes);
     e->last_used = ++o->gather_clock;
     *out = e->table;
     return DEFT_OK;
+}
+
+/* The device gather table for these gradient addresses: one built before, or a new one. Building waits for the
+ * stream: it happens on a program's first run, never during a capture. */
+static deft_status deft_opt_gather_table(deft_optimizer *o, const void *const *grads, cudaStream_t st,
+                                         const deft_optimizer_segment **out) {
+    *out = deft_opt_known_table(o, grads);
+    if (*out) return DEFT_OK;
+    if (deft_opt_capturing(st))
+        return deft_set_error(DEFT_ERR_STATE, "optimizer: the gradients sit at addresses this optimizer has not seen "
+                              "while its stream is capturing a CUDA Graph; run the step once eagerly first");
+    deft_status s = o->n_gathers < DEFT_OPTIMIZER_GATHER_CACHE ? deft_opt_new_table(o, grads, st, out)
+                                                                : deft_opt_reuse_table(o, grads, st, out);
+    if (s == DEFT_OK) return DEFT_OK;
+    char msg[768];
+    snprintf(msg, sizeof msg, "%s", deft_errmsg());
+    return deft_set_error(s, "optimizer %s: building its gather table: %s", o->step_node->name, msg);
 }
 
 template <class T>
@@ -288,6 +406,14 @@ static deft_status deft_opt_launch(deft_optimizer *o, const deft_optimizer_segme
     deft_optimizer_dev *dev = o->dev;
     const deft_tensor *n = o->step_node;
 
+    if (o->accumulate_steps == 1 && !(o->max_grad_norm > 0.0)) {
+        int64_t fused_per = (total + DEFT_OPTIMIZER_NORM_BLOCKS - 1) / DEFT_OPTIMIZER_NORM_BLOCKS;
+        if (fused_per < DEFT_OPT_GATHER_CHUNK) fused_per = DEFT_OPT_GATHER_CHUNK;
+        const unsigned fused_blocks = (unsigned)((total + fused_per - 1) / fused_per);
+        deft_k_opt_fused<T><<<fused_blocks, DEFT_OPT_THREADS, 0, st>>>(p, g, s0, s1, table, o->n_params, total,
+                                                                       fused_per, dev, h, out);
+        return deft_cuda_check_launch(n, "optimizer step");
+    }
     deft_k_opt_gather<T><<<gather_blocks, DEFT_OPT_THREADS, 0, st>>>(g, table, o->n_params, total, per_block, dev);
     deft_status s = deft_cuda_check_launch(n, "optimizer gather");
     if (s != DEFT_OK) return s;

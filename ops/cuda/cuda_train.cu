@@ -5,43 +5,11 @@
 #include <string.h>
 
 #include "cuda_common.cuh"
+#include "device_errors.h"
+#include "cuda_elementwise_fn.cuh"
 #include "rng.h"
 
-#define DEFT_SQRT1_2 0.70710678118654752440
-#define DEFT_INV_SQRT_2PI 0.39894228040143267794
-
 /* ---------------------------------------------------------------- activation gradients: out = dy * act'(x) */
-/* relu'(0) = 0, and x <= 0 rather than x > 0 so that a NaN input passes dy on, as torch's threshold_backward. */
-struct deft_ag_relu {
-    template <class C> __device__ C operator()(C dy, C x) const { return x <= C(0) ? C(0) : dy; }
-};
-/* The exact (erf) gelu: Phi(x) + x * phi(x), with Phi written through erfc as the forward is. */
-struct deft_ag_gelu {
-    template <class C> __device__ C operator()(C dy, C x) const {
-        const C d = C(0.5) * deft_math_erfc(-x * C(DEFT_SQRT1_2)) +
-                    x * C(DEFT_INV_SQRT_2PI) * deft_math_exp(C(-0.5) * x * x);
-        return dy * d;
-    }
-};
-struct deft_ag_silu {
-    template <class C> __device__ C operator()(C dy, C x) const {
-        const C s = deft_math_sigmoid(x);
-        return dy * (s + x * s * (C(1) - s));
-    }
-};
-struct deft_ag_tanh {
-    template <class C> __device__ C operator()(C dy, C x) const {
-        const C t = deft_math_tanh(x);
-        return dy * (C(1) - t * t);
-    }
-};
-struct deft_ag_sigmoid {
-    template <class C> __device__ C operator()(C dy, C x) const {
-        const C s = deft_math_sigmoid(x);
-        return dy * (s * (C(1) - s));
-    }
-};
-
 /* The output may be dy's or x's own buffer (in-place reuse by the planner): element i is read before it is written. */
 template <class T, class F> __global__ void deft_k_act_grad(T *o, const T *dy, const T *x, int64_t n, F f) {
     typedef deft_ty<T> Ty;
@@ -149,15 +117,14 @@ deft_status deft_cuda_slice_grad(const deft_tensor *n, void *out, const void *dy
 }
 
 /* ---------------------------------------------------------------- cross-entropy */
-/* A warp per row. The first row with a target outside [0, C) is recorded here, as (row << 32) | (uint32) target,
- * by atomicMin: all ones means none. The launcher resets it before the kernel and reads it back after (one record
- * per device, like deft_ce_partial below: the kernels of one device run in order on one stream). */
-__device__ unsigned long long deft_ce_bad_target;
-#define DEFT_CE_NONE (~0ull)
-
-__device__ __forceinline__ void deft_ce_record_bad(int64_t row, int32_t target) {
+/* A target outside [0, C) is data, known only once the kernel runs: the kernel records the lowest such row in the
+ * device's error record (runtime/device_errors.h) and carries on, its rows giving NaN; the host reports the record
+ * when it next reads an output, so no launch waits for the host. The row is clamped so that no key equals "none". */
+__device__ __forceinline__ void deft_ce_record_bad(deft_device_errors *rec, int64_t row, int32_t target, int64_t c) {
     const unsigned long long r = (unsigned long long)(row < 0xfffffffell ? row : 0xfffffffell);
-    atomicMin(&deft_ce_bad_target, (r << 32) | (unsigned long long)(uint32_t)target);
+    const unsigned long long key = (r << 32) | (unsigned long long)(uint32_t)target;
+    /* Only a kernel that lowered the key writes C; within one kernel every writer writes the same C. */
+    if (key < atomicMin(&rec->ce_bad, key)) rec->ce_classes = (long long)c;
 }
 
 /* Every lane gets the result: the xor butterfly combines the same pairs in every lane, so they agree bit for bit. */
@@ -195,7 +162,9 @@ __device__ void deft_ce_row_stats(const T *x, int64_t c, int lane, typename deft
 #define DEFT_CE_ROWS_PER_BLOCK (DEFT_CUDA_THREADS / 32)
 __device__ double deft_ce_partial[DEFT_CE_MAX_BLOCKS];
 
-template <class T> __global__ void deft_k_cross_entropy_rows(const T *x, const int32_t *t, int64_t rows, int64_t c) {
+template <class T>
+__global__ void deft_k_cross_entropy_rows(const T *x, const int32_t *t, int64_t rows, int64_t c,
+                                          deft_device_errors *rec) {
     typedef deft_ty<T> Ty;
     __shared__ double part[DEFT_CUDA_THREADS / 32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
@@ -204,7 +173,7 @@ template <class T> __global__ void deft_k_cross_entropy_rows(const T *x, const i
     for (int64_t r = (int64_t)blockIdx.x * nw + warp; r < rows; r += stride) {
         const int32_t tr = t[r];
         if (tr < 0 || tr >= c) {
-            if (lane == 0) deft_ce_record_bad(r, tr);
+            if (lane == 0) deft_ce_record_bad(rec, r, tr, c);
             acc = NAN;
             continue;
         }
@@ -235,7 +204,7 @@ template <class T> __global__ void deft_k_cross_entropy_mean(T *out, int nblocks
 /* A warp per row over the whole grid: (softmax(row) - onehot(t)) * dloss / N. */
 template <class T>
 __global__ void deft_k_cross_entropy_grad(T *o, const T *dloss, const T *x, const int32_t *t, int64_t rows,
-                                          int64_t c) {
+                                          int64_t c, deft_device_errors *rec) {
     typedef deft_ty<T> Ty;
     const int lane = threadIdx.x & 31;
     const int64_t warp0 = deft_tid() >> 5, nwarps = deft_nthreads() >> 5;
@@ -245,7 +214,7 @@ __global__ void deft_k_cross_entropy_grad(T *o, const T *dloss, const T *x, cons
         const T *xr = x + r * c;
         T *orow = o + r * c;
         if (tr < 0 || tr >= c) {
-            if (lane == 0) deft_ce_record_bad(r, tr);
+            if (lane == 0) deft_ce_record_bad(rec, r, tr, c);
             for (int64_t l = lane; l < c; l += 32) orow[l] = Ty::from_f64((double)NAN);
             continue;
         }
@@ -260,39 +229,6 @@ __global__ void deft_k_cross_entropy_grad(T *o, const T *dloss, const T *x, cons
     }
 }
 
-/* Targets are data on the device, so a bad one is only known once the kernel has run. Outside stream capture the
- * launcher resets the record, and after the kernel waits for it and reads it back, so that a bad target fails the
- * run with the CPU's message. Under capture (a CUDA Graph) it cannot wait: the affected rows come out NaN. */
-static deft_status deft_ce_arm(cudaStream_t st, bool *check) {
-    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(st, &cs) != cudaSuccess) {
-        (void)cudaGetLastError();
-        cs = cudaStreamCaptureStatusActive;
-    }
-    *check = cs == cudaStreamCaptureStatusNone;
-    if (!*check) return DEFT_OK;
-    static const unsigned long long none = DEFT_CE_NONE;
-    cudaError_t e = cudaMemcpyToSymbolAsync(deft_ce_bad_target, &none, sizeof none, 0, cudaMemcpyHostToDevice, st);
-    if (e == cudaSuccess) return DEFT_OK;
-    (void)cudaGetLastError();
-    return deft_set_error(DEFT_ERR_RUNTIME, "cuda cross_entropy: resetting the target check failed: %s",
-                          cudaGetErrorString(e));
-}
-
-static deft_status deft_ce_verdict(cudaStream_t st, int64_t c) {
-    unsigned long long bad = DEFT_CE_NONE;
-    cudaError_t e = cudaMemcpyFromSymbolAsync(&bad, deft_ce_bad_target, sizeof bad, 0, cudaMemcpyDeviceToHost, st);
-    if (e == cudaSuccess) e = cudaStreamSynchronize(st);
-    if (e != cudaSuccess) {
-        (void)cudaGetLastError();
-        return deft_set_error(DEFT_ERR_RUNTIME, "cuda cross_entropy: reading the target check failed: %s",
-                              cudaGetErrorString(e));
-    }
-    if (bad == DEFT_CE_NONE) return DEFT_OK;
-    return deft_set_error(DEFT_ERR_INVALID, "cross_entropy: target %d of row %lld is outside [0, %lld)",
-                          (int)(int32_t)(uint32_t)(bad & 0xffffffffull), (long long)(bad >> 32), (long long)c);
-}
-
 static deft_status deft_ce_check_shapes(const deft_tensor *n, const deft_tensor *logits, const deft_tensor *targets) {
     if (logits->ndim != 2 || targets->ndim != 1 || targets->shape[0] != logits->shape[0])
         return deft_set_error(DEFT_ERR_SHAPE, "%s: logits must be [N, C] and targets [N]", deft_op_name(n->op));
@@ -304,21 +240,19 @@ deft_status deft_cuda_cross_entropy(const deft_tensor *n, void *out, const void 
     deft_status s = deft_ce_check_shapes(n, n->src[0], n->src[1]);
     if (s != DEFT_OK) return s;
     const int64_t rows = n->src[0]->shape[0], c = n->src[0]->shape[1];
-    bool check;
+    deft_device_errors *rec = NULL;
+    s = deft_device_errors_get(n->device.index, st, &rec);
+    if (s != DEFT_OK) return s;
     return deft_with_float_dtype(n, [&](auto tag) -> deft_status {
         typedef typename decltype(tag)::type T;
-        deft_status r = deft_ce_arm(st, &check);
-        if (r != DEFT_OK) return r;
         const int64_t want = (rows + DEFT_CE_ROWS_PER_BLOCK - 1) / DEFT_CE_ROWS_PER_BLOCK;
         const int blocks = (int)(want < 1 ? 1 : want > DEFT_CE_MAX_BLOCKS ? DEFT_CE_MAX_BLOCKS : want);
-        deft_k_cross_entropy_rows<T><<<blocks, DEFT_CUDA_THREADS, 0, st>>>((const T *)logits,
-                                                                            (const int32_t *)targets, rows, c);
-        r = deft_cuda_check_launch(n, "cross_entropy rows");
+        deft_k_cross_entropy_rows<T><<<blocks, DEFT_CUDA_THREADS, 0, st>>>(
+            (const T *)logits, (const int32_t *)targets, rows, c, rec);
+        deft_status r = deft_cuda_check_launch(n, "cross_entropy rows");
         if (r != DEFT_OK) return r;
         deft_k_cross_entropy_mean<T><<<1, 32, 0, st>>>((T *)out, blocks, rows);
-        r = deft_cuda_check_launch(n, "cross_entropy mean");
-        if (r != DEFT_OK || !check) return r;
-        return deft_ce_verdict(st, c);
+        return deft_cuda_check_launch(n, "cross_entropy mean");
     });
 }
 
@@ -330,16 +264,14 @@ deft_status deft_cuda_cross_entropy_grad(const deft_tensor *n, void *out, const 
         return deft_set_error(DEFT_ERR_SHAPE, "cross_entropy_grad: wants a one-element loss gradient and an output "
                                               "of the logits' shape");
     const int64_t rows = n->src[1]->shape[0], c = n->src[1]->shape[1];
-    bool check;
+    deft_device_errors *rec = NULL;
+    s = deft_device_errors_get(n->device.index, st, &rec);
+    if (s != DEFT_OK) return s;
     return deft_with_float_dtype(n, [&](auto tag) -> deft_status {
         typedef typename decltype(tag)::type T;
-        deft_status r = deft_ce_arm(st, &check);
-        if (r != DEFT_OK) return r;
         deft_k_cross_entropy_grad<T><<<deft_cuda_blocks(rows * 32, DEFT_CUDA_THREADS), DEFT_CUDA_THREADS, 0, st>>>(
-            (T *)out, (const T *)dloss, (const T *)logits, (const int32_t *)targets, rows, c);
-        r = deft_cuda_check_launch(n, "cross_entropy_grad");
-        if (r != DEFT_OK || !check) return r;
-        return deft_ce_verdict(st, c);
+            (T *)out, (const T *)dloss, (const T *)logits, (const int32_t *)targets, rows, c, rec);
+        return deft_cuda_check_launch(n, "cross_entropy_grad");
     });
 }
 

@@ -1,0 +1,43 @@
+/* What the two matmul files share (C++ only, not installed): cuda_matmul.cu holds the shape analysis, the device
+ * workspace and the reference path (cublasGemmEx); cuda_matmul_lt.cu the cuBLASLt path (plain products and fused
+ * epilogues), which falls back to the reference where cuBLASLt has no algorithm. */
+#ifndef DEFT_CUDA_MATMUL_IMPL_CUH
+#define DEFT_CUDA_MATMUL_IMPL_CUH
+
+#include <cublas_v2.h>
+
+#include "cuda_common.cuh"
+
+#define DEFT_CUBLAS_MAX_DEVICES 64
+
+/* One product's shape: row-major out[..., M, N] = op(a)[..., M, K] op(b)[..., K, N]. */
+typedef struct deft_mm {
+    int ta, tb;
+    int64_t M, N, K;
+    int nbatch;                                      /* output batch dims */
+    int64_t bshape[DEFT_MAX_DIMS];                   /* output batch shape */
+    int64_t sa[DEFT_MAX_DIMS], sb[DEFT_MAX_DIMS];    /* batch strides of a and b in matrices (0: broadcast) */
+    int64_t batch, a_mats, b_mats;                   /* output matrices; matrices stored in a and in b */
+} deft_mm;
+
+deft_status deft_mm_make(const deft_tensor *n, deft_mm *s);
+deft_status deft_cublas_error(const char *what, cublasStatus_t s);
+
+/* The current device's index, checked against DEFT_CUBLAS_MAX_DEVICES. */
+deft_status deft_matmul_device(int *dev);
+
+/* The device's one matmul workspace (DEFT_CUBLAS_WORKSPACE_BYTES from the caching allocator), shared by the cuBLAS
+ * handle and the cuBLASLt calls, so the footprint a program reports holds for either path. Thread-safe. */
+deft_status deft_matmul_workspace(int dev, void **out);
+
+/* The reference path: cublasGemmEx / cublasGemmStridedBatchedEx, f32 never TF32 (cuda_matmul.cu). */
+deft_status deft_cuda_matmul_reference(const deft_tensor *n, const deft_mm &s, void *out, const void *a,
+                                       const void *b, cudaStream_t st);
+
+/* The plain product through cuBLASLt when its shape is one cuBLASLt takes (2-d, foldable or uniformly strided
+ * batches; f32, f16, bf16) and it has an algorithm for it: *done = true. Otherwise nothing runs and *done = false,
+ * and the caller takes the reference path. */
+deft_status deft_cuda_matmul_lt_plain(const deft_tensor *n, const deft_mm &s, void *out, const void *a,
+                                      const void *b, cudaStream_t st, unsigned flags, bool *done);
+
+#endif

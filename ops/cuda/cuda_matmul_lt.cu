@@ -1,0 +1,399 @@
+/* Matrix products through cuBLASLt: the plain products cuda_matmul.cu hands over, TF32 when the program allows it,
+ * and the fused epilogues of cuda_matmul.h (bias, bias + ReLU, bias gradient).
+ *
+ * Row-major to column-major as in cuda_matmul.cu: out[M, N] = op(a) op(b) is computed as out^T = op(b)^T op(a)^T,
+ * so cuBLASLt's A is our b, its B our a, and D (m = N rows, n = M columns, ld N) is our out. Hence:
+ *   - our bias over the N output columns is a bias over D's rows: CUBLASLT_EPILOGUE_BIAS, whose vector has m = N
+ *     elements, broadcast over D's columns;
+ *   - our bias gradient, the sum over k of op(b)[k, n], is the sum over k of op(A)[n, k]: CUBLASLT_EPILOGUE_BGRADA,
+ *     which cuBLASLt runs only with transa = N, i.e. only for an untransposed b (the dW = x^T dy of a linear layer).
+ *
+ * Each distinct problem (device, shape, dtype, transposes, epilogue, TF32, pointer alignments) runs the heuristic
+ * once; its descriptors and algorithm are kept in a host cache for the life of the process, so the capture of a
+ * step into a CUDA Graph (which follows eager runs of the same step) only looks them up. A problem met for the first
+ * time inside a capture is not looked up in cuBLASLt at all: it takes the fallback (the reference product, plus the
+ * small epilogue kernels below), whose calls are capturable. So are the problems cuBLASLt has no algorithm for. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <mutex>
+#include <vector>
+
+#include <cublasLt.h>
+
+#include "cuda_matmul.h"
+#include "cuda_matmul_impl.cuh"
+
+/* ---- one cuBLASLt handle per device, never destroyed (as the cuBLAS handles) ---- */
+static cublasLtHandle_t deft_lt_handles[DEFT_CUBLAS_MAX_DEVICES];
+/* Guards the handles and the cache; held across a whole call, since a cached descriptor's bias pointer is set
+ * per call. */
+static std::mutex deft_lt_lock;
+
+static deft_status deft_lt_handle(int dev, cublasLtHandle_t *out) {
+    if (!deft_lt_handles[dev]) {
+        cublasStatus_t s = cublasLtCreate(&deft_lt_handles[dev]);
+        if (s != CUBLAS_STATUS_SUCCESS) {
+            deft_lt_handles[dev] = NULL;
+            return deft_cublas_error("cublasLtCreate", s);
+        }
+    }
+    *out = deft_lt_handles[dev];
+    return DEFT_OK;
+}
+
+/* ---- the problem and its cache entry ---- */
+typedef struct deft_lt_key {
+    int dev, dtype, ta, tb, epilogue, tf32;
+    int64_t M, N, K, count, stride_a, stride_b;   /* count 1: one product; strides in elements, 0 repeats one */
+    uint32_t align_a, align_b, align_out, align_bias;
+} deft_lt_key;
+
+typedef struct deft_lt_entry {
+    deft_lt_key key;
+    bool found;   /* false: cuBLASLt has no algorithm; the fallback runs */
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t la, lb, ld;   /* cuBLASLt's A (our b), B (our a), C = D (our out) */
+    cublasLtMatmulAlgo_t algo;
+} deft_lt_entry;
+
+/* Distinct problems kept; past this, new ones take the fallback rather than grow the cache without end. */
+#define DEFT_LT_CACHE_MAX 4096
+static std::vector<deft_lt_entry> deft_lt_cache;
+
+/* The largest power of two dividing p, up to the 256 bytes cuBLASLt asks about. */
+static uint32_t deft_lt_align(const void *p) {
+    const uintptr_t v = (uintptr_t)p;
+    const uintptr_t low = v & (~v + 1);
+    return (low == 0 || low > 256) ? 256u : (uint32_t)low;
+}
+
+static deft_lt_entry *deft_lt_find(const deft_lt_key &k) {
+    for (deft_lt_entry &e : deft_lt_cache)
+        if (memcmp(&e.key, &k, sizeof k) == 0) return &e;
+    return NULL;
+}
+
+static cudaDataType_t deft_lt_data_type(int dtype) {
+    switch (dtype) {
+    case DEFT_F16: return CUDA_R_16F;
+    case DEFT_BF16: return CUDA_R_16BF;
+    default: return CUDA_R_32F;
+    }
+}
+
+static void deft_lt_entry_free(deft_lt_entry *e) {
+    if (e->desc) cublasLtMatmulDescDestroy(e->desc);
+    if (e->la) cublasLtMatrixLayoutDestroy(e->la);
+    if (e->lb) cublasLtMatrixLayoutDestroy(e->lb);
+    if (e->ld) cublasLtMatrixLayoutDestroy(e->ld);
+    e->desc = NULL;
+    e->la = e->lb = e->ld = NULL;
+}
+
+/* A column-major rows x cols layout, with its batch when count > 1. */
+static cublasStatus_t deft_lt_layout(cublasLtMatrixLayout_t *l, cudaDataType_t dt, int64_t rows, int64_t cols,
+                                     int64_t count, int64_t stride) {
+    cublasStatus_t s = cublasLtMatrixLayoutCreate(l, dt, (uint64_t)rows, (uint64_t)cols, rows);
+    if (s != CUBLAS_STATUS_SUCCESS || count == 1) return s;
+    const int32_t c = (int32_t)count;
+    s = cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &c, sizeof c);
+    if (s != CUBLAS_STATUS_SUCCESS) return s;
+    return cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride);
+}
+
+static cublasStatus_t deft_lt_describe(const deft_lt_key &k, deft_lt_entry *e) {
+    const cudaDataType_t dt = deft_lt_data_type(k.dtype);
+    const cublasComputeType_t compute = k.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    cublasStatus_t s = cublasLtMatmulDescCreate(&e->desc, compute, CUDA_R_32F);
+    if (s != CUBLAS_STATUS_SUCCESS) return s;
+    const int32_t op_a = k.tb ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = k.ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const uint32_t epi = (uint32_t)k.epilogue;
+    if ((s = cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a)) ||
+        (s = cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b)) ||
+        (s = cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi)))
+        return s;
+    /* Stored shapes: b is [K, N] (column-major N x K) or, transposed, [N, K] (K x N); a likewise with M. */
+    if ((s = deft_lt_layout(&e->la, dt, k.tb ? k.K : k.N, k.tb ? k.N : k.K, k.count, k.stride_b)) ||
+        (s = deft_lt_layout(&e->lb, dt, k.ta ? k.M : k.K, k.ta ? k.K : k.M, k.count, k.stride_a)))
+        return s;
+    return deft_lt_layout(&e->ld, dt, k.N, k.M, k.count, k.M * k.N);
+}
+
+/* The heuristic's first choice for the entry's problem: e->found stays false where there is none. Halves may only
+ * split K with partial sums kept in f32 (as the cuBLAS handle's DISALLOW_REDUCED_PRECISION_REDUCTION). */
+static cublasStatus_t deft_lt_choose(cublasLtHandle_t h, const deft_lt_key &k, const void *bias, deft_lt_entry *e) {
+    if (bias) {
+        cublasStatus_t s = cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                                          sizeof bias);
+        if (s != CUBLAS_STATUS_SUCCESS) return s;
+    }
+    cublasLtMatmulPreference_t pref;
+    cublasStatus_t s = cublasLtMatmulPreferenceCreate(&pref);
+    if (s != CUBLAS_STATUS_SUCCESS) return s;
+    const uint64_t ws = DEFT_CUBLAS_WORKSPACE_BYTES;
+    const uint32_t mask = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+    const bool half = k.dtype == DEFT_F16 || k.dtype == DEFT_BF16;
+    if (!(s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws)) &&
+        !(s = half ? cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &mask,
+                                                          sizeof mask)
+                   : CUBLAS_STATUS_SUCCESS) &&
+        !(s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &k.align_b,
+                                                   sizeof k.align_b)) &&
+        !(s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &k.align_a,
+                                                   sizeof k.align_a)) &&
+        !(s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &k.align_out,
+                                                   sizeof k.align_out)) &&
+        !(s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &k.align_out,
+                                                   sizeof k.align_out))) {
+        cublasLtMatmulHeuristicResult_t r;
+        int got = 0;
+        memset(&r, 0, sizeof r);
+        /* Any refusal (no algorithm, or a shape this version rejects outright) means the fallback, not an error. */
+        if (cublasLtMatmulAlgoGetHeuristic(h, e->desc, e->la, e->lb, e->ld, e->ld, pref, 1, &r, &got) ==
+                CUBLAS_STATUS_SUCCESS &&
+            got > 0 && r.state == CUBLAS_STATUS_SUCCESS) {
+            e->algo = r.algo;
+            e->found = true;
+        }
+    }
+    cublasLtMatmulPreferenceDestroy(pref);
+    return s;
+}
+
+/* The cached entry for k, made (descriptors and heuristic) on a miss; NULL with *s == DEFT_OK where the call must
+ * take the fallback: a miss inside a stream capture, or a full cache. The caller holds deft_lt_lock. */
+static deft_lt_entry *deft_lt_entry_for(cublasLtHandle_t h, const deft_lt_key &k, const void *bias, bool capturing,
+                                        deft_status *s) {
+    *s = DEFT_OK;
+    deft_lt_entry *hit = deft_lt_find(k);
+    if (hit || capturing || deft_lt_cache.size() >= DEFT_LT_CACHE_MAX) return hit;
+    deft_lt_entry e;
+    memset(&e, 0, sizeof e);
+    e.key = k;
+    cublasStatus_t cs = deft_lt_describe(k, &e);
+    if (cs == CUBLAS_STATUS_SUCCESS) cs = deft_lt_choose(h, k, bias, &e);
+    if (cs != CUBLAS_STATUS_SUCCESS) {
+        deft_lt_entry_free(&e);
+        *s = deft_cublas_error("cuBLASLt descriptor setup", cs);
+        return NULL;
+    }
+    if (!e.found) deft_lt_entry_free(&e);   /* only "no algorithm" is remembered */
+    deft_lt_cache.push_back(e);
+    return &deft_lt_cache.back();
+}
+
+/* Whether `st` is capturing into a CUDA Graph; a stream that cannot be asked counts as capturing. */
+static bool deft_lt_capturing(cudaStream_t st) {
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(st, &cs) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return true;
+    }
+    return cs != cudaStreamCaptureStatusNone;
+}
+
+/* ---- one cuBLASLt call ---- */
+typedef struct deft_lt_call {
+    deft_lt_key key;
+    const void *a, *b, *bias;   /* bias: the epilogue's vector (bias or bias gradient), NULL for none */
+    void *out;
+} deft_lt_call;
+
+static deft_lt_key deft_lt_key_make(const deft_tensor *n, int ta, int tb, int64_t M, int64_t N, int64_t K,
+                                    unsigned flags) {
+    deft_lt_key k;
+    memset(&k, 0, sizeof k);   /* the key is compared bytewise, padding included */
+    k.dtype = (int)n->dtype;
+    k.ta = ta;
+    k.tb = tb;
+    k.epilogue = (int)CUBLASLT_EPILOGUE_DEFAULT;
+    k.tf32 = n->dtype == DEFT_F32 && (flags & DEFT_CUDA_ALLOW_TF32) != 0;
+    k.M = M;
+    k.N = N;
+    k.K = K;
+    k.count = 1;
+    return k;
+}
+
+/* Runs c through cuBLASLt: *done = false (nothing enqueued) where the fallback must run instead. */
+static deft_status deft_lt_run(deft_lt_call &c, cudaStream_t st, bool *done) {
+    *done = false;
+    deft_status s = deft_matmul_device(&c.key.dev);
+    if (s != DEFT_OK) return s;
+    c.key.align_a = deft_lt_align(c.a);
+    c.key.align_b = deft_lt_align(c.b);
+    c.key.align_out = deft_lt_align(c.out);
+    c.key.align_bias = c.bias ? deft_lt_align(c.bias) : 0;
+    const bool capturing = deft_lt_capturing(st);
+    std::lock_guard<std::mutex> guard(deft_lt_lock);
+    cublasLtHandle_t h = NULL;
+    void *ws = NULL;
+    if (capturing && !deft_lt_handles[c.key.dev]) return DEFT_OK;   /* creating one is no capture's business */
+    if ((s = deft_lt_handle(c.key.dev, &h)) != DEFT_OK || (s = deft_matmul_workspace(c.key.dev, &ws)) != DEFT_OK)
+        return s;
+    deft_lt_entry *e = deft_lt_entry_for(h, c.key, c.bias, capturing, &s);
+    if (!e || !e->found) return s;
+    cublasStatus_t cs = CUBLAS_STATUS_SUCCESS;
+    if (c.bias)
+        cs = cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &c.bias, sizeof c.bias);
+    const float one = 1.0f, zero = 0.0f;
+    if (cs == CUBLAS_STATUS_SUCCESS)
+        cs = cublasLtMatmul(h, e->desc, &one, c.b, e->la, c.a, e->lb, &zero, c.out, e->ld, c.out, e->ld, &e->algo,
+                            ws, DEFT_CUBLAS_WORKSPACE_BYTES, st);
+    if (cs == CUBLAS_STATUS_NOT_SUPPORTED) {
+        /* Refused before launching anything: remember it, and let the fallback run now and from here on. */
+        e->found = false;
+        deft_lt_entry_free(e);
+        return DEFT_OK;
+    }
+    if (cs != CUBLAS_STATUS_SUCCESS) return deft_cublas_error("cublasLtMatmul", cs);
+    *done = true;
+    return DEFT_OK;
+}
+
+/* ---- the plain product ---- */
+deft_status deft_cuda_matmul_lt_plain(const deft_tensor *n, const deft_mm &s, void *out, const void *a,
+                                      const void *b, cudaStream_t st, unsigned flags, bool *done) {
+    *done = false;
+    if (n->dtype != DEFT_F32 && n->dtype != DEFT_F16 && n->dtype != DEFT_BF16) return DEFT_OK;
+    deft_lt_call c;
+    c.a = a;
+    c.b = b;
+    c.bias = NULL;
+    c.out = out;
+    /* b shared by every batch and a stacked plainly: one product with the batch folded into M (as the reference). */
+    if (s.b_mats == 1 && !s.ta && s.a_mats == s.batch) {
+        c.key = deft_lt_key_make(n, 0, s.tb, s.batch * s.M, s.N, s.K, flags);
+        return deft_lt_run(c, st, done);
+    }
+    const bool a_uniform = s.a_mats == 1 || s.a_mats == s.batch, b_uniform = s.b_mats == 1 || s.b_mats == s.batch;
+    if (!a_uniform || !b_uniform || s.batch > INT32_MAX) return DEFT_OK;
+    c.key = deft_lt_key_make(n, s.ta, s.tb, s.M, s.N, s.K, flags);
+    c.key.count = s.batch;
+    if (s.batch > 1) {
+        c.key.stride_a = s.a_mats == 1 ? 0 : s.M * s.K;
+        c.key.stride_b = s.b_mats == 1 ? 0 : s.K * s.N;
+    }
+    return deft_lt_run(c, st, done);
+}
+
+/* ---- the fallback's epilogues: the same results in separate kernels, after the plain product ---- */
+template <class T>
+__global__ void deft_bias_kernel(T *out, const T *bias, int64_t total, int64_t N, bool relu) {
+    for (int64_t i = deft_tid(); i < total; i += deft_nthreads()) {
+        float v = deft_ty<T>::load(out[i]) + deft_ty<T>::load(bias[i % N]);
+        out[i] = deft_ty<T>::store(relu && v < 0.0f ? 0.0f : v);   /* NaN stays NaN, as relu does */
+    }
+}
+
+/* bias_grad[n] = sum over k of op(b)[k, n]; b is [K, N], or [N, K] when transposed. */
+template <class T>
+__global__ void deft_bias_grad_kernel(T *grad, const T *b, int64_t K, int64_t N, bool tb) {
+    for (int64_t n = deft_tid(); n < N; n += deft_nthreads()) {
+        float sum = 0.0f;
+        for (int64_t k = 0; k < K; k++) sum += deft_ty<T>::load(b[tb ? n * K + k : k * N + n]);
+        grad[n] = deft_ty<T>::store(sum);
+    }
+}
+
+template <class T>
+static deft_status deft_epilogue_kernels(const deft_tensor *mm, const deft_mm &s, void *out, const void *b,
+                                         const deft_mm_epilogue *ep, cudaStream_t st) {
+    if (ep->kind == DEFT_MM_EPI_BGRAD_B) {
+        if (s.N == 0) return DEFT_OK;
+        deft_bias_grad_kernel<T><<<deft_cuda_blocks(s.N, DEFT_CUDA_THREADS), DEFT_CUDA_THREADS, 0, st>>>(
+            (T *)ep->bias_grad, (const T *)b, s.K, s.N, s.tb != 0);
+        return deft_cuda_check_launch(mm, "bias_grad");
+    }
+    const int64_t total = s.M * s.N;
+    if (total == 0) return DEFT_OK;
+    deft_bias_kernel<T><<<deft_cuda_blocks(total, DEFT_CUDA_THREADS), DEFT_CUDA_THREADS, 0, st>>>(
+        (T *)out, (const T *)ep->bias, total, s.N, ep->kind == DEFT_MM_EPI_BIAS_RELU);
+    return deft_cuda_check_launch(mm, "bias");
+}
+
+static deft_status deft_matmul_fallback(const deft_tensor *mm, const deft_mm &s, void *out, const void *a,
+                                        const void *b, const deft_mm_epilogue *ep, cudaStream_t st,
+                                        unsigned flags) {
+    deft_status r = s.M * s.N == 0 ? DEFT_OK : deft_cuda_matmul(mm, out, a, b, st, flags);
+    if (r != DEFT_OK) return r;
+    switch (mm->dtype) {
+    case DEFT_F32: return deft_epilogue_kernels<float>(mm, s, out, b, ep, st);
+    case DEFT_F16: return deft_epilogue_kernels<__half>(mm, s, out, b, ep, st);
+    default: return deft_epilogue_kernels<__nv_bfloat16>(mm, s, out, b, ep, st);
+    }
+}
+
+/* ---- the fused entry points (cuda_matmul.h) ---- */
+extern "C" int deft_cuda_matmul_fusable(const deft_tensor *mm, deft_mm_epilogue_kind kind, unsigned flags) {
+    (void)flags;   /* TF32 or not, cuBLASLt offers the same epilogues */
+    if (!mm || mm->op != DEFT_OP_MATMUL || mm->nsrc != 2 || mm->device.type != DEFT_CUDA) return 0;
+    const deft_tensor *a = mm->src[0], *b = mm->src[1];
+    if (mm->ndim != 2 || a->ndim != 2 || b->ndim != 2) return 0;
+    if (mm->dtype != DEFT_F32 && mm->dtype != DEFT_F16 && mm->dtype != DEFT_BF16) return 0;
+    if (a->dtype != mm->dtype || b->dtype != mm->dtype) return 0;
+    for (int i = 0; i < 2; i++)
+        if (a->shape[i] > INT32_MAX || b->shape[i] > INT32_MAX) return 0;
+    switch (kind) {
+    case DEFT_MM_EPI_NONE:
+    case DEFT_MM_EPI_BIAS:
+    case DEFT_MM_EPI_BIAS_RELU: return 1;
+    case DEFT_MM_EPI_BGRAD_B: return mm->p.matmul.trans_b == 0;   /* BGRADA needs transa = N */
+    default: return 0;
+    }
+}
+
+static const char *deft_epilogue_name(deft_mm_epilogue_kind k) {
+    switch (k) {
+    case DEFT_MM_EPI_NONE: return "none";
+    case DEFT_MM_EPI_BIAS: return "bias";
+    case DEFT_MM_EPI_BIAS_RELU: return "bias+relu";
+    case DEFT_MM_EPI_BGRAD_B: return "bias gradient";
+    default: return "unknown";
+    }
+}
+
+static cublasLtEpilogue_t deft_lt_epilogue(deft_mm_epilogue_kind k) {
+    switch (k) {
+    case DEFT_MM_EPI_BIAS: return CUBLASLT_EPILOGUE_BIAS;
+    case DEFT_MM_EPI_BIAS_RELU: return CUBLASLT_EPILOGUE_RELU_BIAS;
+    case DEFT_MM_EPI_BGRAD_B: return CUBLASLT_EPILOGUE_BGRADA;
+    default: return CUBLASLT_EPILOGUE_DEFAULT;
+    }
+}
+
+static bool deft_reference_requested(void) {
+    const char *v = getenv("DEFT_MATMUL_REFERENCE");
+    return v && *v && strcmp(v, "0") != 0;
+}
+
+extern "C" deft_status deft_cuda_matmul_fused(const deft_tensor *mm, void *out, const void *a, const void *b,
+                                              const deft_mm_epilogue *ep, void *stream, unsigned flags) {
+    if (!ep) return deft_set_error(DEFT_ERR_INVALID, "cuda matmul: no epilogue given");
+    if (!deft_cuda_matmul_fusable(mm, ep->kind, flags))
+        return deft_set_error(DEFT_ERR_INVALID, "cuda matmul: the %s epilogue cannot be fused into %s",
+                              deft_epilogue_name(ep->kind), mm ? mm->name : "(no node)");
+    cudaStream_t st = (cudaStream_t)stream;
+    if (ep->kind == DEFT_MM_EPI_NONE) return deft_cuda_matmul(mm, out, a, b, st, flags);
+    const void *vec = ep->kind == DEFT_MM_EPI_BGRAD_B ? (const void *)ep->bias_grad : ep->bias;
+    if (!vec) return deft_set_error(DEFT_ERR_INVALID, "cuda matmul: the %s epilogue has no vector",
+                                    deft_epilogue_name(ep->kind));
+    deft_mm s;
+    deft_status r = deft_mm_make(mm, &s);
+    if (r != DEFT_OK) return r;
+    /* Empty products (cuBLASLt wants every dimension positive) and DEFT_MATMUL_REFERENCE take the fallback. */
+    if (s.M > 0 && s.N > 0 && s.K > 0 && !deft_reference_requested()) {
+        deft_lt_call c;
+        c.key = deft_lt_key_make(mm, s.ta, s.tb, s.M, s.N, s.K, flags);
+        c.key.epilogue = (int)deft_lt_epilogue(ep->kind);
+        c.a = a;
+        c.b = b;
+        c.bias = vec;
+        c.out = out;
+        bool done = false;
+        r = deft_lt_run(c, st, &done);
+        if (r != DEFT_OK || done) return r;
+    }
+    return deft_matmul_fallback(mm, s, out, a, b, ep, st, flags);
+}

@@ -1,0 +1,66 @@
+/* A fused elementwise kernel as data: a chain of same-shape elementwise nodes that a compiled program runs as one
+ * kernel, each thread computing every member's element i in registers and storing only the members read outside the
+ * chain. Built by the program's fusion pass (runtime/fusion.c), run by ops/cuda/cuda_fused.cu. Plain C. */
+#ifndef DEFT_FUSED_H
+#define DEFT_FUSED_H
+
+#include <stdint.h>
+
+#include "deft.h"
+
+#define DEFT_FUSED_MAX_INPUTS 8
+#define DEFT_FUSED_MAX_OPS 24
+#define DEFT_FUSED_MAX_STORES 4
+#define DEFT_FUSED_MAX_REGS (DEFT_FUSED_MAX_INPUTS + DEFT_FUSED_MAX_OPS)
+
+/* Registers 0 .. n_inputs-1 hold the inputs' elements; instruction k writes register n_inputs + k. */
+typedef struct deft_fused_instr {
+    int32_t op;       /* a deft_op: binary, tensor-scalar, unary, act_grad, or expand (a copy of a) */
+    int32_t act;      /* act_grad: the activation (a deft_op) */
+    int32_t a, b;     /* operand registers (b: binary ops and act_grad's x) */
+    double scalar;    /* tensor-scalar ops */
+} deft_fused_instr;
+
+typedef enum deft_fused_input_kind {
+    DEFT_FUSED_IN_STRIDED = 0,   /* broadcast: offset from the element's index through strides */
+    DEFT_FUSED_IN_SAME,          /* the chain's own shape: element i */
+    DEFT_FUSED_IN_ONE            /* a single element, read by every thread */
+} deft_fused_input_kind;
+
+typedef struct deft_fused_kernel {
+    int32_t n_inputs, n_ops, n_stores, ndim;
+    int64_t numel;
+    int64_t shape[DEFT_MAX_DIMS];
+    int64_t strides[DEFT_FUSED_MAX_INPUTS][DEFT_MAX_DIMS];   /* in elements; 0 on broadcast dims */
+    int32_t input_kind[DEFT_FUSED_MAX_INPUTS];
+    int32_t store_reg[DEFT_FUSED_MAX_STORES];
+    deft_fused_instr ops[DEFT_FUSED_MAX_OPS];
+} deft_fused_kernel;
+
+/* Whether a fused kernel computes op (with activation act for act_grad) on f32 elements. */
+static inline int deft_fused_supports(deft_op op) {
+    switch (op) {
+    case DEFT_OP_ADD: case DEFT_OP_SUB: case DEFT_OP_MUL: case DEFT_OP_DIV: case DEFT_OP_MAXIMUM:
+    case DEFT_OP_EQ: case DEFT_OP_GT: case DEFT_OP_GE:
+    case DEFT_OP_ADD_SCALAR: case DEFT_OP_RSUB_SCALAR: case DEFT_OP_MUL_SCALAR: case DEFT_OP_DIV_SCALAR:
+    case DEFT_OP_RDIV_SCALAR: case DEFT_OP_MAXIMUM_SCALAR: case DEFT_OP_POW_SCALAR:
+    case DEFT_OP_NEG: case DEFT_OP_EXP: case DEFT_OP_LOG: case DEFT_OP_SQRT: case DEFT_OP_RSQRT: case DEFT_OP_TANH:
+    case DEFT_OP_SIGMOID: case DEFT_OP_RELU: case DEFT_OP_GELU: case DEFT_OP_SILU:
+    case DEFT_OP_ACT_GRAD: case DEFT_OP_EXPAND:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+/* Runs k on the current device, on `stream` (a cudaStream_t): in[j] is input j (f32), out[s] receives register
+ * store_reg[s]. An output may share its storage with a same-shape input (each thread reads every input of element i
+ * before writing element i). ops/cuda/cuda_fused.cu; defined only with CUDA. */
+deft_status deft_cuda_fused_run(const deft_fused_kernel *k, float *const *out, const float *const *in, void *stream);
+#ifdef __cplusplus
+}
+#endif
+#endif

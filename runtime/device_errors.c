@@ -1,0 +1,24 @@
+/* Which device error records a program reads when its outputs are read (runtime/device_errors.h). */
+#include <stdbool.h>
+
+#include "device_errors.h"
+#include "program_state.h"
+
+/* The ops whose CUDA kernels record data errors instead of failing the run (ops/cuda/cuda_train.cu). */
+static bool deft_op_records_device_errors(deft_op op) {
+    return op == DEFT_OP_CROSS_ENTROPY || op == DEFT_OP_CROSS_ENTROPY_GRAD;
+}
+
+deft_status deft_program_take_device_errors(const deft_program *p) {
+    bool seen[DEFT_DEVICE_ERRORS_MAX_DEVICES] = {false};
+    for (int id = 0; id < p->n_nodes; id++) {
+        const deft_tensor *t = p->graph->nodes[id];
+        if (!p->nodes[id].needed || t->device.type != DEFT_CUDA || !deft_op_records_device_errors(t->op)) continue;
+        const int d = t->device.index;
+        if (d < 0 || d >= DEFT_DEVICE_ERRORS_MAX_DEVICES || seen[d]) continue;
+        seen[d] = true;
+        deft_status s = deft_device_errors_take(d);
+        if (s != DEFT_OK) return s;
+    }
+    return DEFT_OK;
+}

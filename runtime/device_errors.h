@@ -1,0 +1,46 @@
+/* Errors that only the data can reveal (a cross-entropy target outside [0, C)) are found by kernels, which cannot
+ * stop the stream or wait for the host. They record the first one in a small record in device memory, one per GPU,
+ * and the host reports it where it waits for the device anyway: deft_program_read. A step therefore never
+ * synchronises the host to check its data, eager or replayed as a CUDA Graph alike.
+ *
+ * runtime/device_errors.c decides which records a program reads; runtime/device_errors_cuda.c owns the records
+ * (runtime/device_errors_nocuda.c without CUDA, where no kernel can write one). */
+#ifndef DEFT_DEVICE_ERRORS_H
+#define DEFT_DEVICE_ERRORS_H
+
+#include "deft.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DEFT_DEVICE_ERRORS_NONE (~0ull)
+#define DEFT_DEVICE_ERRORS_MAX_DEVICES 64
+
+/* Written by kernels with atomics; laid out the same in C and CUDA. */
+typedef struct deft_device_errors {
+    /* The lowest bad row seen, as (row << 32) | (uint32) target (atomicMin keeps the first row whatever the
+     * scheduling); DEFT_DEVICE_ERRORS_NONE when there is none. */
+    unsigned long long ce_bad;
+    long long ce_classes;   /* C of the cross-entropy whose row is in ce_bad */
+} deft_device_errors;
+
+/* The record of cuda:device, created and cleared on first use. Creating it allocates, which a stream capture
+ * forbids: the first use must come outside one (a program's first run is eager, so it does); under capture without
+ * a record, `stream` (a cudaStream_t) being captured gives DEFT_ERR_STATE. */
+deft_status deft_device_errors_get(int device, void *stream, deft_device_errors **out);
+
+/* Waits for the work queued on cuda:device (on the legacy stream and the blocking streams programs run on), reads
+ * its record and clears it: DEFT_ERR_INVALID with the recorded error's message, once, or DEFT_OK when none was
+ * recorded or no record exists. */
+deft_status deft_device_errors_take(int device);
+
+/* deft_device_errors_take for every GPU on which p runs a kernel that records errors; DEFT_OK at no cost for the
+ * others. */
+struct deft_program;
+deft_status deft_program_take_device_errors(const struct deft_program *p);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,424 @@
+/* Fusion: on a GPU, nodes that can run as one kernel become a group that runs at its last member's step.
+ *
+ *   matmul groups   a matmul and the bias add (and ReLU) after it, as one cuBLASLt call with an epilogue; or a
+ *                   matmul and the sum over the rows of its second operand (a bias gradient), which cuBLASLt computes
+ *                   while it reads that operand
+ *   elementwise     a chain of same-shape f32 elementwise nodes (ops/fused.h): one pass over memory instead of one
+ *                   per node, and the members read only inside the chain never get a buffer
+ *
+ * A group runs at the position of its last member in the schedule, so every reader outside the group of any member
+ * must come later than that; a node joins a group only if this holds (which also rules out cycles through nodes
+ * outside the group). Fused kernels compute what the one-op kernels would, bit for bit; the compile option
+ * no_fusion turns the pass off. CPU steps are never fused. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_kernels.h"
+#include "cuda_matmul.h"
+#include "fused.h"
+#include "program_state.h"
+
+typedef struct deft_fusion {
+    deft_program *p;
+    int *pos;          /* per node: its step, or for a node that runs no kernel the first step reading it */
+    int *cons_start;   /* consumers of node id: cons[cons_start[id] .. cons_start[id + 1]) */
+    int *cons;
+    int *group_of;     /* per node: index in p->groups, -1 */
+    int cap_groups;
+} deft_fusion;
+
+static const deft_tensor *deft_node(const deft_fusion *f, int id) { return f->p->graph->nodes[id]; }
+
+static bool deft_is_step(const deft_fusion *f, int id) {
+    const deft_node_state *s = &f->p->nodes[id];
+    return s->needed && !deft_op_is_leaf(deft_node(f, id)->op) && !deft_node(f, id)->is_view;
+}
+
+/* Consumers among the needed nodes, and each node's position. */
+static deft_status deft_fusion_index(deft_fusion *f) {
+    deft_program *p = f->p;
+    const int n = p->n_nodes;
+    f->pos = malloc((size_t)n * sizeof *f->pos);
+    f->cons_start = calloc((size_t)n + 1, sizeof *f->cons_start);
+    f->group_of = malloc((size_t)n * sizeof *f->group_of);
+    if (!f->pos || !f->cons_start || !f->group_of) return deft_set_error(DEFT_ERR_OOM, "compile: out of host memory");
+    int total = 0;
+    for (int id = 0; id < n; id++) {
+        f->group_of[id] = -1;
+        if (!p->nodes[id].needed) continue;
+        const deft_tensor *t = deft_node(f, id);
+        for (int k = 0; k < t->nsrc; k++) f->cons_start[t->src[k]->id + 1]++;
+        total += t->nsrc;
+    }
+    for (int id = 0; id < n; id++) f->cons_start[id + 1] += f->cons_start[id];
+    f->cons = malloc((size_t)(total ? total : 1) * sizeof *f->cons);
+    int *fill = malloc((size_t)(n ? n : 1) * sizeof *fill);
+    if (!f->cons || !fill) {
+        free(fill);
+        return deft_set_error(DEFT_ERR_OOM, "compile: out of host memory");
+    }
+    memcpy(fill, f->cons_start, (size_t)n * sizeof *fill);
+    for (int id = 0; id < n; id++) {
+        if (!p->nodes[id].needed) continue;
+        const deft_tensor *t = deft_node(f, id);
+        for (int k = 0; k < t->nsrc; k++) f->cons[fill[t->src[k]->id]++] = id;
+    }
+    free(fill);
+    for (int id = 0; id < n; id++) f->pos[id] = p->n_steps;
+    for (int i = 0; i < p->n_steps; i++) f->pos[p->steps[i]] = i;
+    for (int id = n - 1; id >= 0; id--) {
+        if (!p->nodes[id].needed || deft_is_step(f, id)) continue;
+        for (int c = f->cons_start[id]; c < f->cons_start[id + 1]; c++)
+            if (f->pos[f->cons[c]] < f->pos[id]) f->pos[id] = f->pos[f->cons[c]];
+    }
+    return DEFT_OK;
+}
+
+static deft_group *deft_group_add(deft_fusion *f, deft_group_kind kind) {
+    deft_program *p = f->p;
+    if (p->n_groups == f->cap_groups) {
+        int cap = f->cap_groups ? 2 * f->cap_groups : 16;
+        deft_group *g = realloc(p->groups, (size_t)cap * sizeof *g);
+        if (!g) return NULL;
+        p->groups = g;
+        f->cap_groups = cap;
+    }
+    deft_group *g = &p->groups[p->n_groups++];
+    memset(g, 0, sizeof *g);
+    g->kind = kind;
+    g->matmul = g->bias = g->root = -1;
+    g->members = malloc(DEFT_FUSED_MAX_OPS * sizeof *g->members);
+    if (!g->members) {
+        p->n_groups--;
+        return NULL;
+    }
+    return g;
+}
+
+static void deft_group_join(deft_fusion *f, int gi, int id) {
+    deft_group *g = &f->p->groups[gi];
+    g->members[g->n_members++] = id;
+    f->group_of[id] = gi;
+}
+
+/* Whether every reader of group gi's members outside it (`joining` counting as inside) comes after step `at`. */
+static bool deft_readers_after(const deft_fusion *f, int gi, int joining, int at) {
+    const deft_group *g = &f->p->groups[gi];
+    for (int m = 0; m < g->n_members; m++) {
+        const int u = g->members[m];
+        for (int c = f->cons_start[u]; c < f->cons_start[u + 1]; c++) {
+            const int r = f->cons[c];
+            if (r != joining && f->group_of[r] != gi && f->pos[r] <= at) return false;
+        }
+    }
+    return true;
+}
+
+static bool deft_same_shape(const deft_tensor *a, const deft_tensor *b) {
+    return a->ndim == b->ndim && !memcmp(a->shape, b->shape, (size_t)a->ndim * sizeof a->shape[0]);
+}
+
+/* ---------------------------------------------------------------- matmul groups */
+#ifdef DEFT_HAVE_CUDA
+static bool deft_single_reader(const deft_fusion *f, int id, int reader) {
+    return !f->p->nodes[id].is_output && f->cons_start[id + 1] - f->cons_start[id] == 1 &&
+           f->cons[f->cons_start[id]] == reader;
+}
+
+static bool deft_is_bias_for(const deft_tensor *bias, const deft_tensor *mm) {
+    const int64_t n = mm->shape[1];
+    return bias->dtype == mm->dtype && ((bias->ndim == 1 && bias->shape[0] == n) ||
+                                        (bias->ndim == 2 && bias->shape[0] == 1 && bias->shape[1] == n));
+}
+
+/* matmul -> add(bias) [-> relu]: the add (or relu) is the root. */
+static deft_status deft_fuse_bias(deft_fusion *f, int m) {
+    const deft_tensor *mm = deft_node(f, m);
+    const int c0 = f->cons_start[m];
+    if (!deft_single_reader(f, m, f->cons[c0])) return DEFT_OK;
+    const int a = f->cons[c0];
+    const deft_tensor *add = deft_node(f, a);
+    if (add->op != DEFT_OP_ADD || !deft_is_step(f, a) || f->group_of[a] >= 0 || !deft_same_shape(add, mm))
+        return DEFT_OK;
+    const deft_tensor *bias = add->src[0]->id == m ? add->src[1] : add->src[0];
+    if (bias->id == m || !deft_is_bias_for(bias, mm)) return DEFT_OK;
+    int relu = -1;
+    if (f->cons_start[a + 1] - f->cons_start[a] == 1 && !f->p->nodes[a].is_output) {
+        const int r = f->cons[f->cons_start[a]];
+        if (deft_node(f, r)->op == DEFT_OP_RELU && deft_is_step(f, r) && f->group_of[r] < 0 &&
+            deft_cuda_matmul_fusable(mm, DEFT_MM_EPI_BIAS_RELU, f->p->cuda_flags))
+            relu = r;
+    }
+    if (relu < 0 && !deft_cuda_matmul_fusable(mm, DEFT_MM_EPI_BIAS, f->p->cuda_flags)) return DEFT_OK;
+    deft_group *g = deft_group_add(f, DEFT_GROUP_MATMUL);
+    if (!g) return deft_set_error(DEFT_ERR_OOM, "compile: out of host memory");
+    const int gi = f->p->n_groups - 1;
+    g->matmul = m;
+    g->bias = bias->id;
+    g->epilogue = relu >= 0 ? DEFT_MM_EPI_BIAS_RELU : DEFT_MM_EPI_BIAS;
+    deft_group_join(f, gi, m);
+    deft_group_join(f, gi, a);
+    if (relu >= 0) deft_group_join(f, gi, relu);
+    return DEFT_OK;
+}
+
+/* The sum over k of op(b)[k, n]: b [K, N] summed over axis 0, or b [N, K] (transposed) over axis 1. */
+static bool deft_is_bias_grad_of(const deft_tensor *s, const deft_tensor *mm) {
+    const deft_tensor *b = mm->src[1];
+    if (s->op != DEFT_OP_SUM || s->src[0] != b || b->ndim != 2 || s->dtype != mm->dtype) return false;
+    const uint32_t axis = mm->p.matmul.trans_b ? 2u : 1u;
+    return s->p.reduce.mask == axis && deft_shape_numel(s->ndim, s->shape) == mm->shape[1];
+}
+
+/* matmul + sum of its second operand's rows: whichever runs later is the root. */
+static deft_status deft_fuse_bias_grad(deft_fusion *f, int m) {
+    const deft_tensor *mm = deft_node(f, m);
+    const int b = mm->src[1]->id;
+    for (int c = f->cons_start[b]; c < f->cons_start[b + 1]; c++) {
+        const int s = f->cons[c];
+        if (s == m || f->group_of[s] >= 0 || !deft_is_step(f, s) || !deft_is_bias_grad_of(deft_node(f, s), mm))
+            continue;
+        if (!deft_cuda_matmul_fusable(mm, DEFT_MM_EPI_BGRAD_B, f->p->cuda_flags)) return DEFT_OK;
+        deft_group *g = deft_group_add(f, DEFT_GROUP_MATMUL);
+        if (!g) return deft_set_error(DEFT_ERR_OOM, "compile: out of host memory");
+        const int gi = f->p->n_groups - 1;
+        g->matmul = m;
+        g->epilogue = DEFT_MM_EPI_BGRAD_B;
+        deft_group_join(f, gi, m < s ? m : s);
+        deft_group_join(f, gi, m < s ? s : m);
+        const int at = f->pos[m] > f->pos[s] ? f->pos[m] : f->pos[s];
+        if (!deft_readers_after(f, gi, -1, at)) {   /* a reader of the earlier one runs before the later one */
+            f->group_of[m] = f->group_of[s] = -1;
+            free(g->members);
+            f->p->n_groups--;
+        }
+        return DEFT_OK;
+    }
+    return DEFT_OK;
+}
+
+static deft_status deft_fuse_matmuls(deft_fusion *f) {
+    for (int i = 0; i < f->p->n_steps; i++) {
+        const int m = f->p->steps[i];
+        const deft_tensor *mm = deft_node(f, m);
+        if (mm->op != DEFT_OP_MATMUL || mm->device.type != DEFT_CUDA || mm->ndim != 2 || f->group_of[m] >= 0)
+            continue;
+        deft_status s = deft_fuse_bias(f, m);
+        if (s == DEFT_OK && f->group_of[m] < 0) s = deft_fuse_bias_grad(f, m);
+        if (s != DEFT_OK) return s;
+    }
+    return DEFT_OK;
+}
+#else
+static deft_status deft_fuse_matmuls(deft_fusion *f) {
+    (void)f;
+    return DEFT_OK;
+}
+#endif
+
+/* ---------------------------------------------------------------- elementwise chains */
+static bool deft_act_fusable(deft_op act) {
+    return act == DEFT_OP_RELU || act == DEFT_OP_GELU || act == DEFT_OP_SILU || act == DEFT_OP_TANH ||
+           act == DEFT_OP_SIGMOID;
+}
+
+static bool deft_elementwise_fusable(const deft_fusion *f, int id) {
+    const deft_tensor *t = deft_node(f, id);
+    if (!deft_is_step(f, id) || f->group_of[id] >= 0 || t->device.type != DEFT_CUDA || t->dtype != DEFT_F32 ||
+        !deft_fused_supports(t->op) || (t->op == DEFT_OP_ACT_GRAD && !deft_act_fusable(t->p.act)))
+        return false;
+    for (int k = 0; k < t->nsrc; k++)
+        if (t->src[k]->dtype != DEFT_F32) return false;
+    return true;
+}
+
+/* Distinct nodes outside group gi (and not `joining`) that its members and `joining` read. */
+static int deft_count_inputs(const deft_fusion *f, int gi, int joining) {
+    const deft_group *g = &f->p->groups[gi];
+    int seen[DEFT_FUSED_MAX_OPS * 2 + 2], n = 0;
+    for (int m = 0; m <= g->n_members; m++) {
+        const deft_tensor *t = deft_node(f, m < g->n_members ? g->members[m] : joining);
+        for (int k = 0; k < t->nsrc; k++) {
+            const int s = t->src[k]->id;
+            if (f->group_of[s] == gi) continue;
+            bool dup = false;
+            for (int j = 0; j < n; j++) dup |= seen[j] == s;
+            if (!dup) seen[n++] = s;
+        }
+    }
+    return n;
+}
+
+/* Members read outside group gi (or outputs) once `joining` is in it; joining itself counts as one. */
+static int deft_count_stores(const deft_fusion *f, int gi, int joining) {
+    const deft_group *g = &f->p->groups[gi];
+    int n = 1;
+    for (int m = 0; m < g->n_members; m++) {
+        const int u = g->members[m];
+        bool out = f->p->nodes[u].is_output;
+        for (int c = f->cons_start[u]; c < f->cons_start[u + 1] && !out; c++)
+            out = f->cons[c] != joining && f->group_of[f->cons[c]] != gi;
+        n += out;
+    }
+    return n;
+}
+
+static bool deft_can_join(const deft_fusion *f, int gi, int id) {
+    const deft_group *g = &f->p->groups[gi];
+    if (g->kind != DEFT_GROUP_ELEMENTWISE || g->n_members >= DEFT_FUSED_MAX_OPS ||
+        !deft_same_shape(deft_node(f, g->members[0]), deft_node(f, id)))
+        return false;
+    return deft_readers_after(f, gi, id, f->pos[id]) && deft_count_inputs(f, gi, id) <= DEFT_FUSED_MAX_INPUTS &&
+           deft_count_stores(f, gi, id) <= DEFT_FUSED_MAX_STORES;
+}
+
+static deft_status deft_fuse_elementwise(deft_fusion *f) {
+    for (int i = 0; i < f->p->n_steps; i++) {
+        const int id = f->p->steps[i];
+        if (!deft_elementwise_fusable(f, id)) continue;
+        const deft_tensor *t = deft_node(f, id);
+        int gi = -1;
+        for (int k = 0; k < t->nsrc && gi < 0; k++) {
+            const int src_group = f->group_of[t->src[k]->id];
+            if (src_group >= 0 && deft_can_join(f, src_group, id)) gi = src_group;
+        }
+        if (gi < 0) {
+            if (!deft_group_add(f, DEFT_GROUP_ELEMENTWISE)) return deft_set_error(DEFT_ERR_OOM, "compile: out of host memory");
+            gi = f->p->n_groups - 1;
+        }
+        deft_group_join(f, gi, id);
+    }
+    return DEFT_OK;
+}
+
+/* ---------------------------------------------------------------- finishing the groups */
+static int deft_register_of(const deft_group *g, int id) {
+    for (int j = 0; j < g->n_inputs; j++)
+        if (g->inputs[j] == id) return j;
+    for (int m = 0; m < g->n_members; m++)
+        if (g->members[m] == id) return g->n_inputs + m;
+    return -1;
+}
+
+static void deft_fused_input(deft_fused_kernel *k, int j, const deft_tensor *in) {
+    deft_broadcast_strides(in->ndim, in->shape, k->ndim, k->shape, k->strides[j]);
+    const int64_t n = deft_shape_numel(in->ndim, in->shape);
+    k->input_kind[j] = n == 1 ? DEFT_FUSED_IN_ONE : n == k->numel ? DEFT_FUSED_IN_SAME : DEFT_FUSED_IN_STRIDED;
+}
+
+static deft_status deft_build_kernel(deft_fusion *f, deft_group *g) {
+    deft_fused_kernel *k = calloc(1, sizeof *k);
+    if (!k) return deft_set_error(DEFT_ERR_OOM, "compile: out of host memory");
+    g->kernel = k;
+    const deft_tensor *root = deft_node(f, g->root);
+    k->ndim = root->ndim;
+    memcpy(k->shape, root->shape, sizeof k->shape);
+    k->numel = deft_shape_numel(root->ndim, root->shape);
+    k->n_inputs = g->n_inputs;
+    k->n_ops = g->n_members;
+    k->n_stores = g->n_stores;
+    for (int j = 0; j < g->n_inputs; j++) deft_fused_input(k, j, deft_node(f, g->inputs[j]));
+    for (int m = 0; m < g->n_members; m++) {
+        const deft_tensor *t = deft_node(f, g->members[m]);
+        deft_fused_instr *in = &k->ops[m];
+        in->op = (int32_t)t->op;
+        in->act = t->op == DEFT_OP_ACT_GRAD ? (int32_t)t->p.act : 0;
+        in->a = deft_register_of(g, t->src[0]->id);
+        in->b = t->nsrc > 1 ? deft_register_of(g, t->src[1]->id) : in->a;
+        in->scalar = deft_op_info_of(t->op)->kind == DEFT_KIND_SCALAR ? t->p.scalar : 0.0;
+    }
+    for (int s = 0; s < g->n_stores; s++) k->store_reg[s] = deft_register_of(g, g->stores[s]);
+    return DEFT_OK;
+}
+
+static bool deft_read_outside(const deft_fusion *f, int gi, int u) {
+    if (f->p->nodes[u].is_output) return true;
+    for (int c = f->cons_start[u]; c < f->cons_start[u + 1]; c++)
+        if (f->group_of[f->cons[c]] != gi) return true;
+    return false;
+}
+
+static int deft_cmp_int(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
+
+static deft_status deft_finish_group(deft_fusion *f, int gi) {
+    deft_group *g = &f->p->groups[gi];
+    qsort(g->members, (size_t)g->n_members, sizeof *g->members, deft_cmp_int);
+    g->root = g->members[0];
+    for (int m = 1; m < g->n_members; m++)
+        if (f->pos[g->members[m]] > f->pos[g->root]) g->root = g->members[m];
+    g->stores = malloc((size_t)g->n_members * sizeof *g->stores);
+    g->inputs = malloc((size_t)(DEFT_FUSED_MAX_INPUTS + 2) * sizeof *g->inputs);
+    if (!g->stores || !g->inputs) return deft_set_error(DEFT_ERR_OOM, "compile: out of host memory");
+    for (int m = 0; m < g->n_members; m++)
+        if (deft_read_outside(f, gi, g->members[m])) g->stores[g->n_stores++] = g->members[m];
+    if (g->kind == DEFT_GROUP_MATMUL) return DEFT_OK;
+    for (int m = 0; m < g->n_members; m++) {
+        const deft_tensor *t = deft_node(f, g->members[m]);
+        for (int k = 0; k < t->nsrc; k++)
+            if (f->group_of[t->src[k]->id] != gi && deft_register_of(g, t->src[k]->id) < 0)
+                g->inputs[g->n_inputs++] = t->src[k]->id;
+    }
+    return deft_build_kernel(f, g);
+}
+
+/* Singletons are not groups; the rest lose their members from the schedule but for the roots. */
+static deft_status deft_fusion_commit(deft_fusion *f) {
+    deft_program *p = f->p;
+    int kept = 0;
+    for (int gi = 0; gi < p->n_groups; gi++) {
+        deft_group *g = &p->groups[gi];
+        if (g->n_members < 2) {
+            for (int m = 0; m < g->n_members; m++) f->group_of[g->members[m]] = -1;
+            free(g->members);
+            continue;
+        }
+        for (int m = 0; m < g->n_members; m++) f->group_of[g->members[m]] = kept;
+        p->groups[kept++] = *g;
+    }
+    p->n_groups = kept;
+    for (int gi = 0; gi < p->n_groups; gi++) {
+        deft_status s = deft_finish_group(f, gi);
+        if (s != DEFT_OK) return s;
+    }
+    int n = 0;
+    for (int i = 0; i < p->n_steps; i++) {
+        const int id = p->steps[i], gi = f->group_of[id];
+        if (gi < 0 || p->groups[gi].root == id) p->steps[n++] = id;
+    }
+    p->n_steps = n;
+    for (int id = 0; id < p->n_nodes; id++) p->nodes[id].group = f->group_of[id];
+    return DEFT_OK;
+}
+
+static bool deft_has_cuda_step(const deft_program *p) {
+    for (int i = 0; i < p->n_steps; i++)
+        if (p->graph->nodes[p->steps[i]]->device.type == DEFT_CUDA) return true;
+    return false;
+}
+
+deft_status deft_program_fuse(deft_program *p) {
+    for (int id = 0; id < p->n_nodes; id++) p->nodes[id].group = -1;
+    if (!deft_has_cuda_step(p)) return DEFT_OK;
+    deft_fusion f = {p, NULL, NULL, NULL, NULL, 0};
+    deft_status s = deft_fusion_index(&f);
+    if (s == DEFT_OK) s = deft_fuse_matmuls(&f);
+    if (s == DEFT_OK) s = deft_fuse_elementwise(&f);
+    if (s == DEFT_OK) s = deft_fusion_commit(&f);
+    free(f.pos);
+    free(f.cons_start);
+    free(f.cons);
+    free(f.group_of);
+    return s;
+}
+
+void deft_program_groups_free(deft_program *p) {
+    for (int gi = 0; gi < p->n_groups; gi++) {
+        free(p->groups[gi].members);
+        free(p->groups[gi].inputs);
+        free(p->groups[gi].stores);
+        free(p->groups[gi].kernel);
+    }
+    free(p->groups);
+    p->groups = NULL;
+    p->n_groups = 0;
+}

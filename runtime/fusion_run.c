@@ -1,0 +1,45 @@
+/* Running a fused group (runtime/fusion.c) at its root's step. */
+#include "cuda_kernels.h"
+#include "cuda_matmul.h"
+#include "device_internal.h"
+#include "fused.h"
+#include "program_state.h"
+
+#ifdef DEFT_HAVE_CUDA
+static deft_status deft_run_elementwise(deft_program *p, const deft_group *g, void *stream) {
+    const float *in[DEFT_FUSED_MAX_INPUTS];
+    float *out[DEFT_FUSED_MAX_STORES];
+    for (int j = 0; j < g->n_inputs; j++) in[j] = deft_program_data(p, g->inputs[j]);
+    for (int s = 0; s < g->n_stores; s++) out[s] = deft_program_data(p, g->stores[s]);
+    return deft_cuda_fused_run(g->kernel, out, in, stream);
+}
+
+static deft_status deft_run_matmul(deft_program *p, const deft_group *g, void *stream) {
+    const deft_tensor *mm = p->graph->nodes[g->matmul];
+    deft_mm_epilogue ep = {(deft_mm_epilogue_kind)g->epilogue, NULL, NULL};
+    void *out;
+    if (g->epilogue == DEFT_MM_EPI_BGRAD_B) {
+        out = deft_program_data(p, g->matmul);
+        const int sum = g->members[0] == g->matmul ? g->members[1] : g->members[0];
+        ep.bias_grad = deft_program_data(p, sum);
+    } else {
+        out = deft_program_data(p, g->root);
+        ep.bias = deft_program_data(p, g->bias);
+    }
+    return deft_cuda_matmul_fused(mm, out, deft_program_data(p, mm->src[0]->id), deft_program_data(p, mm->src[1]->id),
+                                  &ep, stream, p->cuda_flags);
+}
+#endif
+
+deft_status deft_group_run(deft_program *p, const deft_group *g, void *stream) {
+#ifdef DEFT_HAVE_CUDA
+    deft_status s = deft_cuda_set_device(p->graph->nodes[g->root]->device.index);
+    if (s != DEFT_OK) return s;
+    return g->kind == DEFT_GROUP_ELEMENTWISE ? deft_run_elementwise(p, g, stream) : deft_run_matmul(p, g, stream);
+#else
+    (void)p;
+    (void)g;
+    (void)stream;
+    return deft_set_error(DEFT_ERR_NO_CUDA, "deft was built without CUDA");
+#endif
+}

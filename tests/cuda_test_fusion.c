@@ -1,0 +1,197 @@
+/* Fusion on a GPU: chains of elementwise nodes run as one kernel and store exactly what the one-op kernels store;
+ * matmuls with a bias (and ReLU) or a bias gradient run as one cuBLASLt call; a fused program trains like the same
+ * program compiled with no_fusion, and the DOT dump shows what was fused. */
+#include <stdint.h>
+
+#include "check.h"
+#include "ref.h"
+
+#define GPU deft_cuda(0)
+#define ROWS 37
+#define COLS 29
+
+/* ---- random elementwise chains: fused and unfused outputs equal bit for bit ---- */
+typedef struct chain {
+    deft_graph *g;
+    deft_tensor *in[3];
+    deft_tensor *outs[4];
+    int n_outs;
+} chain;
+
+static deft_tensor *chain_op(deft_tensor *x, deft_tensor *y, uint64_t *rng) {
+    switch (ref_next(rng) % 14) {
+    case 0: return deft_add(x, y);
+    case 1: return deft_sub(x, y);
+    case 2: return deft_mul(x, y);
+    case 3: return deft_maximum(x, y);
+    case 4: return deft_mul_scalar(x, ref_unif(rng, -2, 2));
+    case 5: return deft_add_scalar(x, ref_unif(rng, -1, 1));
+    case 6: return deft_tanh(x);
+    case 7: return deft_sigmoid(x);
+    case 8: return deft_relu(x);
+    case 9: return deft_gelu(x);
+    case 10: return deft_silu(x);
+    case 11: return deft_neg(x);
+    case 12: return deft_gt(x, y);
+    default: return deft_div(x, deft_add_scalar(deft_mul(y, y), 1.0));
+    }
+}
+
+/* Inputs [R, C], [C] and [R, 1] (broadcast), a chain of n ops over them, some members read outside the chain. */
+static void chain_build(chain *c, uint64_t seed, int n) {
+    uint64_t rng = seed;
+    c->g = deft_graph_new();
+    c->in[0] = deft_input(c->g, "a", DEFT_F32, 2, (int64_t[]){ROWS, COLS}, GPU);
+    c->in[1] = deft_input(c->g, "b", DEFT_F32, 1, (int64_t[]){COLS}, GPU);
+    c->in[2] = deft_input(c->g, "c", DEFT_F32, 2, (int64_t[]){ROWS, 1}, GPU);
+    deft_tensor *vals[64] = {c->in[0], deft_mul(c->in[0], c->in[1]), c->in[2]};
+    int nv = 3;
+    c->n_outs = 0;
+    for (int i = 0; i < n; i++) {
+        deft_tensor *x = vals[nv - 1 - (int)(ref_next(&rng) % (uint64_t)(nv < 3 ? nv : 3))];
+        deft_tensor *y = vals[ref_next(&rng) % (uint64_t)nv];
+        if (x == c->in[2]) x = deft_add(x, vals[0]);   /* keep the chain at [R, C] */
+        vals[nv++] = chain_op(x, y, &rng);
+        if (c->n_outs < 2 && ref_next(&rng) % 5 == 0) c->outs[c->n_outs++] = vals[nv - 1];
+    }
+    /* A member read by a reduction and through a reshape (a view), and the last value. */
+    c->outs[c->n_outs++] = deft_sum(deft_reshape(vals[nv / 2 + 1], 1, (int64_t[]){ROWS * COLS}), 0, NULL, 0);
+    c->outs[c->n_outs++] = vals[nv - 1];
+    CHECK_MSG(deft_graph_error(c->g) == DEFT_OK, "%s", deft_graph_errmsg(c->g));
+}
+
+static void chain_run(chain *c, deft_program *p, const float *const *host, float *out, size_t n_out) {
+    const size_t sizes[3] = {ROWS * COLS, COLS, ROWS};
+    for (int i = 0; i < 3; i++) CHECK_OK(deft_program_feed(p, c->in[i], host[i], sizes[i] * sizeof(float)));
+    CHECK_OK(deft_program_run(p));
+    size_t at = 0;
+    for (int o = 0; o < c->n_outs; o++) {
+        size_t bytes = deft_tensor_nbytes(c->outs[o]);
+        CHECK(at + bytes / sizeof(float) <= n_out);
+        CHECK_OK(deft_program_read(p, c->outs[o], out + at, bytes));
+        at += bytes / sizeof(float);
+    }
+}
+
+static void test_random_chains(void) {
+    static float a[ROWS * COLS], b[COLS], cc[ROWS], fused[4 * ROWS * COLS + 1], plain[4 * ROWS * COLS + 1];
+    int fewer = 0;
+    for (uint64_t seed = 1; seed <= 40; seed++) {
+        uint64_t rng = seed * 7919;
+        for (int i = 0; i < ROWS * COLS; i++) a[i] = (float)ref_unif(&rng, -3, 3);
+        for (int i = 0; i < COLS; i++) b[i] = (float)ref_unif(&rng, -3, 3);
+        for (int i = 0; i < ROWS; i++) cc[i] = (float)ref_unif(&rng, -3, 3);
+        const float *host[3] = {a, b, cc};
+        chain c;
+        chain_build(&c, seed, 3 + (int)(seed % 20));
+        deft_program *pf = deft_compile(c.g, c.outs, c.n_outs, NULL);
+        deft_program *pu = deft_compile(c.g, c.outs, c.n_outs, &(deft_compile_options){.no_fusion = 1});
+        CHECK_MSG(pf && pu, "compile: %s", deft_errmsg());
+        if (pf && pu) {
+            memset(fused, 0xff, sizeof fused);
+            memset(plain, 0x7f, sizeof plain);
+            for (int run = 0; run < 4; run++) {   /* eager, eager, capture, replay */
+                chain_run(&c, pf, host, fused, sizeof fused / sizeof fused[0]);
+                chain_run(&c, pu, host, plain, sizeof plain / sizeof plain[0]);
+                size_t n = 0;
+                for (int o = 0; o < c.n_outs; o++) n += deft_tensor_nbytes(c.outs[o]) / sizeof(float);
+                CHECK_MSG(memcmp(fused, plain, n * sizeof(float)) == 0, "seed %llu run %d: fused != unfused",
+                          (unsigned long long)seed, run);
+            }
+            fewer += deft_program_step_count(pf) < deft_program_step_count(pu);
+        }
+        deft_graph_free(c.g);
+    }
+    CHECK_MSG(fewer >= 30, "only %d of 40 chains ran fewer kernels fused", fewer);
+}
+
+/* ---- an MLP: fused (bias+ReLU epilogues, bias gradients, elementwise chains) trains as the unfused program ---- */
+typedef struct mlp {
+    deft_graph *g;
+    deft_tensor *x, *y, *loss, *step;
+    deft_program *p;
+} mlp;
+
+static void mlp_build(mlp *m, int mse, int fusion, int tf32) {
+    m->g = deft_graph_new();
+    deft_graph_set_seed(m->g, 11);
+    m->x = deft_input(m->g, "x", DEFT_F32, 2, (int64_t[]){64, 48}, GPU);
+    m->y = mse ? deft_input(m->g, "y", DEFT_F32, 2, (int64_t[]){64, 3}, GPU)
+               : deft_input(m->g, "y", DEFT_I32, 1, (int64_t[]){64}, GPU);
+    deft_tensor *h = deft_relu(deft_linear(m->x, 96, "fc1", NULL));
+    h = deft_relu(deft_linear(h, 64, "fc2", NULL));
+    h = deft_linear(h, mse ? 3 : 10, "fc3", NULL);
+    m->loss = mse ? deft_mse_loss(h, m->y) : deft_cross_entropy(h, m->y);
+    CHECK_OK(deft_backward(m->loss));
+    deft_optimizer *opt = deft_sgd(m->g, &(deft_sgd_options){.lr = 0.05, .momentum = 0.9}, NULL);
+    m->step = deft_optimizer_step(opt);
+    m->p = deft_compile(m->g, (deft_tensor *[]){m->loss, m->step}, 2,
+                        &(deft_compile_options){.no_fusion = !fusion, .tf32 = tf32});
+    CHECK_MSG(m->p != NULL, "compile: %s", deft_errmsg());
+}
+
+static void mlp_train(mlp *m, int mse, float *losses, int steps) {
+    uint64_t rng = 99;
+    float x[64 * 48], y[64 * 3];
+    int32_t labels[64];
+    for (int i = 0; i < 64 * 48; i++) x[i] = (float)ref_unif(&rng, -1, 1);
+    for (int i = 0; i < 64 * 3; i++) y[i] = (float)ref_unif(&rng, -1, 1);
+    for (int i = 0; i < 64; i++) labels[i] = (int32_t)(ref_next(&rng) % 10);
+    for (int s = 0; s < steps; s++) {   /* one batch, learnt step after step */
+        CHECK_OK(deft_program_feed(m->p, m->x, x, sizeof x));
+        CHECK_OK(mse ? deft_program_feed(m->p, m->y, y, sizeof y) : deft_program_feed(m->p, m->y, labels, sizeof labels));
+        CHECK_OK(deft_program_run(m->p));
+        CHECK_OK(deft_program_read(m->p, m->loss, &losses[s], sizeof losses[s]));
+    }
+}
+
+static int file_contains(const char *path, const char *needle) {
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    static char buf[1 << 20];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    return strstr(buf, needle) != NULL;
+}
+
+static void test_mlp(int mse, int tf32, double tol) {
+    mlp fused, plain;
+    mlp_build(&fused, mse, 1, tf32);
+    mlp_build(&plain, mse, 0, tf32);
+    if (!fused.p || !plain.p) return;
+    CHECK_MSG(deft_program_step_count(fused.p) < deft_program_step_count(plain.p), "%d fused steps vs %d",
+              deft_program_step_count(fused.p), deft_program_step_count(plain.p));
+    float lf[12], lp[12];
+    mlp_train(&fused, mse, lf, 12);
+    mlp_train(&plain, mse, lp, 12);
+    for (int s = 0; s < 12; s++)
+        CHECK_MSG(fabs(lf[s] - lp[s]) <= tol * fabs(lp[s]) + 1e-7, "mse %d tf32 %d step %d: loss %.9g fused, %.9g not",
+                  mse, tf32, s, lf[s], lp[s]);
+    CHECK_MSG(lf[11] < lf[0], "fused training did not lower the loss: %g -> %g", lf[0], lf[11]);
+    float wf[48 * 96], wp[48 * 96];
+    CHECK_OK(deft_param_get(deft_graph_find(fused.g, "fc1.weight"), wf, sizeof wf));
+    CHECK_OK(deft_param_get(deft_graph_find(plain.g, "fc1.weight"), wp, sizeof wp));
+    double num = 0, den = 0;
+    for (int i = 0; i < 48 * 96; i++) {
+        num += (double)(wf[i] - wp[i]) * (wf[i] - wp[i]);
+        den += (double)wp[i] * wp[i];
+    }
+    CHECK_MSG(sqrt(num / den) <= tol, "weights differ by %g (relative)", sqrt(num / den));
+    CHECK_OK(deft_graph_dump_dot(fused.g, fused.p, "cuda_test_fusion.dot"));
+    CHECK(file_contains("cuda_test_fusion.dot", "fused kernel"));
+    deft_graph_free(fused.g);
+    deft_graph_free(plain.g);
+}
+
+int main(void) {
+    if (deft_cuda_device_count() == 0) {
+        printf("no usable CUDA GPU: skipped\n");
+        return 77;
+    }
+    test_random_chains();
+    test_mlp(1, 0, 1e-5);
+    test_mlp(0, 0, 1e-5);
+    test_mlp(0, 1, 5e-3);
+    return deft_check_finish();
+}
