@@ -378,8 +378,9 @@ deft_tensor *deft_grad(const deft_tensor *t);
 
 /* ---- losses and layers ---- */
 deft_tensor *deft_mse_loss(deft_tensor *pred, deft_tensor *target);          /* mean((pred - target)^2) */
-/* Mean over N of -log softmax(logits)[target]: logits [N, C] float, targets [N] i32 class indices (a target out of
- * [0, C) fails the run with a message). Computed fused and stable for large logits. */
+/* Mean over N of -log softmax(logits)[target]: logits [N, C] float, targets [N] i32 class indices. A target out of
+ * [0, C) is an error with a message: on the CPU the run fails; on a GPU (where finding it at run time would need a
+ * host wait) the run's loss is NaN and the program's next deft_program_read fails. Fused, stable for large logits. */
 deft_tensor *deft_cross_entropy(deft_tensor *logits, deft_tensor *targets);
 /* Zeroes each element with probability p and scales the rest by 1/(1-p). The mask comes from `seed` and the run
  * count: a new mask each run, the same one wherever the run reads it again (the backward pass, recomputation). */
