@@ -21,17 +21,7 @@
 #define N (256 * KiB)   /* a small-pool block: eight of them fit one cached 2 MiB segment */
 #define GATE_TIMEOUT_S 20.0
 
-#define CUDA_OK(expr)                                                                                 \
-    do {                                                                                              \
-        cudaError_t cuda_e_ = (expr);                                                                 \
-        CHECK_MSG(cuda_e_ == cudaSuccess, "%s: %s", #expr, cudaGetErrorString(cuda_e_));              \
-    } while (0)
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
+#include "cuda_util.h"
 
 static void nap(void) {
     struct timespec ts = {0, 100000};   /* 0.1 ms */

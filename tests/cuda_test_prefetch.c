@@ -25,17 +25,7 @@
 #define STEPS 40
 #define GATE_TIMEOUT_S 20.0
 
-#define CUDA_OK(expr)                                                                                 \
-    do {                                                                                              \
-        cudaError_t cuda_e_ = (expr);                                                                 \
-        CHECK_MSG(cuda_e_ == cudaSuccess, "%s: %s", #expr, cudaGetErrorString(cuda_e_));              \
-    } while (0)
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
+#include "cuda_util.h"
 
 static void sleep_us(long us) {
     struct timespec ts = {us / 1000000, (us % 1000000) * 1000};

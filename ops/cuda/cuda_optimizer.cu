@@ -138,45 +138,61 @@ __global__ void deft_k_opt_prepare(deft_optimizer_dev *dev, int nblocks, deft_op
 }
 
 /* ---------------------------------------------------------------- update */
-/* runtime/optimizer_run.c's DEFT_SGD: the coefficients in T, d = g * scale, weight decay added to d, the momentum
+/* The coefficients of this run, read once per thread from the device's counters. */
+template <class T> struct deft_opt_coef {
+    T lr, step, bc2_sqrt, decay;
+    bool first;
+};
+
+template <class T> __device__ __forceinline__ deft_opt_coef<T> deft_opt_coef_of(const deft_optimizer_dev *dev) {
+    deft_opt_coef<T> c;
+    c.lr = (T)dev->lr;
+    c.step = (T)dev->step_size;
+    c.bc2_sqrt = (T)dev->bc2_sqrt;
+    c.decay = (T)dev->decay;
+    c.first = dev->first != 0;
+    return c;
+}
+
+/* runtime/optimizer_run.c's DEFT_SGD on element j with the scaled gradient d: weight decay added to d, the momentum
  * buffer starting as d on the first update. */
 template <class T>
-__global__ void deft_k_opt_sgd(T *p, const T *g, T *buf, int64_t total, const deft_optimizer_dev *dev,
-                               deft_opt_hyper h) {
-    if (!dev->update_now) return;
-    const T scale = (T)dev->scale, lr = (T)dev->lr, mom = (T)h.momentum, damp = (T)(1.0 - h.dampening);
-    const T wd = (T)h.sgd_weight_decay;
-    const bool first = dev->first != 0, nesterov = h.nesterov != 0;
-    for (int64_t j = deft_tid(); j < total; j += deft_nthreads()) {
-        T d = g[j] * scale;
-        if (wd != T(0)) d += wd * p[j];
-        if (mom != T(0)) {
-            const T b = first ? d : mom * buf[j] + damp * d;
-            buf[j] = b;
-            d = nesterov ? d + mom * b : b;
-        }
-        p[j] -= lr * d;
+__device__ __forceinline__ void deft_opt_sgd_one(T *p, T *buf, int64_t j, T d, const deft_opt_hyper &h,
+                                                 const deft_opt_coef<T> &c) {
+    const T mom = (T)h.momentum, damp = (T)(1.0 - h.dampening), wd = (T)h.sgd_weight_decay;
+    if (wd != T(0)) d += wd * p[j];
+    if (mom != T(0)) {
+        const T b = c.first ? d : mom * buf[j] + damp * d;
+        buf[j] = b;
+        d = h.nesterov ? d + mom * b : b;
     }
+    p[j] -= c.lr * d;
 }
 
 /* runtime/optimizer_run.c's DEFT_ADAMW: the moments start at zero on the first update (the CPU clears them there).
  * The last line mirrors C's promotions on the CPU: for f32, sqrt(v) and the division are in double. */
 template <class T>
-__global__ void deft_k_opt_adamw(T *p, const T *g, T *m, T *v, int64_t total, const deft_optimizer_dev *dev,
-                                 deft_opt_hyper h) {
+__device__ __forceinline__ void deft_opt_adamw_one(T *p, T *m, T *v, int64_t j, T d, const deft_opt_hyper &h,
+                                                   const deft_opt_coef<T> &c) {
+    const T b1 = (T)h.beta1, b2 = (T)h.beta2, eps = (T)h.eps;
+    const T pj = p[j] * c.decay;
+    T mj = c.first ? T(0) : m[j], vj = c.first ? T(0) : v[j];
+    mj = b1 * mj + (T(1) - b1) * d;
+    vj = b2 * vj + (T(1) - b2) * d * d;
+    m[j] = mj;
+    v[j] = vj;
+    p[j] = (T)((double)pj - (double)(c.step * mj) / (sqrt((double)vj) / (double)c.bc2_sqrt + (double)eps));
+}
+
+template <class T>
+__global__ void deft_k_opt_update(T *p, const T *g, T *s0, T *s1, int64_t total, const deft_optimizer_dev *dev,
+                                  deft_opt_hyper h) {
     if (!dev->update_now) return;
-    const T scale = (T)dev->scale, b1 = (T)h.beta1, b2 = (T)h.beta2, eps = (T)h.eps;
-    const T decay = (T)dev->decay, step = (T)dev->step_size, bc2_sqrt = (T)dev->bc2_sqrt;
-    const bool first = dev->first != 0;
+    const T scale = (T)dev->scale;
+    const deft_opt_coef<T> c = deft_opt_coef_of<T>(dev);
     for (int64_t j = deft_tid(); j < total; j += deft_nthreads()) {
-        const T d = g[j] * scale;
-        const T pj = p[j] * decay;
-        T mj = first ? T(0) : m[j], vj = first ? T(0) : v[j];
-        mj = b1 * mj + (T(1) - b1) * d;
-        vj = b2 * vj + (T(1) - b2) * d * d;
-        m[j] = mj;
-        v[j] = vj;
-        p[j] = (T)((double)pj - (double)(step * mj) / (sqrt((double)vj) / (double)bc2_sqrt + (double)eps));
+        if (h.kind == DEFT_OPTIM_SGD) deft_opt_sgd_one<T>(p, s0, j, g[j] * scale, h, c);
+        else deft_opt_adamw_one<T>(p, s0, s1, j, g[j] * scale, h, c);
     }
 }
 
@@ -188,38 +204,20 @@ __global__ void deft_k_opt_adamw(T *p, const T *g, T *m, T *v, int64_t total, co
  * ticket after a fence) adds the sums in block order, writes the norm and advances the counters. The formulas are
  * the update kernels' above with scale 1, so both paths give the same parameters. */
 template <class T>
-__device__ __forceinline__ void deft_opt_step_one(T *p, T *s0, T *s1, int64_t j, T d, const deft_opt_hyper &h,
-                                                  const deft_optimizer_dev *dev, bool first) {
-    if (h.kind == DEFT_OPTIM_SGD) {
-        const T lr = (T)dev->lr, mom = (T)h.momentum, damp = (T)(1.0 - h.dampening), wd = (T)h.sgd_weight_decay;
-        if (wd != T(0)) d += wd * p[j];
-        if (mom != T(0)) {
-            const T b = first ? d : mom * s0[j] + damp * d;
-            s0[j] = b;
-            d = h.nesterov ? d + mom * b : b;
-        }
-        p[j] -= lr * d;
-        return;
-    }
-    const double t = (double)(dev->updates + 1);
-    const T step = (T)(dev->lr / (1.0 - pow(h.beta1, t))), bc2_sqrt = (T)sqrt(1.0 - pow(h.beta2, t));
-    const T decay = (T)(1.0 - dev->lr * h.adamw_weight_decay), b1 = (T)h.beta1, b2 = (T)h.beta2, eps = (T)h.eps;
-    const T pj = p[j] * decay;
-    T mj = first ? T(0) : s0[j], vj = first ? T(0) : s1[j];
-    mj = b1 * mj + (T(1) - b1) * d;
-    vj = b2 * vj + (T(1) - b2) * d * d;
-    s0[j] = mj;
-    s1[j] = vj;
-    p[j] = (T)((double)pj - (double)(step * mj) / (sqrt((double)vj) / (double)bc2_sqrt + (double)eps));
-}
-
-template <class T>
 __global__ void deft_k_opt_fused(T *p, T *flat, T *s0, T *s1, const deft_optimizer_segment *seg, int nseg,
                                  int64_t total, int64_t per_block, deft_optimizer_dev *dev, deft_opt_hyper h,
                                  float *out) {
     __shared__ double sh[DEFT_OPT_THREADS];
     __shared__ bool last;
     const bool first = dev->updates == 0;
+    /* This run's coefficients, as the prepare kernel would compute them for an update with scale 1. */
+    deft_opt_coef<T> c;
+    c.first = first;
+    c.lr = (T)dev->lr;
+    const double t = (double)(dev->updates + 1);
+    c.step = (T)(dev->lr / (1.0 - pow(h.beta1, t)));
+    c.bc2_sqrt = (T)sqrt(1.0 - pow(h.beta2, t));
+    c.decay = (T)(1.0 - dev->lr * h.adamw_weight_decay);
     const int64_t lo = (int64_t)blockIdx.x * per_block;
     const int64_t hi = lo + per_block < total ? lo + per_block : total;
     double sum = 0.0;
@@ -237,7 +235,8 @@ __global__ void deft_k_opt_fused(T *p, T *flat, T *s0, T *s1, const deft_optimiz
             const T g = src[j - off];
             flat[j] = g;
             sum += (double)g * (double)g;
-            deft_opt_step_one<T>(p, s0, s1, j, g, h, dev, first);
+            if (h.kind == DEFT_OPTIM_SGD) deft_opt_sgd_one<T>(p, s0, j, g, h, c);
+            else deft_opt_adamw_one<T>(p, s0, s1, j, g, h, c);
         }
     }
     sum = deft_opt_block_sum(sum, sh);
@@ -421,10 +420,7 @@ static deft_status deft_opt_launch(deft_optimizer *o, const deft_optimizer_segme
     if ((s = deft_cuda_check_launch(n, "optimizer norm")) != DEFT_OK) return s;
     deft_k_opt_prepare<<<1, DEFT_OPT_THREADS, 0, st>>>(dev, (int)norm_blocks, h, out);
     if ((s = deft_cuda_check_launch(n, "optimizer prepare")) != DEFT_OK) return s;
-    if (o->kind == DEFT_OPTIM_SGD)
-        deft_k_opt_sgd<T><<<update_blocks, DEFT_OPT_THREADS, 0, st>>>(p, g, s0, total, dev, h);
-    else
-        deft_k_opt_adamw<T><<<update_blocks, DEFT_OPT_THREADS, 0, st>>>(p, g, s0, s1, total, dev, h);
+    deft_k_opt_update<T><<<update_blocks, DEFT_OPT_THREADS, 0, st>>>(p, g, s0, s1, total, dev, h);
     return deft_cuda_check_launch(n, o->kind == DEFT_OPTIM_SGD ? "optimizer sgd" : "optimizer adamw");
 }
 

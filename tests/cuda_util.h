@@ -1,0 +1,20 @@
+/* What the cuda tests that call the CUDA runtime themselves share: a checked call, and a host clock for the
+ * timeouts of tests that hold a stream still. Include after check.h and cuda_runtime_api.h. */
+#ifndef DEFT_TEST_CUDA_UTIL_H
+#define DEFT_TEST_CUDA_UTIL_H
+
+#include <time.h>
+
+#define CUDA_OK(expr)                                                                                 \
+    do {                                                                                              \
+        cudaError_t cuda_e_ = (expr);                                                                 \
+        CHECK_MSG(cuda_e_ == cudaSuccess, "%s: %s", #expr, cudaGetErrorString(cuda_e_));              \
+    } while (0)
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+#endif
