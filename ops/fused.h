@@ -34,8 +34,16 @@ typedef struct deft_fused_kernel {
     int64_t strides[DEFT_FUSED_MAX_INPUTS][DEFT_MAX_DIMS];   /* in elements; 0 on broadcast dims */
     int32_t input_kind[DEFT_FUSED_MAX_INPUTS];
     int32_t store_reg[DEFT_FUSED_MAX_STORES];
+    /* DEFT_OP_SUM or DEFT_OP_MEAN of register reduce_reg over every element, written to one more output after the
+     * stores (a loss's mean ending its chain); 0 for none. The kernel then runs as one block, summing in the order
+     * of the reduction kernel's one-block path, so the value is the unfused one bit for bit. */
+    int32_t reduce_op, reduce_reg;
     deft_fused_instr ops[DEFT_FUSED_MAX_OPS];
 } deft_fused_kernel;
+
+/* Chains ending in a reduction run as one block: past this many elements they are not fused (the reduction kernel
+ * itself runs one block per output too, but the chain's other stores would lose the whole GPU). */
+#define DEFT_FUSED_MAX_REDUCE_NUMEL ((int64_t)1 << 16)
 
 /* Whether a fused kernel computes op (with activation act for act_grad) on f32 elements. */
 static inline int deft_fused_supports(deft_op op) {
@@ -57,7 +65,7 @@ static inline int deft_fused_supports(deft_op op) {
 extern "C" {
 #endif
 /* Runs k on the current device, on `stream` (a cudaStream_t): in[j] is input j (f32), out[s] receives register
- * store_reg[s]. An output may share its storage with a same-shape input (each thread reads every input of element i
+ * store_reg[s], and out[n_stores] the reduction when k has one. An output may share its storage with a same-shape input (each thread reads every input of element i
  * before writing element i). ops/cuda/cuda_fused.cu; defined only with CUDA. */
 deft_status deft_cuda_fused_run(const deft_fused_kernel *k, float *const *out, const float *const *in, void *stream);
 #ifdef __cplusplus

@@ -4,7 +4,8 @@
  *                   matmul and the sum over the rows of its second operand (a bias gradient), which cuBLASLt computes
  *                   while it reads that operand
  *   elementwise     a chain of same-shape f32 elementwise nodes (ops/fused.h): one pass over memory instead of one
- *                   per node, and the members read only inside the chain never get a buffer
+ *                   per node, and the members read only inside the chain never get a buffer; a sum or mean over
+ *                   every element of the chain may end it (a loss's mean: one launch fewer in a small step)
  *
  * A group runs at the position of its last member in the schedule, so every reader outside the group of any member
  * must come later than that; a node joins a group only if this holds (which also rules out cycles through nodes
@@ -86,7 +87,7 @@ static deft_group *deft_group_add(deft_fusion *f, deft_group_kind kind) {
     deft_group *g = &p->groups[p->n_groups++];
     memset(g, 0, sizeof *g);
     g->kind = kind;
-    g->matmul = g->bias = g->root = -1;
+    g->matmul = g->bias = g->root = g->reduce = -1;
     g->members = malloc(DEFT_FUSED_MAX_OPS * sizeof *g->members);
     if (!g->members) {
         p->n_groups--;
@@ -263,18 +264,53 @@ static int deft_count_stores(const deft_fusion *f, int gi, int joining) {
     return n;
 }
 
+/* Whether t reads the reduction ending group g: inside the kernel that register holds an element, not the sum. */
+static bool deft_reads_reduction(const deft_group *g, const deft_tensor *t) {
+    for (int k = 0; g->reduce >= 0 && k < t->nsrc; k++)
+        if (t->src[k]->id == g->reduce) return true;
+    return false;
+}
+
+/* A chain ending in a reduction stays open to nodes that do not read it: the backward pass of a loss (which
+ * reads the loss's inputs, not its value) then joins the forward chain in one kernel. */
 static bool deft_can_join(const deft_fusion *f, int gi, int id) {
     const deft_group *g = &f->p->groups[gi];
     if (g->kind != DEFT_GROUP_ELEMENTWISE || g->n_members >= DEFT_FUSED_MAX_OPS ||
-        !deft_same_shape(deft_node(f, g->members[0]), deft_node(f, id)))
+        !deft_same_shape(deft_node(f, g->members[0]), deft_node(f, id)) || deft_reads_reduction(g, deft_node(f, id)))
         return false;
     return deft_readers_after(f, gi, id, f->pos[id]) && deft_count_inputs(f, gi, id) <= DEFT_FUSED_MAX_INPUTS &&
            deft_count_stores(f, gi, id) <= DEFT_FUSED_MAX_STORES;
 }
 
+/* A sum or mean of every element of a chain's member, small enough for the one-block fused kernel. */
+static bool deft_is_chain_reduction(const deft_fusion *f, int id, int *gi) {
+    const deft_tensor *t = deft_node(f, id);
+    *gi = -1;
+    if ((t->op != DEFT_OP_SUM && t->op != DEFT_OP_MEAN) || !deft_is_step(f, id) || f->group_of[id] >= 0 ||
+        t->device.type != DEFT_CUDA || t->dtype != DEFT_F32 || t->src[0]->dtype != DEFT_F32 ||
+        deft_shape_numel(t->ndim, t->shape) != 1)
+        return false;
+    const deft_tensor *src = t->src[0];
+    const int64_t n = deft_shape_numel(src->ndim, src->shape);
+    *gi = f->group_of[src->id];
+    return *gi >= 0 && n >= 1 && n <= DEFT_FUSED_MAX_REDUCE_NUMEL &&
+           deft_same_shape(deft_node(f, f->p->groups[*gi].members[0]), src);
+}
+
 static deft_status deft_fuse_elementwise(deft_fusion *f) {
     for (int i = 0; i < f->p->n_steps; i++) {
         const int id = f->p->steps[i];
+        int rg;
+        if (deft_is_chain_reduction(f, id, &rg)) {
+            deft_group *g = &f->p->groups[rg];
+            if (g->kind == DEFT_GROUP_ELEMENTWISE && g->reduce < 0 && g->n_members < DEFT_FUSED_MAX_OPS &&
+                deft_readers_after(f, rg, id, f->pos[id]) && deft_count_inputs(f, rg, id) <= DEFT_FUSED_MAX_INPUTS &&
+                deft_count_stores(f, rg, id) <= DEFT_FUSED_MAX_STORES) {
+                deft_group_join(f, rg, id);
+                g->reduce = id;
+            }
+            continue;
+        }
         if (!deft_elementwise_fusable(f, id)) continue;
         const deft_tensor *t = deft_node(f, id);
         int gi = -1;
@@ -282,6 +318,10 @@ static deft_status deft_fuse_elementwise(deft_fusion *f) {
             const int src_group = f->group_of[t->src[k]->id];
             if (src_group >= 0 && deft_can_join(f, src_group, id)) gi = src_group;
         }
+        /* A node reading no chain may still join the chain of the step just before it (the start of a loss's
+         * backward pass, right after the loss): the same elements, one launch fewer. */
+        const int prev_group = i > 0 ? f->group_of[f->p->steps[i - 1]] : -1;
+        if (gi < 0 && prev_group >= 0 && deft_can_join(f, prev_group, id)) gi = prev_group;
         if (gi < 0) {
             if (!deft_group_add(f, DEFT_GROUP_ELEMENTWISE)) return deft_set_error(DEFT_ERR_OOM, "compile: out of host memory");
             gi = f->p->n_groups - 1;
@@ -310,10 +350,11 @@ static deft_status deft_build_kernel(deft_fusion *f, deft_group *g) {
     deft_fused_kernel *k = calloc(1, sizeof *k);
     if (!k) return deft_set_error(DEFT_ERR_OOM, "compile: out of host memory");
     g->kernel = k;
-    const deft_tensor *root = deft_node(f, g->root);
-    k->ndim = root->ndim;
-    memcpy(k->shape, root->shape, sizeof k->shape);
-    k->numel = deft_shape_numel(root->ndim, root->shape);
+    /* The chain's shape: the root's, or the reduced operand's when a reduction ends the chain. */
+    const deft_tensor *chain = g->reduce >= 0 ? deft_node(f, g->reduce)->src[0] : deft_node(f, g->root);
+    k->ndim = chain->ndim;
+    memcpy(k->shape, chain->shape, sizeof k->shape);
+    k->numel = deft_shape_numel(chain->ndim, chain->shape);
     k->n_inputs = g->n_inputs;
     k->n_ops = g->n_members;
     k->n_stores = g->n_stores;
@@ -327,7 +368,12 @@ static deft_status deft_build_kernel(deft_fusion *f, deft_group *g) {
         in->b = t->nsrc > 1 ? deft_register_of(g, t->src[1]->id) : in->a;
         in->scalar = deft_op_info_of(t->op)->kind == DEFT_KIND_SCALAR ? t->p.scalar : 0.0;
     }
-    for (int s = 0; s < g->n_stores; s++) k->store_reg[s] = deft_register_of(g, g->stores[s]);
+    k->n_stores = g->n_stores - (g->reduce >= 0);   /* the reduction is the last store, written by its own path */
+    for (int s = 0; s < k->n_stores; s++) k->store_reg[s] = deft_register_of(g, g->stores[s]);
+    if (g->reduce >= 0) {
+        k->reduce_op = (int32_t)deft_node(f, g->reduce)->op;
+        k->reduce_reg = deft_register_of(g, g->reduce);   /* its instruction copies its operand's element */
+    }
     return DEFT_OK;
 }
 
@@ -350,7 +396,9 @@ static deft_status deft_finish_group(deft_fusion *f, int gi) {
     g->inputs = malloc((size_t)(DEFT_FUSED_MAX_INPUTS + 2) * sizeof *g->inputs);
     if (!g->stores || !g->inputs) return deft_set_error(DEFT_ERR_OOM, "compile: out of host memory");
     for (int m = 0; m < g->n_members; m++)
-        if (deft_read_outside(f, gi, g->members[m])) g->stores[g->n_stores++] = g->members[m];
+        if (g->members[m] != g->reduce && deft_read_outside(f, gi, g->members[m]))
+            g->stores[g->n_stores++] = g->members[m];
+    if (g->reduce >= 0) g->stores[g->n_stores++] = g->reduce;
     if (g->kind == DEFT_GROUP_MATMUL) return DEFT_OK;
     for (int m = 0; m < g->n_members; m++) {
         const deft_tensor *t = deft_node(f, g->members[m]);

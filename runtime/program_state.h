@@ -58,6 +58,7 @@ typedef struct deft_group {
     struct deft_fused_kernel *kernel;   /* elementwise */
     int matmul, bias;         /* matmul: the matmul node; the bias added by the epilogue (-1 if none) */
     int epilogue;             /* matmul: a deft_mm_epilogue_kind */
+    int reduce;               /* elementwise: the full sum or mean ending the chain (the last store), -1 if none */
 } deft_group;
 
 struct deft_program {

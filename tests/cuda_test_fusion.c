@@ -105,6 +105,54 @@ static void test_random_chains(void) {
     CHECK_MSG(fewer >= 30, "only %d of 40 chains ran fewer kernels fused", fewer);
 }
 
+/* ---- a chain ending in a sum or mean over every element (a loss): one kernel, the unfused value bit for bit ---- */
+static void test_chain_reduction(int mean, int64_t rows, int64_t cols, int want_steps) {
+    deft_graph *g = deft_graph_new();
+    const int64_t shape[2] = {rows, cols};
+    deft_tensor *a = deft_input(g, "a", DEFT_F32, 2, shape, GPU), *b = deft_input(g, "b", DEFT_F32, 2, shape, GPU);
+    deft_tensor *d = deft_sub(a, b), *sq = deft_mul_scalar(deft_mul(d, d), 0.5);
+    deft_tensor *r = mean ? deft_mean(sq, 0, NULL, 0) : deft_sum(sq, 0, NULL, 0);
+    deft_tensor *outs[2] = {r, d};   /* d is read outside the chain: stored beside the reduction */
+    const size_t n = (size_t)(rows * cols);
+    float *ha = malloc(n * sizeof *ha), *hb = malloc(n * sizeof *hb), *df = malloc(n * sizeof *df),
+          *dp = malloc(n * sizeof *dp);
+    CHECK(ha && hb && df && dp);
+    uint64_t rng = (uint64_t)(rows * 131 + cols + mean);
+    for (size_t i = 0; i < n; i++) {
+        ha[i] = (float)ref_unif(&rng, -2, 2);
+        hb[i] = (float)ref_unif(&rng, -2, 2);
+    }
+    deft_program *pf = deft_compile(g, outs, 2, NULL);
+    deft_program *pu = deft_compile(g, outs, 2, &(deft_compile_options){.no_fusion = 1});
+    CHECK_MSG(pf && pu, "compile: %s", deft_errmsg());
+    if (pf && pu) {
+        CHECK_MSG(deft_program_step_count(pf) == want_steps, "%lldx%lld %s: %d fused steps, want %d",
+                  (long long)rows, (long long)cols, mean ? "mean" : "sum", deft_program_step_count(pf), want_steps);
+        double ref = 0;
+        for (size_t i = 0; i < n; i++) ref += 0.5 * ((double)ha[i] - hb[i]) * ((double)ha[i] - hb[i]);
+        if (mean) ref /= (double)n;
+        for (int run = 0; run < 4; run++) {   /* eager, eager, capture, replay */
+            float rf = -1, rp = -2;
+            deft_program *ps[2] = {pf, pu};
+            for (int k = 0; k < 2; k++) {
+                CHECK_OK(deft_program_feed(ps[k], a, ha, n * sizeof *ha));
+                CHECK_OK(deft_program_feed(ps[k], b, hb, n * sizeof *hb));
+                CHECK_OK(deft_program_run(ps[k]));
+                CHECK_OK(deft_program_read(ps[k], r, k ? &rp : &rf, sizeof rf));
+                CHECK_OK(deft_program_read(ps[k], d, k ? dp : df, n * sizeof *df));
+            }
+            CHECK_MSG(memcmp(&rf, &rp, sizeof rf) == 0, "run %d: reduction %.9g fused, %.9g not", run, rf, rp);
+            CHECK_MSG(memcmp(df, dp, n * sizeof *df) == 0, "run %d: the stored member differs", run);
+            CHECK_MSG(fabs(rf - ref) <= 1e-5 * fabs(ref), "run %d: %.9g, reference %.9g", run, rf, ref);
+        }
+    }
+    deft_graph_free(g);
+    free(ha);
+    free(hb);
+    free(df);
+    free(dp);
+}
+
 /* ---- an MLP: fused (bias+ReLU epilogues, bias gradients, elementwise chains) trains as the unfused program ---- */
 typedef struct mlp {
     deft_graph *g;
@@ -190,6 +238,10 @@ int main(void) {
         return 77;
     }
     test_random_chains();
+    test_chain_reduction(1, 32, 1, 1);      /* the tiny MLP's MSE */
+    test_chain_reduction(0, 37, 29, 1);
+    test_chain_reduction(1, 256, 256, 1);   /* the largest chain one block reduces */
+    test_chain_reduction(1, 257, 256, 2);   /* past it, the reduction runs on its own */
     test_mlp(1, 0, 1e-5);
     test_mlp(0, 0, 1e-5);
     test_mlp(0, 1, 5e-3);

@@ -17,6 +17,7 @@
 
 #include "caching_allocator.h"
 #include "cuda_matmul_impl.cuh"
+#include "cuda_matmul_small.cuh"
 
 /* ---- one cuBLAS handle per device, created on first use and kept for the life of the process ---- */
 
@@ -201,7 +202,7 @@ static deft_status deft_matmul_run(cublasHandle_t h, const deft_gemm_types &t, c
 
 /* DEFT_MATMUL_REFERENCE=1 sends every product down the reference path. Read at each call (a getenv is nothing
  * beside a launch, and replays do not call here), so a test can switch it between runs. */
-static bool deft_matmul_reference_requested(void) {
+bool deft_matmul_reference_requested(void) {
     const char *v = getenv("DEFT_MATMUL_REFERENCE");
     return v && *v && strcmp(v, "0") != 0;
 }
@@ -235,6 +236,7 @@ deft_status deft_cuda_matmul(const deft_tensor *n, void *out, const void *a, con
         return deft_set_error(DEFT_ERR_RUNTIME, "cuda matmul: memset failed: %s", cudaGetErrorString(e));
     }
     if (n->dtype != DEFT_F64 && !deft_matmul_reference_requested()) {
+        if (deft_matmul_small_fits(n, mm)) return deft_cuda_matmul_small(n, mm, out, a, b, NULL, st);
         bool done = false;
         s = deft_cuda_matmul_lt_plain(n, mm, out, a, b, st, flags, &done);
         if (s != DEFT_OK || done) return s;

@@ -30,6 +30,9 @@ deft_status deft_matmul_device(int *dev);
  * handle and the cuBLASLt calls, so the footprint a program reports holds for either path. Thread-safe. */
 deft_status deft_matmul_workspace(int dev, void **out);
 
+/* Whether DEFT_MATMUL_REFERENCE=1 sends every product down the reference path (cuda_matmul.cu). */
+bool deft_matmul_reference_requested(void);
+
 /* The reference path: cublasGemmEx / cublasGemmStridedBatchedEx, f32 never TF32 (cuda_matmul.cu). */
 deft_status deft_cuda_matmul_reference(const deft_tensor *n, const deft_mm &s, void *out, const void *a,
                                        const void *b, cudaStream_t st);

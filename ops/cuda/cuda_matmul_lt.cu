@@ -23,6 +23,7 @@
 
 #include "cuda_matmul.h"
 #include "cuda_matmul_impl.cuh"
+#include "cuda_matmul_small.cuh"
 
 /* ---- one cuBLASLt handle per device, never destroyed (as the cuBLAS handles) ---- */
 static cublasLtHandle_t deft_lt_handles[DEFT_CUBLAS_MAX_DEVICES];
@@ -363,11 +364,6 @@ static cublasLtEpilogue_t deft_lt_epilogue(deft_mm_epilogue_kind k) {
     }
 }
 
-static bool deft_reference_requested(void) {
-    const char *v = getenv("DEFT_MATMUL_REFERENCE");
-    return v && *v && strcmp(v, "0") != 0;
-}
-
 extern "C" deft_status deft_cuda_matmul_fused(const deft_tensor *mm, void *out, const void *a, const void *b,
                                               const deft_mm_epilogue *ep, void *stream, unsigned flags) {
     if (!ep) return deft_set_error(DEFT_ERR_INVALID, "cuda matmul: no epilogue given");
@@ -383,7 +379,8 @@ extern "C" deft_status deft_cuda_matmul_fused(const deft_tensor *mm, void *out, 
     deft_status r = deft_mm_make(mm, &s);
     if (r != DEFT_OK) return r;
     /* Empty products (cuBLASLt wants every dimension positive) and DEFT_MATMUL_REFERENCE take the fallback. */
-    if (s.M > 0 && s.N > 0 && s.K > 0 && !deft_reference_requested()) {
+    if (s.M > 0 && s.N > 0 && s.K > 0 && !deft_matmul_reference_requested()) {
+        if (deft_matmul_small_fits(mm, s)) return deft_cuda_matmul_small(mm, s, out, a, b, ep, st);
         deft_lt_call c;
         c.key = deft_lt_key_make(mm, s.ta, s.tb, s.M, s.N, s.K, flags);
         c.key.epilogue = (int)deft_lt_epilogue(ep->kind);

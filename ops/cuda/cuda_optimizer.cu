@@ -214,10 +214,13 @@ __global__ void deft_k_opt_fused(T *p, T *flat, T *s0, T *s1, const deft_optimiz
     deft_opt_coef<T> c;
     c.first = first;
     c.lr = (T)dev->lr;
-    const double t = (double)(dev->updates + 1);
-    c.step = (T)(dev->lr / (1.0 - pow(h.beta1, t)));
-    c.bc2_sqrt = (T)sqrt(1.0 - pow(h.beta2, t));
-    c.decay = (T)(1.0 - dev->lr * h.adamw_weight_decay);
+    c.step = c.bc2_sqrt = c.decay = T(0);
+    if (h.kind != DEFT_OPTIM_SGD) {   /* double pow in every thread is a good part of a small SGD step */
+        const double t = (double)(dev->updates + 1);
+        c.step = (T)(dev->lr / (1.0 - pow(h.beta1, t)));
+        c.bc2_sqrt = (T)sqrt(1.0 - pow(h.beta2, t));
+        c.decay = (T)(1.0 - dev->lr * h.adamw_weight_decay);
+    }
     const int64_t lo = (int64_t)blockIdx.x * per_block;
     const int64_t hi = lo + per_block < total ? lo + per_block : total;
     double sum = 0.0;
@@ -240,17 +243,21 @@ __global__ void deft_k_opt_fused(T *p, T *flat, T *s0, T *s1, const deft_optimiz
         }
     }
     sum = deft_opt_block_sum(sum, sh);
-    if (threadIdx.x == 0) {
-        dev->partial[blockIdx.x] = sum;
+    double total_sq = sum;
+    if (gridDim.x > 1) {   /* one block (a small model) has the whole sum already: no ticket, no fences */
+        if (threadIdx.x == 0) {
+            dev->partial[blockIdx.x] = sum;
+            __threadfence();
+            last = atomicAdd(&dev->blocks_done, 1u) == gridDim.x - 1;
+        }
+        __syncthreads();
+        if (!last) return;
         __threadfence();
-        last = atomicAdd(&dev->blocks_done, 1u) == gridDim.x - 1;
+        double v = 0.0;
+        for (int i = (int)threadIdx.x; i < (int)gridDim.x; i += (int)blockDim.x)
+            v += ((volatile double *)dev->partial)[i];
+        total_sq = deft_opt_block_sum(v, sh);
     }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    double v = 0.0;
-    for (int i = (int)threadIdx.x; i < (int)gridDim.x; i += (int)blockDim.x) v += ((volatile double *)dev->partial)[i];
-    const double total_sq = deft_opt_block_sum(v, sh);
     if (threadIdx.x == 0) {
         const double norm = sqrt(total_sq);
         dev->last_norm = (float)norm;

@@ -6,39 +6,8 @@
  * sit next to each other in memory and there are many of them, or by one block with a shared-memory reduction. */
 #include <string.h>
 
+#include "cuda_block_reduce.cuh"
 #include "cuda_common.cuh"
-
-/* ---- block-wide reduction: warp shuffles, then one warp over the warps' results ---- */
-struct deft_r_sum { template <class A> __device__ A operator()(A x, A y) const { return x + y; } };
-struct deft_r_max { template <class A> __device__ A operator()(A x, A y) const { return deft_max_nan(x, y); } };
-
-/* Every thread of the block must call it (blockDim.x a multiple of 32); every thread gets the result. */
-template <class A, class F> __device__ A deft_block_reduce(A v, F f) {
-    __shared__ A warp_part[32];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-    for (int off = 16; off > 0; off >>= 1) v = f(v, __shfl_down_sync(0xffffffffu, v, off));
-    if (lane == 0) warp_part[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        /* Lanes past the last warp hold a copy of warp 0's value but are never combined. */
-        v = warp_part[lane < nwarps ? lane : 0];
-        for (int off = 16; off > 0; off >>= 1) {
-            A o = __shfl_down_sync(0xffffffffu, v, off);
-            if (lane + off < nwarps) v = f(v, o);
-        }
-        if (lane == 0) warp_part[0] = v;
-    }
-    __syncthreads();
-    A r = warp_part[0];
-    __syncthreads();   /* the next call reuses warp_part */
-    return r;
-}
-
-/* Threads per block for a reduction of `len` elements: whole warps, no more than the work. */
-static inline int deft_reduce_threads(int64_t len) {
-    int64_t t = (len + 31) / 32 * 32;
-    return (int)(t > DEFT_CUDA_THREADS ? DEFT_CUDA_THREADS : t);
-}
 
 /* ---- sum / mean / max ---- */
 /* The input regrouped into kept runs and reduced runs (adjacent axes of one kind merge, size-1 axes vanish), each
@@ -144,9 +113,11 @@ template <class T, int OP> __global__ void deft_k_reduce_block(T *o, const T *x,
 template <class T, int OP>
 static deft_status deft_reduce_launch(const deft_tensor *n, T *o, const T *x, const deft_red_plan &p,
                                       cudaStream_t st) {
-    /* One thread per output when each is short, or when outputs are neighbours in memory and numerous enough to
-     * fill the GPU; otherwise a block per output, whose threads read consecutive reduced elements. */
-    if (p.rtot <= 32 || (p.inner_kept && p.nout >= 8192)) {
+    /* One thread per output when there are enough outputs to fill the GPU and each is short, or when outputs are
+     * neighbours in memory; otherwise a block per output, whose threads read consecutive reduced elements. A
+     * thread walking a few outputs' elements alone waits on each load in turn: the mean of a 32-element loss that
+     * way took longer than the rest of a small training step. */
+    if ((p.rtot <= 32 && p.nout >= 2048) || (p.inner_kept && p.nout >= 8192)) {
         deft_k_reduce_thread<T, OP><<<deft_cuda_blocks(p.nout, DEFT_CUDA_THREADS), DEFT_CUDA_THREADS, 0, st>>>(o, x, p);
     } else {
         unsigned blocks = (unsigned)(p.nout < DEFT_CUDA_MAX_BLOCKS ? p.nout : DEFT_CUDA_MAX_BLOCKS);
