@@ -81,7 +81,8 @@ static deft_status deft_flatten_params(deft_optimizer *opt) {
     size_t esz = deft_dtype_size(opt->dtype), bytes = (size_t)opt->total * esz;
     deft_device d = opt->device;
     deft_status s = deft_mem_alloc_tagged(d, bytes, "optimizer.params", &opt->flat_params);
-    if (s == DEFT_OK) s = deft_mem_alloc_tagged(d, bytes, "optimizer.grads", &opt->flat_grads);
+    if (s == DEFT_OK && deft_optimizer_keeps_grads(opt))
+        s = deft_mem_alloc_tagged(d, bytes, "optimizer.grads", &opt->flat_grads);
     if (s == DEFT_OK) s = deft_mem_alloc_tagged(d, bytes, "optimizer.state", &opt->state0);
     if (s == DEFT_OK && opt->kind == DEFT_OPTIM_ADAMW) s = deft_mem_alloc_tagged(d, bytes, "optimizer.state", &opt->state1);
     if (s != DEFT_OK) return s;

@@ -65,7 +65,8 @@ struct deft_optimizer {
     int64_t *offsets;          /* element offset of each parameter in the flat storage */
     int64_t total;             /* elements in the flat storage */
     /* Flat storage on the optimizer's device: the parameters' values (each parameter's storage points into it),
-     * the gradients summed over the micro-batches of one update, and the per-element state (SGD: momentum buffer;
+     * the gradients summed over the micro-batches of one update (NULL unless deft_optimizer_keeps_grads), and the
+     * per-element state (SGD: momentum buffer;
      * AdamW: the first and second moments). */
     void *flat_params, *flat_grads, *state0, *state1;
     /* The CPU's per-run state (on a GPU it lives in dev instead). */
@@ -82,9 +83,18 @@ struct deft_optimizer {
 
 void deft_optimizer_destroy(struct deft_optimizer *opt);
 
+/* Whether the flat gradients exist: the CPU sums into them, and on a GPU so do several micro-batches per update
+ * and clipping (which needs the norm before any update). A GPU step with neither reads each gradient where the
+ * backward pass left it and updates at once (ops/cuda/cuda_optimizer.cu), so a model's worth of memory and one
+ * write of it per step are saved. */
+static inline bool deft_optimizer_keeps_grads(const struct deft_optimizer *opt) {
+    return opt->device.type == DEFT_CPU || opt->accumulate_steps > 1 || opt->max_grad_norm > 0.0;
+}
+
 /* Bytes of the flat gradients and the state (the flat parameters count as the parameters themselves). */
 static inline size_t deft_optimizer_state_bytes(const struct deft_optimizer *opt) {
-    return (size_t)opt->total * deft_dtype_size(opt->dtype) * (opt->kind == DEFT_OPTIM_ADAMW ? 3u : 2u);
+    const unsigned arrays = (opt->kind == DEFT_OPTIM_ADAMW ? 2u : 1u) + (deft_optimizer_keeps_grads(opt) ? 1u : 0u);
+    return (size_t)opt->total * deft_dtype_size(opt->dtype) * arrays;
 }
 
 /* Runs the optimizer's node: grads[i] is parameter i's gradient for this run; out (one f32) receives the norm.

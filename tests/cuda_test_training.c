@@ -510,6 +510,30 @@ static void test_two_programs(void) {
     ref_opt_free(&r);
 }
 
+/* Only the staged GPU step (several micro-batches, or clipping) and the CPU keep flat gradients: the optimizer's
+ * persistent state on a GPU is otherwise one array per state (momentum), not two. */
+static void test_flat_gradients_only_when_needed(void) {
+    for (int staged = 0; staged < 2; staged++) {
+        deft_graph *g = deft_graph_new();
+        deft_tensor *x = deft_input(g, "x", DEFT_F32, 2, (int64_t[]){16, 8}, GPU);
+        deft_tensor *y = deft_input(g, "y", DEFT_I32, 1, (int64_t[]){16}, GPU);
+        deft_tensor *loss = deft_cross_entropy(deft_linear(x, 4, "fc", NULL), y);
+        CHECK_OK(deft_backward(loss));
+        deft_optimizer *opt = deft_sgd(g, &(deft_sgd_options){.lr = 0.1, .momentum = 0.9},
+                                       staged ? &(deft_step_options){.accumulate_steps = 2} : NULL);
+        deft_program *p = deft_compile(g, (deft_tensor *[]){loss, deft_optimizer_step(opt)}, 2, NULL);
+        CHECK_MSG(p != NULL, "compile: %s", deft_errmsg());
+        deft_memory_report r;
+        CHECK_OK(deft_program_memory(p, &r));
+        const size_t params = (8 * 4 + 4) * sizeof(float), inputs = 16 * 8 * sizeof(float) + 16 * sizeof(int32_t);
+        const int keeps = staged || GPU.type == DEFT_CPU;
+        const size_t want = params + inputs + (keeps ? 2 : 1) * params + sizeof(float);
+        CHECK_MSG(r.persistent_bytes == want, "staged %d: persistent %zu, expected %zu", staged, r.persistent_bytes,
+                  want);
+        deft_graph_free(g);
+    }
+}
+
 int main(void) {
     const char *as_cpu = getenv("DEFT_TEST_GPU_AS_CPU");
     if (as_cpu && strcmp(as_cpu, "1") == 0) {
@@ -535,5 +559,6 @@ int main(void) {
     test_formulas_many();
     test_lr_updates_norm();
     test_two_programs();
+    test_flat_gradients_only_when_needed();
     return deft_check_finish();
 }

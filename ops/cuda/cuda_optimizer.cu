@@ -198,13 +198,13 @@ __global__ void deft_k_opt_update(T *p, const T *g, T *s0, T *s1, int64_t total,
 
 /* ---------------------------------------------------------------- one launch: the common step
  * With one micro-batch per update and no clipping, nothing in an update waits on the norm, so a single kernel does
- * the whole step: each block reads its range of the gradients through the gather table, keeps them in flat_grads,
- * updates its range of the parameters with the coefficients of this run (from the device's counters, which no
- * block changes before every block has read them), and writes its sum of squares; the last block to finish (a
+ * the whole step: each block reads its range of the gradients through the gather table (there are no flat
+ * gradients: deft_optimizer_keeps_grads), updates its range of the parameters with the coefficients of this run
+ * (from the device's counters, which no block changes before every block has read them), and writes its sum of squares; the last block to finish (a
  * ticket after a fence) adds the sums in block order, writes the norm and advances the counters. The formulas are
  * the update kernels' above with scale 1, so both paths give the same parameters. */
 template <class T>
-__global__ void deft_k_opt_fused(T *p, T *flat, T *s0, T *s1, const deft_optimizer_segment *seg, int nseg,
+__global__ void deft_k_opt_fused(T *p, T *s0, T *s1, const deft_optimizer_segment *seg, int nseg,
                                  int64_t total, int64_t per_block, deft_optimizer_dev *dev, deft_opt_hyper h,
                                  float *out) {
     __shared__ double sh[DEFT_OPT_THREADS];
@@ -236,7 +236,6 @@ __global__ void deft_k_opt_fused(T *p, T *flat, T *s0, T *s1, const deft_optimiz
         const T *src = (const T *)seg[s].src;
         for (int64_t j = s0i + threadIdx.x; j < s1i; j += blockDim.x) {
             const T g = src[j - off];
-            flat[j] = g;
             sum += (double)g * (double)g;
             if (h.kind == DEFT_OPTIM_SGD) deft_opt_sgd_one<T>(p, s0, j, g, h, c);
             else deft_opt_adamw_one<T>(p, s0, s1, j, g, h, c);
@@ -412,11 +411,11 @@ static deft_status deft_opt_launch(deft_optimizer *o, const deft_optimizer_segme
     deft_optimizer_dev *dev = o->dev;
     const deft_tensor *n = o->step_node;
 
-    if (o->accumulate_steps == 1 && !(o->max_grad_norm > 0.0)) {
+    if (!deft_optimizer_keeps_grads(o)) {
         int64_t fused_per = (total + DEFT_OPTIMIZER_NORM_BLOCKS - 1) / DEFT_OPTIMIZER_NORM_BLOCKS;
         if (fused_per < DEFT_OPT_GATHER_CHUNK) fused_per = DEFT_OPT_GATHER_CHUNK;
         const unsigned fused_blocks = (unsigned)((total + fused_per - 1) / fused_per);
-        deft_k_opt_fused<T><<<fused_blocks, DEFT_OPT_THREADS, 0, st>>>(p, g, s0, s1, table, o->n_params, total,
+        deft_k_opt_fused<T><<<fused_blocks, DEFT_OPT_THREADS, 0, st>>>(p, s0, s1, table, o->n_params, total,
                                                                        fused_per, dev, h, out);
         return deft_cuda_check_launch(n, "optimizer step");
     }
