@@ -16,11 +16,11 @@
 
 #include "graph_internal.h"
 
-/* What the rest of the pipeline says about the graph as it stands: the program's bytes (arena + persistent) and
- * the persistent part, with `redirect` (per original node, its copy's id or -1) naming where outputs now live.
- * full: the planner's arena; otherwise the lower bound (the most bytes live at one step), which is cheaper. */
-typedef deft_status (*deft_ckpt_measure)(void *ctx, const int *redirect, int full, size_t *total,
-                                         size_t *persistent);
+/* What the rest of the pipeline says about the graph as it stands: the program's bytes (arena + persistent), with
+ * `redirect` (per original node, its copy's id or -1) naming where outputs now live. full: the planner's arena;
+ * otherwise the lower bound (the most bytes live at one step), which is cheaper. *area: the sum over buffers of
+ * bytes times steps live (how long memory is held, which tells apart choices of equal peak). */
+typedef deft_status (*deft_ckpt_measure)(void *ctx, const int *redirect, int full, size_t *total, double *area);
 
 typedef struct deft_ckpt_plan {
     int policy;              /* a deft_checkpoint_policy */

@@ -31,11 +31,12 @@ static double deft_ckpt_seconds(double flops, double bytes) {
 }
 
 /* Applies the current drop set, measures, and takes the copies out again. */
-static deft_status deft_ckpt_trial(deft_ckpt_search *s, int full, size_t *total, double *seconds) {
+static deft_status deft_ckpt_trial(deft_ckpt_search *s, int full, size_t *total, double *seconds, double *area) {
     deft_ckpt_applied ap = {.redirect = s->redirect};
     deft_status st = deft_ckpt_apply(s->a, s->drop, s->owner, &ap);
-    size_t persistent;
-    if (st == DEFT_OK) st = s->measure(s->ctx, s->redirect, full, total, &persistent);
+    double held = 0.0;
+    if (st == DEFT_OK) st = s->measure(s->ctx, s->redirect, full, total, &held);
+    if (area) *area = held;
     deft_ckpt_truncate(s->a->g, s->a->n);
     if (seconds) *seconds = deft_ckpt_seconds(ap.flops, ap.bytes);
     return st;
@@ -67,42 +68,52 @@ static int deft_ckpt_shortlist(const deft_ckpt_search *s, deft_ckpt_rank *r) {
     return n < DEFT_CKPT_TRIALS ? n : DEFT_CKPT_TRIALS;
 }
 
+typedef struct deft_ckpt_choice {
+    int id, lowers;
+    double score, area;
+} deft_ckpt_choice;
+
+/* Lowering the bound beats not lowering it; then the lower score; then, for scores equal to rounding, the smaller
+ * area: of two drops that free the same bytes at the same cost, the one whose recomputed values live shortest,
+ * which spreads the kept values evenly instead of growing one long run to recompute. */
+static bool deft_ckpt_better(const deft_ckpt_choice *a, const deft_ckpt_choice *b) {
+    if (b->id < 0) return true;
+    if (a->lowers != b->lowers) return a->lowers > b->lowers;
+    double tol = 1e-9 * (a->score > b->score ? a->score : b->score);
+    if (a->score < b->score - tol) return true;
+    if (a->score > b->score + tol) return false;
+    return a->area < b->area;
+}
+
 /* One round: the candidate whose drop lowers the bound most per added second (or, when none lowers it, the one
  * leaving the lowest bound). Returns -1 when none is left. */
 static deft_status deft_ckpt_pick(deft_ckpt_search *s, deft_ckpt_rank *r, size_t bound, double secs, int *pick) {
-    int n = deft_ckpt_shortlist(s, r), best = -1, best_lowers = 0;
-    double best_score = 0.0;
-    size_t best_bound = 0;
+    int n = deft_ckpt_shortlist(s, r);
+    deft_ckpt_choice best = {-1, 0, 0.0, 0.0};
     for (int i = 0; i < n; i++) {
         size_t b;
-        double t;
+        double t, area;
         s->drop[r[i].id] = true;
-        deft_status st = deft_ckpt_trial(s, 0, &b, &t);
+        deft_status st = deft_ckpt_trial(s, 0, &b, &t, &area);
         s->drop[r[i].id] = false;
         if (st != DEFT_OK) return st;
-        int lowers = b < bound;
         double added = t - secs > 0 ? t - secs : 0.0;
-        double score = lowers ? (added + 1e-12) / (double)(bound - b) : (double)b;
-        if (best < 0 || lowers > best_lowers || (lowers == best_lowers && score < best_score) ||
-            (lowers == best_lowers && score == best_score && b < best_bound)) {
-            best = r[i].id;
-            best_lowers = lowers;
-            best_score = score;
-            best_bound = b;
-        }
+        deft_ckpt_choice c = {r[i].id, b < bound, 0.0, area};
+        c.score = c.lowers ? (added + 1e-12) / (double)(bound - b) : (double)b;
+        if (deft_ckpt_better(&c, &best)) best = c;
     }
-    *pick = best;
+    *pick = best.id;
     return DEFT_OK;
 }
 
-/* Keeps again what the budget does not need dropped, the dearest recomputation first. */
+/* Keeps again what the budget does not need dropped, the latest in the forward pass first. */
 static deft_status deft_ckpt_prune(deft_ckpt_search *s, size_t budget) {
     for (int i = s->a->n_cands - 1; i >= 0; i--) {
         int id = s->a->cands[i];
         if (!s->drop[id]) continue;
         s->drop[id] = false;
         size_t total;
-        deft_status st = deft_ckpt_trial(s, 1, &total, NULL);
+        deft_status st = deft_ckpt_trial(s, 1, &total, NULL, NULL);
         if (st != DEFT_OK) return st;
         if (total > budget) s->drop[id] = true;
     }
@@ -127,14 +138,14 @@ static deft_status deft_ckpt_search_budget(deft_ckpt_search *s, size_t budget, s
     }
     size_t smallest = without, bound, total = without;
     double secs = 0.0;
-    deft_status st = deft_ckpt_trial(s, 0, &bound, NULL);
+    deft_status st = deft_ckpt_trial(s, 0, &bound, NULL, NULL);
     while (st == DEFT_OK && total > budget) {
         int pick;
         st = deft_ckpt_pick(s, r, bound, secs, &pick);
         if (st != DEFT_OK || pick < 0) break;
         s->drop[pick] = true;
-        st = deft_ckpt_trial(s, 0, &bound, &secs);
-        if (st == DEFT_OK) st = deft_ckpt_trial(s, 1, &total, NULL);
+        st = deft_ckpt_trial(s, 0, &bound, &secs, NULL);
+        if (st == DEFT_OK) st = deft_ckpt_trial(s, 1, &total, NULL, NULL);
         if (st == DEFT_OK && total < smallest) {
             smallest = total;
             memcpy(best_drop, s->drop, (size_t)s->a->n * sizeof *best_drop);
@@ -205,7 +216,7 @@ deft_status deft_checkpoint_rewrite(deft_graph *g, deft_tensor *const *outputs, 
     if (st == DEFT_OK) {
         plan->policy = opts->checkpoint;
         plan->n_orig = a.n;
-        st = deft_ckpt_trial(&s, 1, &plan->total_without, NULL);
+        st = deft_ckpt_trial(&s, 1, &plan->total_without, NULL, NULL);
     }
     if (st == DEFT_OK) st = deft_ckpt_choose(&s, opts, plan->total_without);
     if (st == DEFT_OK) st = deft_ckpt_finish(&s, plan);

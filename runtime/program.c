@@ -361,12 +361,16 @@ typedef struct deft_trial_ctx {
     const deft_compile_options *opts;
 } deft_trial_ctx;
 
-static deft_status deft_trial_measure(void *ctx, const int *redirect, int full, size_t *total, size_t *persistent) {
+static deft_status deft_trial_measure(void *ctx, const int *redirect, int full, size_t *total, double *area) {
     const deft_trial_ctx *c = ctx;
     deft_program t = {.graph = c->g, .n_nodes = c->g->n_nodes, .gpu.device = -1};
     deft_status s = deft_build_plan(&t, c->outputs, c->n_outputs, c->opts, redirect, full);
-    *total = *persistent = t.persistent_bytes;
+    *total = t.persistent_bytes;
     for (int a = 0; a < t.n_arenas; a++) *total += full ? t.arenas[a].bytes : t.arenas[a].lower_bound;
+    *area = 0.0;
+    for (int b = 0; s == DEFT_OK && b < t.n_buffers; b++)
+        if (t.buffers[b].merged_into < 0)
+            *area += (double)t.buffers[b].plan.size * (double)(t.buffers[b].plan.last - t.buffers[b].plan.first + 1);
     deft_program_groups_free(&t);
     free(t.nodes);
     free(t.steps);
