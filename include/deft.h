@@ -208,7 +208,10 @@ typedef struct deft_compile_options {
 /* Activation checkpointing: forward values the backward pass reads are dropped after the forward pass and
  * recomputed just before the backward steps that read them, giving the same bits (dropout recomputes its mask).
  * Compiling appends the recompute nodes, and copies of the backward nodes that read them, to the graph for that
- * program only: no node you built changes, other compiles never see them, and they go with the program. */
+ * program only: no node you built changes, other compiles never see them, and they go with the program (when they
+ * are still the graph's last nodes; deft_graph_node_count counts them meanwhile). Outputs are read through your
+ * tensors as ever; deft_program_schedules and deft_program_node_runs answer for what runs, so a backward node of
+ * yours that a copy computes in its place reads as not scheduled. */
 typedef enum deft_checkpoint_policy {
     DEFT_CHECKPOINT_NONE = 0,
     DEFT_CHECKPOINT_BUDGET,    /* the least recompute cost (FLOPs, bytes) whose plan fits memory_budget (arena +
