@@ -616,3 +616,37 @@ deft_status deft_plan_offsets(deft_plan_buffer *bufs, int n, int no_reuse, deft_
     free(work);
     return s;
 }
+
+typedef struct deft_bound_event {
+    int step;
+    int end;          /* 0: a buffer starts at step; 1: one ends after step (ends sort after starts) */
+    size_t bytes;
+} deft_bound_event;
+
+static int deft_by_event(const void *pa, const void *pb) {
+    const deft_bound_event *a = pa, *b = pb;
+    if (a->step != b->step) return a->step < b->step ? -1 : 1;
+    return a->end - b->end;
+}
+
+size_t deft_plan_lower_bound(const deft_plan_buffer *bufs, int n) {
+    if (n <= 0) return 0;
+    deft_bound_event *ev = malloc(2 * (size_t)n * sizeof *ev);
+    size_t live = 0, peak = 0;
+    if (!ev) {   /* without scratch, the sum of every buffer still bounds from above what is asked */
+        for (int i = 0; i < n; i++) peak += deft_plan_align(bufs[i].size);
+        return peak;
+    }
+    for (int i = 0; i < n; i++) {
+        ev[2 * i] = (deft_bound_event){bufs[i].first, 0, deft_plan_align(bufs[i].size)};
+        ev[2 * i + 1] = (deft_bound_event){bufs[i].last, 1, deft_plan_align(bufs[i].size)};
+    }
+    qsort(ev, 2 * (size_t)n, sizeof *ev, deft_by_event);
+    for (int k = 0; k < 2 * n; k++) {
+        if (ev[k].end) live -= ev[k].bytes;
+        else live += ev[k].bytes;
+        if (live > peak) peak = live;
+    }
+    free(ev);
+    return peak;
+}

@@ -24,6 +24,9 @@ typedef struct deft_plan_stats {
  * Returns DEFT_ERR_INVALID for a buffer with last < first, DEFT_ERR_OOM when scratch memory runs out. */
 deft_status deft_plan_offsets(deft_plan_buffer *bufs, int n, int no_reuse, deft_plan_stats *stats);
 
+/* The largest sum of aligned sizes live at one step: no placement of bufs needs less. O(n log n). */
+size_t deft_plan_lower_bound(const deft_plan_buffer *bufs, int n);
+
 static inline size_t deft_plan_align(size_t bytes) {
     return (bytes + DEFT_PLAN_ALIGN - 1) & ~(size_t)(DEFT_PLAN_ALIGN - 1);
 }

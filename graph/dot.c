@@ -37,6 +37,13 @@ static void deft_dot_plan_line(FILE *f, const deft_program *p, const deft_tensor
     case DEFT_PLACE_FUSED: fprintf(f, "\\nin fused kernel %d (not stored)", np.group); break;
     }
     if (np.group >= 0 && np.place != DEFT_PLACE_FUSED) fprintf(f, "\\nfused kernel %d", np.group);
+    if (np.dropped) fprintf(f, "\\ndropped after the forward pass");
+    if (np.recompute) fprintf(f, "\\nrecomputed for the backward pass");
+}
+
+/* Checkpointing's copies belong to one program: drawn with it only, the recomputations in red. */
+static bool deft_dot_hidden(const deft_program *p, const deft_tensor *t) {
+    return t->ckpt_role != DEFT_CKPT_USER && (!p || t->ckpt_owner != p);
 }
 
 deft_status deft_graph_dump_dot(const deft_graph *g, const deft_program *p, const char *path) {
@@ -46,19 +53,23 @@ deft_status deft_graph_dump_dot(const deft_graph *g, const deft_program *p, cons
     fprintf(f, "digraph deft {\n  rankdir=TB;\n  node [fontname=\"Helvetica\", fontsize=10, style=filled];\n");
     for (int i = 0; i < g->n_nodes; i++) {
         const deft_tensor *t = g->nodes[i];
+        if (deft_dot_hidden(p, t)) continue;
         char shape[160], dev[32];
         bool dead, output;
         fprintf(f, "  n%d [shape=%s, fillcolor=\"%s\", label=\"%s\\n%s %s %s %s", t->id, deft_node_shape(t),
                 deft_device_colour(t->device), t->name, deft_op_name(t->op), deft_dtype_name(t->dtype),
                 deft_shape_str(t->ndim, t->shape, shape, sizeof shape), deft_device_str(t->device, dev, sizeof dev));
         deft_dot_plan_line(f, p, t, &dead, &output);
-        fprintf(f, "\"%s%s];\n", dead ? ", style=\"filled,dashed\", fontcolor=gray50" : "",
-                output ? ", peripheries=2, penwidth=2" : "");
+        fprintf(f, "\"%s%s%s];\n", dead ? ", style=\"filled,dashed\", fontcolor=gray50" : "",
+                output ? ", peripheries=2, penwidth=2" : "",
+                t->ckpt_role == DEFT_CKPT_RECOMPUTE ? ", color=\"#c1121f\", fontcolor=\"#c1121f\", penwidth=2.5" : "");
     }
     for (int i = 0; i < g->n_nodes; i++) {
         const deft_tensor *t = g->nodes[i];
+        if (deft_dot_hidden(p, t)) continue;
         for (int k = 0; k < t->nsrc; k++)
-            fprintf(f, "  n%d -> n%d%s;\n", t->src[k]->id, t->id, t->is_view ? " [style=dashed]" : "");
+            fprintf(f, "  n%d -> n%d%s;\n", t->src[k]->id, t->id,
+                    t->is_view ? " [style=dashed]" : t->src[k]->ckpt_role == DEFT_CKPT_RECOMPUTE ? " [color=\"#c1121f\"]" : "");
     }
     fprintf(f, "}\n");
     if (fclose(f) != 0) return deft_set_error(DEFT_ERR_IO, "dump_dot: writing %s failed", path);

@@ -102,6 +102,9 @@ static inline bool deft_kind_is_elementwise(deft_op_kind k) {
 
 const deft_op_info *deft_op_info_of(deft_op op);
 const char *deft_op_name(deft_op op);
+/* What running node t's kernel costs, from its op and shapes (ops/op_cost.c): floating-point operations, and bytes
+ * read and written. Leaves and views cost nothing. */
+void deft_op_cost(const struct deft_tensor *t, double *flops, double *bytes);
 
 typedef union deft_op_params {
     double scalar;                                          /* scalar ops; full's value */
@@ -144,7 +147,20 @@ struct deft_tensor {
     deft_tensor *grad;
     /* A parameter whose storage an optimizer owns (flat): host_data/dev_data point into it and are not freed here. */
     bool storage_borrowed;
+    /* Checkpointing (graph/checkpoint*.c). ckpt_marked: inside a span given to deft_checkpoint_span. A node the
+     * rewrite made for one program has ckpt_role != 0 and ckpt_origin, the user's node it stands for; user nodes
+     * never read such nodes, so other compiles never see them. */
+    bool ckpt_marked;
+    unsigned char ckpt_role;      /* a deft_ckpt_role */
+    deft_tensor *ckpt_origin;
+    const struct deft_program *ckpt_owner;
 };
+
+typedef enum deft_ckpt_role {
+    DEFT_CKPT_USER = 0,
+    DEFT_CKPT_RECOMPUTE,          /* a forward node run again in the backward pass */
+    DEFT_CKPT_BACKWARD_COPY       /* a backward node that reads recomputed values instead of saved ones */
+} deft_ckpt_role;
 
 struct deft_program;
 

@@ -201,7 +201,43 @@ typedef struct deft_compile_options {
                                 * accumulation), as torch.backends.cuda.matmul.allow_tf32; the CPU is unaffected */
     int no_fusion;             /* 1: every node runs as its own kernel (no fused elementwise chains or matmul
                                 * epilogues), for debugging and for measuring what fusion gives */
+    int checkpoint;            /* a deft_checkpoint_policy: which forward values to drop and recompute (below) */
+    int checkpoint_segments;   /* DEFT_CHECKPOINT_SEGMENTS: the number of segments; 0: sqrt(forward matmuls) */
 } deft_compile_options;
+
+/* Activation checkpointing: forward values the backward pass reads are dropped after the forward pass and
+ * recomputed just before the backward steps that read them, giving the same bits (dropout recomputes its mask).
+ * Compiling appends the recompute nodes, and copies of the backward nodes that read them, to the graph for that
+ * program only: no node you built changes, other compiles never see them, and they go with the program (when they
+ * are still the graph's last nodes; deft_graph_node_count counts them meanwhile). Outputs are read through your
+ * tensors as ever; deft_program_schedules and deft_program_node_runs answer for what runs, so a backward node of
+ * yours that a copy computes in its place reads as not scheduled. */
+typedef enum deft_checkpoint_policy {
+    DEFT_CHECKPOINT_NONE = 0,
+    DEFT_CHECKPOINT_BUDGET,    /* the least recompute cost (FLOPs, bytes) whose plan fits memory_budget (arena +
+                                * persistent); when none does, DEFT_ERR_OOM names the smallest budget that fits */
+    DEFT_CHECKPOINT_MARKED,    /* drop what lies inside the spans given to deft_checkpoint_span */
+    DEFT_CHECKPOINT_SEGMENTS   /* torch.utils.checkpoint.checkpoint_sequential: split the forward pass at layer
+                                * boundaries into checkpoint_segments runs; keep only each run's last boundary,
+                                * except in the last run, which keeps everything */
+} deft_checkpoint_policy;
+#define DEFT_HAS_CHECKPOINT 1
+/* Marks the nodes on every path from `from` to `to` (both excluded) for DEFT_CHECKPOINT_MARKED, as
+ * torch.utils.checkpoint.checkpoint(fn, from) returning `to`. */
+deft_status deft_checkpoint_span(deft_tensor *from, deft_tensor *to);
+typedef struct deft_checkpoint_report {
+    int policy;                /* the deft_checkpoint_policy compiled with */
+    int dropped;               /* forward values not kept for the backward pass */
+    size_t dropped_bytes;      /* their bytes */
+    int recomputed;            /* nodes run a second time in the backward pass */
+    double recompute_flops;    /* their floating-point operations... */
+    double recompute_bytes;    /* ...and the bytes they read and write */
+    size_t arena_bytes;        /* the planned arenas with checkpointing */
+    size_t peak_bytes;         /* arena + persistent: what memory_budget bounds */
+    size_t peak_bytes_without; /* the same without checkpointing */
+} deft_checkpoint_report;
+/* What checkpointing did in p (zeros but for the arena and peak when it was not asked for). */
+deft_status deft_program_checkpoint(const deft_program *p, deft_checkpoint_report *out);
 #define DEFT_HAS_TF32_OPTION 1
 #define DEFT_HAS_NO_CUDA_GRAPHS_OPTION 1
 

@@ -1,12 +1,15 @@
 /* Reports of what the planner decided: numbers, a table, and per-node facts for the DOT dump. */
 #include <stdio.h>
 
+#include "checkpoint.h"
 #include "cuda_kernels.h"
 #include "optimizer.h"
 #include "program_state.h"
 
 void deft_program_node_plan(const deft_program *p, const deft_tensor *t, deft_node_plan *out) {
-    *out = (deft_node_plan){DEFT_PLACE_NONE, -1, 0, 0, -1, -1, -1, 0, -1};
+    *out = (deft_node_plan){DEFT_PLACE_NONE, -1, 0, 0, -1, -1, -1, 0, -1, 0, 0};
+    out->dropped = p && p->ckpt && t && t->graph == p->graph && t->id < p->ckpt->n_orig && p->ckpt->dropped[t->id];
+    out->recompute = t && t->ckpt_role == DEFT_CKPT_RECOMPUTE;
     if (!deft_program_schedules(p, t)) return;
     const deft_node_state *s = &p->nodes[t->id];
     out->step = s->step;
@@ -44,6 +47,56 @@ deft_status deft_program_memory(const deft_program *p, deft_memory_report *out) 
     return DEFT_OK;
 }
 
+deft_status deft_program_checkpoint(const deft_program *p, deft_checkpoint_report *out) {
+    if (!p || !out) return deft_set_error(DEFT_ERR_INVALID, "program_checkpoint: NULL argument");
+    *out = (deft_checkpoint_report){0};
+    for (int a = 0; a < p->n_arenas; a++) out->arena_bytes += p->arenas[a].bytes;
+    out->peak_bytes = out->arena_bytes + p->persistent_bytes;
+    out->peak_bytes_without = out->peak_bytes;
+    const deft_ckpt_plan *c = p->ckpt;
+    if (!c) return DEFT_OK;
+    out->policy = c->policy;
+    out->dropped = c->n_dropped;
+    out->dropped_bytes = c->dropped_bytes;
+    out->recomputed = c->n_recompute;
+    out->recompute_flops = c->recompute_flops;
+    out->recompute_bytes = c->recompute_bytes;
+    out->peak_bytes_without = c->total_without;
+    return DEFT_OK;
+}
+
+static const char *deft_policy_name(int policy) {
+    switch (policy) {
+    case DEFT_CHECKPOINT_BUDGET: return "least recompute within the budget";
+    case DEFT_CHECKPOINT_MARKED: return "marked spans";
+    case DEFT_CHECKPOINT_SEGMENTS: return "segments";
+    default: return "none";
+    }
+}
+
+/* What was dropped, what runs again to get it back, and what that bought. */
+static void deft_print_checkpoint(const deft_program *p, FILE *f) {
+    deft_checkpoint_report r;
+    deft_program_checkpoint(p, &r);
+    const deft_ckpt_plan *c = p->ckpt;
+    fprintf(f, "  checkpointing (%s): %d activations dropped (%zu bytes), %d nodes recomputed (%.4g GFLOP, %.4g GB "
+               "moved); peak %zu bytes, %zu without\n",
+            deft_policy_name(r.policy), r.dropped, r.dropped_bytes, r.recomputed, r.recompute_flops / 1e9,
+            r.recompute_bytes / 1e9, r.peak_bytes, r.peak_bytes_without);
+    for (int id = 0; id < c->n_orig; id++)
+        if (c->dropped[id])
+            fprintf(f, "    dropped    %-24s %-10s %12zu bytes\n", p->graph->nodes[id]->name,
+                    deft_op_name(p->graph->nodes[id]->op), deft_tensor_bytes(p->graph->nodes[id]));
+    for (int id = c->n_orig; id < c->n_total && id < p->n_nodes; id++) {
+        const deft_tensor *t = p->graph->nodes[id];
+        if (t->ckpt_role != DEFT_CKPT_RECOMPUTE || t->is_view || !p->nodes[id].needed) continue;
+        double fl, by;
+        deft_op_cost(t, &fl, &by);
+        fprintf(f, "    recompute  %-24s %-10s %12.4g FLOP %12.4g bytes moved\n", t->ckpt_origin->name,
+                deft_op_name(t->op), fl, by);
+    }
+}
+
 deft_status deft_program_print_plan(const deft_program *p, void *file) {
     if (!p) return deft_set_error(DEFT_ERR_INVALID, "print_plan: program is NULL");
     FILE *f = file ? (FILE *)file : stdout;
@@ -58,6 +111,7 @@ deft_status deft_program_print_plan(const deft_program *p, void *file) {
                 deft_device_str(ar->device, d, sizeof d), ar->bytes, ar->lower_bound, ar->no_reuse_bytes);
     }
     fprintf(f, "  persistent    %12zu bytes\n", r.persistent_bytes);
+    if (p->ckpt) deft_print_checkpoint(p, f);
     fprintf(f, "  %-24s %-10s %12s %12s %6s %6s\n", "buffer", "op", "offset", "bytes", "first", "last");
     for (int b = 0; b < p->n_buffers; b++) {
         const deft_buffer *buf = &p->buffers[b];

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "checkpoint.h"
 #include "cuda_kernels.h"
 #include "device_internal.h"
 #include "node.h"
@@ -34,12 +35,16 @@ static deft_status deft_check_outputs(deft_graph *g, deft_tensor *const *outputs
     return DEFT_OK;
 }
 
-/* Marks what the outputs need: node ids are a topological order, so one backward pass suffices. */
-static void deft_mark_needed(deft_program *p, deft_tensor *const *outputs, int n_outputs) {
+/* Marks what the outputs need: node ids are a topological order, so one backward pass suffices. An output that
+ * checkpointing copied is computed by its copy (redirect, per original node: the copy's id or -1; may be NULL) and
+ * read from there. */
+static void deft_mark_needed(deft_program *p, deft_tensor *const *outputs, int n_outputs, const int *redirect) {
     for (int i = 0; i < n_outputs; i++) {
-        p->nodes[outputs[i]->id].needed = true;
-        p->nodes[outputs[i]->id].is_output = true;
-        p->outputs[i] = outputs[i]->id;
+        int id = outputs[i]->id, c = redirect && redirect[id] >= 0 ? redirect[id] : id;
+        p->nodes[id].is_output = true;
+        p->nodes[c].needed = true;
+        p->nodes[c].is_output = true;
+        p->outputs[i] = c;
     }
     for (int id = p->n_nodes - 1; id >= 0; id--) {
         if (!p->nodes[id].needed) continue;
@@ -266,6 +271,23 @@ static deft_status deft_plan_pass(deft_program *p, int no_reuse) {
     return s;
 }
 
+/* Buffers and in-place reuse for the current order, and each arena's lower bound without placing anything. */
+static deft_status deft_bound_pass(deft_program *p, int no_reuse) {
+    for (int id = 0; id < p->n_nodes; id++) p->nodes[id].group = -1;
+    deft_status s = deft_schedule(p);
+    if (s == DEFT_OK && !no_reuse) deft_merge_in_place(p);
+    for (int a = 0; s == DEFT_OK && a < p->n_arenas; a++) {
+        deft_plan_buffer *tmp = malloc((size_t)(p->n_buffers ? p->n_buffers : 1) * sizeof *tmp);
+        if (!tmp) return deft_set_error(DEFT_ERR_OOM, "compile: out of host memory planning");
+        int n = 0;
+        for (int b = 0; b < p->n_buffers; b++)
+            if (p->buffers[b].arena == a && p->buffers[b].merged_into < 0) tmp[n++] = p->buffers[b].plan;
+        p->arenas[a].lower_bound = deft_plan_lower_bound(tmp, n);
+        free(tmp);
+    }
+    return s;
+}
+
 /* With `reorder`, a second plan over the reordered steps replaces the first only when its arenas are smaller. */
 static deft_status deft_order_steps(deft_program *p, const deft_compile_options *opts) {
     int no_reuse = opts ? opts->no_reuse : 0;
@@ -314,17 +336,70 @@ static void deft_release_uploads(deft_program *p, const bool *uploaded) {
         if (uploaded[id]) deft_node_release_device_data(p->graph->nodes[id]);
 }
 
-static deft_status deft_build(deft_program *p, deft_tensor *const *outputs, int n_outputs,
-                              const deft_compile_options *opts, bool allocate) {
-    p->nodes = calloc((size_t)p->n_nodes, sizeof *p->nodes);
+/* Which nodes run, in what order, and the plan of their buffers; `full`: the arenas as the planner places them,
+ * otherwise only the buffers' lifetimes and the lower bound (what checkpointing's search compares). */
+static deft_status deft_build_plan(deft_program *p, deft_tensor *const *outputs, int n_outputs,
+                                   const deft_compile_options *opts, const int *redirect, int full) {
+    p->nodes = calloc((size_t)(p->n_nodes ? p->n_nodes : 1), sizeof *p->nodes);
     p->outputs = malloc((size_t)n_outputs * sizeof *p->outputs);
     if (!p->nodes || !p->outputs) return deft_set_error(DEFT_ERR_OOM, "compile: out of host memory");
     p->n_outputs = n_outputs;
     p->cuda_flags = opts && opts->tf32 ? DEFT_CUDA_ALLOW_TF32 : 0u;
-    deft_mark_needed(p, outputs, n_outputs);
+    deft_mark_needed(p, outputs, n_outputs, redirect);
     deft_status s = deft_collect_steps(p);
-    if (s == DEFT_OK) s = deft_plan_steps(p, opts);
+    if (s == DEFT_OK && full) s = deft_plan_steps(p, opts);
+    if (s == DEFT_OK && !full) s = deft_bound_pass(p, opts ? opts->no_reuse : 0);
     p->persistent_bytes = deft_persistent_bytes(p);
+    return s;
+}
+
+/* checkpointing's measure (graph/checkpoint.h): a plan of the graph as it stands, in a program of its own. */
+typedef struct deft_trial_ctx {
+    deft_graph *g;
+    deft_tensor *const *outputs;
+    int n_outputs;
+    const deft_compile_options *opts;
+} deft_trial_ctx;
+
+static deft_status deft_trial_measure(void *ctx, const int *redirect, int full, size_t *total, double *area) {
+    const deft_trial_ctx *c = ctx;
+    deft_program t = {.graph = c->g, .n_nodes = c->g->n_nodes, .gpu.device = -1};
+    deft_status s = deft_build_plan(&t, c->outputs, c->n_outputs, c->opts, redirect, full);
+    *total = t.persistent_bytes;
+    for (int a = 0; a < t.n_arenas; a++) *total += full ? t.arenas[a].bytes : t.arenas[a].lower_bound;
+    *area = 0.0;
+    for (int b = 0; s == DEFT_OK && b < t.n_buffers; b++)
+        if (t.buffers[b].merged_into < 0)
+            *area += (double)t.buffers[b].plan.size * (double)(t.buffers[b].plan.last - t.buffers[b].plan.first + 1);
+    deft_program_groups_free(&t);
+    free(t.nodes);
+    free(t.steps);
+    free(t.outputs);
+    free(t.buffers);
+    return s;
+}
+
+/* The checkpoint rewrite appends the program's copies to the graph; the program then covers them. */
+static deft_status deft_checkpoint(deft_program *p, deft_tensor *const *outputs, int n_outputs,
+                                   const deft_compile_options *opts) {
+    deft_trial_ctx ctx = {p->graph, outputs, n_outputs, opts};
+    deft_status s = deft_checkpoint_rewrite(p->graph, outputs, n_outputs, opts, p, deft_trial_measure, &ctx, &p->ckpt);
+    if (s == DEFT_OK) p->n_nodes = p->graph->n_nodes;
+    return s;
+}
+
+/* An original node that a copy computes reads its value there (an output asked for by the user's tensor). */
+static void deft_link_copies(deft_program *p) {
+    for (int id = 0; p->ckpt && id < p->ckpt->n_orig; id++)
+        if (p->ckpt->redirect[id] >= 0) p->nodes[id].redirect = p->ckpt->redirect[id];
+}
+
+static deft_status deft_build(deft_program *p, deft_tensor *const *outputs, int n_outputs,
+                              const deft_compile_options *opts, bool allocate) {
+    deft_status s = DEFT_OK;
+    if (opts && opts->checkpoint != DEFT_CHECKPOINT_NONE) s = deft_checkpoint(p, outputs, n_outputs, opts);
+    if (s == DEFT_OK) s = deft_build_plan(p, outputs, n_outputs, opts, p->ckpt ? p->ckpt->redirect : NULL, 1);
+    if (s == DEFT_OK) deft_link_copies(p);
     if (s == DEFT_OK) s = deft_check_budget(p, opts ? opts->memory_budget : 0);
     if (!allocate) return s;
     bool *uploaded = calloc((size_t)(p->n_nodes ? p->n_nodes : 1), sizeof *uploaded);
@@ -387,6 +462,14 @@ deft_program *deft_compile(deft_graph *g, deft_tensor *const *outputs, int n_out
     return p;
 }
 
+/* Whether no other program of the graph covers the nodes from p's copies on (they may then leave the graph). */
+static bool deft_copies_unshared(const deft_program *p) {
+    if (!p->ckpt) return false;
+    for (int i = 0; i < p->graph->n_programs; i++)
+        if (p->graph->programs[i] != p && p->graph->programs[i]->n_nodes > p->ckpt->n_orig) return false;
+    return true;
+}
+
 void deft_program_free(deft_program *p) {
     if (!p) return;
     /* Work still queued on the program's stream reads its arenas: finish it before they go back to the cache. */
@@ -397,6 +480,7 @@ void deft_program_free(deft_program *p) {
     for (int id = 0; p->nodes && id < p->n_nodes; id++)
         if (p->nodes[id].input_storage) deft_mem_free(p->graph->nodes[id]->device, p->nodes[id].input_storage);
     deft_graph_remove_program(p->graph, p);
+    deft_ckpt_plan_free(deft_copies_unshared(p) ? p->graph : NULL, p->ckpt);
     deft_program_groups_free(p);
     free(p->nodes);
     free(p->steps);
@@ -406,6 +490,7 @@ void deft_program_free(deft_program *p) {
 }
 
 void *deft_program_data(const deft_program *p, int id) {
+    if (p->nodes[id].redirect > 0) id = p->nodes[id].redirect;
     const deft_node_state *s = &p->nodes[id];
     int base = deft_view_base(p->graph, id, NULL);
     const deft_tensor *b = p->graph->nodes[base];

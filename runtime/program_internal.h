@@ -21,6 +21,8 @@ typedef struct deft_node_plan {
     int buffer;              /* its buffer's index (nodes that ran in place, and views, share one); -1 if none */
     int is_output;
     int group;               /* the fused group computing it (runtime/fusion.c), -1 if none */
+    int dropped;             /* checkpointing: its saved value is dropped after the forward pass */
+    int recompute;           /* checkpointing: it is a recomputation, in the backward pass, of a dropped value */
 } deft_node_plan;
 
 /* Fills *out for node t; DEFT_PLACE_NONE if p does not compute t. */

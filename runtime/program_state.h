@@ -30,6 +30,7 @@ typedef struct deft_node_state {
     void *input_storage;  /* inputs: the slot that feeds write */
     int64_t runs;
     int group;            /* index in groups of the fused group it belongs to, -1 if none */
+    int redirect;         /* checkpointing: the id of the copy that computes this node instead, 0 if none */
 } deft_node_state;
 
 typedef struct deft_buffer {
@@ -81,6 +82,7 @@ struct deft_program {
     deft_group *groups;   /* fused groups (none with the compile option no_fusion, or on the CPU) */
     unsigned cuda_flags;  /* DEFT_CUDA_* bits (cuda_kernels.h) from the compile options, passed to every kernel */
     struct deft_prefetch *prefetch;   /* second input slots and their events, from the first feed_async (prefetch.c) */
+    struct deft_ckpt_plan *ckpt;      /* what checkpointing dropped and the copies it made (graph/checkpoint.h) */
 };
 
 /* deft_compile, returning its status. */

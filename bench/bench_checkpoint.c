@@ -1,0 +1,303 @@
+/* bench_checkpoint: memory against time for activation checkpointing. One training step (forward, cross-entropy,
+ * backward, SGD with momentum) of a 36-layer MLP, Linear(2048, 2048) + ReLU x35 then Linear(2048, 10), batch 4096,
+ * f32, compiled with DEFT_CHECKPOINT_BUDGET under a range of memory budgets, from none (no checkpointing) down to the
+ * smallest budget that can be met; bench/peers/checkpoint.py runs the same step in PyTorch with
+ * torch.utils.checkpoint.checkpoint_sequential over segment counts, and scripts/bench_checkpoint.sh prints both as
+ * one table. One figure per line: `<name> <value> <unit>`.
+ *
+ *   ./bench_checkpoint [--device cuda:N|cpu] [--layers L] [--width W] [--batch B] [--points K]
+ *                      [--budgets b1,b2,...] [--plan-only]
+ *
+ * Points: "none" (no checkpointing) and "b1".."bK": budgets spread evenly from the plan without checkpointing down to
+ * the smallest budget (the compile error of a 1-byte budget names it), then any --budgets given (bytes; the script
+ * passes PyTorch's peaks). Per point: checkpoint.deft.<pt>.budget_bytes, .plan_bytes (arena + persistent, what the
+ * budget bounds), .dropped, .recompute_gflop, .peak_bytes (the caching allocator's peak of allocated bytes over the
+ * point: parameters, optimizer state, the batch, the arena and cuBLAS's workspace, as
+ * torch.cuda.max_memory_allocated), .step_ms (median over repeats, fastest and slowest beside it) and .loss (after
+ * the timed steps). --plan-only plans every point without running (any device, the CPU too) and prints the plan
+ * figures only.
+ *
+ * Inputs and initial weights come from the same index hash as bench_mlp_train (the peer computes it bit for bit), so
+ * both sides train the same model on the same batch: the losses after the warm-up steps agree to f32 rounding.
+ * Timing as bench_mlp_train, with fewer, longer steps: WARMUP_STEPS steps, CALIBRATE_STEPS to choose N steps of
+ * about TARGET_REPEAT_S, then REPEATS repeats of a host clock around N runs and a read of the loss. */
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "deft.h"
+
+#define WARMUP_STEPS 5
+#define CALIBRATE_STEPS 3
+#define REPEATS 5
+#define TARGET_REPEAT_S 0.3
+#define MAX_POINTS 64
+#define CLASSES 10
+
+static const char *prog = "bench_checkpoint";
+
+typedef struct net_config {
+    int layers;
+    int64_t width, batch;
+} net_config;
+
+static void die(const char *what) {
+    fprintf(stderr, "%s: %s: %s\n", prog, what, deft_errmsg());
+    exit(1);
+}
+#define CHECK(call)                                  \
+    do {                                             \
+        if ((call) != DEFT_OK) die(#call);           \
+    } while (0)
+
+static void *xmalloc(size_t bytes) {
+    void *p = malloc(bytes);
+    if (!p) {
+        fprintf(stderr, "%s: out of host memory (%zu bytes)\n", prog, bytes);
+        exit(1);
+    }
+    return p;
+}
+
+static double seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* bench_mlp_train's hash: element i of stream s; streams 1 the input, 2 the labels, 100 + 2l / 101 + 2l layer l's
+ * weight ([out, in] as torch stores it) and bias, scaled by 1 / sqrt(in). */
+static uint32_t hash32(uint64_t stream, uint64_t i) {
+    uint64_t h = (i + stream * 0x9E3779B1ull) & 0xffffffffull;
+    h = ((h ^ (h >> 16)) * 0x045D9F3Bull) & 0xffffffffull;
+    h = ((h ^ (h >> 16)) * 0x045D9F3Bull) & 0xffffffffull;
+    return (uint32_t)(h ^ (h >> 16));
+}
+
+static float hash_uniform(uint64_t stream, uint64_t i, double scale) {
+    return (float)((((double)hash32(stream, i) / 4294967296.0) * 2.0 - 1.0) * scale);
+}
+
+typedef struct net {
+    deft_graph *g;
+    deft_tensor *x, *y, *loss, *step;
+} net;
+
+static int64_t layer_out(const net_config *c, int l) { return l == c->layers - 1 ? CLASSES : c->width; }
+
+static void set_params(const net *n, const net_config *c) {
+    for (int l = 0; l < c->layers; l++) {
+        int64_t in = c->width, out = layer_out(c, l);
+        double scale = 1.0 / sqrt((double)in);
+        float *w = xmalloc((size_t)(in * out) * sizeof *w), *b = xmalloc((size_t)out * sizeof *b);
+        for (int64_t o = 0; o < out; o++)
+            for (int64_t i = 0; i < in; i++) w[i * out + o] = hash_uniform(100 + 2 * (uint64_t)l, (uint64_t)(o * in + i), scale);
+        for (int64_t o = 0; o < out; o++) b[o] = hash_uniform(101 + 2 * (uint64_t)l, (uint64_t)o, scale);
+        char name[48];
+        snprintf(name, sizeof name, "fc%d.weight", l);
+        CHECK(deft_param_set(deft_graph_find(n->g, name), w, (size_t)(in * out) * sizeof *w));
+        snprintf(name, sizeof name, "fc%d.bias", l);
+        CHECK(deft_param_set(deft_graph_find(n->g, name), b, (size_t)out * sizeof *b));
+        free(w);
+        free(b);
+    }
+}
+
+static void build(net *n, const net_config *c, deft_device dev) {
+    n->g = deft_graph_new();
+    n->x = deft_input(n->g, "x", DEFT_F32, 2, (int64_t[]){c->batch, c->width}, dev);
+    n->y = deft_input(n->g, "labels", DEFT_I32, 1, (int64_t[]){c->batch}, dev);
+    deft_tensor *h = n->x;
+    for (int l = 0; l < c->layers; l++) {
+        char name[32];
+        snprintf(name, sizeof name, "fc%d", l);
+        h = deft_linear(h, layer_out(c, l), name, NULL);
+        if (l < c->layers - 1) h = deft_relu(h);
+    }
+    n->loss = deft_cross_entropy(h, n->y);
+    if (!n->loss) die("building the MLP");
+    CHECK(deft_backward(n->loss));
+    deft_optimizer *opt = deft_sgd(n->g, &(deft_sgd_options){.lr = 0.01, .momentum = 0.9}, NULL);
+    n->step = opt ? deft_optimizer_step(opt) : NULL;
+    if (!n->step) die("deft_sgd");
+    set_params(n, c);
+}
+
+static void feed(const net *n, deft_program *p, const net_config *c) {
+    size_t xn = (size_t)(c->batch * c->width);
+    float *x = xmalloc(xn * sizeof *x);
+    for (size_t i = 0; i < xn; i++) x[i] = hash_uniform(1, i, 1.0);
+    CHECK(deft_program_feed(p, n->x, x, xn * sizeof *x));
+    free(x);
+    int32_t *y = xmalloc((size_t)c->batch * sizeof *y);
+    for (int64_t i = 0; i < c->batch; i++) y[i] = (int32_t)(hash32(2, (uint64_t)i) % CLASSES);
+    CHECK(deft_program_feed(p, n->y, y, (size_t)c->batch * sizeof *y));
+    free(y);
+}
+
+static deft_compile_options options(size_t budget) {
+    return (deft_compile_options){.memory_budget = budget, .checkpoint = budget ? DEFT_CHECKPOINT_BUDGET : 0};
+}
+
+/* The plan's bytes (arena + persistent) without checkpointing, and the smallest budget checkpointing meets. */
+static void plan_range(const net_config *c, deft_device dev, size_t *without, size_t *smallest) {
+    net n;
+    build(&n, c, dev);
+    deft_tensor *outs[2] = {n.loss, n.step};
+    deft_memory_report r;
+    deft_compile_options none = options(0);
+    CHECK(deft_plan_memory(n.g, outs, 2, &none, &r));
+    *without = r.arena_bytes + r.persistent_bytes;
+    deft_compile_options tiny = options(1);
+    if (deft_plan_memory(n.g, outs, 2, &tiny, &r) == DEFT_OK) die("a budget of 1 byte was met");
+    const char *m = strstr(deft_errmsg(), "fits is ");
+    if (!m) die("reading the smallest budget");
+    *smallest = (size_t)strtoull(m + 8, NULL, 10);
+    deft_graph_free(n.g);
+}
+
+static float run_steps(const net *n, deft_program *p, int64_t k) {
+    float loss = 0;
+    for (int64_t i = 0; i < k; i++) CHECK(deft_program_run(p));
+    CHECK(deft_program_read(p, n->loss, &loss, sizeof loss));
+    return loss;
+}
+
+static void sort(double *v, int n) {
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
+            double t = v[j];
+            v[j] = v[j - 1];
+            v[j - 1] = t;
+        }
+}
+
+static void time_steps(const net *n, deft_program *p, const char *pt) {
+    float warm = 0;
+    for (int i = 0; i < WARMUP_STEPS; i++) warm = run_steps(n, p, 1);
+    double t0 = seconds();
+    run_steps(n, p, CALIBRATE_STEPS);
+    double per = (seconds() - t0) / CALIBRATE_STEPS;
+    int64_t k = (int64_t)ceil(TARGET_REPEAT_S / (per > 1e-9 ? per : 1e-9));
+    if (k < 1) k = 1;
+    double ms[REPEATS];
+    float loss = 0;
+    for (int r = 0; r < REPEATS; r++) {
+        t0 = seconds();
+        loss = run_steps(n, p, k);
+        ms[r] = (seconds() - t0) / (double)k * 1e3;
+    }
+    sort(ms, REPEATS);
+    printf("checkpoint.deft.%s.step_ms %.3f ms\n", pt, ms[REPEATS / 2]);
+    printf("checkpoint.deft.%s.step_ms_min %.3f ms\n", pt, ms[0]);
+    printf("checkpoint.deft.%s.step_ms_max %.3f ms\n", pt, ms[REPEATS - 1]);
+    printf("checkpoint.deft.%s.steps_per_repeat %lld count\n", pt, (long long)k);
+    printf("checkpoint.deft.%s.loss_warmup %.6f loss\n", pt, (double)warm);
+    printf("checkpoint.deft.%s.loss %.6f loss\n", pt, (double)loss);
+}
+
+static void point(const net_config *c, deft_device dev, const char *pt, size_t budget, int plan_only) {
+    net n;
+    if (!plan_only) CHECK(deft_memory_empty_cache(dev));
+    if (!plan_only) CHECK(deft_memory_reset_peak(dev));
+    build(&n, c, dev);
+    deft_tensor *outs[2] = {n.loss, n.step};
+    deft_compile_options co = options(budget);
+    double t0 = seconds();
+    deft_program *p = NULL;
+    deft_memory_report mr;
+    if (plan_only) CHECK(deft_plan_memory(n.g, outs, 2, &co, &mr));
+    else if (!(p = deft_compile(n.g, outs, 2, &co))) die("deft_compile");
+    double compile_s = seconds() - t0;
+    printf("checkpoint.deft.%s.budget_bytes %zu bytes\n", pt, budget);
+    printf("checkpoint.deft.%s.compile_s %.3f s\n", pt, compile_s);
+    if (plan_only) {
+        printf("checkpoint.deft.%s.plan_bytes %zu bytes\n", pt, mr.arena_bytes + mr.persistent_bytes);
+        deft_graph_free(n.g);
+        fflush(stdout);
+        return;
+    }
+    deft_checkpoint_report r;
+    CHECK(deft_program_checkpoint(p, &r));
+    printf("checkpoint.deft.%s.plan_bytes %zu bytes\n", pt, r.peak_bytes);
+    printf("checkpoint.deft.%s.dropped %d count\n", pt, r.dropped);
+    printf("checkpoint.deft.%s.recompute_gflop %.3f GFLOP\n", pt, r.recompute_flops / 1e9);
+    feed(&n, p, c);
+    time_steps(&n, p, pt);
+    deft_memory_stats ms;
+    CHECK(deft_memory_stats_get(dev, &ms));
+    printf("checkpoint.deft.%s.peak_bytes %lld bytes\n", pt, (long long)ms.allocated_bytes.peak);
+    fflush(stdout);
+    deft_graph_free(n.g);
+}
+
+static void usage(void) {
+    fprintf(stderr,
+            "usage: %s [--device cuda:N|cpu] [--layers L] [--width W] [--batch B] [--points K] [--budgets b1,b2,...] "
+            "[--plan-only]\n",
+            prog);
+    exit(2);
+}
+
+int main(int argc, char **argv) {
+    net_config c = {36, 2048, 4096};
+    const char *device = NULL, *extra = "";
+    int points = 8, plan_only = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--device") && i + 1 < argc) device = argv[++i];
+        else if (!strcmp(argv[i], "--layers") && i + 1 < argc) c.layers = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--width") && i + 1 < argc) c.width = atoll(argv[++i]);
+        else if (!strcmp(argv[i], "--batch") && i + 1 < argc) c.batch = atoll(argv[++i]);
+        else if (!strcmp(argv[i], "--points") && i + 1 < argc) points = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--budgets") && i + 1 < argc) extra = argv[++i];
+        else if (!strcmp(argv[i], "--plan-only")) plan_only = 1;
+        else usage();
+    }
+    if (c.layers < 2 || c.width < 1 || c.batch < 1 || points < 1 || points > MAX_POINTS) usage();
+    deft_device dev;
+    if (device) {
+        deft_status s = deft_device_parse(device, &dev);
+        if (s == DEFT_ERR_NO_CUDA) {
+            printf("%s: skipped: %s (--device cpu --plan-only plans on the CPU)\n", prog, deft_errmsg());
+            return 0;
+        }
+        if (s != DEFT_OK) die("--device");
+    } else {
+        if (deft_cuda_device_count() < 1 && !plan_only) {
+            printf("%s: skipped: no usable CUDA device (--plan-only plans without one)\n", prog);
+            return 0;
+        }
+        dev = deft_cuda_device_count() > 0 ? deft_cuda(0) : deft_cpu();
+    }
+    char dstr[32];
+    printf("# %s: deft %s on %s: %d layers of width %lld, batch %lld, f32, SGD%s\n", prog, deft_version(),
+           deft_device_str(dev, dstr, sizeof dstr), c.layers, (long long)c.width, (long long)c.batch,
+           plan_only ? ", planned only" : "");
+    size_t without, smallest;
+    plan_range(&c, dev, &without, &smallest);
+    printf("checkpoint.deft.plan_without_bytes %zu bytes\n", without);
+    printf("checkpoint.deft.smallest_budget_bytes %zu bytes\n", smallest);
+    fflush(stdout);
+    point(&c, dev, "none", 0, plan_only);
+    for (int k = 0; k < points; k++) {
+        char pt[16];
+        snprintf(pt, sizeof pt, "b%d", k + 1);
+        size_t budget = without - (size_t)((double)(without - smallest) * (k + 1) / points);
+        point(&c, dev, pt, budget, plan_only);
+    }
+    int k = points;
+    for (const char *s = extra; *s;) {
+        char *end;
+        unsigned long long b = strtoull(s, &end, 10);
+        if (end == s) usage();
+        char pt[16];
+        snprintf(pt, sizeof pt, "b%d", ++k);
+        if (b >= smallest) point(&c, dev, pt, (size_t)b, plan_only);
+        else printf("# %s: budget %llu is below the smallest (%zu): skipped\n", prog, b, smallest);
+        s = *end == ',' ? end + 1 : end;
+    }
+    return 0;
+}

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Activation checkpointing, deft beside PyTorch on the same GPU in one run: memory against step time. Run from the
+# repository root after scripts/gpu_suite.sh has built build-gpu.
+# Usage: scripts/bench_checkpoint.sh [log-dir]   (env: BUILD=build-gpu, PYTHON=python3)
+#
+# Runs bench/peers/checkpoint.py first (torch.utils.checkpoint.checkpoint_sequential over segment counts), then
+# $BUILD/bench_checkpoint over its default budgets plus one budget per PyTorch point (that point's peak less 64 MiB,
+# room for cuBLAS's workspace and the allocator's rounding, which the budget does not count). Writes everything to
+# <log-dir>/checkpoint.txt and prints one table of every point sorted by peak memory: peak, step time and the time
+# added over the same side's run without checkpointing. Then checks the issue's targets:
+#   checkpoint.target.torch_points_met   for how many PyTorch checkpointing points a deft point has the same or a
+#                                        lower peak and at most half of PyTorch's added time (of how many)
+#   checkpoint.target.lowest_peak_ratio  deft's lowest peak / PyTorch's lowest (target: <= 0.6)
+set -uo pipefail
+log=${1:-gpu-logs}
+build=${BUILD:-build-gpu}
+python=${PYTHON:-python3}
+mkdir -p "$log"
+out="$log/checkpoint.txt"
+rc=0
+
+{
+  echo "# scripts/bench_checkpoint.sh, $(date -u '+%Y-%m-%d %H:%M UTC')"
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw \
+    --format=csv,noheader 2>&1 | sed 's/^/# gpu: /'
+} > "$out"
+
+echo "== torch: $python bench/peers/checkpoint.py" >&2
+"$python" bench/peers/checkpoint.py > "$log/checkpoint_torch.txt" 2>&1 || { echo "checkpoint.py failed" >&2; rc=1; }
+cat "$log/checkpoint_torch.txt" >> "$out"
+
+budgets=$(awk '$1 ~ /^checkpoint\.torch\.s[0-9]+\.peak_bytes$/ { b = $2 - 67108864; if (b > 0) printf "%s%.0f", sep, b; sep = "," }' \
+  "$log/checkpoint_torch.txt")
+echo "== deft: $build/bench_checkpoint ${budgets:+--budgets $budgets}" >&2
+"$build/bench_checkpoint" ${budgets:+--budgets "$budgets"} > "$log/checkpoint_deft.txt" 2>&1 \
+  || { echo "bench_checkpoint failed" >&2; rc=1; }
+cat "$log/checkpoint_deft.txt" >> "$out"
+
+grep -v '^checkpoint\.' "$out" | grep -v '^# gpu' >&2
+
+awk '
+  $1 ~ /^checkpoint\.(deft|torch)\./ {
+    n = split($1, f, "."); side = f[2]; pt = f[3]; key = f[4]
+    if (n == 4 && (key == "peak_bytes" || key == "step_ms" || key == "loss_warmup" || key == "budget_bytes" || key == "dropped" || key == "segments")) {
+      v[side, pt, key] = $2
+      id = side SUBSEP pt
+      if (!(id in seen)) { seen[id] = 1; pts[++np] = id }
+    }
+  }
+  END {
+    base["deft"] = v["deft", "none", "step_ms"]; base["torch"] = v["torch", "none", "step_ms"]
+    # sort the points by peak (insertion sort; a few dozen points)
+    for (i = 1; i <= np; i++) order[i] = pts[i]
+    for (i = 2; i <= np; i++) for (j = i; j > 1 && v[order[j], "peak_bytes"] + 0 < v[order[j - 1], "peak_bytes"] + 0; j--) {
+      t = order[j]; order[j] = order[j - 1]; order[j - 1] = t
+    }
+    printf "%-6s %-6s %10s %10s %10s %10s %12s %8s %12s\n", "side", "point", "peak_MiB", "step_ms", "added_ms", \
+      "added_%", "budget_MiB", "dropped", "loss_warmup"
+    for (i = 1; i <= np; i++) {
+      split(order[i], k, SUBSEP); s = k[1]; p = k[2]
+      if (v[s, p, "peak_bytes"] == "" || v[s, p, "step_ms"] == "") continue
+      added = v[s, p, "step_ms"] - base[s]
+      what = "-"
+      if (s == "torch") what = "seg " v[s, p, "segments"]
+      else if (v[s, p, "budget_bytes"] + 0 > 0) what = sprintf("%.1f", v[s, p, "budget_bytes"] / 1048576)
+      dropped = (v[s, p, "dropped"] == "") ? "-" : v[s, p, "dropped"]
+      pct = (base[s] > 0) ? 100 * added / base[s] : 0
+      printf "%-6s %-6s %10.1f %10.2f %10.2f %9.1f%% %12s %8s %12s\n", s, p, v[s, p, "peak_bytes"] / 1048576, \
+        v[s, p, "step_ms"], added, pct, what, dropped, v[s, p, "loss_warmup"]
+    }
+    # targets
+    met = 0; total = 0; low_d = -1; low_t = -1
+    for (i = 1; i <= np; i++) {
+      split(pts[i], k, SUBSEP); s = k[1]; p = k[2]
+      pk = v[s, p, "peak_bytes"]; if (pk == "" || v[s, p, "step_ms"] == "") continue
+      if (s == "deft" && (low_d < 0 || pk + 0 < low_d)) low_d = pk + 0
+      if (s == "torch" && (low_t < 0 || pk + 0 < low_t)) low_t = pk + 0
+      if (s != "torch" || p == "none") continue
+      total++; t_added = v[s, p, "step_ms"] - base["torch"]; ok = 0
+      for (j = 1; j <= np; j++) {
+        split(pts[j], q, SUBSEP); if (q[1] != "deft") continue
+        dp = v["deft", q[2], "peak_bytes"]; if (dp == "" || v["deft", q[2], "step_ms"] == "") continue
+        d_added = v["deft", q[2], "step_ms"] - base["deft"]
+        lim = (t_added > 0) ? 0.5 * t_added : 0
+        if (dp + 0 <= pk + 0 && d_added <= lim) ok = 1
+      }
+      met += ok
+      verdict = ok ? "met: a deft point has the same or a lower peak and at most half the added time" : "NOT MET"
+      printf "# torch %s (peak %.1f MiB, +%.2f ms): %s\n", p, pk / 1048576, t_added, verdict
+    }
+    printf "checkpoint.target.torch_points_met %d count\n", met
+    printf "checkpoint.target.torch_points %d count\n", total
+    if (low_d > 0 && low_t > 0) printf "checkpoint.target.lowest_peak_ratio %.3f x\n", low_d / low_t
+  }' "$out" | tee "$log/checkpoint_table.txt"
+grep '^checkpoint\.target' "$log/checkpoint_table.txt" >> "$out"
+echo "(figures: $out)"
+exit $rc
