@@ -61,7 +61,7 @@ static void test_net(uint64_t seed, int with_dropout) {
     ck_spec s;
     ck_spec_random(&s, seed, with_dropout);
     s.batch *= 8;   /* activations well above the gradients, as on a GPU */
-    unsigned char *ref;
+    unsigned char *ref = NULL;
     size_t ref_bytes = ck_plain(&s, &ref);
     ck_net n;
     if (!ck_build(&n, &s, GPU)) return;
