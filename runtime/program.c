@@ -314,7 +314,9 @@ static void deft_release_uploads(deft_program *p, const bool *uploaded) {
         if (uploaded[id]) deft_node_release_device_data(p->graph->nodes[id]);
 }
 
-static deft_status deft_build(deft_program *p, deft_tensor *const *outputs, int n_outputs,
+/* outputs are what the program computes; user what it was asked for (the same, or under autocast the tensors
+ * that outputs stand for). */
+static deft_status deft_build(deft_program *p, deft_tensor *const *outputs, deft_tensor *const *user, int n_outputs,
                               const deft_compile_options *opts, bool allocate) {
     p->nodes = calloc((size_t)p->n_nodes, sizeof *p->nodes);
     p->outputs = malloc((size_t)n_outputs * sizeof *p->outputs);
@@ -322,13 +324,15 @@ static deft_status deft_build(deft_program *p, deft_tensor *const *outputs, int 
     p->n_outputs = n_outputs;
     p->cuda_flags = opts && opts->tf32 ? DEFT_CUDA_ALLOW_TF32 : 0u;
     deft_mark_needed(p, outputs, n_outputs);
-    deft_status s = deft_collect_steps(p);
+    deft_status s = user != outputs ? deft_autocast_alias(p, user, n_outputs) : DEFT_OK;
+    if (s == DEFT_OK) s = deft_collect_steps(p);
     if (s == DEFT_OK) s = deft_plan_steps(p, opts);
     p->persistent_bytes = deft_persistent_bytes(p);
     if (s == DEFT_OK) s = deft_check_budget(p, opts ? opts->memory_budget : 0);
     if (!allocate) return s;
     bool *uploaded = calloc((size_t)(p->n_nodes ? p->n_nodes : 1), sizeof *uploaded);
     if (!uploaded) return deft_set_error(DEFT_ERR_OOM, "compile: out of host memory");
+    if (s == DEFT_OK) s = deft_autocast_configure_steps(p, opts);
     if (s == DEFT_OK) s = deft_place_persistent(p, uploaded);
     if (s == DEFT_OK) s = deft_check_device_room(p);
     if (s == DEFT_OK) s = deft_alloc_arenas(p);
@@ -342,18 +346,25 @@ static deft_status deft_compile_with(deft_graph *g, deft_tensor *const *outputs,
                                      const deft_compile_options *opts, bool allocate, deft_program **out) {
     *out = NULL;
     deft_status s = deft_check_outputs(g, outputs, n_outputs);
+    deft_tensor **mapped = NULL;
+    if (s == DEFT_OK) s = deft_autocast_outputs(g, opts, outputs, n_outputs, &mapped);
     if (s != DEFT_OK) return s;
     deft_program *p = calloc(1, sizeof *p);
-    if (!p) return deft_set_error(DEFT_ERR_OOM, "compile: out of host memory");
+    if (!p) {
+        free(mapped);
+        return deft_set_error(DEFT_ERR_OOM, "compile: out of host memory");
+    }
     p->graph = g;
     p->n_nodes = g->n_nodes;
     p->gpu.device = -1;
     s = deft_graph_add_program(g, p);
     if (s != DEFT_OK) {
         free(p);
+        free(mapped);
         return s;
     }
-    s = deft_build(p, outputs, n_outputs, opts, allocate);
+    s = deft_build(p, mapped ? mapped : outputs, outputs, n_outputs, opts, allocate);
+    free(mapped);
     if (s != DEFT_OK) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", deft_errmsg());
@@ -402,10 +413,12 @@ void deft_program_free(deft_program *p) {
     free(p->steps);
     free(p->outputs);
     free(p->buffers);
+    free(p->alias);
     free(p);
 }
 
 void *deft_program_data(const deft_program *p, int id) {
+    if (p->alias) id = p->alias[id];
     const deft_node_state *s = &p->nodes[id];
     int base = deft_view_base(p->graph, id, NULL);
     const deft_tensor *b = p->graph->nodes[base];
