@@ -222,7 +222,8 @@ typedef struct deft_compile_options {
      * each is cast once per step by one node that every use, forward and backward, reads. The backward pass is
      * derived again from the rewritten loss, and the optimizer's step reads its gradients (f32). The program is read
      * and fed through the tensors of the graph as built: an output that became low precision is cast back to its
-     * dtype. Inserted casts are drawn in the DOT dump with the label "autocast". */
+     * dtype. The user's tensors themselves are not computed (deft_program_schedules says 0, the DOT dump draws them
+     * dashed beside the rewritten nodes, named "<name>@bf16"); inserted casts are drawn with the label "autocast". */
     deft_dtype autocast;
     deft_loss_scale_options loss_scale;   /* f16 autocast only (other policies refuse options set here) */
 } deft_compile_options;
@@ -447,7 +448,8 @@ typedef struct deft_step_options {
 deft_optimizer *deft_sgd(deft_graph *g, const deft_sgd_options *o, const deft_step_options *step);
 deft_optimizer *deft_adamw(deft_graph *g, const deft_adamw_options *o, const deft_step_options *step);
 /* The node that accumulates the gradients and applies the update every k-th run. Its value (one f32) is the global
- * gradient norm, before clipping, of the last update. */
+ * gradient norm, before clipping, of the last update (under f16 loss scaling: of the unscaled gradients, and the inf
+ * or NaN norm of a step it skipped). */
 deft_tensor *deft_optimizer_step(deft_optimizer *opt);
 /* Takes effect at the next update, without recompiling. NaN, infinite or negative: DEFT_ERR_INVALID. */
 deft_status deft_optimizer_set_lr(deft_optimizer *opt, double lr);
