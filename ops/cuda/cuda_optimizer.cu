@@ -105,7 +105,7 @@ __global__ void deft_k_opt_norm(const T *g, int64_t total, deft_optimizer_dev *d
 
 /* ---------------------------------------------------------------- prepare: the per-run decisions, on the device */
 /* GradScaler's update (runtime/optimizer_run.c's deft_scaler_after). */
-__device__ void deft_opt_scaler_after(deft_optimizer_dev *dev, const deft_opt_hyper &h, bool skipped) {
+static __device__ void deft_opt_scaler_after(deft_optimizer_dev *dev, const deft_opt_hyper &h, bool skipped) {
     if (skipped) {
         dev->loss_scale = (float)(dev->loss_scale * h.backoff);
         dev->growth_tracker = 0;
@@ -118,7 +118,7 @@ __device__ void deft_opt_scaler_after(deft_optimizer_dev *dev, const deft_opt_hy
 
 /* Thread 0 of the prepare kernel on an update run, given the sum of squares of the accumulated gradients: whether
  * the update goes ahead. runtime/optimizer_run.c's deft_update and deft_clip_factor (torch's clip_grad_norm_). */
-__device__ bool deft_opt_decide(deft_optimizer_dev *dev, const deft_opt_hyper &h, double sum) {
+static __device__ bool deft_opt_decide(deft_optimizer_dev *dev, const deft_opt_hyper &h, double sum) {
     double mean = 1.0 / (double)h.accumulate_steps;
     if (h.loss_scaling) mean /= (double)dev->loss_scale;
     const double norm = sqrt(sum) * mean;
