@@ -46,7 +46,7 @@ static deft_status deft_rewrite_forward(deft_autocast *ac, deft_graph *g, const 
     deft_tensor *small[8];
     for (int id = 0; id < ac->n_user; id++) {
         deft_tensor *t = g->nodes[id];
-        if (bwd[id] || t->op == DEFT_OP_OPTIMIZER) continue;
+        if (bwd[id] || t->op == DEFT_OP_OPTIMIZER || t->autocast != DEFT_AUTOCAST_NONE) continue;
         deft_tensor **src = t->nsrc <= 8 ? small : malloc((size_t)t->nsrc * sizeof *src);
         if (!src) return deft_set_error(DEFT_ERR_OOM, "autocast: out of host memory");
         bool mapped = true;
@@ -121,7 +121,7 @@ static deft_status deft_rewrite_backward(deft_autocast *ac, deft_graph *g, deft_
 static deft_status deft_map_grads(deft_autocast *ac, deft_graph *g, const bool *bwd, deft_tensor **grads, int n) {
     for (int id = 0; id < ac->n_user; id++) {
         deft_tensor *u = g->nodes[id], *m = ac->map[id];
-        if (bwd[id] || !m || !u->grad || u->grad->id >= ac->n_user || m->id >= n || !grads[m->id]) continue;
+        if (bwd[id] || !m || u->autocast != DEFT_AUTOCAST_NONE || !u->grad || u->grad->id >= ac->n_user || m->id >= n || !grads[m->id]) continue;
         deft_tensor *gr = deft_autocast_cast(ac, grads[m->id], u->grad->dtype);
         if (!gr) return deft_rewrite_failed(g, u->grad->name);
         if (gr->id >= ac->n_user && gr->autocast == DEFT_AUTOCAST_NONE) {
@@ -138,7 +138,7 @@ static deft_status deft_map_grads(deft_autocast *ac, deft_graph *g, const bool *
 static deft_status deft_rewrite_steps(deft_autocast *ac, deft_graph *g) {
     for (int id = 0; id < ac->n_user; id++) {
         deft_tensor *t = g->nodes[id];
-        if (t->op != DEFT_OP_OPTIMIZER) continue;
+        if (t->op != DEFT_OP_OPTIMIZER || t->autocast != DEFT_AUTOCAST_NONE) continue;   /* twins of other rewrites */
         deft_tensor **src = malloc((size_t)(t->nsrc ? t->nsrc : 1) * sizeof *src);
         if (!src) return deft_set_error(DEFT_ERR_OOM, "autocast: out of host memory");
         bool mapped = true;
@@ -186,10 +186,18 @@ static deft_status deft_autocast_build(deft_autocast *ac, deft_graph *g) {
     return s;
 }
 
+/* A rewrite still holds while every node added after it was made by a rewrite (this one or another policy's): the
+ * user has built nothing since, neither forward nodes nor another backward pass. */
+static bool deft_autocast_current(const deft_autocast *ac, const deft_graph *g) {
+    for (int id = ac->n_user; id < g->n_nodes; id++)
+        if (g->nodes[id]->autocast == DEFT_AUTOCAST_NONE) return false;
+    return true;
+}
+
 deft_status deft_autocast_get(deft_graph *g, deft_dtype dtype, int scaled, deft_autocast **out) {
     *out = NULL;
     for (deft_autocast *ac = g->autocasts; ac; ac = ac->next) {
-        if (ac->dtype == dtype && ac->scaled == scaled && ac->end == g->n_nodes) {
+        if (ac->dtype == dtype && ac->scaled == scaled && deft_autocast_current(ac, g)) {
             *out = ac;
             return DEFT_OK;
         }
@@ -204,7 +212,6 @@ deft_status deft_autocast_get(deft_graph *g, deft_dtype dtype, int scaled, deft_
         deft_autocast_free(ac);
         return s;
     }
-    ac->end = g->n_nodes;
     ac->next = g->autocasts;
     g->autocasts = ac;
     *out = ac;
@@ -213,7 +220,7 @@ deft_status deft_autocast_get(deft_graph *g, deft_dtype dtype, int scaled, deft_
 
 deft_status deft_autocast_output(deft_autocast *ac, deft_tensor *t, deft_tensor **out) {
     *out = t;
-    if (t->id >= ac->n_user) return DEFT_OK;   /* a node of the rewrite itself */
+    if (t->autocast != DEFT_AUTOCAST_NONE) return DEFT_OK;   /* a node some rewrite made: compiled as it is */
     deft_tensor *m = ac->map[t->id];
     if (!m)
         return deft_set_error(DEFT_ERR_INVALID,
@@ -224,8 +231,7 @@ deft_status deft_autocast_output(deft_autocast *ac, deft_tensor *t, deft_tensor 
     deft_graph *g = t->graph;
     m = deft_autocast_cast(ac, m, t->dtype);
     if (!m) return deft_rewrite_failed(g, t->name);
-    deft_mark_added(g, ac->end);
-    ac->end = g->n_nodes;
+    deft_mark_added(g, ac->n_user);
     *out = m;
     return DEFT_OK;
 }

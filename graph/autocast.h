@@ -12,9 +12,10 @@
  *      storage.
  * Every node of the graph as built then has a counterpart (itself when shared) or none (the inner nodes of the
  * original backward pass, which nothing replaces one for one): the program compiles the counterparts of the outputs
- * it is asked for, and reads through the user's tensors (runtime/program.c's alias). The rewrite is kept with the
- * graph and reused by later compiles under the same policy while the graph does not grow; the DOT dump draws the
- * original nodes the program does not compute beside the rewritten ones. */
+ * it is asked for, and reads through the user's tensors (runtime/program.c's alias). Every node a rewrite adds is
+ * marked (deft_tensor.autocast), so that later rewrites skip them; a rewrite is kept with the graph and reused by
+ * later compiles under the same policy while the user adds no node; the DOT dump draws the original nodes the
+ * program does not compute beside the rewritten ones. */
 #ifndef DEFT_AUTOCAST_H
 #define DEFT_AUTOCAST_H
 
@@ -31,14 +32,14 @@ typedef struct deft_autocast {
     deft_dtype dtype;         /* DEFT_BF16 or DEFT_F16 */
     int scaled;               /* the backward passes start from the loss scale of the graph's optimizer */
     int n_user;               /* the graph's node count when the rewrite was made: what `map` covers */
-    int end;                  /* the graph's node count after the rewrite and the casts it added since */
     deft_tensor **map;        /* n_user counterparts (NULL: none) */
     deft_tensor **to_low, **to_f32;   /* casts made so far, by source node id (cap entries) */
     int cap;
     struct deft_autocast *next;
 } deft_autocast;
 
-/* The rewrite of g under (dtype, scaled): the one kept from before when g has not grown since, else a new one. */
+/* The rewrite of g under (dtype, scaled): the one kept from before when the user has added no node since, else a new
+ * one (which leaves the nodes of earlier rewrites alone). */
 deft_status deft_autocast_get(deft_graph *g, deft_dtype dtype, int scaled, deft_autocast **out);
 /* The node a program under the rewrite computes for the user's tensor t, in t's dtype (a cast appended when the
  * counterpart has another); DEFT_ERR_INVALID naming t when it has none. */

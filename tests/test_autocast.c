@@ -92,6 +92,15 @@ static void test_rewrite(void) {
            (double)bf16r.arena_bytes / (double)f32r.arena_bytes);
     CHECK(bf16r.arena_bytes < 0.65 * (double)f32r.arena_bytes);
     CHECK(deft_graph_node_count(n.g) == rewritten);
+    /* Another policy adds its own rewrite, of the user's nodes only; both are reused after it. */
+    deft_memory_report f16r;
+    CHECK_OK(deft_plan_memory(n.g, outs, 2, &(deft_compile_options){.autocast = DEFT_F16}, &f16r));
+    const int both = deft_graph_node_count(n.g);
+    CHECK(both > rewritten && both - rewritten <= rewritten - built + 2);
+    CHECK_OK(deft_plan_memory(n.g, outs, 2, &BF16, &bf16r));
+    CHECK_OK(deft_plan_memory(n.g, outs, 2, &(deft_compile_options){.autocast = DEFT_F16}, &f16r));
+    CHECK(deft_graph_node_count(n.g) == both);
+    CHECK(find(&n, "logits@bf16@f16") == NULL);
     amp_free(&n);
 }
 
