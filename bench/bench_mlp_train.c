@@ -4,7 +4,7 @@
  * prints the ratios. One figure per line: `<name> <value> <unit>`.
  *
  *   ./bench_mlp_train [--config tiny|small|mid|large] [--device cuda:N|cpu] [--no-graphs]
- *                     [--no-fusion] [--tf32] [--feed device|host|prefetch]
+ *                     [--no-fusion] [--tf32] [--feed device|host|prefetch] [--amp bf16|f16]
  *
  * The configurations (all f32; `layers` Linear layers, ReLU between them, none after the last):
  *   tiny   Linear(10, 1), batch 32, MSE against f32 targets [32, 1], SGD lr 0.01 (no momentum)
@@ -33,7 +33,13 @@
  *             (a synchronous copy before the run);
  *   prefetch  the same batches through a deft_loader (depth 3) whose thread copies each into a pinned buffer, fed
  *             by deft_loader_next (deft_program_feed_async: the copy of batch k+1 overlaps step k).
- * Batch k's inputs are the hash streams above at offset k * (elements of a batch); batch 0 is the device batch. */
+ * Batch k's inputs are the hash streams above at offset k * (elements of a batch); batch 0 is the device batch.
+ *
+ * --amp bf16|f16 compiles with deft_compile_options.autocast (f16 with the default dynamic loss scaling) and names
+ * the configuration "<config>_bf16" / "<config>_f16" (every configuration runs; mlp_train.py --amp does the same with
+ * torch.autocast and, for f16, a GradScaler). Beside the arena it prints the arena the f32 program plans for the same
+ * graph (_arena_bytes_f32) and the ratio (_arena_over_f32); under f16 also the loss scale and the skipped steps at
+ * the end. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <stdio.h>
@@ -115,6 +121,7 @@ static float hash_uniform(uint64_t stream, uint64_t i, double scale) {
 typedef struct mlp {
     deft_graph *g;
     deft_tensor *x, *y, *loss, *step;
+    deft_optimizer *opt;
     deft_program *p;
     /* --feed host / prefetch: FEED_BATCHES batches in host memory, the next one to feed, and the loader */
     feed_mode feed;
@@ -152,7 +159,7 @@ static void build(mlp *m, const mlp_config *c, deft_device dev, const deft_compi
     m->loss = c->mse ? deft_mse_loss(h, m->y) : deft_cross_entropy(h, m->y);
     if (!m->loss) die("building the forward pass");
     CHECK(deft_backward(m->loss));
-    deft_optimizer *opt = deft_sgd(g, &(deft_sgd_options){.lr = c->lr, .momentum = c->momentum}, NULL);
+    deft_optimizer *opt = m->opt = deft_sgd(g, &(deft_sgd_options){.lr = c->lr, .momentum = c->momentum}, NULL);
     if (!opt) die("deft_sgd");
     m->step = deft_optimizer_step(opt);
     if (!m->step) die("deft_optimizer_step");
@@ -257,12 +264,30 @@ static double step_flop(const mlp_config *c) {
     return f;
 }
 
+/* Under autocast: the arena the f32 program would plan for the same graph, and f16's loss scale. */
+static void print_amp_figures(mlp *m, const deft_compile_options *co, const char *k, const char *tag, size_t arena) {
+    deft_compile_options f32 = *co;
+    f32.autocast = DEFT_F32;
+    f32.loss_scale = (deft_loss_scale_options){0};
+    deft_memory_report r;
+    CHECK(deft_plan_memory(m->g, (deft_tensor *[]){m->loss, m->step}, 2, &f32, &r));
+    printf("mlp_train.%s.%s_arena_bytes_f32 %zu bytes\n", k, tag, r.arena_bytes);
+    printf("mlp_train.%s.%s_arena_over_f32 %.3f x\n", k, tag, r.arena_bytes ? (double)arena / (double)r.arena_bytes : 0.0);
+    if (co->autocast != DEFT_F16) return;
+    double scale;
+    int64_t skipped;
+    CHECK(deft_optimizer_loss_scale(m->opt, &scale, &skipped));
+    printf("mlp_train.%s.%s_loss_scale %.0f scale\n", k, tag, scale);
+    printf("mlp_train.%s.%s_skipped_steps %lld count\n", k, tag, (long long)skipped);
+}
+
 static void bench(const mlp_config *c, deft_device dev, const deft_compile_options *co, feed_mode feed) {
     static const char *const feed_tags[] = {"", "_feed_host", "_feed_prefetch"};
     char tag[64], k[48];
     snprintf(tag, sizeof tag, "%s%s%s", co->no_cuda_graphs ? "deft_nographs" : "deft",
              co->no_fusion ? "_nofusion" : "", feed_tags[feed]);
-    snprintf(k, sizeof k, "%s%s", c->name, co->tf32 ? "_tf32" : "");
+    snprintf(k, sizeof k, "%s%s%s", c->name, co->tf32 ? "_tf32" : "",
+             co->autocast == DEFT_BF16 ? "_bf16" : co->autocast == DEFT_F16 ? "_f16" : "");
     mlp m = {.feed = feed};
     CHECK(deft_memory_reset_peak(dev));
     build(&m, c, dev, co);
@@ -321,6 +346,7 @@ static void bench(const mlp_config *c, deft_device dev, const deft_compile_optio
     printf("mlp_train.%s.%s_loss_warmup %.6f loss\n", k, tag, (double)loss_warmup);
     printf("mlp_train.%s.%s_loss %.6f loss\n", k, tag, (double)loss);
     printf("mlp_train.%s.%s_loss_steps %lld count\n", k, tag, (long long)steps);
+    if (co->autocast != DEFT_F32) print_amp_figures(&m, co, k, tag, mr.arena_bytes);
     fflush(stdout);
     deft_loader_free(m.loader);   /* before the graph: its buffers may still be read by the last copies */
     deft_graph_free(m.g);
@@ -331,7 +357,7 @@ static void bench(const mlp_config *c, deft_device dev, const deft_compile_optio
 static void usage(void) {
     fprintf(stderr,
             "usage: %s [--config tiny|small|mid|large] [--device cuda:N|cpu] [--no-graphs] "
-            "[--no-fusion] [--tf32] [--feed device|host|prefetch]\n",
+            "[--no-fusion] [--tf32] [--feed device|host|prefetch] [--amp bf16|f16]\n",
             prog);
     exit(2);
 }
@@ -346,6 +372,12 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--no-graphs")) co.no_cuda_graphs = 1;
         else if (!strcmp(argv[i], "--no-fusion")) co.no_fusion = 1;
         else if (!strcmp(argv[i], "--tf32")) co.tf32 = 1;
+        else if (!strcmp(argv[i], "--amp") && i + 1 < argc) {
+            const char *a = argv[++i];
+            if (!strcmp(a, "bf16")) co.autocast = DEFT_BF16;
+            else if (!strcmp(a, "f16")) co.autocast = DEFT_F16;
+            else usage();
+        }
         else if (!strcmp(argv[i], "--feed") && i + 1 < argc) {
             const char *f = argv[++i];
             if (!strcmp(f, "device")) feed = FEED_DEVICE;
@@ -381,8 +413,10 @@ int main(int argc, char **argv) {
     }
     char dname[256], dstr[32];
     CHECK(deft_device_name(dev, dname, sizeof dname));
-    printf("# %s: deft %s on %s (%s)%s%s%s\n", prog, deft_version(), deft_device_str(dev, dstr, sizeof dstr), dname,
-           co.no_cuda_graphs ? ", CUDA Graphs off" : "", co.no_fusion ? ", fusion off" : "", co.tf32 ? ", TF32 on" : "");
+    printf("# %s: deft %s on %s (%s)%s%s%s%s%s\n", prog, deft_version(), deft_device_str(dev, dstr, sizeof dstr),
+           dname, co.no_cuda_graphs ? ", CUDA Graphs off" : "", co.no_fusion ? ", fusion off" : "",
+           co.tf32 ? ", TF32 on" : "", co.autocast != DEFT_F32 ? ", autocast " : "",
+           co.autocast != DEFT_F32 ? deft_dtype_name(co.autocast) : "");
     fflush(stdout);
 
     for (int i = 0; i < N_CONFIGS; i++) {

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "autodiff.h"
 #include "autodiff_rules.h"
 #include "node.h"
 
@@ -72,39 +73,72 @@ static void deft_publish_grads(deft_graph *g, int last, deft_tensor **grads) {
     }
 }
 
-deft_status deft_backward(deft_tensor *loss) {
-    deft_status s = deft_check_loss(loss);
-    if (s != DEFT_OK) return s;
+/* Sweeps from the loss (whose gradient is `seed`, or a constant 1 when NULL) down to id 0, leaving each node's summed
+ * gradient in grads. */
+static deft_status deft_backward_sweep(deft_tensor *loss, deft_tensor *seed, deft_tensor **grads) {
     deft_graph *g = loss->graph;
     int last = loss->id;
     bool *reach = malloc((size_t)(last + 1) * sizeof *reach);
-    deft_tensor **grads = calloc((size_t)(last + 1), sizeof *grads);
-    if (!reach || !grads) {
-        free(reach);
-        free(grads);
-        return deft_graph_fail(g, DEFT_ERR_OOM, "backward: out of host memory");
-    }
+    if (!reach) return deft_graph_fail(g, DEFT_ERR_OOM, "backward: out of host memory");
     deft_mark_reach(g, last, reach);
     if (!reach[last]) {
         free(reach);
-        free(grads);
         return deft_graph_fail(g, DEFT_ERR_INVALID,
                                "backward: the loss %s does not depend on any parameter that requires a gradient",
                                loss->name);
     }
-    grads[last] = deft_one_like(loss);
+    grads[last] = seed ? seed : deft_one_like(loss);
+    deft_status s = DEFT_OK;
     for (int id = last; id >= 0 && g->first_error == DEFT_OK; id--) {
         deft_tensor *t = g->nodes[id];
         if (!grads[id] || !reach[id] || deft_op_is_leaf(t->op)) continue;
         s = deft_grad_rule(t, grads[id], reach, grads);
         if (s != DEFT_OK) break;
     }
-    if (s == DEFT_OK && g->first_error == DEFT_OK) deft_publish_grads(g, last, grads);
     free(reach);
-    free(grads);
     if (s == DEFT_OK && g->first_error != DEFT_OK)
         s = deft_set_error(g->first_error, "backward: %s", g->first_errmsg);
     return s;
+}
+
+/* Remembers the call, so that a rewrite of the forward pass (autocast) can differentiate its own loss again. */
+static deft_status deft_record_call(deft_graph *g, deft_tensor *loss, int first) {
+    deft_backward_call *c = realloc(g->backward_calls, (size_t)(g->n_backward_calls + 1) * sizeof *c);
+    if (!c) return deft_graph_fail(g, DEFT_ERR_OOM, "backward: out of host memory");
+    g->backward_calls = c;
+    c[g->n_backward_calls++] = (deft_backward_call){loss, first, g->n_nodes};
+    return DEFT_OK;
+}
+
+deft_status deft_backward(deft_tensor *loss) {
+    deft_status s = deft_check_loss(loss);
+    if (s != DEFT_OK) return s;
+    deft_graph *g = loss->graph;
+    int first = g->n_nodes;
+    deft_tensor **grads = calloc((size_t)(loss->id + 1), sizeof *grads);
+    if (!grads) return deft_graph_fail(g, DEFT_ERR_OOM, "backward: out of host memory");
+    s = deft_backward_sweep(loss, NULL, grads);
+    if (s == DEFT_OK) deft_publish_grads(g, loss->id, grads);
+    free(grads);
+    if (s == DEFT_OK && g->first_error != DEFT_OK)
+        s = deft_set_error(g->first_error, "backward: %s", g->first_errmsg);
+    if (s == DEFT_OK) s = deft_record_call(g, loss, first);
+    return s;
+}
+
+deft_status deft_backward_collect(deft_tensor *loss, deft_tensor *seed, deft_tensor ***out) {
+    *out = NULL;
+    deft_status s = deft_check_loss(loss);
+    if (s != DEFT_OK) return s;
+    deft_tensor **grads = calloc((size_t)(loss->id + 1), sizeof *grads);
+    if (!grads) return deft_graph_fail(loss->graph, DEFT_ERR_OOM, "backward: out of host memory");
+    s = deft_backward_sweep(loss, seed, grads);
+    if (s != DEFT_OK) {
+        free(grads);
+        return s;
+    }
+    *out = grads;
+    return DEFT_OK;
 }
 
 deft_tensor *deft_grad(const deft_tensor *t) {

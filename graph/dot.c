@@ -1,6 +1,7 @@
 /* Graphviz DOT dump: one node per op with its shape, dtype and device; with a program, where each value lives. */
 #include <stdio.h>
 
+#include "autocast.h"
 #include "graph_internal.h"
 #include "program_internal.h"
 
@@ -12,6 +13,7 @@ static const char *deft_device_colour(deft_device d) {
 }
 
 static const char *deft_node_shape(const deft_tensor *t) {
+    if (t->autocast == DEFT_AUTOCAST_CAST) return "hexagon";
     switch (t->op) {
     case DEFT_OP_INPUT: return "invhouse";
     case DEFT_OP_PARAM: return "cylinder";
@@ -59,9 +61,12 @@ deft_status deft_graph_dump_dot(const deft_graph *g, const deft_program *p, cons
         fprintf(f, "  n%d [shape=%s, fillcolor=\"%s\", label=\"%s\\n%s %s %s %s", t->id, deft_node_shape(t),
                 deft_device_colour(t->device), t->name, deft_op_name(t->op), deft_dtype_name(t->dtype),
                 deft_shape_str(t->ndim, t->shape, shape, sizeof shape), deft_device_str(t->device, dev, sizeof dev));
+        /* Casts the autocast rewrite inserted (graph/autocast.h): labelled and drawn apart from the user's nodes. */
+        const bool cast = t->autocast == DEFT_AUTOCAST_CAST;
+        if (cast) fprintf(f, "\\nautocast");
         deft_dot_plan_line(f, p, t, &dead, &output);
-        fprintf(f, "\"%s%s%s];\n", dead ? ", style=\"filled,dashed\", fontcolor=gray50" : "",
-                output ? ", peripheries=2, penwidth=2" : "",
+        fprintf(f, "\"%s%s%s%s];\n", cast ? ", color=\"#e85d04\", penwidth=2" : "",
+                dead ? ", style=\"filled,dashed\", fontcolor=gray50" : "", output ? ", peripheries=2, penwidth=2" : "",
                 t->ckpt_role == DEFT_CKPT_RECOMPUTE ? ", color=\"#c1121f\", fontcolor=\"#c1121f\", penwidth=2.5" : "");
     }
     for (int i = 0; i < g->n_nodes; i++) {

@@ -4,6 +4,7 @@
 
 #include "graph_internal.h"
 #include "node.h"
+#include "autocast.h"
 #include "optimizer.h"
 
 void deft_program_free(deft_program *p);
@@ -24,6 +25,8 @@ void deft_graph_free(deft_graph *g) {
     free(g->programs);
     for (int i = 0; i < g->n_optimizers; i++) deft_optimizer_destroy(g->optimizers[i]);
     free(g->optimizers);
+    deft_autocast_free_all(g);
+    free(g->backward_calls);
     for (int i = 0; i < g->n_nodes; i++) deft_node_destroy(g->nodes[i]);
     free(g->nodes);
     free(g);

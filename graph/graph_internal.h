@@ -154,6 +154,8 @@ struct deft_tensor {
     unsigned char ckpt_role;      /* a deft_ckpt_role */
     deft_tensor *ckpt_origin;
     const struct deft_program *ckpt_owner;
+    /* Made by the autocast rewrite (graph/autocast.c): a deft_autocast_mark; 0 for the user's own nodes. */
+    uint8_t autocast;
 };
 
 typedef enum deft_ckpt_role {
@@ -175,6 +177,11 @@ struct deft_graph {
     int n_programs, cap_programs;
     struct deft_optimizer **optimizers;   /* built on this graph, freed with it */
     int n_optimizers;
+    /* deft_backward's calls (graph/autodiff.c), so that a rewrite can re-derive the backward pass: each loss and the
+     * range of node ids the call added. */
+    struct deft_backward_call *backward_calls;
+    int n_backward_calls;
+    struct deft_autocast *autocasts;      /* the autocast rewrites made so far (graph/autocast.c), freed with it */
 };
 
 /* ---- errors (graph/error.c) ---- */

@@ -113,6 +113,7 @@ static deft_status deft_optimizer_dev_new(deft_optimizer *opt) {
     memset(&init, 0, sizeof init);
     init.lr = opt->lr;
     init.last_norm = NAN;
+    init.loss_scale = 1.0f;
     void *p = NULL;
     deft_status s = deft_mem_alloc_tagged(opt->device, sizeof init, "optimizer.counters", &p);
     if (s == DEFT_OK) s = deft_mem_copy(opt->device, p, deft_cpu(), &init, sizeof init);
@@ -144,6 +145,7 @@ static deft_optimizer *deft_optimizer_new(deft_graph *g, deft_optimizer_kind kin
     opt->accumulate_steps = step && step->accumulate_steps > 0 ? step->accumulate_steps : 1;
     opt->max_grad_norm = step ? step->max_grad_norm : 0.0;
     opt->last_norm = NAN;
+    opt->scaler.scale = 1.0f;
     deft_status s = deft_collect_params(opt);
     if (s == DEFT_OK) s = deft_register(opt);
     if (s != DEFT_OK) {
@@ -249,12 +251,86 @@ int64_t deft_optimizer_updates(const deft_optimizer *opt) {
     return s == DEFT_OK ? n : -1;
 }
 
+void *deft_optimizer_scale_storage(deft_optimizer *opt) {
+    if (!opt->step_node) return NULL;
+    return opt->dev ? (void *)&opt->dev->loss_scale : (void *)&opt->scaler.scale;
+}
+
+/* Writes the scale (and zeroes the run of clean updates) where the steps read it. */
+static deft_status deft_scaler_reset(deft_optimizer *opt, float scale) {
+    if (!opt->dev) {
+        opt->scaler.scale = scale;
+        opt->scaler.tracker = 0;
+        return DEFT_OK;
+    }
+    const int32_t zero = 0;
+    deft_status s = deft_mem_copy(opt->device, &opt->dev->loss_scale, deft_cpu(), &scale, sizeof scale);
+    if (s == DEFT_OK) s = deft_mem_copy(opt->device, &opt->dev->growth_tracker, deft_cpu(), &zero, sizeof zero);
+    return s;
+}
+
+deft_status deft_optimizer_set_scaling(deft_optimizer *opt, const deft_loss_scale_options *o) {
+    /* Steps still queued read the switch's old value and the scale: let them finish first. */
+    if (opt->dev) {
+        deft_status s = deft_device_synchronize(opt->device);
+        if (s != DEFT_OK) return s;
+    }
+    if (!o) {
+        opt->scaler.on = 0;
+        return DEFT_OK;
+    }
+    if (!opt->scaler.started) {
+        deft_status s = deft_scaler_reset(opt, (float)o->init_scale);
+        if (s != DEFT_OK) return s;
+        opt->scaler.started = 1;
+    }
+    if (!opt->flat_grads) {   /* a GPU step that updated in one launch until now (deft_optimizer_keeps_grads) */
+        deft_status s = deft_mem_alloc_tagged(opt->device, (size_t)opt->total * deft_dtype_size(opt->dtype),
+                                              "optimizer.grads", &opt->flat_grads);
+        if (s != DEFT_OK) return s;
+    }
+    opt->scaler.on = 1;
+    opt->scaler.growth = o->growth_factor;
+    opt->scaler.backoff = o->backoff_factor;
+    opt->scaler.interval = o->growth_interval;
+    return DEFT_OK;
+}
+
+deft_status deft_optimizer_loss_scale(const deft_optimizer *opt, double *scale, int64_t *skipped) {
+    if (!opt) return deft_set_error(DEFT_ERR_INVALID, "optimizer_loss_scale: optimizer is NULL");
+    float sc = opt->scaler.scale;
+    int64_t sk = opt->scaler.skipped;
+    if (opt->dev) {
+        deft_status s = deft_device_synchronize(opt->device);
+        if (s == DEFT_OK) s = deft_mem_copy(deft_cpu(), &sc, opt->device, &opt->dev->loss_scale, sizeof sc);
+        if (s == DEFT_OK) s = deft_mem_copy(deft_cpu(), &sk, opt->device, &opt->dev->skipped, sizeof sk);
+        if (s != DEFT_OK) return s;
+    }
+    if (scale) *scale = sc;
+    if (skipped) *skipped = sk;
+    return DEFT_OK;
+}
+
+/* Seed nodes of autocast backward passes borrow the scale's storage: it goes with the optimizer. */
+static void deft_release_scale_seeds(deft_optimizer *opt) {
+    void *at = deft_optimizer_scale_storage(opt);
+    deft_graph *g = opt->graph;
+    for (int i = 0; at && i < g->n_nodes; i++) {
+        deft_tensor *t = g->nodes[i];
+        if (t->op != DEFT_OP_CONSTANT || !t->storage_borrowed) continue;
+        if (t->host_data == at) t->host_data = NULL;
+        if (t->dev_data == at) t->dev_data = NULL;
+        t->storage_borrowed = false;
+    }
+}
+
 /* Called by deft_graph_free before the nodes go: the parameters' storage lives in the flat block. */
 void deft_optimizer_destroy(deft_optimizer *opt) {
     if (!opt) return;
     deft_device d = opt->device;
     /* Steps still queued on a GPU read the flat storage, the state and the gather tables. */
     if (d.type != DEFT_CPU && (opt->dev || opt->n_gathers > 0)) (void)deft_device_synchronize(d);
+    deft_release_scale_seeds(opt);
     for (int i = 0; opt->flat_params && i < opt->n_params; i++) {
         deft_tensor *t = opt->params[i];
         if (!t->storage_borrowed) continue;

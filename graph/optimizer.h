@@ -30,6 +30,11 @@ typedef struct deft_optimizer_dev {
     double bc2_sqrt;          /* AdamW: sqrt(1 - beta2^t) */
     double decay;             /* AdamW: 1 - lr * weight_decay */
     uint32_t blocks_done;     /* the one-launch step: blocks finished this run (the last one closes the run) */
+    /* Dynamic loss scaling (deft_optimizer_scaler): the scale the backward pass starts from (a seed node of the
+     * autocast step reads it here), clean updates in a row, and updates skipped for inf/NaN gradients. */
+    float loss_scale;
+    int32_t growth_tracker;
+    int64_t skipped;
     double partial[DEFT_OPTIMIZER_NORM_BLOCKS];   /* the norm's first-stage sums of squares */
 } deft_optimizer_dev;
 
@@ -46,6 +51,20 @@ typedef struct deft_optimizer_gather {
     deft_optimizer_segment *table;       /* device memory, n_params entries */
     uint64_t last_used;
 } deft_optimizer_gather;
+
+/* Dynamic loss scaling, as torch.cuda.amp.GradScaler, on while the programs that run this optimizer's step start
+ * their backward pass from the scale (the step twin of an f16 autocast rewrite; runtime/autocast_program.c turns it on
+ * or off when a program is compiled, and refuses to mix scaled and unscaled steps of one optimizer). */
+typedef struct deft_optimizer_scaler {
+    int on;
+    int started;              /* the scale was set to an init_scale once; later programs go on from its value */
+    double growth, backoff;
+    int interval;
+    /* The CPU's state (on a GPU it lives in deft_optimizer_dev instead). */
+    float scale;
+    int32_t tracker;
+    int64_t skipped;
+} deft_optimizer_scaler;
 
 /* Gather tables kept per optimizer; past this the least recently used one is rebuilt for the new addresses. */
 #define DEFT_OPTIMIZER_GATHER_CACHE 16
@@ -79,17 +98,25 @@ struct deft_optimizer {
     deft_optimizer_gather gathers[DEFT_OPTIMIZER_GATHER_CACHE];
     int n_gathers;
     uint64_t gather_clock;
+    deft_optimizer_scaler scaler;
 };
 
 void deft_optimizer_destroy(struct deft_optimizer *opt);
 
-/* Whether the flat gradients exist: the CPU sums into them, and on a GPU so do several micro-batches per update
- * and clipping (which needs the norm before any update). A GPU step with neither reads each gradient where the
+/* Whether the flat gradients exist: the CPU sums into them, and on a GPU so do several micro-batches per update,
+ * clipping and loss scaling (which need the norm before any update). A GPU step with neither reads each gradient where the
  * backward pass left it and updates at once (ops/cuda/cuda_optimizer.cu), so a model's worth of memory and one
  * write of it per step are saved. */
 static inline bool deft_optimizer_keeps_grads(const struct deft_optimizer *opt) {
-    return opt->device.type == DEFT_CPU || opt->accumulate_steps > 1 || opt->max_grad_norm > 0.0;
+    return opt->device.type == DEFT_CPU || opt->accumulate_steps > 1 || opt->max_grad_norm > 0.0 || opt->scaler.on;
 }
+
+/* Where the current loss scale (one f32) lives: on the optimizer's device, once its step node is built (NULL before).
+ * A seed node of an autocast backward pass borrows it as its storage. */
+void *deft_optimizer_scale_storage(struct deft_optimizer *opt);
+/* Turns loss scaling on with these (checked) options, or off (o NULL). Turning it on the first time sets the scale
+ * to o->init_scale; later it goes on from its current value. On a GPU this waits for the queued steps. */
+deft_status deft_optimizer_set_scaling(struct deft_optimizer *opt, const deft_loss_scale_options *o);
 
 /* Bytes of the flat gradients and the state (the flat parameters count as the parameters themselves). */
 static inline size_t deft_optimizer_state_bytes(const struct deft_optimizer *opt) {

@@ -192,6 +192,19 @@ deft_tensor *deft_softmax(deft_tensor *a, int axis);
 deft_tensor *deft_log_softmax(deft_tensor *a, int axis);
 
 /* ---- compiling and running ---- */
+/* Dynamic loss scaling under f16 autocast, as torch.cuda.amp.GradScaler: the backward pass starts from the current
+ * scale instead of 1; the optimizer's step unscales the gradients, and when any of them is inf or NaN it skips the
+ * update and multiplies the scale by backoff_factor; after growth_interval clean updates in a row it multiplies it by
+ * growth_factor. All of it runs inside the step (on a GPU, on the device: a CUDA Graph replay never waits on the
+ * host). Zero fields take GradScaler's defaults. */
+typedef struct deft_loss_scale_options {
+    int disable;               /* 1: no loss scaling (the backward pass starts from 1) */
+    double init_scale;         /* 0: 65536; else finite, > 0 and at most FLT_MAX */
+    double growth_factor;      /* 0: 2; else finite and > 1 */
+    double backoff_factor;     /* 0: 0.5; else in (0, 1) */
+    int growth_interval;       /* 0: 2000; else >= 1 */
+} deft_loss_scale_options;
+
 typedef struct deft_compile_options {
     size_t memory_budget;      /* 0: no budget */
     int no_reuse;              /* 1: every buffer gets its own arena range (for checking the planner) */
@@ -203,7 +216,20 @@ typedef struct deft_compile_options {
                                 * epilogues), for debugging and for measuring what fusion gives */
     int checkpoint;            /* a deft_checkpoint_policy: which forward values to drop and recompute (below) */
     int checkpoint_segments;   /* DEFT_CHECKPOINT_SEGMENTS: the number of segments; 0: sqrt(forward matmuls) */
+    /* Mixed precision, as torch.autocast: DEFT_BF16 or DEFT_F16; 0 (DEFT_F32) is off and compiles the graph as built.
+     * Compiling appends to the graph, once per policy, a rewritten step: matmuls take their f32 inputs cast to the
+     * low precision (f32 accumulation) and give a low-precision result; bias adds (a parameter added to a low
+     * tensor), activations and shape ops keep the low precision; reductions, softmax, exp/log/pow/rsqrt, losses and
+     * anything mixing a low tensor with a computed f32 one run in f32. Parameters stay f32 (the master weights):
+     * each is cast once per step by one node that every use, forward and backward, reads. The backward pass is
+     * derived again from the rewritten loss, and the optimizer's step reads its gradients (f32). The program is read
+     * and fed through the tensors of the graph as built: an output that became low precision is cast back to its
+     * dtype. The user's tensors themselves are not computed (deft_program_schedules says 0, the DOT dump draws them
+     * dashed beside the rewritten nodes, named "<name>@bf16"); inserted casts are drawn with the label "autocast". */
+    deft_dtype autocast;
+    deft_loss_scale_options loss_scale;   /* f16 autocast only (other policies refuse options set here) */
 } deft_compile_options;
+#define DEFT_HAS_AUTOCAST_OPTION 1
 
 /* Activation checkpointing: forward values the backward pass reads are dropped after the forward pass and
  * recomputed just before the backward steps that read them, giving the same bits (dropout recomputes its mask).
@@ -458,12 +484,17 @@ typedef struct deft_step_options {
 deft_optimizer *deft_sgd(deft_graph *g, const deft_sgd_options *o, const deft_step_options *step);
 deft_optimizer *deft_adamw(deft_graph *g, const deft_adamw_options *o, const deft_step_options *step);
 /* The node that accumulates the gradients and applies the update every k-th run. Its value (one f32) is the global
- * gradient norm, before clipping, of the last update. */
+ * gradient norm, before clipping, of the last update (under f16 loss scaling: of the unscaled gradients, and the inf
+ * or NaN norm of a step it skipped). */
 deft_tensor *deft_optimizer_step(deft_optimizer *opt);
 /* Takes effect at the next update, without recompiling. NaN, infinite or negative: DEFT_ERR_INVALID. */
 deft_status deft_optimizer_set_lr(deft_optimizer *opt, double lr);
 double deft_optimizer_lr(const deft_optimizer *opt);
 int64_t deft_optimizer_updates(const deft_optimizer *opt);   /* updates applied so far */
+/* The dynamic loss scale of an optimizer stepped by an f16 autocast program (deft_loss_scale_options) and the updates
+ * it skipped for inf/NaN gradients, read at any time (on a GPU, after the queued steps: a small device-to-host copy).
+ * Before any such program was compiled the scale is 1 and nothing was skipped. Either pointer may be NULL. */
+deft_status deft_optimizer_loss_scale(const deft_optimizer *opt, double *scale, int64_t *skipped);
 
 /* ---- parameter files ----
  * Format (little-endian): "DEFTPARM", u32 version (1), u32 count; then per parameter: u32 name length, the name,

@@ -83,10 +83,31 @@ static double deft_clip_factor(const deft_optimizer *o, double norm) {
     return c < 1.0 ? c : 1.0;
 }
 
+/* GradScaler's update: a skipped step lowers the scale at once, growth_interval clean ones in a row raise it. */
+static void deft_scaler_after(deft_optimizer *o, bool skipped) {
+    deft_optimizer_scaler *sc = &o->scaler;
+    if (skipped) {
+        sc->scale = (float)(sc->scale * sc->backoff);
+        sc->tracker = 0;
+        sc->skipped++;
+    } else if (++sc->tracker == sc->interval) {
+        sc->scale = (float)(sc->scale * sc->growth);
+        sc->tracker = 0;
+    }
+}
+
+/* With loss scaling the gradients carry the scale: the norm and the update see them divided by it, and an inf or NaN
+ * among them (a sum of squares in double is finite exactly when every f32 or f64 gradient is) skips the update. */
 static void deft_update(deft_optimizer *o) {
     bool f32 = o->dtype == DEFT_F32;
     double mean = 1.0 / (double)o->accumulate_steps;
+    if (o->scaler.on) mean /= (double)o->scaler.scale;
     double norm = f32 ? deft_norm_float(o, mean) : deft_norm_double(o, mean);
+    o->last_norm = norm;
+    if (o->scaler.on && !isfinite(norm)) {
+        deft_scaler_after(o, true);
+        return;
+    }
     double scale = mean * deft_clip_factor(o, norm);
     if (o->kind == DEFT_OPTIM_SGD) {
         if (f32) deft_sgd_float(o, (float)scale);
@@ -95,8 +116,8 @@ static void deft_update(deft_optimizer *o) {
         if (f32) deft_adamw_float(o, (float)scale);
         else deft_adamw_double(o, scale);
     }
-    o->last_norm = norm;
     o->updates++;
+    if (o->scaler.on) deft_scaler_after(o, false);
 }
 
 /* The CPU runs the step here, between the steps around it; a GPU queues it on `stream` (ops/cuda/cuda_optimizer.cu),

@@ -337,16 +337,19 @@ static void deft_release_uploads(deft_program *p, const bool *uploaded) {
 }
 
 /* Which nodes run, in what order, and the plan of their buffers; `full`: the arenas as the planner places them,
- * otherwise only the buffers' lifetimes and the lower bound (what checkpointing's search compares). */
-static deft_status deft_build_plan(deft_program *p, deft_tensor *const *outputs, int n_outputs,
-                                   const deft_compile_options *opts, const int *redirect, int full) {
+ * otherwise only the buffers' lifetimes and the lower bound (what checkpointing's search compares). outputs are
+ * what the program computes; user what it was asked for (the same, or under autocast the tensors that outputs
+ * stand for, read through an alias). */
+static deft_status deft_build_plan(deft_program *p, deft_tensor *const *outputs, deft_tensor *const *user,
+                                   int n_outputs, const deft_compile_options *opts, const int *redirect, int full) {
     p->nodes = calloc((size_t)(p->n_nodes ? p->n_nodes : 1), sizeof *p->nodes);
     p->outputs = malloc((size_t)n_outputs * sizeof *p->outputs);
     if (!p->nodes || !p->outputs) return deft_set_error(DEFT_ERR_OOM, "compile: out of host memory");
     p->n_outputs = n_outputs;
     p->cuda_flags = opts && opts->tf32 ? DEFT_CUDA_ALLOW_TF32 : 0u;
     deft_mark_needed(p, outputs, n_outputs, redirect);
-    deft_status s = deft_collect_steps(p);
+    deft_status s = user != outputs ? deft_autocast_alias(p, user, n_outputs) : DEFT_OK;
+    if (s == DEFT_OK) s = deft_collect_steps(p);
     if (s == DEFT_OK && full) s = deft_plan_steps(p, opts);
     if (s == DEFT_OK && !full) s = deft_bound_pass(p, opts ? opts->no_reuse : 0);
     p->persistent_bytes = deft_persistent_bytes(p);
@@ -364,7 +367,7 @@ typedef struct deft_trial_ctx {
 static deft_status deft_trial_measure(void *ctx, const int *redirect, int full, size_t *total, double *area) {
     const deft_trial_ctx *c = ctx;
     deft_program t = {.graph = c->g, .n_nodes = c->g->n_nodes, .gpu.device = -1};
-    deft_status s = deft_build_plan(&t, c->outputs, c->n_outputs, c->opts, redirect, full);
+    deft_status s = deft_build_plan(&t, c->outputs, c->outputs, c->n_outputs, c->opts, redirect, full);
     *total = t.persistent_bytes;
     for (int a = 0; a < t.n_arenas; a++) *total += full ? t.arenas[a].bytes : t.arenas[a].lower_bound;
     *area = 0.0;
@@ -394,16 +397,21 @@ static void deft_link_copies(deft_program *p) {
         if (p->ckpt->redirect[id] >= 0) p->nodes[id].redirect = p->ckpt->redirect[id];
 }
 
-static deft_status deft_build(deft_program *p, deft_tensor *const *outputs, int n_outputs,
+/* Checkpointing (when asked) rewrites the step that autocast (when asked) made: outputs are what the program
+ * computes, user the tensors it was asked for. */
+static deft_status deft_build(deft_program *p, deft_tensor *const *outputs, deft_tensor *const *user, int n_outputs,
                               const deft_compile_options *opts, bool allocate) {
     deft_status s = DEFT_OK;
     if (opts && opts->checkpoint != DEFT_CHECKPOINT_NONE) s = deft_checkpoint(p, outputs, n_outputs, opts);
-    if (s == DEFT_OK) s = deft_build_plan(p, outputs, n_outputs, opts, p->ckpt ? p->ckpt->redirect : NULL, 1);
+    if (s == DEFT_OK)
+        s = deft_build_plan(p, outputs, user, n_outputs, opts, p->ckpt ? p->ckpt->redirect : NULL, 1);
     if (s == DEFT_OK) deft_link_copies(p);
     if (s == DEFT_OK) s = deft_check_budget(p, opts ? opts->memory_budget : 0);
     if (!allocate) return s;
     bool *uploaded = calloc((size_t)(p->n_nodes ? p->n_nodes : 1), sizeof *uploaded);
     if (!uploaded) return deft_set_error(DEFT_ERR_OOM, "compile: out of host memory");
+    if (s == DEFT_OK) s = deft_autocast_configure_steps(p, opts);
+    if (s == DEFT_OK) p->persistent_bytes = deft_persistent_bytes(p);   /* loss scaling keeps flat gradients */
     if (s == DEFT_OK) s = deft_place_persistent(p, uploaded);
     if (s == DEFT_OK) s = deft_check_device_room(p);
     if (s == DEFT_OK) s = deft_alloc_arenas(p);
@@ -417,18 +425,25 @@ static deft_status deft_compile_with(deft_graph *g, deft_tensor *const *outputs,
                                      const deft_compile_options *opts, bool allocate, deft_program **out) {
     *out = NULL;
     deft_status s = deft_check_outputs(g, outputs, n_outputs);
+    deft_tensor **mapped = NULL;
+    if (s == DEFT_OK) s = deft_autocast_outputs(g, opts, outputs, n_outputs, &mapped);
     if (s != DEFT_OK) return s;
     deft_program *p = calloc(1, sizeof *p);
-    if (!p) return deft_set_error(DEFT_ERR_OOM, "compile: out of host memory");
+    if (!p) {
+        free(mapped);
+        return deft_set_error(DEFT_ERR_OOM, "compile: out of host memory");
+    }
     p->graph = g;
     p->n_nodes = g->n_nodes;
     p->gpu.device = -1;
     s = deft_graph_add_program(g, p);
     if (s != DEFT_OK) {
         free(p);
+        free(mapped);
         return s;
     }
-    s = deft_build(p, outputs, n_outputs, opts, allocate);
+    s = deft_build(p, mapped ? mapped : outputs, outputs, n_outputs, opts, allocate);
+    free(mapped);
     if (s != DEFT_OK) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", deft_errmsg());
@@ -486,10 +501,12 @@ void deft_program_free(deft_program *p) {
     free(p->steps);
     free(p->outputs);
     free(p->buffers);
+    free(p->alias);
     free(p);
 }
 
 void *deft_program_data(const deft_program *p, int id) {
+    if (p->alias) id = p->alias[id];
     if (p->nodes[id].redirect > 0) id = p->nodes[id].redirect;
     const deft_node_state *s = &p->nodes[id];
     int base = deft_view_base(p->graph, id, NULL);

@@ -83,6 +83,8 @@ struct deft_program {
     unsigned cuda_flags;  /* DEFT_CUDA_* bits (cuda_kernels.h) from the compile options, passed to every kernel */
     struct deft_prefetch *prefetch;   /* second input slots and their events, from the first feed_async (prefetch.c) */
     struct deft_ckpt_plan *ckpt;      /* what checkpointing dropped and the copies it made (graph/checkpoint.h) */
+    int *alias;           /* autocast: per node id, the node whose value reading it gives (its counterpart for the
+                           * outputs asked for, itself elsewhere); NULL without autocast (autocast_program.c) */
 };
 
 /* deft_compile, returning its status. */
@@ -105,6 +107,14 @@ deft_status deft_program_fuse(deft_program *p);
 void deft_program_groups_free(deft_program *p);
 /* Runs group g (its root's step) on `stream`; runtime/fusion_run.c. */
 deft_status deft_group_run(deft_program *p, const deft_group *g, void *stream);
+
+/* Compiling under autocast (runtime/autocast_program.c). The outputs' counterparts in the rewrite (*mapped NULL
+ * when the options ask for no autocast; bad options are DEFT_ERR_INVALID); the user's outputs aliased to them once
+ * they are marked; loss scaling switched on or off in the optimizers whose steps p runs (every program). */
+deft_status deft_autocast_outputs(deft_graph *g, const deft_compile_options *o, deft_tensor *const *outputs, int n,
+                                  deft_tensor ***mapped);
+deft_status deft_autocast_alias(deft_program *p, deft_tensor *const *user, int n);
+deft_status deft_autocast_configure_steps(deft_program *p, const deft_compile_options *o);
 
 /* The address of node id's value in a compiled program (persistent storage, arena, or a view into either). */
 void *deft_program_data(const deft_program *p, int id);

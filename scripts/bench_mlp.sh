@@ -3,7 +3,9 @@
 # scripts/gpu_suite.sh has built build-gpu. Usage: scripts/bench_mlp.sh [log-dir]   (env: BUILD=build-gpu, PYTHON=python3)
 #
 # Runs build-gpu/bench_mlp_train (deft, then deft with --no-graphs) and bench/peers/mlp_train.py (PyTorch eager and
-# CUDA Graphs) on every configuration, writes everything they print to <log-dir>/mlp_train.txt, and prints a table
+# CUDA Graphs) on every configuration, in f32, TF32 (mid, large) and bf16 and f16 autocast (--amp; every
+# configuration, with a second table of deft's planned arena beside the f32 program's and f16's loss scale and
+# skipped steps), writes everything they print to <log-dir>/mlp_train.txt, and prints a table
 # of the per-step times with the ratios torch/deft (> 1: deft is faster), also as
 # `mlp_train.<cfg>.speedup_vs_torch_graphs <r> x` and `mlp_train.<cfg>.speedup_vs_torch_eager <r> x` lines (appended
 # to the same file). The loss columns are the losses at step 20 of each: the same data and initial weights go into
@@ -48,6 +50,18 @@ cat "$log/mlp_train_deft_tf32.txt" >> "$out"
   || { echo "mlp_train.py --tf32 failed" >&2; rc=1; }
 cat "$log/mlp_train_torch_tf32.txt" >> "$out"
 
+# Mixed precision on both sides, every configuration (figures named <config>_bf16 and <config>_f16): deft's autocast
+# against torch.autocast (with a GradScaler for f16), eager and CUDA Graphs.
+for amp in bf16 f16; do
+  echo "== autocast $amp: $build/bench_mlp_train --amp $amp, $python bench/peers/mlp_train.py --amp $amp" >&2
+  "$build/bench_mlp_train" --amp $amp > "$log/mlp_train_deft_$amp.txt" 2>&1 \
+    || { echo "bench_mlp_train --amp $amp failed" >&2; rc=1; }
+  cat "$log/mlp_train_deft_$amp.txt" >> "$out"
+  "$python" bench/peers/mlp_train.py --amp $amp > "$log/mlp_train_torch_$amp.txt" 2>&1 \
+    || { echo "mlp_train.py --amp $amp failed" >&2; rc=1; }
+  cat "$log/mlp_train_torch_$amp.txt" >> "$out"
+done
+
 # Anything that is not a figure (skips, errors, the comment lines) is shown as it came.
 grep -v '^mlp_train\.' "$out" | grep -v '^# gpu' >&2
 
@@ -57,7 +71,8 @@ awk '
   function num(x) { return x == "" ? "-" : sprintf("%.1f", x) }
   function ratio(a, b) { return (a == "" || b == "" || b + 0 == 0) ? "" : a / b }
   END {
-    n = split("tiny small mid large mid_tf32 large_tf32", cfgs, " ")
+    n = split("tiny small mid large mid_tf32 large_tf32 tiny_bf16 small_bf16 mid_bf16 large_bf16 " \
+              "tiny_f16 small_f16 mid_f16 large_f16", cfgs, " ")
     printf "%-10s %11s %11s %11s %11s %11s %10s %10s   %-10s %-10s %-10s\n", "config", "deft_us", "deft_nogr", \
       "deft_nofus", "torch_eag", "torch_gr", "gr/deft", "eag/deft", "loss20_dft", "loss20_eag", "loss20_gr"
     for (i = 1; i <= n; i++) {
@@ -73,6 +88,15 @@ awk '
       if (re != "") lines = lines sprintf("%sspeedup_vs_torch_eager %.3f x\n", p, re)
     }
     printf "%s", lines
+    printf "\n%-12s %14s %14s %9s %12s %8s\n", "autocast", "deft_arena", "f32_arena", "arena/f32", "loss_scale", "skipped"
+    for (i = 7; i <= n; i++) {
+      c = cfgs[i]; p = "mlp_train." c "."
+      a = get(p "deft_arena_bytes"); a32 = get(p "deft_arena_bytes_f32")
+      if (a == "") continue
+      printf "%-12s %14s %14s %9s %12s %8s\n", c, a, a32, get(p "deft_arena_over_f32"), \
+        get(p "deft_loss_scale") == "" ? "-" : get(p "deft_loss_scale"), \
+        get(p "deft_skipped_steps") == "" ? "-" : get(p "deft_skipped_steps")
+    }
   }' "$out" | tee "$log/mlp_train_table.txt"
 grep '^mlp_train\.' "$log/mlp_train_table.txt" >> "$out"
 echo "(figures: $out)"

@@ -5,10 +5,18 @@ initial weights, printing one figure per line as `<name> <value> <unit>` with "t
 the C bench prints "deft_".
 
     python3 bench/peers/mlp_train.py [--config tiny|small|mid|large] [--device cuda:N|cpu] [--tf32]
+                                     [--amp bf16|f16]
 
 With --tf32, f32 matmuls may use TF32 (torch.backends.cuda.matmul.allow_tf32 = True), only mid and large run
 unless --config says otherwise, and the figures are named after "<config>_tf32" (bench_mlp_train --tf32 does the
 same with deft's compile option `tf32`).
+
+With --amp bf16|f16, forward and loss run under torch.autocast(dtype=...) (the loss in f32, as autocast puts it),
+and the figures are named after "<config>_bf16" / "<config>_f16" (bench_mlp_train --amp does the same with deft's
+compile option `autocast`). f16 adds a torch.amp.GradScaler (GradScaler's defaults, as deft's): scale(loss).backward(),
+scaler.step(opt), scaler.update(). For the whole-step CUDA Graph to hold the scaler without a host synchronisation
+(GradScaler.step reads found_inf on the host for other optimizers), f16 uses SGD(fused=True), whose step takes the
+scale and found_inf on the device; in both modes, so that eager and graph do the same work. bf16 keeps the default SGD.
 
 Configurations (f32, TF32 off; `layers` nn.Linear layers, nn.ReLU between them, none after the last):
     tiny   Linear(10, 1), batch 32, nn.MSELoss against f32 targets [32, 1], SGD lr 0.01 (no momentum)
@@ -107,6 +115,37 @@ def step_flop(cfg):
     return sum((3.0 if l else 2.0) * 2.0 * batch * i * o for l, (i, o) in enumerate(layer_dims(cfg)))
 
 
+class Amp:
+    """What --amp changes in a step: the autocast context around forward and loss, and for f16 the GradScaler."""
+
+    def __init__(self, torch, kind, device):
+        self.torch, self.kind, self.device = torch, kind, device
+        self.dtype = {"bf16": torch.bfloat16, "f16": torch.float16}.get(kind)
+        self.scaler = None
+        if kind == "f16":   # torch.amp.GradScaler from torch 2.3; torch.cuda.amp's before
+            grad_scaler = getattr(torch.amp, "GradScaler", None)
+            self.scaler = grad_scaler(device.type) if grad_scaler else torch.cuda.amp.GradScaler()
+
+    def autocast(self):
+        import contextlib
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return self.torch.autocast(device_type=self.device.type, dtype=self.dtype)
+
+    def optimizer(self, model, cfg):
+        extra = {"fused": True} if self.kind == "f16" else {}
+        return self.torch.optim.SGD(model.parameters(), lr=cfg[6], momentum=cfg[7], **extra)
+
+    def backward_step(self, loss, opt):
+        if self.scaler is None:
+            loss.backward()
+            opt.step()
+            return
+        self.scaler.scale(loss).backward()
+        self.scaler.step(opt)
+        self.scaler.update()
+
+
 class Timer:
     def __init__(self, torch, cuda):
         self.torch, self.cuda = torch, cuda
@@ -161,19 +200,20 @@ def fresh(torch, cuda):
         torch.cuda.reset_peak_memory_stats()
 
 
-def run_eager(torch, name, cfg, device, cuda):
+def run_eager(torch, name, cfg, device, cuda, amp_kind):
     fresh(torch, cuda)
+    amp = Amp(torch, amp_kind, device)
     model = make_model(torch, cfg, device)
     x, y = make_batch(torch, cfg, device)
     loss_fn = torch.nn.MSELoss() if cfg[5] else torch.nn.CrossEntropyLoss()
-    opt = torch.optim.SGD(model.parameters(), lr=cfg[6], momentum=cfg[7])
+    opt = amp.optimizer(model, cfg)
     last = [None]
 
     def step():
         opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        opt.step()
+        with amp.autocast():
+            loss = loss_fn(model(x), y)
+        amp.backward_step(loss, opt)
         last[0] = loss
 
     step()
@@ -189,12 +229,13 @@ def run_eager(torch, name, cfg, device, cuda):
     del model, opt, x, y, last
 
 
-def run_graph(torch, name, cfg, device):
+def run_graph(torch, name, cfg, device, amp_kind):
     fresh(torch, True)
+    amp = Amp(torch, amp_kind, device)
     model = make_model(torch, cfg, device)
     static_x, static_y = make_batch(torch, cfg, device)
     loss_fn = torch.nn.MSELoss() if cfg[5] else torch.nn.CrossEntropyLoss()
-    opt = torch.optim.SGD(model.parameters(), lr=cfg[6], momentum=cfg[7])
+    opt = amp.optimizer(model, cfg)
 
     # Warm-up on a side stream (the first GRAPH_SIDE_WARMUP of the warm-up steps).
     side = torch.cuda.Stream()
@@ -203,9 +244,9 @@ def run_graph(torch, name, cfg, device):
     with torch.cuda.stream(side):
         for i in range(GRAPH_SIDE_WARMUP):
             opt.zero_grad(set_to_none=True)
-            loss = loss_fn(model(static_x), static_y)
-            loss.backward()
-            opt.step()
+            with amp.autocast():
+                loss = loss_fn(model(static_x), static_y)
+            amp.backward_step(loss, opt)
             if i == 0:
                 first_loss = loss.detach()
     torch.cuda.current_stream().wait_stream(side)
@@ -215,9 +256,9 @@ def run_graph(torch, name, cfg, device):
     graph = torch.cuda.CUDAGraph()
     opt.zero_grad(set_to_none=True)
     with torch.cuda.graph(graph):
-        static_loss = loss_fn(model(static_x), static_y)
-        static_loss.backward()
-        opt.step()
+        with amp.autocast():
+            static_loss = loss_fn(model(static_x), static_y)
+        amp.backward_step(static_loss, opt)
 
     for _ in range(WARMUP_STEPS - GRAPH_SIDE_WARMUP):
         graph.replay()
@@ -235,6 +276,7 @@ def main(argv=None):
     ap.add_argument("--config", choices=sorted(CONFIGS), help="run one configuration (default: all)")
     ap.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (cpu: eager only, tiny and small)")
     ap.add_argument("--tf32", action="store_true", help="let f32 matmuls use TF32 (mid and large by default)")
+    ap.add_argument("--amp", choices=("bf16", "f16"), help="torch.autocast in bf16 or f16 (f16 with a GradScaler)")
     args = ap.parse_args(argv)
 
     try:
@@ -255,7 +297,8 @@ def main(argv=None):
     torch.backends.cudnn.allow_tf32 = args.tf32
     torch.manual_seed(0)
     where = f"{device} ({torch.cuda.get_device_name(device)})" if cuda else "cpu"
-    print(f"# mlp_train.py: torch {torch.__version__} on {where}, TF32 {'on' if args.tf32 else 'off'}")
+    amp_note = f", autocast {args.amp}" if args.amp else ""
+    print(f"# mlp_train.py: torch {torch.__version__} on {where}, TF32 {'on' if args.tf32 else 'off'}{amp_note}")
     sys.stdout.flush()
 
     for name, cfg in CONFIGS.items():
@@ -267,10 +310,16 @@ def main(argv=None):
             continue
         if args.tf32:
             name = name + "_tf32"
+        if args.amp:
+            name = name + "_" + args.amp
         print(f"mlp_train.{name}.step_gflop {step_flop(cfg) / 1e9:.6f} GFLOP")
-        run_eager(torch, name, cfg, device, cuda)
+        run_eager(torch, name, cfg, device, cuda, args.amp)
         if cuda:
-            run_graph(torch, name, cfg, device)
+            try:
+                run_graph(torch, name, cfg, device, args.amp)
+            except RuntimeError as e:   # a capture the installed torch refuses: said, not hidden
+                print(f"# mlp_train.py: {name}: the CUDA Graph capture failed: {e}")
+                sys.stdout.flush()
     return 0
 
 

@@ -11,10 +11,12 @@
  *   norm     on an update run, sums of squares of flat_grads per block (a fixed grid, so a fixed order)
  *   prepare  one block: on an update run, sums the partial sums in a fixed order, the norm (of the mean gradient)
  *            and the clip factor, the bias corrections from the device's update count; advances micro and updates;
- *            writes the last norm to the node's output
+ *            writes the last norm to the node's output. With loss scaling it divides by the scale, and a sum that is
+ *            not finite (an inf or NaN gradient) cancels the update and lowers the scale; clean updates raise it
  *   update   on an update run, one pass over the flat storage: SGD or AdamW
  *
- * With one micro-batch per update and no clipping (the common case) one kernel does all four (below).
+ * With one micro-batch per update, no clipping and no loss scaling (the common case) one kernel does all four (below):
+ * a step that may be skipped must know the whole norm before it changes any parameter.
  *
  * The host compares this run's gradient addresses with those of the tables it built before (no synchronisation);
  * only a new set of addresses (a program's first run) builds a table, which must not happen inside a capture. */
@@ -35,6 +37,9 @@ struct deft_opt_hyper {
     double momentum, dampening, sgd_weight_decay;
     int nesterov;
     double beta1, beta2, eps, adamw_weight_decay;
+    int loss_scaling;         /* dynamic loss scaling (graph/optimizer.h's deft_optimizer_scaler) */
+    double growth, backoff;
+    int interval;
 };
 
 #define DEFT_OPT_THREADS 256
@@ -99,40 +104,63 @@ __global__ void deft_k_opt_norm(const T *g, int64_t total, deft_optimizer_dev *d
 }
 
 /* ---------------------------------------------------------------- prepare: the per-run decisions, on the device */
+/* GradScaler's update (runtime/optimizer_run.c's deft_scaler_after). */
+static __device__ void deft_opt_scaler_after(deft_optimizer_dev *dev, const deft_opt_hyper &h, bool skipped) {
+    if (skipped) {
+        dev->loss_scale = (float)(dev->loss_scale * h.backoff);
+        dev->growth_tracker = 0;
+        dev->skipped++;
+    } else if (++dev->growth_tracker == h.interval) {
+        dev->loss_scale = (float)(dev->loss_scale * h.growth);
+        dev->growth_tracker = 0;
+    }
+}
+
+/* Thread 0 of the prepare kernel on an update run, given the sum of squares of the accumulated gradients: whether
+ * the update goes ahead. runtime/optimizer_run.c's deft_update and deft_clip_factor (torch's clip_grad_norm_). */
+static __device__ bool deft_opt_decide(deft_optimizer_dev *dev, const deft_opt_hyper &h, double sum) {
+    double mean = 1.0 / (double)h.accumulate_steps;
+    if (h.loss_scaling) mean /= (double)dev->loss_scale;
+    const double norm = sqrt(sum) * mean;
+    dev->last_norm = (float)norm;
+    dev->micro = 0;
+    if (h.loss_scaling && !isfinite(norm)) {
+        deft_opt_scaler_after(dev, h, true);
+        return false;
+    }
+    double clip = 1.0;
+    if (h.max_grad_norm > 0.0) {
+        const double c = h.max_grad_norm / (norm + 1e-6);
+        clip = c < 1.0 ? c : 1.0;
+    }
+    dev->scale = mean * clip;
+    dev->first = dev->updates == 0;
+    if (h.kind == DEFT_OPTIM_ADAMW) {
+        const double t = (double)(dev->updates + 1);
+        dev->step_size = dev->lr / (1.0 - pow(h.beta1, t));
+        dev->bc2_sqrt = sqrt(1.0 - pow(h.beta2, t));
+        dev->decay = 1.0 - dev->lr * h.adamw_weight_decay;
+    }
+    dev->updates++;
+    if (h.loss_scaling) deft_opt_scaler_after(dev, h, false);
+    return true;
+}
+
 __global__ void deft_k_opt_prepare(deft_optimizer_dev *dev, int nblocks, deft_opt_hyper h, float *out) {
     __shared__ double sh[DEFT_OPT_THREADS];
     const bool update = deft_opt_update_run(dev, h.accumulate_steps);
     __syncthreads();   /* every thread has read micro before thread 0 advances it: all take the same branch */
+    bool apply = false;
     if (update) {
         double v = 0.0;
         for (int b = (int)threadIdx.x; b < nblocks; b += (int)blockDim.x) v += dev->partial[b];
         const double sum = deft_opt_block_sum(v, sh);
-        if (threadIdx.x == 0) {
-            /* runtime/optimizer_run.c's deft_update and deft_clip_factor (torch's clip_grad_norm_). */
-            const double mean = 1.0 / (double)h.accumulate_steps;
-            const double norm = sqrt(sum) * mean;
-            double clip = 1.0;
-            if (h.max_grad_norm > 0.0) {
-                const double c = h.max_grad_norm / (norm + 1e-6);
-                clip = c < 1.0 ? c : 1.0;
-            }
-            dev->scale = mean * clip;
-            dev->first = dev->updates == 0;
-            if (h.kind == DEFT_OPTIM_ADAMW) {
-                const double t = (double)(dev->updates + 1);
-                dev->step_size = dev->lr / (1.0 - pow(h.beta1, t));
-                dev->bc2_sqrt = sqrt(1.0 - pow(h.beta2, t));
-                dev->decay = 1.0 - dev->lr * h.adamw_weight_decay;
-            }
-            dev->last_norm = (float)norm;
-            dev->updates++;
-            dev->micro = 0;
-        }
+        if (threadIdx.x == 0) apply = deft_opt_decide(dev, h, sum);
     } else if (threadIdx.x == 0) {
         dev->micro++;
     }
     if (threadIdx.x == 0) {
-        dev->update_now = update ? 1 : 0;
+        dev->update_now = apply ? 1 : 0;
         if (out) *out = dev->last_norm;
     }
 }
@@ -396,6 +424,10 @@ static deft_status deft_opt_launch(deft_optimizer *o, const deft_optimizer_segme
     h.beta2 = o->adamw.beta2;
     h.eps = o->adamw.eps;
     h.adamw_weight_decay = o->adamw.weight_decay;
+    h.loss_scaling = o->scaler.on;
+    h.growth = o->scaler.growth;
+    h.backoff = o->scaler.backoff;
+    h.interval = o->scaler.interval;
 
     /* Every grid below depends only on the flat storage's size, so the launches (and the norm's summation order)
      * are the same on every run. */

@@ -1,0 +1,60 @@
+/* The autocast rewrite (the compile option `autocast`, include/deft.h): how a graph as built becomes the same step
+ * in mixed precision.
+ *
+ * How it works. The graph already holds the backward pass and the optimizer's node when it is compiled, so the
+ * rewrite does not touch them: it appends to the graph, once per policy, a second step made of
+ *   1. the forward pass re-built node by node under the policy (graph/autocast_policy.c), casts inserted where a
+ *      node's policy wants another dtype than its input has; a node whose inputs and dtype do not change is not
+ *      re-built but shared (leaves always are: inputs, f32 master weights, constants);
+ *   2. the backward pass derived again from the re-built loss of each deft_backward call (graph/autodiff.c), started
+ *      from the optimizer's loss scale under f16 with loss scaling, from 1 otherwise;
+ *   3. for each optimizer step node, a twin reading the new gradients (f32, as the weights), updating the same flat
+ *      storage.
+ * Every node of the graph as built then has a counterpart (itself when shared) or none (the inner nodes of the
+ * original backward pass, which nothing replaces one for one): the program compiles the counterparts of the outputs
+ * it is asked for, and reads through the user's tensors (runtime/program.c's alias). Every node a rewrite adds is
+ * marked (deft_tensor.autocast), so that later rewrites skip them; a rewrite is kept with the graph and reused by
+ * later compiles under the same policy while the user adds no node; the DOT dump draws the original nodes the
+ * program does not compute beside the rewritten ones. */
+#ifndef DEFT_AUTOCAST_H
+#define DEFT_AUTOCAST_H
+
+#include "graph_internal.h"
+
+/* deft_tensor.autocast */
+typedef enum deft_autocast_mark {
+    DEFT_AUTOCAST_NONE = 0,   /* the user's own node */
+    DEFT_AUTOCAST_CAST,       /* a cast the policy inserted */
+    DEFT_AUTOCAST_NODE        /* a node of the rewritten step (re-built forward, new backward, the step's twin) */
+} deft_autocast_mark;
+
+typedef struct deft_autocast {
+    deft_dtype dtype;         /* DEFT_BF16 or DEFT_F16 */
+    int scaled;               /* the backward passes start from the loss scale of the graph's optimizer */
+    int n_user;               /* the graph's node count when the rewrite was made: what `map` covers */
+    deft_tensor **map;        /* n_user counterparts (NULL: none) */
+    deft_tensor **to_low, **to_f32;   /* casts made so far, by source node id (cap entries) */
+    int cap;
+    struct deft_autocast *next;
+} deft_autocast;
+
+/* The rewrite of g under (dtype, scaled): the one kept from before when the user has added no node since, else a new
+ * one (which leaves the nodes of earlier rewrites alone). */
+deft_status deft_autocast_get(deft_graph *g, deft_dtype dtype, int scaled, deft_autocast **out);
+/* The node a program under the rewrite computes for the user's tensor t, in t's dtype (a cast appended when the
+ * counterpart has another); DEFT_ERR_INVALID naming t when it has none. */
+deft_status deft_autocast_output(deft_autocast *ac, deft_tensor *t, deft_tensor **out);
+void deft_autocast_free_all(deft_graph *g);
+/* Whether `step` (an optimizer node) is the twin made by a rewrite with loss scaling: its program's backward passes
+ * start from the scale, so its optimizer must unscale. */
+bool deft_autocast_step_scaled(const deft_graph *g, const deft_tensor *step);
+
+/* ---- graph/autocast_policy.c ---- */
+/* x in dtype dt: x itself, or the one cast node made for (x, dt) (marked, named after x). */
+deft_tensor *deft_autocast_cast(deft_autocast *ac, deft_tensor *x, deft_dtype dt);
+/* t (a forward node of the user's graph) under the policy, given its inputs' counterparts src: t itself when nothing
+ * changes, else a new node built by t's builder (marked). NULL with the graph's error on failure, or with
+ * DEFT_ERR_INVALID (graph untouched) for an op the rewrite cannot re-build. */
+deft_tensor *deft_autocast_node(deft_autocast *ac, deft_tensor *t, deft_tensor **src);
+
+#endif

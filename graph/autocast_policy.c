@@ -1,0 +1,203 @@
+/* The autocast policy, op by op (as torch.autocast's lists): which dtype each node of the forward pass computes in
+ * under a low precision L (bf16 or f16), and the node re-built in it.
+ *
+ *   to L        matmul: f32 inputs cast to L (the kernels accumulate in f32), an L result
+ *   to f32      reductions (sum, mean, max), softmax, log_softmax, cross-entropy, exp, log, pow, sqrt, rsqrt,
+ *               reciprocal: L inputs cast up, an f32 result
+ *   promote     binary ops and concat with mixed inputs run in f32, except where every f32 input is a parameter
+ *               (a bias, a scale): then it is cast to L, as torch's F.linear casts its bias
+ *   keep        activations, scalar ops, shape ops, dropout, device moves: their input's dtype
+ * Only f32 nodes change: f64 and i32 ones, and explicit casts, keep the dtype the user gave them. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "autocast.h"
+#include "build_grad_ops.h"
+#include "node.h"
+
+typedef enum deft_policy { DEFT_POLICY_LOW, DEFT_POLICY_F32, DEFT_POLICY_PROMOTE, DEFT_POLICY_KEEP } deft_policy;
+
+static deft_policy deft_policy_of(deft_op op) {
+    switch (op) {
+    case DEFT_OP_MATMUL: return DEFT_POLICY_LOW;
+    case DEFT_OP_SUM:
+    case DEFT_OP_MEAN:
+    case DEFT_OP_MAX:
+    case DEFT_OP_SOFTMAX:
+    case DEFT_OP_LOG_SOFTMAX:
+    case DEFT_OP_CROSS_ENTROPY:
+    case DEFT_OP_EXP:
+    case DEFT_OP_LOG:
+    case DEFT_OP_POW_SCALAR:
+    case DEFT_OP_SQRT:
+    case DEFT_OP_RSQRT:
+    case DEFT_OP_RDIV_SCALAR: return DEFT_POLICY_F32;
+    case DEFT_OP_ADD:
+    case DEFT_OP_SUB:
+    case DEFT_OP_MUL:
+    case DEFT_OP_DIV:
+    case DEFT_OP_MAXIMUM:
+    case DEFT_OP_EQ:
+    case DEFT_OP_GT:
+    case DEFT_OP_GE:
+    case DEFT_OP_CONCAT: return DEFT_POLICY_PROMOTE;
+    default: return DEFT_POLICY_KEEP;
+    }
+}
+
+static deft_status deft_memo_grow(deft_autocast *ac, int need) {
+    if (need <= ac->cap) return DEFT_OK;
+    int cap = ac->cap ? ac->cap : 64;
+    while (cap < need) cap *= 2;
+    deft_tensor **lo = realloc(ac->to_low, (size_t)cap * sizeof *lo);
+    if (lo) ac->to_low = lo;
+    deft_tensor **hi = lo ? realloc(ac->to_f32, (size_t)cap * sizeof *hi) : NULL;
+    if (hi) ac->to_f32 = hi;
+    if (!lo || !hi) return deft_set_error(DEFT_ERR_OOM, "autocast: out of host memory");
+    memset(ac->to_low + ac->cap, 0, (size_t)(cap - ac->cap) * sizeof *lo);
+    memset(ac->to_f32 + ac->cap, 0, (size_t)(cap - ac->cap) * sizeof *hi);
+    ac->cap = cap;
+    return DEFT_OK;
+}
+
+deft_tensor *deft_autocast_cast(deft_autocast *ac, deft_tensor *x, deft_dtype dt) {
+    if (!x || x->dtype == dt) return x;
+    deft_tensor **slot = NULL;
+    if (dt == ac->dtype || dt == DEFT_F32) {
+        if (deft_memo_grow(ac, x->id + 1) != DEFT_OK) return NULL;
+        slot = dt == DEFT_F32 ? &ac->to_f32[x->id] : &ac->to_low[x->id];
+        if (*slot) return *slot;
+    }
+    deft_tensor *c = deft_cast(x, dt);
+    if (!c) return NULL;
+    char name[64];
+    snprintf(name, sizeof name, "%.52s.%s", x->name, deft_dtype_name(dt));
+    deft_set_name(c, name);
+    c->autocast = DEFT_AUTOCAST_CAST;
+    if (slot) *slot = c;
+    return c;
+}
+
+static bool deft_is_low(const deft_autocast *ac, const deft_tensor *x) { return x->dtype == ac->dtype; }
+
+/* The dtype the policy gives t's inputs, or DEFT_DTYPE_COUNT to leave them as they are. */
+static deft_dtype deft_inputs_dtype(const deft_autocast *ac, const deft_tensor *t, deft_tensor **src) {
+    if (t->dtype != DEFT_F32) return DEFT_DTYPE_COUNT;
+    switch (deft_policy_of(t->op)) {
+    case DEFT_POLICY_LOW: return ac->dtype;
+    case DEFT_POLICY_F32: return DEFT_F32;
+    case DEFT_POLICY_PROMOTE: {
+        bool any_low = false, f32_params_only = true;
+        for (int k = 0; k < t->nsrc; k++) {
+            if (deft_is_low(ac, src[k])) any_low = true;
+            else if (src[k]->dtype == DEFT_F32 && src[k]->op != DEFT_OP_PARAM) f32_params_only = false;
+        }
+        if (!any_low) return DEFT_DTYPE_COUNT;
+        return f32_params_only ? ac->dtype : DEFT_F32;
+    }
+    default: return DEFT_DTYPE_COUNT;
+    }
+}
+
+static void deft_reduce_axes(const deft_tensor *t, int *axes, int *n) {
+    *n = 0;
+    for (int d = 0; d < t->src[0]->ndim; d++)
+        if (t->p.reduce.mask & (1u << d)) axes[(*n)++] = d;
+}
+
+/* The slice's end from its normalised start, step and length. */
+static int64_t deft_slice_end(const deft_tensor *t) {
+    int64_t len = t->shape[t->p.slice.axis];
+    return len == 0 ? t->p.slice.start : t->p.slice.start + (len - 1) * t->p.slice.step + 1;
+}
+
+static deft_tensor *deft_rebuild_unary(const deft_tensor *t, deft_tensor *a) {
+    double s = t->p.scalar;
+    switch (t->op) {
+    case DEFT_OP_ADD_SCALAR: return deft_add_scalar(a, s);
+    case DEFT_OP_RSUB_SCALAR: return deft_rsub_scalar(a, s);
+    case DEFT_OP_MUL_SCALAR: return deft_mul_scalar(a, s);
+    case DEFT_OP_DIV_SCALAR: return deft_div_scalar(a, s);
+    case DEFT_OP_RDIV_SCALAR: return deft_rdiv_scalar(a, s);
+    case DEFT_OP_MAXIMUM_SCALAR: return deft_maximum_scalar(a, s);
+    case DEFT_OP_POW_SCALAR: return deft_pow_scalar(a, s);
+    case DEFT_OP_NEG: return deft_neg(a);
+    case DEFT_OP_EXP: return deft_exp(a);
+    case DEFT_OP_LOG: return deft_log(a);
+    case DEFT_OP_SQRT: return deft_sqrt(a);
+    case DEFT_OP_RSQRT: return deft_rsqrt(a);
+    case DEFT_OP_TANH: return deft_tanh(a);
+    case DEFT_OP_SIGMOID: return deft_sigmoid(a);
+    case DEFT_OP_RELU: return deft_relu(a);
+    case DEFT_OP_GELU: return deft_gelu(a);
+    case DEFT_OP_SILU: return deft_silu(a);
+    case DEFT_OP_CAST: return deft_cast(a, t->dtype);
+    case DEFT_OP_COPY: return deft_to(a, t->device, a->dtype);
+    case DEFT_OP_RESHAPE: return deft_reshape(a, t->ndim, t->shape);
+    case DEFT_OP_PERMUTE: return deft_permute(a, t->p.perm);
+    case DEFT_OP_SLICE: return deft_slice(a, t->p.slice.axis, t->p.slice.start, deft_slice_end(t), t->p.slice.step);
+    case DEFT_OP_SOFTMAX: return deft_softmax(a, t->p.axis);
+    case DEFT_OP_LOG_SOFTMAX: return deft_log_softmax(a, t->p.axis);
+    case DEFT_OP_DROPOUT: return deft_dropout(a, t->p.dropout.p, t->p.dropout.seed);
+    case DEFT_OP_SUM:
+    case DEFT_OP_MEAN:
+    case DEFT_OP_MAX: {
+        int axes[DEFT_MAX_DIMS], n;
+        deft_reduce_axes(t, axes, &n);
+        deft_tensor *(*fn)(deft_tensor *, int, const int *, int) =
+            t->op == DEFT_OP_SUM ? deft_sum : t->op == DEFT_OP_MEAN ? deft_mean : deft_max;
+        return fn(a, n, axes, t->p.reduce.keepdim);
+    }
+    default: return NULL;
+    }
+}
+
+static deft_tensor *deft_rebuild(const deft_tensor *t, deft_tensor **src) {
+    switch (t->op) {
+    case DEFT_OP_ADD: return deft_add(src[0], src[1]);
+    case DEFT_OP_SUB: return deft_sub(src[0], src[1]);
+    case DEFT_OP_MUL: return deft_mul(src[0], src[1]);
+    case DEFT_OP_DIV: return deft_div(src[0], src[1]);
+    case DEFT_OP_MAXIMUM: return deft_maximum(src[0], src[1]);
+    case DEFT_OP_EQ: return deft_eq(src[0], src[1]);
+    case DEFT_OP_GT: return deft_gt(src[0], src[1]);
+    case DEFT_OP_GE: return deft_ge(src[0], src[1]);
+    case DEFT_OP_MATMUL: return deft_matmul_t(src[0], src[1], t->p.matmul.trans_a, t->p.matmul.trans_b);
+    case DEFT_OP_CONCAT: return deft_concat(src, t->nsrc, t->p.axis);
+    case DEFT_OP_CROSS_ENTROPY: return deft_cross_entropy(src[0], src[1]);
+    default: return t->nsrc == 1 ? deft_rebuild_unary(t, src[0]) : NULL;
+    }
+}
+
+/* Ops that only a backward pass makes, or that have no inputs (shared as they are). */
+static bool deft_rebuildable(deft_op op) {
+    return op != DEFT_OP_ACT_GRAD && op != DEFT_OP_EXPAND && op != DEFT_OP_SLICE_GRAD &&
+           op != DEFT_OP_CROSS_ENTROPY_GRAD && op != DEFT_OP_OPTIMIZER;
+}
+
+deft_tensor *deft_autocast_node(deft_autocast *ac, deft_tensor *t, deft_tensor **src) {
+    if (t->nsrc == 0 || deft_op_is_leaf(t->op)) return t;
+    deft_dtype want = deft_inputs_dtype(ac, t, src);
+    bool changed = false;
+    for (int k = 0; k < t->nsrc; k++) {
+        if (want != DEFT_DTYPE_COUNT && deft_dtype_is_float(src[k]->dtype)) src[k] = deft_autocast_cast(ac, src[k], want);
+        if (!src[k]) return NULL;
+        changed |= src[k] != t->src[k];
+    }
+    if (!changed) return t;
+    if (!deft_rebuildable(t->op)) {
+        deft_set_error(DEFT_ERR_INVALID, "autocast: %s (%s) cannot be re-built in %s", t->name, deft_op_name(t->op),
+                       deft_dtype_name(ac->dtype));
+        return NULL;
+    }
+    deft_tensor *n = deft_rebuild(t, src);
+    if (!n) return NULL;
+    if (n->id >= ac->n_user && n->autocast == DEFT_AUTOCAST_NONE) {
+        char name[64];
+        snprintf(name, sizeof name, "%.52s@%s", t->name, deft_dtype_name(ac->dtype));
+        deft_set_name(n, name);
+        n->autocast = DEFT_AUTOCAST_NODE;
+    }
+    return n;
+}
