@@ -78,8 +78,8 @@ static deft_status deft_run_steps(deft_program *p, void *stream) {
         void *on = NULL;
         s = deft_lanes_before_step(p, p->steps[i], &on);
         if (s == DEFT_OK) s = deft_run_step(p, p->steps[i], on);
+        if (s == DEFT_OK) s = deft_lanes_after_step(p, p->steps[i]);
         if (s != DEFT_OK) s = deft_step_failed(p, i, s);
-        else deft_lanes_after_step(p, p->steps[i]);
     }
     deft_status joined = deft_lanes_end_run(p);
     return s != DEFT_OK ? s : joined;

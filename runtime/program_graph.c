@@ -23,8 +23,8 @@ static int deft_graph_blocker(const deft_program *p, char *why, size_t n) {
         const deft_tensor *pageable = deft_pageable_source(p, t);
         if (deft_lanes_step_lane(p, p->steps[i]) == L->n) {
             snprintf(why, n,
-                     "step %d (%.40s, %s) runs on the cpu between GPU steps, which a CUDA Graph cannot hold: "
-                     "every run is eager",
+                     "step %d (%.40s, %s) runs on the cpu, which a CUDA Graph cannot hold: every run is eager, the "
+                     "host waiting for the GPUs only around its steps",
                      i, t->name, deft_op_name(t->op));
             return 1;
         }

@@ -55,8 +55,8 @@ deft_status deft_cuda_capture_end(int device, void *stream, void **graph, void *
 deft_status deft_cuda_graph_launch(int device, void *exec, void *stream);
 void deft_cuda_graph_destroy(int device, void *graph, void *exec);
 deft_status deft_cuda_stream_sync(int device, void *stream);
-/* Lets `device` reach `peer`'s memory when cudaDeviceCanAccessPeer says it can; DEFT_OK when it cannot (copies are
- * then staged by the driver) or when it already could. */
+/* Lets `device` reach `peer`'s memory when cudaDeviceCanAccessPeer says it can. Where it cannot, or enabling is
+ * refused, copies between the two are staged by the driver: only a failure to ask is an error. */
 deft_status deft_cuda_peer_enable(int device, int peer);
 /* Queues a copy on `stream` (of the GPU that does it: the destination's, or the source's for a copy to the host):
  * host to GPU, GPU to host, or between two GPUs (cudaMemcpyPeerAsync). Host memory is page-locked for the copy to be

@@ -85,12 +85,10 @@ deft_status deft_cuda_peer_enable(int device, int peer) {
     if (!can) return DEFT_OK;
     deft_status s = deft_cuda_set_device(device);
     if (s != DEFT_OK) return s;
-    e = cudaDeviceEnablePeerAccess(peer, 0);
-    if (e == cudaErrorPeerAccessAlreadyEnabled) {
-        (void)cudaGetLastError();
-        return DEFT_OK;
-    }
-    return e == cudaSuccess ? DEFT_OK : deft_cuda_graph_error(e, "cudaDeviceEnablePeerAccess", device);
+    /* Already enabled (by another program) is what was asked; a refusal (too many peers) leaves staged copies,
+     * which are right too: neither fails the compile. */
+    if (cudaDeviceEnablePeerAccess(peer, 0) != cudaSuccess) (void)cudaGetLastError();
+    return DEFT_OK;
 }
 
 deft_status deft_cuda_copy_async(deft_device dst_dev, void *dst, deft_device src_dev, const void *src, size_t bytes,

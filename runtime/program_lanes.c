@@ -86,6 +86,7 @@ void deft_lanes_free(deft_program *p) {
         deft_cuda_stream_destroy(L->device[i], L->stream[i]);
     }
     if (L->n > 0) deft_prefetch_cuda_event_free(L->device[0], L->fork);
+    deft_hazards_free(&L->hazards);
     memset(L, 0, sizeof *L);
 }
 
@@ -94,28 +95,60 @@ static deft_status deft_lane_wait(deft_lanes *L, int l, int k) {
     deft_status s = deft_prefetch_cuda_record(L->device[k], L->event[k], L->stream[k]);
     if (s == DEFT_OK && l == L->n) s = deft_prefetch_cuda_event_sync(L->device[k], L->event[k]);
     else if (s == DEFT_OK) s = deft_prefetch_cuda_stream_wait(L->device[l], L->stream[l], L->event[k]);
-    if (s == DEFT_OK) L->seen[l][k] = L->issued[k];
+    if (s == DEFT_OK) deft_hazards_waited(&L->hazards, l, k);
     return s;
 }
 
-/* Lane l is about to touch the memory of lane `mem` (a GPU's, or the host's): it waits for the other lanes that
- * touched it since it last waited for them. */
-static deft_status deft_lane_order(deft_lanes *L, int l, int mem) {
-    for (int k = 0; k < L->n; k++) {
-        if (k == l || L->touched[mem][k] <= L->seen[l][k]) continue;
-        deft_status s = deft_lane_wait(L, l, k);
-        if (s != DEFT_OK) return s;
-    }
-    return DEFT_OK;
+/* Node id's bytes, unless it has none (a member of a fused group that is never stored). */
+static int deft_node_range(const deft_program *p, int id, bool write, deft_range *out) {
+    const int base = deft_view_base(p->graph, id, NULL);
+    if (!deft_op_is_leaf(p->graph->nodes[base]->op) && p->nodes[base].buffer < 0) return 0;
+    const deft_tensor *t = p->graph->nodes[id];
+    const uintptr_t lo = (uintptr_t)deft_program_data(p, id);
+    *out = (deft_range){deft_lane_of(&p->gpu.lanes, t->device), lo, lo + deft_tensor_bytes(t), write};
+    return 1;
 }
+
+static bool deft_group_has(const deft_group *g, int id) {
+    for (int m = 0; m < g->n_members; m++)
+        if (g->members[m] == id) return true;
+    return false;
+}
+
+/* What step id reads and writes: its nodes' values (every member of a fused group, and what the group reads from
+ * outside). An optimizer writes parameters that are not its inputs, and a step may touch more ranges than r holds:
+ * those are taken to write all of their GPU's memory. */
+static int deft_step_ranges(const deft_program *p, int id, deft_range *r, int max) {
+    const deft_tensor *t = p->graph->nodes[id];
+    const deft_range all = {deft_lane_of(&p->gpu.lanes, t->device), 0, UINTPTR_MAX, true};
+    if (t->op == DEFT_OP_OPTIMIZER) {
+        r[0] = all;
+        return 1;
+    }
+    const deft_group *g = p->nodes[id].group >= 0 ? &p->groups[p->nodes[id].group] : NULL;
+    const int n_members = g ? g->n_members : 1;
+    int n = 0;
+    for (int m = 0; m < n_members; m++) {
+        const deft_tensor *node = p->graph->nodes[g ? g->members[m] : id];
+        if (n + 1 + node->nsrc > max) {
+            r[0] = all;
+            return 1;
+        }
+        n += deft_node_range(p, node->id, true, &r[n]);
+        for (int k = 0; k < node->nsrc; k++)
+            if (!g || !deft_group_has(g, node->src[k]->id)) n += deft_node_range(p, node->src[k]->id, false, &r[n]);
+    }
+    return n;
+}
+
+/* One GPU and no host step: one stream, in order, nothing to wait for. */
+static bool deft_lanes_one_stream(const deft_lanes *L) { return L->n == 1 && !L->host_steps; }
 
 deft_status deft_lanes_begin_run(deft_program *p) {
     deft_lanes *L = &p->gpu.lanes;
-    memset(L->issued, 0, sizeof L->issued);
-    memset(L->seen, 0, sizeof L->seen);
-    memset(L->touched, 0, sizeof L->touched);
+    deft_hazards_reset(&L->hazards, L->n);
     memset(L->forked, 0, sizeof L->forked);
-    if (L->n == 0 || (L->n == 1 && !L->host_steps)) return DEFT_OK;
+    if (L->n == 0 || deft_lanes_one_stream(L)) return DEFT_OK;
     deft_status s = deft_prefetch_cuda_record(L->device[0], L->fork, L->stream[0]);
     /* The previous run may still be copying into the host memory that this run's host steps use. */
     if (s == DEFT_OK && L->host_steps) s = deft_prefetch_cuda_event_sync(L->device[0], L->fork);
@@ -124,30 +157,27 @@ deft_status deft_lanes_begin_run(deft_program *p) {
 
 deft_status deft_lanes_before_step(deft_program *p, int id, void **stream) {
     deft_lanes *L = &p->gpu.lanes;
+    *stream = L->n ? L->stream[0] : NULL;
+    if (L->n == 0 || deft_lanes_one_stream(L)) return DEFT_OK;
     *stream = NULL;
-    if (L->n == 0) return DEFT_OK;
-    const deft_tensor *t = p->graph->nodes[id];
     const int l = deft_lanes_step_lane(p, id);
     deft_status s = DEFT_OK;
     if (l > 0 && l < L->n && !L->forked[l]) {
         s = deft_prefetch_cuda_stream_wait(L->device[l], L->stream[l], L->fork);
         L->forked[l] = s == DEFT_OK;
     }
-    if (s == DEFT_OK) s = deft_lane_order(L, l, deft_lane_of(L, t->device));
-    for (int k = 0; s == DEFT_OK && k < t->nsrc; k++) s = deft_lane_order(L, l, deft_lane_of(L, t->src[k]->device));
+    L->n_ranges = deft_step_ranges(p, id, L->ranges, DEFT_STEP_RANGES);
+    const uint32_t waits = deft_hazards_waits(&L->hazards, l, L->ranges, L->n_ranges);
+    for (int k = 0; s == DEFT_OK && k < L->n; k++)
+        if (waits & (1u << k)) s = deft_lane_wait(L, l, k);
     if (s == DEFT_OK && l < L->n) *stream = L->stream[l];
     return s;
 }
 
-/* The host's own steps are done when they return: only GPU lanes leave work behind to wait for. */
-void deft_lanes_after_step(deft_program *p, int id) {
+deft_status deft_lanes_after_step(deft_program *p, int id) {
     deft_lanes *L = &p->gpu.lanes;
-    const int l = L->n ? deft_lanes_step_lane(p, id) : 0;
-    if (l >= L->n) return;
-    const deft_tensor *t = p->graph->nodes[id];
-    const int64_t n = ++L->issued[l];
-    L->touched[deft_lane_of(L, t->device)][l] = n;
-    for (int k = 0; k < t->nsrc; k++) L->touched[deft_lane_of(L, t->src[k]->device)][l] = n;
+    if (L->n == 0 || deft_lanes_one_stream(L)) return DEFT_OK;
+    return deft_hazards_queued(&L->hazards, deft_lanes_step_lane(p, id), L->ranges, L->n_ranges);
 }
 
 deft_status deft_lanes_end_run(deft_program *p) {

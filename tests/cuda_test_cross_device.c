@@ -7,8 +7,9 @@
  *     between replays and eager runs, close to the same net with its data on the GPU and on the CPU, and falling;
  *  3. a compute step on the CPU between GPU steps: right values, eager, and the status says why;
  *  4. a copy from a CPU parameter (pageable memory): right values, also after the parameter changes, eager, and why;
- *  5. with two GPUs: copies cuda:0 -> cuda:1 -> cuda:0 exact, and a network over both GPUs against the CPU, replayed
- *     (skipped, saying so, with fewer than two GPUs).
+ *  5. with two GPUs: copies cuda:0 -> cuda:1 -> cuda:0 exact; a network over both GPUs against the CPU, replayed;
+ *     larger matmuls on both GPUs at once (their streams overlap), against the CPU, eager and replayed (skipped,
+ *     saying so, with fewer than two GPUs).
  * Skips (exit 77) where no GPU works. DEFT_TEST_GPU_AS_CPU=1 runs the value checks with the CPU standing in for every
  * GPU (no copy is left then, so the graph checks are skipped), which checks the test itself without a GPU. */
 #include <stdint.h>
@@ -224,7 +225,8 @@ static int sandwich_build(sandwich *s, deft_device gpu) {
     s->x = deft_input(s->g, "x", DEFT_F32, 2, (int64_t[]){B, IN}, deft_cpu());
     s->mid = deft_exp(deft_mul_scalar(deft_to(s->x, gpu, DEFT_F32), 0.5));
     deft_tensor *back = deft_to(s->mid, deft_cpu(), DEFT_F32);
-    deft_tensor *host = deft_add(back, deft_mul_scalar(deft_sum(back, 1, (int[]){0}, 1), -1.0 / B));
+    deft_tensor *column_sum = deft_set_name(deft_sum(back, 1, (int[]){0}, 1), "column_sum");
+    deft_tensor *host = deft_add(back, deft_mul_scalar(column_sum, -1.0 / B));
     deft_tensor *v = deft_relu(deft_add_scalar(deft_to(host, gpu, DEFT_F32), 0.25));
     s->y = deft_to(v, deft_cpu(), DEFT_F32);
     CHECK_MSG(s->y != NULL, "building: %s", deft_errmsg());
@@ -255,7 +257,8 @@ static void test_cpu_step_between_gpu_steps(void) {
     int positive = 0;
     for (int i = 0; i < B * IN; i++) positive += yc[i] > 0;
     CHECK(positive > 0 && positive < B * IN);   /* the relu cut some values and kept others */
-    check_eager_because(gpu.p, "runs on the cpu between GPU steps", "a CPU step");
+    check_eager_because(gpu.p, "(column_sum, sum) runs on the cpu", "a CPU step");
+    check_eager_because(gpu.p, "runs on the cpu, which a CUDA Graph cannot hold", "a CPU step");
     deft_graph_free(gpu.g);
     deft_graph_free(cpu.g);
 }
@@ -370,6 +373,65 @@ static void test_two_gpu_program(void) {
     deft_graph_free(ref.g);
 }
 
+/* Larger work on both GPUs at once, so that a missing wait would show: while cuda:1 runs three matmuls on what it
+ * copied, cuda:0 runs its own and reuses its buffers; then the results meet on cuda:0. */
+#define PB 256
+#define PW 512
+
+typedef struct pipeline {
+    deft_graph *g;
+    deft_tensor *x, *y;
+    deft_program *p;
+} pipeline;
+
+static int pipeline_build(pipeline *q, deft_device d0, deft_device d1, int graphs) {
+    q->g = deft_graph_new();
+    deft_graph_set_seed(q->g, 99);
+    q->x = deft_input(q->g, "x", DEFT_F32, 2, (int64_t[]){PB, PW}, deft_cpu());
+    deft_tensor *h0 = deft_tanh(deft_linear(deft_to(q->x, d0, DEFT_F32), PW, "in", NULL));
+    deft_tensor *far = deft_to(h0, d1, DEFT_F32);
+    deft_tensor *near = h0;
+    char name[16];
+    for (int i = 0; i < 3; i++) {
+        snprintf(name, sizeof name, "far%d", i);
+        far = deft_tanh(deft_linear(far, PW, name, NULL));
+        snprintf(name, sizeof name, "near%d", i);
+        near = deft_tanh(deft_linear(near, PW, name, NULL));
+    }
+    q->y = deft_to(deft_add(near, deft_to(far, d0, DEFT_F32)), deft_cpu(), DEFT_F32);
+    CHECK_MSG(q->y != NULL, "building: %s", deft_errmsg());
+    if (!q->y) return 0;
+    q->p = deft_compile(q->g, &q->y, 1, &(deft_compile_options){.no_cuda_graphs = !graphs});
+    CHECK_MSG(q->p != NULL, "compile: %s", deft_errmsg());
+    return q->p != NULL;
+}
+
+static void test_two_gpu_pipeline(void) {
+    pipeline rep, eager, ref;
+    int ok = pipeline_build(&rep, GPU0, GPU1, 1) & pipeline_build(&eager, GPU0, GPU1, 0) &
+             pipeline_build(&ref, deft_cpu(), deft_cpu(), 0);
+    float *x = malloc(sizeof(float) * PB * PW), *y = malloc(sizeof(float) * 3 * PB * PW);
+    CHECK(x && y);
+    for (int run = 0; ok && x && y && run < 4; run++) {
+        fill(x, PB * PW, 5000 + (uint64_t)run);
+        pipeline *all[3] = {&rep, &eager, &ref};
+        for (int i = 0; i < 3; i++) {
+            CHECK_OK(deft_program_feed(all[i]->p, all[i]->x, x, sizeof(float) * PB * PW));
+            CHECK_OK(deft_program_run(all[i]->p));
+        }
+        for (int i = 0; i < 3; i++)
+            CHECK_OK(deft_program_read(all[i]->p, all[i]->y, y + (size_t)i * PB * PW, sizeof(float) * PB * PW));
+        CHECK_MSG(memcmp(y, y + PB * PW, sizeof(float) * PB * PW) == 0, "run %d: replay and eager differ", run);
+        CHECK_CLOSE(y, y + 2 * PB * PW, PB * PW, 1e-4, "y (against the CPU)", run);
+    }
+    if (ok) check_replays(rep.p, 3, "a pipeline over two GPUs");
+    free(x);
+    free(y);
+    deft_graph_free(rep.g);
+    deft_graph_free(eager.g);
+    deft_graph_free(ref.g);
+}
+
 int main(void) {
     const char *as = getenv("DEFT_TEST_GPU_AS_CPU");
     as_cpu = as && strcmp(as, "1") == 0;
@@ -386,6 +448,7 @@ int main(void) {
     if (as_cpu || deft_cuda_device_count() >= 2) {
         test_copies_between_gpus();
         test_two_gpu_program();
+        test_two_gpu_pipeline();
     } else {
         printf("one GPU: the cuda:0 <-> cuda:1 copies and the two-GPU program are skipped\n");
     }
