@@ -18,6 +18,10 @@ static const deft_tensor *deft_pageable_source(const deft_program *p, const deft
 /* The reason a replay could not stand for an eager run, written to why[n]; 0 when it can. */
 static int deft_graph_blocker(const deft_program *p, char *why, size_t n) {
     const deft_lanes *L = &p->gpu.lanes;
+    if (L->host_steps == p->n_steps) {   /* the GPUs only hold leaves (an output that is an input, say) */
+        snprintf(why, n, "no step runs on a GPU");
+        return 1;
+    }
     for (int i = 0; i < p->n_steps; i++) {
         const deft_tensor *t = p->graph->nodes[p->steps[i]];
         const deft_tensor *pageable = deft_pageable_source(p, t);
@@ -70,8 +74,9 @@ static void deft_drop_execs(deft_program_gpu *g) {
 
 void deft_program_gpu_free(deft_program *p) {
     deft_program_gpu *g = &p->gpu;
+    (void)deft_lanes_wait_idle(p);   /* a replay in flight still uses its graph, and every lane (joined into 0) */
     if (g->device >= 0) deft_drop_execs(g);
-    deft_lanes_free(p);   /* waits for what is queued first */
+    deft_lanes_free(p);
     g->device = -1;
     g->stream = NULL;
 }
