@@ -340,7 +340,7 @@ static deft_status deft_build(deft_program *p, deft_tensor *const *outputs, int 
     p->persistent_bytes = deft_persistent_bytes(p);
     if (s == DEFT_OK) s = deft_check_budget(p, opts ? opts->memory_budget : 0);
     if (!allocate) return s;
-    p->pinned_host = deft_program_touches_gpu(p);
+    p->pinned_host = s == DEFT_OK && deft_program_touches_gpu(p);
     bool *uploaded = calloc((size_t)(p->n_nodes ? p->n_nodes : 1), sizeof *uploaded);
     if (!uploaded) return deft_set_error(DEFT_ERR_OOM, "compile: out of host memory");
     if (s == DEFT_OK) s = deft_place_persistent(p, uploaded);

@@ -99,25 +99,21 @@ static deft_status deft_lane_wait(deft_lanes *L, int l, int k) {
     return s;
 }
 
-/* Node id's bytes, unless it has none (a member of a fused group that is never stored). */
-static int deft_node_range(const deft_program *p, int id, bool write, deft_range *out) {
-    const int base = deft_view_base(p->graph, id, NULL);
-    if (!deft_op_is_leaf(p->graph->nodes[base]->op) && p->nodes[base].buffer < 0) return 0;
+static deft_range deft_node_range(const deft_program *p, int id, bool write) {
     const deft_tensor *t = p->graph->nodes[id];
     const uintptr_t lo = (uintptr_t)deft_program_data(p, id);
-    *out = (deft_range){deft_lane_of(&p->gpu.lanes, t->device), lo, lo + deft_tensor_bytes(t), write};
-    return 1;
+    return (deft_range){deft_lane_of(&p->gpu.lanes, t->device), lo, lo + deft_tensor_bytes(t), write};
 }
 
-static bool deft_group_has(const deft_group *g, int id) {
-    for (int m = 0; m < g->n_members; m++)
-        if (g->members[m] == id) return true;
+static bool deft_in(const int *ids, int n, int id) {
+    for (int i = 0; i < n; i++)
+        if (ids[i] == id) return true;
     return false;
 }
 
-/* What step id reads and writes: its nodes' values (every member of a fused group, and what the group reads from
- * outside). An optimizer writes parameters that are not its inputs, and a step may touch more ranges than r holds:
- * those are taken to write all of their GPU's memory. */
+/* What step id reads and writes: its node's value and its inputs'; for a fused group, the members it stores (the
+ * others never reach memory) and what its members read from outside it. An optimizer writes parameters that are not
+ * its inputs, and a step may touch more ranges than r holds: those are taken to write all of their GPU's memory. */
 static int deft_step_ranges(const deft_program *p, int id, deft_range *r, int max) {
     const deft_tensor *t = p->graph->nodes[id];
     const deft_range all = {deft_lane_of(&p->gpu.lanes, t->device), 0, UINTPTR_MAX, true};
@@ -134,9 +130,10 @@ static int deft_step_ranges(const deft_program *p, int id, deft_range *r, int ma
             r[0] = all;
             return 1;
         }
-        n += deft_node_range(p, node->id, true, &r[n]);
+        if (!g || deft_in(g->stores, g->n_stores, node->id)) r[n++] = deft_node_range(p, node->id, true);
         for (int k = 0; k < node->nsrc; k++)
-            if (!g || !deft_group_has(g, node->src[k]->id)) n += deft_node_range(p, node->src[k]->id, false, &r[n]);
+            if (!g || !deft_in(g->members, g->n_members, node->src[k]->id))
+                r[n++] = deft_node_range(p, node->src[k]->id, false);
     }
     return n;
 }
