@@ -131,9 +131,11 @@ static int deft_step_ranges(const deft_program *p, int id, deft_range *r, int ma
             return 1;
         }
         if (!g || deft_in(g->stores, g->n_stores, node->id)) r[n++] = deft_node_range(p, node->id, true);
-        for (int k = 0; k < node->nsrc; k++)
-            if (!g || !deft_in(g->members, g->n_members, node->src[k]->id))
-                r[n++] = deft_node_range(p, node->src[k]->id, false);
+        for (int k = 0; k < node->nsrc; k++) {
+            const int src = node->src[k]->id;   /* a member, or a view of one, is within a store or never stored */
+            if (!g || !deft_in(g->members, g->n_members, deft_view_base(p->graph, src, NULL)))
+                r[n++] = deft_node_range(p, src, false);
+        }
     }
     return n;
 }
