@@ -36,7 +36,8 @@ static deft_status deft_run_step(deft_program *p, int id, void *stream) {
     void *out = deft_program_data(p, id);
     if (t->op == DEFT_OP_COPY) {
         const deft_tensor *src = t->src[0];
-        return deft_mem_copy(t->device, out, src->device, deft_program_data(p, src->id), deft_tensor_bytes(t));
+        return deft_cuda_copy_async(t->device, out, src->device, deft_program_data(p, src->id), deft_tensor_bytes(t),
+                                    stream);
     }
     const void *in_small[4];
     const void **in = t->nsrc <= 4 ? in_small : malloc((size_t)t->nsrc * sizeof *in);
@@ -60,18 +61,28 @@ static deft_status deft_run_step(deft_program *p, int id, void *stream) {
     return s;
 }
 
+static deft_status deft_step_failed(deft_program *p, int i, deft_status s) {
+    char msg[768];
+    snprintf(msg, sizeof msg, "%s", deft_errmsg());
+    const int id = p->steps[i];
+    return deft_set_error(s, "run: step %d (%s, %s): %s", i, p->graph->nodes[id]->name,
+                          deft_op_name(p->graph->nodes[id]->op), msg);
+}
+
+/* Each step on the stream of its lane (runtime/program_lanes.h), or on the host; `stream` is lane 0's, where the run
+ * begins and ends. The lanes are joined back even after a failure, so that a capture ends cleanly. */
 static deft_status deft_run_steps(deft_program *p, void *stream) {
-    for (int i = 0; i < p->n_steps; i++) {
-        int id = p->steps[i];
-        deft_status s = deft_run_step(p, id, stream);
-        if (s != DEFT_OK) {
-            char msg[768];
-            snprintf(msg, sizeof msg, "%s", deft_errmsg());
-            return deft_set_error(s, "run: step %d (%s, %s): %s", i, p->graph->nodes[id]->name,
-                                  deft_op_name(p->graph->nodes[id]->op), msg);
-        }
+    (void)stream;
+    deft_status s = deft_lanes_begin_run(p);
+    for (int i = 0; s == DEFT_OK && i < p->n_steps; i++) {
+        void *on = NULL;
+        s = deft_lanes_before_step(p, p->steps[i], &on);
+        if (s == DEFT_OK) s = deft_run_step(p, p->steps[i], on);
+        if (s == DEFT_OK) s = deft_lanes_after_step(p, p->steps[i]);
+        if (s != DEFT_OK) s = deft_step_failed(p, i, s);
     }
-    return DEFT_OK;
+    deft_status joined = deft_lanes_end_run(p);
+    return s != DEFT_OK ? s : joined;
 }
 
 /* Each run draws new dropout masks; every reader within the run sees the same one. */
@@ -82,8 +93,7 @@ static void deft_stamp_run(deft_program *p) {
     }
 }
 
-/* A program on one GPU's stream returns once its step is queued; others finish before returning, as reads of CPU
- * values need. */
+/* A program that uses a GPU returns once its step is queued (reads wait for it); one on the CPU alone has finished. */
 deft_status deft_program_run(deft_program *p) {
     if (!p) return deft_set_error(DEFT_ERR_INVALID, "run: program is NULL");
     deft_status s = deft_check_fed(p);
@@ -119,6 +129,10 @@ deft_status deft_program_read(deft_program *p, const deft_tensor *t, void *host,
         return deft_set_error(DEFT_ERR_INVALID, "read: %zu bytes asked for output %s of %zu bytes", bytes, t->name,
                               deft_tensor_bytes(t));
     if (!host) return deft_set_error(DEFT_ERR_INVALID, "read: host buffer is NULL");
+    /* The legacy stream's copy below waits for lane 0's work on lane 0's GPU; anything else waits for the run. */
+    if (p->gpu.device >= 0 && (t->device.type != DEFT_CUDA || t->device.index != p->gpu.device))
+        s = deft_lanes_wait_idle(p);
+    if (s != DEFT_OK) return s;
     s = deft_mem_copy(deft_cpu(), host, t->device, deft_program_data(p, t->id), bytes);
     if (s != DEFT_OK) return s;
     /* The copy waited for the run: what its kernels found in the data (a bad cross-entropy target) is reported

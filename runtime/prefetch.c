@@ -132,6 +132,12 @@ deft_status deft_program_feed_async(deft_program *p, deft_tensor *input, const v
 }
 
 deft_status deft_prefetch_before_feed(deft_program *p, const deft_tensor *input) {
+    /* Only lane 0's GPU orders the legacy stream's copy of the feed after the run that reads the slot; the copies
+     * of a CPU input and the steps of other GPUs are waited for. */
+    if (p->gpu.device >= 0 && (input->device.type != DEFT_CUDA || input->device.index != p->gpu.device)) {
+        deft_status s = deft_lanes_wait_idle(p);
+        if (s != DEFT_OK) return s;
+    }
     deft_prefetch_input *q = deft_prefetch_find(p->prefetch, input->id);
     if (!q) return DEFT_OK;
     q->pending = false;

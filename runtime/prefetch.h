@@ -13,7 +13,8 @@ deft_status deft_feed_check(const struct deft_program *p, const deft_tensor *inp
                             const char *what);
 
 /* Before a synchronous feed of `input`: a batch fed asynchronously but not yet run is dropped (the later feed wins),
- * and any copy still writing the slot the feed overwrites is waited for. */
+ * and any copy still writing the slot the feed overwrites is waited for, as is the last run when the input is not on
+ * lane 0's GPU (runtime/program_lanes.h). */
 deft_status deft_prefetch_before_feed(struct deft_program *p, const deft_tensor *input);
 /* Around a run on the program's stream: before it, inputs fed asynchronously switch to the slot their copy filled
  * and the stream waits for those copies (no host sync), and p->gpu.key names the slots; after it, each slot read

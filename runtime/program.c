@@ -188,6 +188,19 @@ static deft_status deft_plan_arenas(deft_program *p, int no_reuse) {
     return st;
 }
 
+/* The CPU memory of a program that uses a GPU is page-locked, so that its copies to and from the GPUs are
+ * asynchronous and can be captured in a CUDA Graph; other memory comes from the device's caching allocator. */
+static deft_status deft_program_host_alloc(const deft_program *p, deft_device d, size_t bytes, const char *tag,
+                                           void **out) {
+    if (d.type == DEFT_CPU && p->pinned_host) return deft_pinned_alloc(bytes, out);
+    return deft_mem_alloc_tagged(d, bytes, tag, out);
+}
+
+static void deft_program_host_free(const deft_program *p, deft_device d, void *ptr) {
+    if (d.type == DEFT_CPU && p->pinned_host) (void)deft_pinned_free(ptr);
+    else deft_mem_free(d, ptr);
+}
+
 /* Input slots, and device copies of parameters and constants that live on a GPU; `uploaded` marks the copies made
  * here, so that a compile failing later can give them back. */
 static deft_status deft_place_persistent(deft_program *p, bool *uploaded) {
@@ -197,7 +210,7 @@ static deft_status deft_place_persistent(deft_program *p, bool *uploaded) {
         size_t bytes = deft_tensor_bytes(t);
         deft_status s = DEFT_OK;
         if (t->op == DEFT_OP_INPUT) {
-            s = deft_mem_alloc_tagged(t->device, bytes, t->name, &p->nodes[id].input_storage);
+            s = deft_program_host_alloc(p, t->device, bytes, t->name, &p->nodes[id].input_storage);
         } else if (t->device.type != DEFT_CPU && !t->dev_data) {
             s = deft_mem_alloc_tagged(t->device, bytes, t->name, &t->dev_data);
             if (s == DEFT_OK) uploaded[id] = true;
@@ -247,7 +260,7 @@ static deft_status deft_alloc_arenas(deft_program *p) {
     for (int a = 0; a < p->n_arenas; a++) {
         char tag[48], ds[32];
         snprintf(tag, sizeof tag, "arena %s", deft_device_str(p->arenas[a].device, ds, sizeof ds));
-        deft_status s = deft_mem_alloc_tagged(p->arenas[a].device, p->arenas[a].bytes, tag, &p->arenas[a].base);
+        deft_status s = deft_program_host_alloc(p, p->arenas[a].device, p->arenas[a].bytes, tag, &p->arenas[a].base);
         if (s != DEFT_OK) {
             char d[32];
             return deft_set_error(s, "compile: the arena of %zu bytes on %s: %s", p->arenas[a].bytes,
@@ -408,6 +421,7 @@ static deft_status deft_build(deft_program *p, deft_tensor *const *outputs, deft
     if (s == DEFT_OK) deft_link_copies(p);
     if (s == DEFT_OK) s = deft_check_budget(p, opts ? opts->memory_budget : 0);
     if (!allocate) return s;
+    p->pinned_host = s == DEFT_OK && deft_program_touches_gpu(p);
     bool *uploaded = calloc((size_t)(p->n_nodes ? p->n_nodes : 1), sizeof *uploaded);
     if (!uploaded) return deft_set_error(DEFT_ERR_OOM, "compile: out of host memory");
     if (s == DEFT_OK) s = deft_autocast_configure_steps(p, opts);
@@ -491,9 +505,10 @@ void deft_program_free(deft_program *p) {
     if (p->gpu.device >= 0) (void)deft_device_synchronize(deft_cuda(p->gpu.device));
     deft_program_gpu_free(p);
     deft_prefetch_free(p);   /* the second input slots; the first ones go below */
-    for (int a = 0; a < p->n_arenas; a++) deft_mem_free(p->arenas[a].device, p->arenas[a].base);
+    for (int a = 0; a < p->n_arenas; a++) deft_program_host_free(p, p->arenas[a].device, p->arenas[a].base);
     for (int id = 0; p->nodes && id < p->n_nodes; id++)
-        if (p->nodes[id].input_storage) deft_mem_free(p->graph->nodes[id]->device, p->nodes[id].input_storage);
+        if (p->nodes[id].input_storage)
+            deft_program_host_free(p, p->graph->nodes[id]->device, p->nodes[id].input_storage);
     deft_graph_remove_program(p->graph, p);
     deft_ckpt_plan_free(deft_copies_unshared(p) ? p->graph : NULL, p->ckpt);
     deft_program_groups_free(p);

@@ -1,36 +1,64 @@
-/* Whether a program's step can be one CUDA Graph replay, and the warm-up, capture, replay sequence. The CUDA calls
- * themselves are in runtime/program_graph_cuda.c. */
+/* Whether a program's step can be one CUDA Graph replay, and the warm-up, capture, replay sequence. A step over
+ * several GPUs, with copies from and to the host, is one graph: captured from lane 0's stream, which forks the other
+ * lanes into the capture and joins them back (runtime/program_lanes.c). The CUDA calls are in
+ * runtime/program_graph_cuda.c. */
 #include <stdio.h>
 
 #include "program_graph.h"
 #include "program_state.h"
 
-/* The reason a replay could not stand for an eager run, or NULL when it can. */
-static const char *deft_graph_blocker(const deft_program *p, int *device) {
-    *device = -1;
+/* A copy from a parameter or constant on the CPU reads the graph's own (pageable) memory, which a captured copy
+ * cannot use; the copy's source, or NULL. */
+static const deft_tensor *deft_pageable_source(const deft_program *p, const deft_tensor *t) {
+    if (t->op != DEFT_OP_COPY || t->src[0]->device.type != DEFT_CPU) return NULL;
+    const deft_tensor *base = p->graph->nodes[deft_view_base(p->graph, t->src[0]->id, NULL)];
+    return base->op == DEFT_OP_PARAM || base->op == DEFT_OP_CONSTANT ? base : NULL;
+}
+
+/* The reason a replay could not stand for an eager run, written to why[n]; 0 when it can. */
+static int deft_graph_blocker(const deft_program *p, char *why, size_t n) {
+    const deft_lanes *L = &p->gpu.lanes;
+    if (L->host_steps == p->n_steps) {   /* the GPUs only hold leaves (an output that is an input, say) */
+        snprintf(why, n, "no step runs on a GPU");
+        return 1;
+    }
     for (int i = 0; i < p->n_steps; i++) {
         const deft_tensor *t = p->graph->nodes[p->steps[i]];
-        if (t->device.type != DEFT_CUDA) return "a step runs on the cpu";
-        if (*device >= 0 && t->device.index != *device) return "steps run on more than one GPU";
-        *device = t->device.index;
-        if (t->op == DEFT_OP_COPY) return "a step copies between devices";
-        if (t->op == DEFT_OP_DROPOUT) return "dropout draws a new mask each run, which a replay would repeat";
+        const deft_tensor *pageable = deft_pageable_source(p, t);
+        if (deft_lanes_step_lane(p, p->steps[i]) == L->n) {
+            snprintf(why, n,
+                     "step %d (%.40s, %s) runs on the cpu, which a CUDA Graph cannot hold: every run is eager, the "
+                     "host waiting for the GPUs only around its steps",
+                     i, t->name, deft_op_name(t->op));
+            return 1;
+        }
+        if (pageable) {
+            snprintf(why, n,
+                     "step %d (%.40s) copies %.40s from pageable cpu memory, which a CUDA Graph cannot copy from "
+                     "(put it on the GPU, or make it an input)",
+                     i, t->name, pageable->name);
+            return 1;
+        }
+        if (t->op == DEFT_OP_DROPOUT) {
+            snprintf(why, n, "dropout draws a new mask each run, which a replay would repeat");
+            return 1;
+        }
     }
-    return *device < 0 ? "no step runs on a GPU" : NULL;
+    return 0;
 }
 
 deft_status deft_program_gpu_init(deft_program *p, int allow_graphs) {
     deft_program_gpu *g = &p->gpu;
     *g = (deft_program_gpu){.device = -1};
-    int device;
-    const char *why = deft_graph_blocker(p, &device);
-    if (why) {
-        snprintf(g->why_eager, sizeof g->why_eager, "%s", why);
+    deft_status s = deft_lanes_init(p);
+    if (s != DEFT_OK) return s;
+    if (g->lanes.n == 0) {
+        snprintf(g->why_eager, sizeof g->why_eager, "no step runs on a GPU");
         return DEFT_OK;
     }
-    deft_status s = deft_cuda_stream_create(device, &g->stream);
-    if (s != DEFT_OK) return s;
-    g->device = device;
+    g->device = g->lanes.device[0];
+    g->stream = g->lanes.stream[0];
+    if (deft_graph_blocker(p, g->why_eager, sizeof g->why_eager)) return DEFT_OK;
     g->state = allow_graphs ? DEFT_GRAPH_WARMUP : DEFT_GRAPH_OFF;
     snprintf(g->why_eager, sizeof g->why_eager, "%s",
              allow_graphs ? "not captured yet (the first run is eager)" : "CUDA Graphs turned off by the compile option");
@@ -46,10 +74,11 @@ static void deft_drop_execs(deft_program_gpu *g) {
 
 void deft_program_gpu_free(deft_program *p) {
     deft_program_gpu *g = &p->gpu;
-    if (g->device < 0) return;
-    deft_drop_execs(g);
-    deft_cuda_stream_destroy(g->device, g->stream);
+    (void)deft_lanes_wait_idle(p);   /* a replay in flight still uses its graph, and every lane (joined into 0) */
+    if (g->device >= 0) deft_drop_execs(g);
+    deft_lanes_free(p);
     g->device = -1;
+    g->stream = NULL;
 }
 
 static deft_graph_exec *deft_find_exec(deft_program_gpu *g, uint64_t key) {

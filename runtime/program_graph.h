@@ -1,14 +1,15 @@
-/* How a program's step runs on a GPU: its own stream, and after a first eager run, one CUDA Graph replay per step.
- * runtime/program_graph_cuda.c with CUDA, runtime/program_graph_nocuda.c without. */
+/* How a program's step runs on its GPUs: a stream per GPU (runtime/program_lanes.h), and after a first eager run, one
+ * CUDA Graph replay per step. runtime/program_graph_cuda.c with CUDA, runtime/program_graph_nocuda.c without. */
 #ifndef DEFT_PROGRAM_GRAPH_H
 #define DEFT_PROGRAM_GRAPH_H
 
 #include "graph_internal.h"
+#include "program_lanes.h"
 
 struct deft_program;
 
 typedef enum deft_graph_state {
-    DEFT_GRAPH_OFF = 0,     /* eager every run: CPU steps, several devices, the option, or an op a replay would bake */
+    DEFT_GRAPH_OFF = 0,     /* eager every run: CPU steps, pageable copies, the option, or an op a replay would bake */
     DEFT_GRAPH_WARMUP,      /* the next run is eager (handles, workspaces and scratch get created outside capture) */
     DEFT_GRAPH_CAPTURE,     /* the next run captures the step and replays it */
     DEFT_GRAPH_READY        /* every run is one replay */
@@ -26,22 +27,23 @@ typedef struct deft_graph_exec {
 } deft_graph_exec;
 
 typedef struct deft_program_gpu {
-    int device;             /* the GPU every step runs on, or -1 */
-    void *stream;           /* cudaStream_t of the program (blocking: ordered with the legacy stream's copies) */
+    int device;             /* lane 0's GPU (where a run starts and ends, and inputs are prefetched), or -1 */
+    void *stream;           /* lane 0's stream */
+    deft_lanes lanes;       /* a stream per GPU the program touches */
     deft_graph_exec execs[DEFT_GRAPH_EXECS];
     uint64_t key;           /* the slots the next run reads (set by runtime/prefetch.c before each run) */
     uint64_t launches;
     deft_graph_state state;
-    char why_eager[160];    /* why the program does not replay a graph */
+    char why_eager[256];    /* why the program does not replay a graph */
     int64_t replays;
     int64_t captures;       /* graphs captured (one per slot combination met, more after evictions) */
 } deft_program_gpu;
 
-/* Decides whether p can replay graphs and creates its stream (no GPU work is queued). */
+/* Creates p's streams and decides whether p can replay graphs (no GPU work is queued). */
 deft_status deft_program_gpu_init(struct deft_program *p, int allow_graphs);
 void deft_program_gpu_free(struct deft_program *p);
-/* Runs every step of p: eagerly on its stream, capturing, or as one replay, as its state says. `run_steps` queues the
- * steps on the stream it is given. */
+/* Runs every step of p: eagerly on its streams, capturing, or as one replay, as its state says. `run_steps` queues
+ * the steps, beginning and ending on the stream it is given (lane 0's). */
 deft_status deft_program_gpu_run(struct deft_program *p, deft_status (*run_steps)(struct deft_program *, void *));
 
 /* ---- the CUDA calls (runtime/program_graph_cuda.c; without CUDA, program_graph_nocuda.c answers DEFT_ERR_NO_CUDA) ---- */
@@ -52,5 +54,14 @@ deft_status deft_cuda_capture_begin(int device, void *stream);
 deft_status deft_cuda_capture_end(int device, void *stream, void **graph, void **exec);
 deft_status deft_cuda_graph_launch(int device, void *exec, void *stream);
 void deft_cuda_graph_destroy(int device, void *graph, void *exec);
+deft_status deft_cuda_stream_sync(int device, void *stream);
+/* Lets `device` reach `peer`'s memory when cudaDeviceCanAccessPeer says it can. Where it cannot, or enabling is
+ * refused, copies between the two are staged by the driver: only a failure to ask is an error. */
+deft_status deft_cuda_peer_enable(int device, int peer);
+/* Queues a copy on `stream` (of the GPU that does it: the destination's, or the source's for a copy to the host):
+ * host to GPU, GPU to host, or between two GPUs (cudaMemcpyPeerAsync). Host memory is page-locked for the copy to be
+ * asynchronous and capturable. */
+deft_status deft_cuda_copy_async(deft_device dst_dev, void *dst, deft_device src_dev, const void *src, size_t bytes,
+                                 void *stream);
 
 #endif

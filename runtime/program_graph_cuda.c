@@ -41,6 +41,8 @@ deft_status deft_cuda_capture_end(int device, void *stream, void **graph, void *
     cudaGraph_t g = NULL;
     cudaGraphExec_t x = NULL;
     *graph = *exec = NULL;
+    deft_status s = deft_cuda_set_device(device);   /* the steps of another GPU may have left theirs current */
+    if (s != DEFT_OK) return s;
     cudaError_t e = cudaStreamEndCapture((cudaStream_t)stream, &g);
     if (e != cudaSuccess) {
         if (g) cudaGraphDestroy(g);
@@ -67,4 +69,47 @@ void deft_cuda_graph_destroy(int device, void *graph, void *exec) {
     if ((!graph && !exec) || deft_cuda_set_device(device) != DEFT_OK) return;
     if (exec && cudaGraphExecDestroy((cudaGraphExec_t)exec) != cudaSuccess) (void)cudaGetLastError();
     if (graph && cudaGraphDestroy((cudaGraph_t)graph) != cudaSuccess) (void)cudaGetLastError();
+}
+
+deft_status deft_cuda_stream_sync(int device, void *stream) {
+    deft_status s = deft_cuda_set_device(device);
+    if (s != DEFT_OK) return s;
+    cudaError_t e = cudaStreamSynchronize((cudaStream_t)stream);
+    return e == cudaSuccess ? DEFT_OK : deft_cuda_graph_error(e, "cudaStreamSynchronize", device);
+}
+
+deft_status deft_cuda_peer_enable(int device, int peer) {
+    int can = 0;
+    cudaError_t e = cudaDeviceCanAccessPeer(&can, device, peer);
+    if (e != cudaSuccess) return deft_cuda_graph_error(e, "cudaDeviceCanAccessPeer", device);
+    if (!can) return DEFT_OK;
+    deft_status s = deft_cuda_set_device(device);
+    if (s != DEFT_OK) return s;
+    /* Already enabled (by another program) is what was asked; a refusal (too many peers) leaves staged copies,
+     * which are right too: neither fails the compile. */
+    if (cudaDeviceEnablePeerAccess(peer, 0) != cudaSuccess) (void)cudaGetLastError();
+    return DEFT_OK;
+}
+
+deft_status deft_cuda_copy_async(deft_device dst_dev, void *dst, deft_device src_dev, const void *src, size_t bytes,
+                                 void *stream) {
+    if (bytes == 0) return DEFT_OK;
+    const int on = dst_dev.type == DEFT_CUDA ? dst_dev.index : src_dev.index;
+    deft_status s = deft_cuda_set_device(on);
+    if (s != DEFT_OK) return s;
+    cudaStream_t st = (cudaStream_t)stream;
+    cudaError_t e;
+    const char *what;
+    if (dst_dev.type == DEFT_CUDA && src_dev.type == DEFT_CUDA && dst_dev.index != src_dev.index) {
+        what = "cudaMemcpyPeerAsync";
+        e = cudaMemcpyPeerAsync(dst, dst_dev.index, src, src_dev.index, bytes, st);
+    } else {
+        enum cudaMemcpyKind kind = dst_dev.type == DEFT_CPU   ? cudaMemcpyDeviceToHost
+                                   : src_dev.type == DEFT_CPU ? cudaMemcpyHostToDevice
+                                                              : cudaMemcpyDeviceToDevice;
+        what = kind == cudaMemcpyDeviceToHost ? "cudaMemcpyAsync (to the host)" : "cudaMemcpyAsync (from the host)";
+        if (kind == cudaMemcpyDeviceToDevice) what = "cudaMemcpyAsync (device to device)";
+        e = cudaMemcpyAsync(dst, src, bytes, kind, st);
+    }
+    return e == cudaSuccess ? DEFT_OK : deft_cuda_graph_error(e, what, on);
 }

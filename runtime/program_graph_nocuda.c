@@ -37,3 +37,22 @@ void deft_cuda_graph_destroy(int device, void *graph, void *exec) {
     (void)graph;
     (void)exec;
 }
+
+deft_status deft_cuda_stream_sync(int device, void *stream) {
+    (void)stream;
+    return deft_graph_no_cuda(device);
+}
+
+deft_status deft_cuda_peer_enable(int device, int peer) {
+    (void)peer;
+    return deft_graph_no_cuda(device);
+}
+
+deft_status deft_cuda_copy_async(deft_device dst_dev, void *dst, deft_device src_dev, const void *src, size_t bytes,
+                                 void *stream) {
+    (void)dst;
+    (void)src;
+    (void)bytes;
+    (void)stream;
+    return deft_graph_no_cuda(dst_dev.type == DEFT_CUDA ? dst_dev.index : src_dev.index);
+}

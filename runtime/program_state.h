@@ -77,7 +77,8 @@ struct deft_program {
     size_t persistent_bytes;
     bool ran;
     uint64_t run_count;   /* runs started, the dropout masks' counter */
-    deft_program_gpu gpu; /* its stream and CUDA Graph, when every step runs on one GPU */
+    deft_program_gpu gpu; /* its streams and CUDA Graphs, when a node lives on a GPU */
+    bool pinned_host;     /* its CPU arena and CPU inputs are page-locked (deft_pinned_alloc): it touches a GPU */
     int n_groups;
     deft_group *groups;   /* fused groups (none with the compile option no_fusion, or on the CPU) */
     unsigned cuda_flags;  /* DEFT_CUDA_* bits (cuda_kernels.h) from the compile options, passed to every kernel */

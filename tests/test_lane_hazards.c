@@ -1,0 +1,95 @@
+/* The waits between the streams of a program over several devices (runtime/lane_hazards.c), without a GPU: two GPU
+ * lanes (0, 1) and the host (2); memory 0 and 1 are the GPUs', 2 the host's. Each case queues steps as
+ * runtime/program_lanes.c would and asserts which lanes a step must wait for: a copy waits for what produced its
+ * source, a GPU overwriting a range another lane's copy still reads waits for that lane, and nothing else waits
+ * (disjoint ranges, reads after reads, lanes already waited for, a GPU's own memory). */
+#include <stdint.h>
+
+#include "check.h"
+#include "lane_hazards.h"
+
+#define HOST 2
+
+static deft_range rd(int mem, uintptr_t lo, uintptr_t hi) { return (deft_range){mem, lo, hi, false}; }
+static deft_range wr(int mem, uintptr_t lo, uintptr_t hi) { return (deft_range){mem, lo, hi, true}; }
+
+static void queue(deft_hazards *h, int lane, deft_range a, deft_range b) {
+    CHECK_OK(deft_hazards_queued(h, lane, (deft_range[]){a, b}, 2));
+}
+
+static uint32_t waits2(const deft_hazards *h, int lane, deft_range a, deft_range b) {
+    return deft_hazards_waits(h, lane, (deft_range[]){a, b}, 2);
+}
+
+static uint32_t waits1(const deft_hazards *h, int lane, deft_range a) { return deft_hazards_waits(h, lane, &a, 1); }
+
+/* cuda:0 computes x, cuda:1 copies it (on its own lane), then cuda:0 goes on. */
+static void test_peer_copy(void) {
+    deft_hazards h = {0};
+    deft_hazards_reset(&h, 2);
+    queue(&h, 0, rd(0, 0, 100), wr(0, 100, 200));             /* x = f(input) on cuda:0 */
+    CHECK(waits2(&h, 1, rd(0, 100, 200), wr(1, 0, 100)) == 1u); /* the copy waits for cuda:0 */
+    deft_hazards_waited(&h, 1, 0);
+    CHECK(waits2(&h, 1, rd(0, 100, 200), wr(1, 0, 100)) == 0u); /* and only once */
+    queue(&h, 1, rd(0, 100, 200), wr(1, 0, 100));
+    CHECK(h.n_foreign == 1);                                    /* its read of cuda:0's memory is kept */
+    queue(&h, 1, rd(1, 0, 100), wr(1, 100, 200));               /* cuda:1 computes on its own memory */
+
+    CHECK(waits1(&h, 0, wr(0, 200, 300)) == 0u);                /* cuda:0 writes elsewhere: no wait */
+    CHECK(waits1(&h, 0, rd(0, 100, 200)) == 0u);                /* reads what the copy reads: no wait */
+    CHECK(waits1(&h, 0, wr(0, 150, 250)) == 2u);                /* overwrites it: waits for cuda:1 */
+    CHECK(waits1(&h, 0, wr(0, 0, UINTPTR_MAX)) == 2u);          /* so does an optimizer (all of its memory) */
+    CHECK(waits1(&h, 0, wr(0, 200, 300)) == 0u);
+    deft_hazards_waited(&h, 0, 1);
+    CHECK(waits1(&h, 0, wr(0, 150, 250)) == 0u);                /* waited for: the copy is done */
+    queue(&h, 1, rd(1, 100, 200), wr(1, 0, 100));               /* more on cuda:1, its own memory only */
+    CHECK(waits1(&h, 0, wr(0, 150, 250)) == 0u);
+
+    /* Copying back: the copy (on cuda:0's lane) waits for cuda:1's last step on its memory, even for a range that
+     * step did not touch (the owner's steps are counted, not kept one by one). */
+    CHECK(waits2(&h, 0, rd(1, 300, 400), wr(0, 400, 500)) == 2u);
+    deft_hazards_reset(&h, 2);
+    CHECK(h.n_foreign == 0 && waits1(&h, 0, wr(0, 150, 250)) == 0u);
+    deft_hazards_free(&h);
+}
+
+/* Copies between the GPUs and the host, and a step on the host between them. */
+static void test_host_memory(void) {
+    deft_hazards h = {0};
+    deft_hazards_reset(&h, 2);
+    queue(&h, 0, rd(0, 0, 64), wr(HOST, 0, 64));                   /* cuda:0 -> cpu */
+    CHECK(waits1(&h, HOST, rd(HOST, 64, 128)) == 0u);               /* the host reads other bytes: no wait */
+    CHECK(waits2(&h, HOST, rd(HOST, 0, 64), wr(HOST, 64, 128)) == 1u); /* reads the copy's: waits for cuda:0 */
+    deft_hazards_waited(&h, HOST, 0);
+    CHECK(waits2(&h, HOST, rd(HOST, 0, 64), wr(HOST, 64, 128)) == 0u);
+    /* the host's step itself leaves nothing to wait for */
+    CHECK_OK(deft_hazards_queued(&h, HOST, (deft_range[]){rd(HOST, 0, 64), wr(HOST, 64, 128)}, 2));
+    CHECK(h.n_foreign == 1);
+    queue(&h, 1, rd(HOST, 64, 128), wr(1, 0, 64));                  /* cpu -> cuda:1 */
+    CHECK(waits1(&h, HOST, wr(HOST, 64, 128)) == 2u);               /* the host overwrites it: waits for cuda:1 */
+    CHECK(waits1(&h, HOST, rd(HOST, 64, 128)) == 0u);               /* a read does not */
+    CHECK(waits2(&h, 0, rd(0, 0, 64), wr(HOST, 100, 200)) == 2u);   /* nor does a GPU's write elsewhere: */
+    CHECK(waits2(&h, 0, rd(0, 0, 64), wr(HOST, 200, 300)) == 0u);   /* only where it overlaps */
+    deft_hazards_free(&h);
+}
+
+/* The record of foreign accesses grows past its first size and is kept across runs. */
+static void test_many_copies(void) {
+    deft_hazards h = {0};
+    deft_hazards_reset(&h, 2);
+    for (uintptr_t i = 0; i < 100; i++) queue(&h, 1, rd(0, 10 * i, 10 * i + 10), wr(1, 10 * i, 10 * i + 10));
+    CHECK(h.n_foreign == 100 && h.cap_foreign >= 100);
+    CHECK(waits1(&h, 0, wr(0, 995, 996)) == 2u);
+    CHECK(waits1(&h, 0, wr(0, 1000, 2000)) == 0u);
+    deft_hazards_reset(&h, 2);
+    CHECK(h.n_foreign == 0 && h.cap_foreign >= 100 && h.foreign != NULL);
+    deft_hazards_free(&h);
+    CHECK(h.foreign == NULL && h.cap_foreign == 0);
+}
+
+int main(void) {
+    test_peer_copy();
+    test_host_memory();
+    test_many_copies();
+    return deft_check_finish();
+}
