@@ -328,11 +328,12 @@ deft_status deft_loader_error(deft_status s, const char *fmt, ...)
 
 /* A program that uses GPUs runs on a stream per GPU, without synchronising the host (reading an output, or feeding
  * an input that is not on its first GPU, waits for the step). Its first run is eager; the second captures the whole
- * step into one CUDA Graph, and every later run is one replay. The graph holds the GPU steps of every GPU the
- * program uses and the deft_to copies between them (cudaMemcpyPeerAsync) and from and to the CPU: the CPU inputs,
- * arena and outputs of such a program are page-locked, so those copies are asynchronous. Programs that stay eager
- * (status says why): a compute step on the CPU (the host waits for the GPUs only around it), dropout (a replay
- * would repeat its mask), a copy from a CPU parameter or constant (pageable memory), or no_cuda_graphs. */
+ * step into one CUDA Graph, and every later run is one replay. The graph holds the GPU's steps and the deft_to
+ * copies from and to the CPU: the CPU inputs, arena and outputs of such a program are page-locked, so those copies
+ * are asynchronous. Programs that stay eager (status says why): steps on several GPUs (each GPU's steps on its own
+ * stream, copies between GPUs asynchronous, events ordering them), a compute step on the CPU (the host waits for the
+ * GPUs only around it), dropout (a replay would repeat its mask), a copy from a CPU parameter or constant (pageable
+ * memory), or no_cuda_graphs. */
 int64_t deft_program_graph_replays(const deft_program *p);      /* runs done as a replay */
 const char *deft_program_graph_status(const deft_program *p);   /* "replaying a CUDA Graph", or why not */
 

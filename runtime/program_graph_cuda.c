@@ -101,8 +101,10 @@ deft_status deft_cuda_copy_async(deft_device dst_dev, void *dst, deft_device src
     cudaError_t e;
     const char *what;
     if (dst_dev.type == DEFT_CUDA && src_dev.type == DEFT_CUDA && dst_dev.index != src_dev.index) {
-        what = "cudaMemcpyPeerAsync";
-        e = cudaMemcpyPeerAsync(dst, dst_dev.index, src, src_dev.index, bytes, st);
+        /* Unified addressing tells the GPUs apart; cudaMemcpyPeerAsync would do the same copy but cannot be
+         * captured into a CUDA Graph (cudaErrorStreamCaptureUnsupported on an H200 pair, CUDA 13), this can. */
+        what = "cudaMemcpyAsync (between GPUs)";
+        e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, st);
     } else {
         enum cudaMemcpyKind kind = dst_dev.type == DEFT_CPU   ? cudaMemcpyDeviceToHost
                                    : src_dev.type == DEFT_CPU ? cudaMemcpyHostToDevice
