@@ -349,6 +349,8 @@ static void test_reduce(void) {
         {3, {7, 33, 5}, 1, {1}}, {3, {7, 33, 5}, 2, {0, 2}}, {3, {7, 33, 5}, 1, {-1}}, {3, {7, 33, 5}, 1, {0}},
         {3, {7, 33, 5}, 0, {0}}, {1, {1000}, 0, {0}},        {2, {33, 1000}, 1, {1}},  {2, {1000, 33}, 1, {0}},
         {2, {5000, 3}, 1, {0}},  {2, {3, 5000}, 1, {1}},     {1, {1}, 0, {0}},         {2, {20000, 2}, 1, {1}},
+        /* over the rows of a wide matrix (a bias gradient): the column-tile kernel, partial last tile included */
+        {2, {130, 257}, 1, {0}}, {3, {64, 3, 70}, 1, {0}},
     };
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
         for (int dt = 0; dt < 5; dt++)

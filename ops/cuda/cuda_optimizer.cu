@@ -182,34 +182,52 @@ template <class T> __device__ __forceinline__ deft_opt_coef<T> deft_opt_coef_of(
     return c;
 }
 
-/* runtime/optimizer_run.c's DEFT_SGD on element j with the scaled gradient d: weight decay added to d, the momentum
- * buffer starting as d on the first update. */
+/* runtime/optimizer_run.c's DEFT_SGD on one element held in registers (pj the parameter, bj its momentum buffer,
+ * read only when momentum is on and this is not the first update) with the scaled gradient d: weight decay added
+ * to d, the momentum buffer starting as d on the first update. */
+template <class T>
+__device__ __forceinline__ void deft_opt_sgd_reg(T &pj, T &bj, T d, const deft_opt_hyper &h,
+                                                 const deft_opt_coef<T> &c) {
+    const T mom = (T)h.momentum, damp = (T)(1.0 - h.dampening), wd = (T)h.sgd_weight_decay;
+    if (wd != T(0)) d += wd * pj;
+    if (mom != T(0)) {
+        const T b = c.first ? d : mom * bj + damp * d;
+        bj = b;
+        d = h.nesterov ? d + mom * b : b;
+    }
+    pj -= c.lr * d;
+}
+
 template <class T>
 __device__ __forceinline__ void deft_opt_sgd_one(T *p, T *buf, int64_t j, T d, const deft_opt_hyper &h,
                                                  const deft_opt_coef<T> &c) {
-    const T mom = (T)h.momentum, damp = (T)(1.0 - h.dampening), wd = (T)h.sgd_weight_decay;
-    if (wd != T(0)) d += wd * p[j];
-    if (mom != T(0)) {
-        const T b = c.first ? d : mom * buf[j] + damp * d;
-        buf[j] = b;
-        d = h.nesterov ? d + mom * b : b;
-    }
-    p[j] -= c.lr * d;
+    T pj = p[j], bj = h.momentum != 0.0 && !c.first ? buf[j] : T(0);
+    deft_opt_sgd_reg<T>(pj, bj, d, h, c);
+    if (h.momentum != 0.0) buf[j] = bj;
+    p[j] = pj;
 }
 
 /* runtime/optimizer_run.c's DEFT_ADAMW: the moments start at zero on the first update (the CPU clears them there).
  * The last line mirrors C's promotions on the CPU: for f32, sqrt(v) and the division are in double. */
 template <class T>
-__device__ __forceinline__ void deft_opt_adamw_one(T *p, T *m, T *v, int64_t j, T d, const deft_opt_hyper &h,
+__device__ __forceinline__ void deft_opt_adamw_reg(T &pj, T &mj, T &vj, T d, const deft_opt_hyper &h,
                                                    const deft_opt_coef<T> &c) {
     const T b1 = (T)h.beta1, b2 = (T)h.beta2, eps = (T)h.eps;
-    const T pj = p[j] * c.decay;
-    T mj = c.first ? T(0) : m[j], vj = c.first ? T(0) : v[j];
+    const T pd = pj * c.decay;
+    if (c.first) mj = vj = T(0);
     mj = b1 * mj + (T(1) - b1) * d;
     vj = b2 * vj + (T(1) - b2) * d * d;
+    pj = (T)((double)pd - (double)(c.step * mj) / (sqrt((double)vj) / (double)c.bc2_sqrt + (double)eps));
+}
+
+template <class T>
+__device__ __forceinline__ void deft_opt_adamw_one(T *p, T *m, T *v, int64_t j, T d, const deft_opt_hyper &h,
+                                                   const deft_opt_coef<T> &c) {
+    T pj = p[j], mj = c.first ? T(0) : m[j], vj = c.first ? T(0) : v[j];
+    deft_opt_adamw_reg<T>(pj, mj, vj, d, h, c);
     m[j] = mj;
     v[j] = vj;
-    p[j] = (T)((double)pj - (double)(c.step * mj) / (sqrt((double)vj) / (double)c.bc2_sqrt + (double)eps));
+    p[j] = pj;
 }
 
 template <class T>
@@ -224,13 +242,61 @@ __global__ void deft_k_opt_update(T *p, const T *g, T *s0, T *s1, int64_t total,
     }
 }
 
+/* The one-launch step over flat elements [lo, hi) whose gradients are g[lo..hi) (g indexed like the flat storage):
+ * thread t takes lo + t, lo + t + blockDim.x, ... in that order, U at a time, every load of a group issued before
+ * any store (the restrict qualifiers let the compiler keep them together), which keeps enough reads in flight to
+ * run at the memory's rate; one element at a time the step ran at half of it. Returns the thread's running sum of
+ * squares: acc, then this range's squares added in element order, as the one-at-a-time loop added them. */
+#define DEFT_OPT_UNROLL 4
+template <class T>
+__device__ double deft_opt_fused_range(T *__restrict__ p, T *__restrict__ s0, T *__restrict__ s1,
+                                       const T *__restrict__ g, int64_t lo, int64_t hi, const deft_opt_hyper &h,
+                                       const deft_opt_coef<T> &c, double acc) {
+    const int64_t bd = blockDim.x;
+    const bool sgd = h.kind == DEFT_OPTIM_SGD, moments = sgd ? h.momentum != 0.0 : true;
+    double sum = acc;
+    int64_t j = lo + threadIdx.x;
+    for (; j + (DEFT_OPT_UNROLL - 1) * bd < hi; j += DEFT_OPT_UNROLL * bd) {
+        T gv[DEFT_OPT_UNROLL], pv[DEFT_OPT_UNROLL], av[DEFT_OPT_UNROLL], bv[DEFT_OPT_UNROLL];
+#pragma unroll
+        for (int u = 0; u < DEFT_OPT_UNROLL; u++) {
+            const int64_t k = j + u * bd;
+            gv[u] = g[k];
+            pv[u] = p[k];
+            av[u] = moments && !c.first ? s0[k] : T(0);
+            bv[u] = !sgd && !c.first ? s1[k] : T(0);
+        }
+#pragma unroll
+        for (int u = 0; u < DEFT_OPT_UNROLL; u++) {
+            sum += (double)gv[u] * (double)gv[u];
+            if (sgd) deft_opt_sgd_reg<T>(pv[u], av[u], gv[u], h, c);
+            else deft_opt_adamw_reg<T>(pv[u], av[u], bv[u], gv[u], h, c);
+        }
+#pragma unroll
+        for (int u = 0; u < DEFT_OPT_UNROLL; u++) {
+            const int64_t k = j + u * bd;
+            p[k] = pv[u];
+            if (moments) s0[k] = av[u];
+            if (!sgd) s1[k] = bv[u];
+        }
+    }
+    for (; j < hi; j += bd) {
+        const T gj = g[j];
+        sum += (double)gj * (double)gj;
+        if (sgd) deft_opt_sgd_one<T>(p, s0, j, gj, h, c);
+        else deft_opt_adamw_one<T>(p, s0, s1, j, gj, h, c);
+    }
+    return sum;
+}
+
 /* ---------------------------------------------------------------- one launch: the common step
  * With one micro-batch per update and no clipping, nothing in an update waits on the norm, so a single kernel does
  * the whole step: each block reads its range of the gradients through the gather table (there are no flat
  * gradients: deft_optimizer_keeps_grads), updates its range of the parameters with the coefficients of this run
- * (from the device's counters, which no block changes before every block has read them), and writes its sum of squares; the last block to finish (a
- * ticket after a fence) adds the sums in block order, writes the norm and advances the counters. The formulas are
- * the update kernels' above with scale 1, so both paths give the same parameters. */
+ * (from the device's counters, which no block changes before every block has read them), and writes its sum of
+ * squares; the last block to finish (a ticket after a fence) adds the sums in block order, writes the norm and
+ * advances the counters. The formulas are the update kernels' above with scale 1, so both paths give the same
+ * parameters. */
 template <class T>
 __global__ void deft_k_opt_fused(T *p, T *s0, T *s1, const deft_optimizer_segment *seg, int nseg,
                                  int64_t total, int64_t per_block, deft_optimizer_dev *dev, deft_opt_hyper h,
@@ -261,13 +327,7 @@ __global__ void deft_k_opt_fused(T *p, T *s0, T *s1, const deft_optimizer_segmen
     for (int s = a; lo < hi && s < nseg && seg[s].offset < hi; s++) {
         const int64_t off = seg[s].offset, end = off + seg[s].count;
         const int64_t s0i = lo > off ? lo : off, s1i = hi < end ? hi : end;
-        const T *src = (const T *)seg[s].src;
-        for (int64_t j = s0i + threadIdx.x; j < s1i; j += blockDim.x) {
-            const T g = src[j - off];
-            sum += (double)g * (double)g;
-            if (h.kind == DEFT_OPTIM_SGD) deft_opt_sgd_one<T>(p, s0, j, g, h, c);
-            else deft_opt_adamw_one<T>(p, s0, s1, j, g, h, c);
-        }
+        sum = deft_opt_fused_range<T>(p, s0, s1, (const T *)seg[s].src - off, s0i, s1i, h, c, sum);
     }
     sum = deft_opt_block_sum(sum, sh);
     double total_sq = sum;
