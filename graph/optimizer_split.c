@@ -18,6 +18,7 @@ typedef struct deft_split_ctx {
     int *seen, stamp;       /* visits of deft_split_reaches */
     int *stack;
     int *made;              /* per step node: the finisher that stands for it, or -1 */
+    int *late_at, *late;    /* per parameter of the step being split: its late nodes (deft_split_ready) */
 } deft_split_ctx;
 
 static int deft_split_base(const deft_tensor *t) {
@@ -85,29 +86,57 @@ static deft_status deft_split_check(const deft_split_ctx *c, const deft_tensor *
     return DEFT_OK;
 }
 
-/* ready[i]: the gradient's node, or the last node before the step reading parameter i (through views too). */
-static void deft_split_ready(deft_split_ctx *c, const deft_tensor *step) {
+/* Per parameter: ready[i], the last node before the step that gives its gradient or reads it (through views too),
+ * and its late nodes late[late_at[i] .. late_at[i + 1]): the gradient's node and the readers that it does not depend
+ * on (the backward steps reading the parameter, recomputations; not the forward pass, which every gradient follows). */
+static deft_status deft_split_ready(deft_split_ctx *c, const deft_tensor *step) {
     const deft_optimizer *opt = step->p.optimizer;
-    for (int i = 0; i < opt->n_params; i++) c->ready[i] = deft_split_base(step->src[i]);
-    for (int id = 0; id < step->id; id++) {
-        const deft_tensor *t = c->g->nodes[id];
-        if (!c->needed[id] || deft_op_is_leaf(t->op)) continue;
-        for (int k = 0; k < t->nsrc; k++) {
-            const int p = c->param_of[deft_split_base(t->src[k])];
-            if (p >= 0 && c->ready[p] < id) c->ready[p] = id;
+    int *count = calloc((size_t)opt->n_params + 1, sizeof *count);
+    if (!count) return deft_set_error(DEFT_ERR_OOM, "compile: out of host memory for optimizer_in_backward");
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < opt->n_params; i++) {
+            const int g = deft_split_base(step->src[i]);
+            if (pass == 1) c->late[c->late_at[i]] = g;
+            count[i] = 1;
+            c->ready[i] = g;
+        }
+        for (int id = 0; id < step->id; id++) {
+            const deft_tensor *t = c->g->nodes[id];
+            if (!c->needed[id] || deft_op_is_leaf(t->op)) continue;
+            for (int k = 0; k < t->nsrc; k++) {
+                const int p = c->param_of[deft_split_base(t->src[k])];
+                if (p < 0) continue;
+                if (c->ready[p] < id) c->ready[p] = id;
+                if (deft_split_reaches(c, id, deft_split_base(step->src[p]))) continue;
+                if (pass == 1) c->late[c->late_at[p] + count[p]] = id;
+                count[p]++;   /* a node reading the parameter twice is listed twice: harmless */
+            }
+        }
+        if (pass == 1) break;
+        c->late_at[0] = 0;
+        for (int i = 0; i < opt->n_params; i++) c->late_at[i + 1] = c->late_at[i] + count[i];
+        free(c->late);
+        c->late = malloc((size_t)(c->late_at[opt->n_params] ? c->late_at[opt->n_params] : 1) * sizeof *c->late);
+        if (!c->late) {
+            free(count);
+            return deft_set_error(DEFT_ERR_OOM, "compile: out of host memory for optimizer_in_backward");
         }
     }
+    free(count);
+    return DEFT_OK;
 }
 
-/* Parameter j may join the group [first, j) when no member becomes ready only after j's last use, nor j after a
- * member's: then some valid order runs them side by side (a layer's weight and bias), and the update of neither
- * waits for the other. */
+/* Parameter j may join the group [first, j) when no late node of a member and one of j depend on each other: then
+ * neither parameter's last use must come before the other's (a layer's weight and bias), so updating them together
+ * delays neither. A bias whose gradient follows the next layer's weight's backward read is ready only after that
+ * weight's, and starts a group of its own. */
 static bool deft_split_together(deft_split_ctx *c, int first, int j) {
-    for (int m = first; m < j; m++) {
-        const int lo = c->ready[m] < c->ready[j] ? c->ready[m] : c->ready[j];
-        const int hi = c->ready[m] < c->ready[j] ? c->ready[j] : c->ready[m];
-        if (lo != hi && deft_split_reaches(c, lo, hi)) return false;
-    }
+    for (int m = first; m < j; m++)
+        for (int a = c->late_at[m]; a < c->late_at[m + 1]; a++)
+            for (int b = c->late_at[j]; b < c->late_at[j + 1]; b++) {
+                const int x = c->late[a], y = c->late[b];
+                if (x != y && (x < y ? deft_split_reaches(c, x, y) : deft_split_reaches(c, y, x))) return false;
+            }
     return true;
 }
 
@@ -165,8 +194,10 @@ static deft_status deft_split_step(deft_split_ctx *c, deft_tensor *step, deft_op
     if (s == DEFT_OK && (!groups || !pieces || !firsts))
         s = deft_set_error(DEFT_ERR_OOM, "compile: out of host memory for optimizer_in_backward");
     int n_groups = 0;
+    c->late_at = malloc(((size_t)opt->n_params + 1) * sizeof *c->late_at);
+    if (s == DEFT_OK && !c->late_at) s = deft_set_error(DEFT_ERR_OOM, "compile: out of host memory");
+    if (s == DEFT_OK) s = deft_split_ready(c, step);
     if (s == DEFT_OK) {
-        deft_split_ready(c, step);
         n_groups = deft_split_groups(c, opt, groups);
         for (int k = 0; k < n_groups; k++) firsts[k] = groups[k].first;
         qsort(groups, (size_t)n_groups, sizeof *groups, deft_split_by_ready);
@@ -190,6 +221,9 @@ static deft_status deft_split_step(deft_split_ctx *c, deft_tensor *step, deft_op
         out->n_pieces += n_groups;
     }
     for (int i = 0; i < opt->n_params; i++) c->param_of[opt->params[i]->id] = -1;
+    free(c->late_at);
+    free(c->late);
+    c->late_at = c->late = NULL;
     free(groups);
     free(pieces);
     free(firsts);
@@ -231,7 +265,7 @@ deft_status deft_optimizer_split(deft_graph *g, deft_tensor *const *outputs, int
     *out = NULL;
     const size_t n = (size_t)(g->n_nodes ? g->n_nodes : 1);
     deft_split_ctx c = {g, g->n_nodes, owner, calloc(n, sizeof(bool)), malloc(n * sizeof(int)), malloc(n * sizeof(int)),
-                        calloc(n, sizeof(int)), 0, malloc(n * sizeof(int)), malloc(n * sizeof(int))};
+                        calloc(n, sizeof(int)), 0, malloc(n * sizeof(int)), malloc(n * sizeof(int)), NULL, NULL};
     deft_opt_split *sp = calloc(1, sizeof *sp);
     deft_status s = DEFT_OK;
     if (!sp || !c.needed || !c.param_of || !c.ready || !c.seen || !c.stack || !c.made)
