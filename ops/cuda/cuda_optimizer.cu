@@ -16,7 +16,9 @@
  *   update   on an update run, one pass over the flat storage: SGD or AdamW
  *
  * With one micro-batch per update, no clipping and no loss scaling (the common case) one kernel does all four (below):
- * a step that may be skipped must know the whole norm before it changes any parameter.
+ * a step that may be skipped must know the whole norm before it changes any parameter. Under the compile option
+ * optimizer_in_backward the same step runs split (graph/optimizer_split.h): a piece kernel per group of parameters as
+ * soon as their gradients exist, and a finisher; both paths sum the norm over the same blocks in the same order.
  *
  * The host compares this run's gradient addresses with those of the tables it built before (no synchronisation);
  * only a new set of addresses (a program's first run) builds a table, which must not happen inside a capture. */
