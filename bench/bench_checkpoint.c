@@ -6,7 +6,7 @@
  * one table. One figure per line: `<name> <value> <unit>`.
  *
  *   ./bench_checkpoint [--device cuda:N|cpu] [--layers L] [--width W] [--batch B] [--points K]
- *                      [--budgets b1,b2,...] [--plan-only]
+ *                      [--budgets b1,b2,...] [--plan-only] [--optimizer-in-backward]
  *
  * Points: "none" (no checkpointing) and "b1".."bK": budgets spread evenly from the plan without checkpointing down to
  * the smallest budget (the compile error of a 1-byte budget names it), then any --budgets given (bytes; the script
@@ -15,7 +15,9 @@
  * point: parameters, optimizer state, the batch, the arena and cuBLAS's workspace, as
  * torch.cuda.max_memory_allocated), .step_ms (median over repeats, fastest and slowest beside it) and .loss (after
  * the timed steps). --plan-only plans every point without running (any device, the CPU too) and prints the plan
- * figures only.
+ * figures only. --optimizer-in-backward compiles every point with the compile option optimizer_in_backward (each
+ * layer's update runs as soon as its gradient is computed, so the gradients never all live at once): the same
+ * figures, for comparing the peaks with and without it.
  *
  * Inputs and initial weights come from the same index hash as bench_mlp_train (the peer computes it bit for bit), so
  * both sides train the same model on the same batch: the losses after the warm-up steps agree to f32 rounding.
@@ -138,8 +140,11 @@ static void feed(const net *n, deft_program *p, const net_config *c) {
     free(y);
 }
 
+static int optimizer_in_backward;   /* --optimizer-in-backward */
+
 static deft_compile_options options(size_t budget) {
-    return (deft_compile_options){.memory_budget = budget, .checkpoint = budget ? DEFT_CHECKPOINT_BUDGET : 0};
+    return (deft_compile_options){.memory_budget = budget, .checkpoint = budget ? DEFT_CHECKPOINT_BUDGET : 0,
+                                  .optimizer_in_backward = optimizer_in_backward};
 }
 
 /* The plan's bytes (arena + persistent) without checkpointing, and the smallest budget checkpointing meets. */
@@ -237,7 +242,7 @@ static void point(const net_config *c, deft_device dev, const char *pt, size_t b
 static void usage(void) {
     fprintf(stderr,
             "usage: %s [--device cuda:N|cpu] [--layers L] [--width W] [--batch B] [--points K] [--budgets b1,b2,...] "
-            "[--plan-only]\n",
+            "[--plan-only] [--optimizer-in-backward]\n",
             prog);
     exit(2);
 }
@@ -254,6 +259,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--points") && i + 1 < argc) points = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--budgets") && i + 1 < argc) extra = argv[++i];
         else if (!strcmp(argv[i], "--plan-only")) plan_only = 1;
+        else if (!strcmp(argv[i], "--optimizer-in-backward")) optimizer_in_backward = 1;
         else usage();
     }
     if (c.layers < 2 || c.width < 1 || c.batch < 1 || points < 1 || points > MAX_POINTS) usage();
@@ -273,9 +279,9 @@ int main(int argc, char **argv) {
         dev = deft_cuda_device_count() > 0 ? deft_cuda(0) : deft_cpu();
     }
     char dstr[32];
-    printf("# %s: deft %s on %s: %d layers of width %lld, batch %lld, f32, SGD%s\n", prog, deft_version(),
+    printf("# %s: deft %s on %s: %d layers of width %lld, batch %lld, f32, SGD%s%s\n", prog, deft_version(),
            deft_device_str(dev, dstr, sizeof dstr), c.layers, (long long)c.width, (long long)c.batch,
-           plan_only ? ", planned only" : "");
+           optimizer_in_backward ? " in backward" : "", plan_only ? ", planned only" : "");
     size_t without, smallest;
     plan_range(&c, dev, &without, &smallest);
     printf("checkpoint.deft.plan_without_bytes %zu bytes\n", without);

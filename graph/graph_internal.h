@@ -161,7 +161,8 @@ struct deft_tensor {
 typedef enum deft_ckpt_role {
     DEFT_CKPT_USER = 0,
     DEFT_CKPT_RECOMPUTE,          /* a forward node run again in the backward pass */
-    DEFT_CKPT_BACKWARD_COPY       /* a backward node that reads recomputed values instead of saved ones */
+    DEFT_CKPT_BACKWARD_COPY,      /* a backward node that reads recomputed values instead of saved ones */
+    DEFT_CKPT_OPTIMIZER_PART      /* a piece of an optimizer's step, or its finisher (graph/optimizer_split.h) */
 } deft_ckpt_role;
 
 struct deft_program;

@@ -197,7 +197,11 @@ deft_tensor *deft_optimizer_step(deft_optimizer *opt) {
     if (opt->step_node) return opt->step_node;
     deft_graph *g = opt->graph;
     deft_status s = deft_flatten_params(opt);
+    if (s == DEFT_OK) s = deft_optimizer_blocks_init(opt);
     if (s == DEFT_OK) s = deft_optimizer_dev_new(opt);
+#ifdef DEFT_HAVE_CUDA
+    if (s == DEFT_OK && opt->dev) s = deft_cuda_optimizer_blocks_new(opt);
+#endif
     if (s != DEFT_OK) {
         deft_graph_fail(g, s, "optimizer_step: flat storage for %lld elements: %s", (long long)opt->total,
                         deft_errmsg());
@@ -331,6 +335,7 @@ void deft_optimizer_destroy(deft_optimizer *opt) {
     /* Steps still queued on a GPU read the flat storage, the state and the gather tables. */
     if (d.type != DEFT_CPU && (opt->dev || opt->n_gathers > 0)) (void)deft_device_synchronize(d);
     deft_release_scale_seeds(opt);
+    deft_optimizer_parts_free(opt);
     for (int i = 0; opt->flat_params && i < opt->n_params; i++) {
         deft_tensor *t = opt->params[i];
         if (!t->storage_borrowed) continue;
@@ -343,6 +348,9 @@ void deft_optimizer_destroy(deft_optimizer *opt) {
     deft_mem_free(d, opt->state0);
     deft_mem_free(d, opt->state1);
     if (opt->dev) deft_mem_free(d, opt->dev);
+    if (opt->dev_blocks) deft_mem_free(d, opt->dev_blocks);
+    if (opt->dev_block_sums) deft_mem_free(d, opt->dev_block_sums);
+    free(opt->block_first);
     for (int i = 0; i < opt->n_gathers; i++) {
         deft_mem_free(d, opt->gathers[i].table);
         free(opt->gathers[i].grads);

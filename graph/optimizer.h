@@ -69,6 +69,35 @@ typedef struct deft_optimizer_scaler {
 /* Gather tables kept per optimizer; past this the least recently used one is rebuilt for the new addresses. */
 #define DEFT_OPTIMIZER_GATHER_CACHE 16
 
+/* The gradient norm is summed in blocks that never cross a parameter: parameter i's elements, in runs of `chunk`
+ * (at least DEFT_OPTIMIZER_BLOCK_MIN, more when the storage is large), are blocks block_first[i] .. block_first[i+1]
+ * - 1. Each block's sum of squares is formed alone and the sums are added in block order, so a step split into
+ * pieces of whole parameters (optimizer in backward, graph/optimizer_split.c) gives the same norm, bit for bit, as
+ * the whole step. */
+#define DEFT_OPTIMIZER_BLOCK_MIN 2048
+
+/* One block on the device: elements [lo, hi) of the flat storage, inside parameter `param`. */
+typedef struct deft_optimizer_block {
+    int64_t lo, hi;
+    int32_t param, pad;
+} deft_optimizer_block;
+
+/* Optimizer in backward: a part of one optimizer's step, run as a node of its own. A piece updates the parameters
+ * [first_param, first_param + n_params) of `whole` from their gradients and writes the sums of squares of their
+ * blocks (f64, n_blocks of them from first_block on); the finisher reads every piece's sums, in flat order, adds them
+ * as the whole step would, writes the norm and advances the counters (once per step). A part is itself a struct
+ * deft_optimizer (so that nodes keep one kind of pointer) whose `part` is set: its parameter arrays and state are
+ * whole's, borrowed; only its gather tables are its own. Parts are made on demand and kept by `whole` until the
+ * graph goes (graph/optimizer_split.c). */
+typedef struct deft_optimizer_part {
+    struct deft_optimizer *whole;
+    bool finisher;
+    int first_param;
+    int first_block, n_blocks;        /* a finisher: all of whole's */
+    int n_pieces;                     /* a finisher: the pieces it reads, in flat order */
+    int *piece_first_param, *piece_n_params;
+} deft_optimizer_part;
+
 struct deft_optimizer {
     deft_graph *graph;
     deft_optimizer_kind kind;
@@ -99,6 +128,17 @@ struct deft_optimizer {
     int n_gathers;
     uint64_t gather_clock;
     deft_optimizer_scaler scaler;
+    /* The norm's blocks (above): n_blocks in all, param i's from block_first[i] (n_params + 1 entries). On a GPU, the
+     * device's copy of the blocks and one f64 per block for the one-launch step's sums. */
+    int64_t chunk;
+    int n_blocks;
+    int *block_first;
+    deft_optimizer_block *dev_blocks;
+    double *dev_block_sums;
+    /* Optimizer in backward: NULL for an optimizer; set for a part of one (it then owns nothing else). */
+    deft_optimizer_part *part;
+    struct deft_optimizer **parts;    /* an optimizer's parts made so far, freed with it */
+    int n_parts;
 };
 
 void deft_optimizer_destroy(struct deft_optimizer *opt);
@@ -118,8 +158,23 @@ void *deft_optimizer_scale_storage(struct deft_optimizer *opt);
  * to o->init_scale; later it goes on from its current value. On a GPU this waits for the queued steps. */
 deft_status deft_optimizer_set_scaling(struct deft_optimizer *opt, const deft_loss_scale_options *o);
 
-/* Bytes of the flat gradients and the state (the flat parameters count as the parameters themselves). */
+/* Whether the step can run in pieces during the backward pass: each update needs nothing but its own gradient (one
+ * micro-batch per update, no clipping; the program must not scale its loss either, which compile checks). */
+static inline bool deft_optimizer_splittable(const struct deft_optimizer *opt) {
+    return !opt->part && opt->accumulate_steps == 1 && !(opt->max_grad_norm > 0.0);
+}
+
+/* Elements [*lo, *hi) of the flat storage that block b (of parameter i) covers. */
+static inline void deft_optimizer_block_range(const struct deft_optimizer *w, int i, int b, int64_t *lo, int64_t *hi) {
+    const int64_t start = w->offsets[i], end = i + 1 < w->n_params ? w->offsets[i + 1] : w->total;
+    *lo = start + (int64_t)(b - w->block_first[i]) * w->chunk;
+    *hi = *lo + w->chunk < end ? *lo + w->chunk : end;
+}
+
+/* Bytes of the flat gradients and the state (the flat parameters count as the parameters themselves). A finisher
+ * stands for its whole step (a program that runs the pieces runs it instead of the step node); a piece holds none. */
 static inline size_t deft_optimizer_state_bytes(const struct deft_optimizer *opt) {
+    if (opt->part) return opt->part->finisher ? deft_optimizer_state_bytes(opt->part->whole) : 0;
     const unsigned arrays = (opt->kind == DEFT_OPTIM_ADAMW ? 2u : 1u) + (deft_optimizer_keeps_grads(opt) ? 1u : 0u);
     return (size_t)opt->total * deft_dtype_size(opt->dtype) * arrays;
 }
@@ -134,6 +189,21 @@ deft_status deft_optimizer_run(struct deft_optimizer *opt, const void *const *gr
  * `stream` without synchronising the host, allocating or reading per-run state on the host, except on the first run
  * with a new set of gradient addresses (which builds a gather table, outside any capture). */
 deft_status deft_cuda_optimizer_run(struct deft_optimizer *opt, const void *const *grads, void *out, void *stream);
+/* A part's run on a GPU (piece: grads are its parameters' gradients, out its block sums; finisher: grads are the
+ * pieces' sums, out the norm). */
+deft_status deft_cuda_optimizer_part_run(struct deft_optimizer *part, const void *const *grads, void *out, void *stream);
+/* The device's copy of the blocks, and their sums, of an optimizer on a GPU (made with its counters). */
+deft_status deft_cuda_optimizer_blocks_new(struct deft_optimizer *opt);
+
+/* ---- optimizer in backward (graph/optimizer_split.c) ---- */
+/* The piece of `whole` over parameters [first, first + n), or its finisher over the pieces that split its parameters
+ * at `firsts` (n_pieces entries, increasing, the first 0): one made before, or a new one; NULL with a message when out
+ * of memory. */
+struct deft_optimizer *deft_optimizer_piece(struct deft_optimizer *whole, int first, int n);
+struct deft_optimizer *deft_optimizer_finisher(struct deft_optimizer *whole, const int *firsts, int n_pieces);
+/* Computes the blocks (chunk, n_blocks, block_first) of an optimizer once its parameters are collected. */
+deft_status deft_optimizer_blocks_init(struct deft_optimizer *opt);
+void deft_optimizer_parts_free(struct deft_optimizer *whole);
 
 #ifdef __cplusplus
 }

@@ -228,7 +228,18 @@ typedef struct deft_compile_options {
      * dashed beside the rewritten nodes, named "<name>@bf16"); inserted casts are drawn with the label "autocast". */
     deft_dtype autocast;
     deft_loss_scale_options loss_scale;   /* f16 autocast only (other policies refuse options set here) */
+    /* 1: optimizer in backward. Each optimizer step asked for runs in pieces, one per group of parameters that become
+     * ready together (a layer's weight and bias), each placed right after the last step that computes one of its
+     * gradients or reads one of its parameters, so every gradient's buffer dies there instead of living to the end of
+     * the backward pass (the arena's peak drops by about the model's gradient bytes on a deep network). A finisher
+     * adds the pieces' sums into the step's value (the norm) and advances the counters once: parameters, norms and
+     * counters are bit-identical to the one-node step, on the CPU and on a GPU, eager or replayed, with or without
+     * checkpointing. Needs one micro-batch per update and no clipping (accumulate_steps <= 1, max_grad_norm 0), no
+     * f16 loss scaling, and no node of the program reading the step's value or a parameter after the step: anything
+     * else is DEFT_ERR_INVALID at compile. */
+    int optimizer_in_backward;
 } deft_compile_options;
+#define DEFT_HAS_OPTIMIZER_IN_BACKWARD 1
 #define DEFT_HAS_AUTOCAST_OPTION 1
 
 /* Activation checkpointing: forward values the backward pass reads are dropped after the forward pass and

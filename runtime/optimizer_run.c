@@ -20,21 +20,36 @@
         }                                                                                                            \
     }
 
+/* The sum of squares of the count elements of g that make one norm block, in order. */
+#define DEFT_BLOCK_SUM(T)                                                                                            \
+    static double deft_block_sum_##T(const T *g, int64_t count) {                                                    \
+        double sum = 0.0;                                                                                            \
+        for (int64_t j = 0; j < count; j++) sum += (double)g[j] * (double)g[j];                                      \
+        return sum;                                                                                                  \
+    }
+
+/* Block by block (graph/optimizer.h), the blocks' sums added in order: the sum a split step forms the same way. */
 #define DEFT_NORM(T)                                                                                                 \
     static double deft_norm_##T(const deft_optimizer *o, double scale) {                                             \
         const T *g = o->flat_grads;                                                                                  \
         double sum = 0.0;                                                                                            \
-        for (int64_t j = 0; j < o->total; j++) sum += (double)g[j] * (double)g[j];                                   \
+        for (int i = 0; i < o->n_params; i++)                                                                        \
+            for (int b = o->block_first[i]; b < o->block_first[i + 1]; b++) {                                        \
+                int64_t lo, hi;                                                                                      \
+                deft_optimizer_block_range(o, i, b, &lo, &hi);                                                       \
+                sum += deft_block_sum_##T(g + lo, hi - lo);                                                          \
+            }                                                                                                        \
         return sqrt(sum) * scale;                                                                                    \
     }
 
+/* The update of n elements: p, buf (and m, v) point at their first one in the flat storage, g at their gradients
+ * (scaled by `scale`). The whole step runs it once over the flat storage, a piece once per parameter. */
 #define DEFT_SGD(T)                                                                                                  \
-    static void deft_sgd_##T(deft_optimizer *o, T scale) {                                                           \
-        T *p = o->flat_params, *g = o->flat_grads, *buf = o->state0;                                                 \
+    static void deft_sgd_##T(const deft_optimizer *o, T *p, const T *g, T *buf, int64_t n, T scale) {                \
         const T lr = (T)o->lr, mom = (T)o->sgd.momentum, damp = (T)(1.0 - o->sgd.dampening);                        \
         const T wd = (T)o->sgd.weight_decay;                                                                         \
-        const int first = o->updates == 0, nesterov = o->sgd.nesterov;                                               \
-        for (int64_t j = 0; j < o->total; j++) {                                                                     \
+        const int first = o->updates == 0, nesterov = o->sgd.nesterov;                                              \
+        for (int64_t j = 0; j < n; j++) {                                                                            \
             T d = g[j] * scale;                                                                                      \
             if (wd != 0) d += wd * p[j];                                                                             \
             if (mom != 0) {                                                                                          \
@@ -46,8 +61,7 @@
     }
 
 #define DEFT_ADAMW(T)                                                                                                \
-    static void deft_adamw_##T(deft_optimizer *o, T scale) {                                                         \
-        T *p = o->flat_params, *g = o->flat_grads, *m = o->state0, *v = o->state1;                                   \
+    static void deft_adamw_##T(const deft_optimizer *o, T *p, const T *g, T *m, T *v, int64_t n, T scale) {          \
         const deft_adamw_options *a = &o->adamw;                                                                     \
         const double t = (double)(o->updates + 1);                                                                   \
         const T b1 = (T)a->beta1, b2 = (T)a->beta2, eps = (T)a->eps;                                                 \
@@ -55,10 +69,10 @@
         const T step = (T)(o->lr / (1.0 - pow(a->beta1, t)));                                                        \
         const T bc2_sqrt = (T)sqrt(1.0 - pow(a->beta2, t));                                                          \
         if (o->updates == 0) {                                                                                       \
-            memset(m, 0, (size_t)o->total * sizeof(T));                                                              \
-            memset(v, 0, (size_t)o->total * sizeof(T));                                                              \
+            memset(m, 0, (size_t)n * sizeof(T));                                                                     \
+            memset(v, 0, (size_t)n * sizeof(T));                                                                     \
         }                                                                                                            \
-        for (int64_t j = 0; j < o->total; j++) {                                                                     \
+        for (int64_t j = 0; j < n; j++) {                                                                            \
             T d = g[j] * scale;                                                                                      \
             p[j] *= decay;                                                                                           \
             m[j] = b1 * m[j] + (1 - b1) * d;                                                                         \
@@ -67,14 +81,39 @@
         }                                                                                                            \
     }
 
+/* One piece of a split step (graph/optimizer.h): per parameter, its blocks' sums into sums, then its update, with
+ * the whole step's formulas and counters (a scale of 1: one micro-batch, no clipping). */
+#define DEFT_PIECE(T)                                                                                                \
+    static void deft_piece_##T(const deft_optimizer *piece, const void *const *grads, double *sums) {                \
+        const deft_optimizer *w = piece->part->whole;                                                                \
+        for (int k = 0; k < piece->n_params; k++) {                                                                  \
+            const int i = piece->part->first_param + k;                                                              \
+            const T *g = grads[k];                                                                                   \
+            const int64_t off = w->offsets[i];                                                                       \
+            for (int b = w->block_first[i]; b < w->block_first[i + 1]; b++) {                                        \
+                int64_t lo, hi;                                                                                      \
+                deft_optimizer_block_range(w, i, b, &lo, &hi);                                                       \
+                sums[b - piece->part->first_block] = deft_block_sum_##T(g + (lo - off), hi - lo);                    \
+            }                                                                                                        \
+            const int64_t n = deft_shape_numel(w->params[i]->ndim, w->params[i]->shape);                             \
+            T *p = (T *)w->flat_params + off, *s0 = (T *)w->state0 + off;                                            \
+            if (w->kind == DEFT_OPTIM_SGD) deft_sgd_##T(w, p, g, s0, n, (T)1);                                        \
+            else deft_adamw_##T(w, p, g, s0, (T *)w->state1 + off, n, (T)1);                                         \
+        }                                                                                                            \
+    }
+
 DEFT_GATHER(float)
 DEFT_GATHER(double)
+DEFT_BLOCK_SUM(float)
+DEFT_BLOCK_SUM(double)
 DEFT_NORM(float)
 DEFT_NORM(double)
 DEFT_SGD(float)
 DEFT_SGD(double)
 DEFT_ADAMW(float)
 DEFT_ADAMW(double)
+DEFT_PIECE(float)
+DEFT_PIECE(double)
 
 /* torch.nn.utils.clip_grad_norm_'s factor: max / (norm + 1e-6), never above 1. */
 static double deft_clip_factor(const deft_optimizer *o, double norm) {
@@ -110,19 +149,53 @@ static void deft_update(deft_optimizer *o) {
     }
     double scale = mean * deft_clip_factor(o, norm);
     if (o->kind == DEFT_OPTIM_SGD) {
-        if (f32) deft_sgd_float(o, (float)scale);
-        else deft_sgd_double(o, scale);
+        if (f32) deft_sgd_float(o, o->flat_params, o->flat_grads, o->state0, o->total, (float)scale);
+        else deft_sgd_double(o, o->flat_params, o->flat_grads, o->state0, o->total, scale);
     } else {
-        if (f32) deft_adamw_float(o, (float)scale);
-        else deft_adamw_double(o, scale);
+        if (f32) deft_adamw_float(o, o->flat_params, o->flat_grads, o->state0, o->state1, o->total, (float)scale);
+        else deft_adamw_double(o, o->flat_params, o->flat_grads, o->state0, o->state1, o->total, scale);
     }
     o->updates++;
     if (o->scaler.on) deft_scaler_after(o, false);
 }
 
+/* The finisher of a split step: the pieces' block sums in flat order, added as deft_norm adds them; the counters
+ * advance once. */
+static void deft_finish(deft_optimizer *f, const void *const *sums, float *out) {
+    const deft_optimizer_part *fp = f->part;
+    deft_optimizer *w = fp->whole;
+    double sum = 0.0;
+    for (int k = 0; k < fp->n_pieces; k++) {
+        const double *s = sums[k];
+        const int first = fp->piece_first_param[k];
+        const int n = w->block_first[first + fp->piece_n_params[k]] - w->block_first[first];
+        for (int b = 0; b < n; b++) sum += s[b];
+    }
+    w->last_norm = sqrt(sum);
+    w->updates++;
+    *out = (float)w->last_norm;
+}
+
+static deft_status deft_part_run(deft_optimizer *o, const void *const *grads, void *out, void *stream) {
+    if (o->device.type != DEFT_CPU) {
+#ifdef DEFT_HAVE_CUDA
+        return deft_cuda_optimizer_part_run(o, grads, out, stream);
+#else
+        (void)stream;
+        return deft_set_error(DEFT_ERR_NO_CUDA, "optimizer: the parameters are on a GPU, but deft was built without CUDA");
+#endif
+    }
+    (void)stream;
+    if (o->part->finisher) deft_finish(o, grads, out);
+    else if (o->dtype == DEFT_F32) deft_piece_float(o, grads, out);
+    else deft_piece_double(o, grads, out);
+    return DEFT_OK;
+}
+
 /* The CPU runs the step here, between the steps around it; a GPU queues it on `stream` (ops/cuda/cuda_optimizer.cu),
  * with the per-run state on the device. */
 deft_status deft_optimizer_run(deft_optimizer *o, const void *const *grads, void *out, void *stream) {
+    if (o->part) return deft_part_run(o, grads, out, stream);
     if (o->device.type != DEFT_CPU) {
 #ifdef DEFT_HAVE_CUDA
         return deft_cuda_optimizer_run(o, grads, out, stream);

@@ -8,6 +8,8 @@
 #include "device_internal.h"
 #include "node.h"
 #include "optimizer.h"
+#include "optimizer_place.h"
+#include "optimizer_split.h"
 #include "program_state.h"
 
 int deft_view_base(const deft_graph *g, int id, size_t *offset) {
@@ -284,10 +286,21 @@ static deft_status deft_plan_pass(deft_program *p, int no_reuse) {
     return s;
 }
 
+/* Optimizer in backward: the pieces of split steps move up to their gradients, last of all (the fused groups run
+ * where they will); the plan is made again when they moved. */
+static deft_status deft_place_parts(deft_program *p, int no_reuse, bool replan) {
+    bool moved = false;
+    deft_status s = p->split ? deft_program_place_parts(p, &moved) : DEFT_OK;
+    if (s == DEFT_OK && moved && replan) s = deft_plan_pass(p, no_reuse);
+    else if (s == DEFT_OK && moved) s = deft_schedule(p);
+    return s;
+}
+
 /* Buffers and in-place reuse for the current order, and each arena's lower bound without placing anything. */
 static deft_status deft_bound_pass(deft_program *p, int no_reuse) {
     for (int id = 0; id < p->n_nodes; id++) p->nodes[id].group = -1;
     deft_status s = deft_schedule(p);
+    if (s == DEFT_OK) s = deft_place_parts(p, no_reuse, false);
     if (s == DEFT_OK && !no_reuse) deft_merge_in_place(p);
     for (int a = 0; s == DEFT_OK && a < p->n_arenas; a++) {
         deft_plan_buffer *tmp = malloc((size_t)(p->n_buffers ? p->n_buffers : 1) * sizeof *tmp);
@@ -324,11 +337,13 @@ static deft_status deft_order_steps(deft_program *p, const deft_compile_options 
 /* The order of the steps, then fusion over that order, then the plan of the fused steps. */
 static deft_status deft_plan_steps(deft_program *p, const deft_compile_options *opts) {
     deft_status s = deft_order_steps(p, opts);
-    if (s != DEFT_OK || (opts && opts->no_fusion)) return s;
-    const int before = p->n_steps;
-    s = deft_program_fuse(p);
-    if (s == DEFT_OK && p->n_steps != before) s = deft_plan_pass(p, opts ? opts->no_reuse : 0);
-    return s;
+    const int no_reuse = opts ? opts->no_reuse : 0;
+    if (s == DEFT_OK && !(opts && opts->no_fusion)) {
+        const int before = p->n_steps;
+        s = deft_program_fuse(p);
+        if (s == DEFT_OK && p->n_steps != before) s = deft_plan_pass(p, no_reuse);
+    }
+    return s == DEFT_OK ? deft_place_parts(p, no_reuse, true) : s;
 }
 
 static size_t deft_persistent_bytes(const deft_program *p) {
@@ -377,10 +392,22 @@ typedef struct deft_trial_ctx {
     const deft_compile_options *opts;
 } deft_trial_ctx;
 
+/* Optimizer in backward, when asked for: the split of the steps among the outputs (each read through redirect). */
+static deft_status deft_split_steps(deft_graph *g, deft_tensor *const *outputs, int n_outputs,
+                                    const deft_compile_options *opts, const int *redirect, const deft_program *owner,
+                                    deft_opt_split **out) {
+    *out = NULL;
+    if (!opts || !opts->optimizer_in_backward) return DEFT_OK;
+    return deft_optimizer_split(g, outputs, n_outputs, redirect, opts, owner, out);
+}
+
 static deft_status deft_trial_measure(void *ctx, const int *redirect, int full, size_t *total, double *area) {
     const deft_trial_ctx *c = ctx;
-    deft_program t = {.graph = c->g, .n_nodes = c->g->n_nodes, .gpu.device = -1};
-    deft_status s = deft_build_plan(&t, c->outputs, c->outputs, c->n_outputs, c->opts, redirect, full);
+    deft_opt_split *sp = NULL;
+    deft_status s = deft_split_steps(c->g, c->outputs, c->n_outputs, c->opts, redirect, NULL, &sp);
+    deft_program t = {.graph = c->g, .n_nodes = c->g->n_nodes, .gpu.device = -1, .split = sp};
+    if (s == DEFT_OK)
+        s = deft_build_plan(&t, c->outputs, c->outputs, c->n_outputs, c->opts, sp ? sp->redirect : redirect, full);
     *total = t.persistent_bytes;
     for (int a = 0; a < t.n_arenas; a++) *total += full ? t.arenas[a].bytes : t.arenas[a].lower_bound;
     *area = 0.0;
@@ -392,6 +419,7 @@ static deft_status deft_trial_measure(void *ctx, const int *redirect, int full, 
     free(t.steps);
     free(t.outputs);
     free(t.buffers);
+    deft_opt_split_free(c->g, sp);
     return s;
 }
 
@@ -408,6 +436,8 @@ static deft_status deft_checkpoint(deft_program *p, deft_tensor *const *outputs,
 static void deft_link_copies(deft_program *p) {
     for (int id = 0; p->ckpt && id < p->ckpt->n_orig; id++)
         if (p->ckpt->redirect[id] >= 0) p->nodes[id].redirect = p->ckpt->redirect[id];
+    for (int id = 0; p->split && id < p->split->n_after; id++)
+        if (p->split->redirect[id] >= 0) p->nodes[id].redirect = p->split->redirect[id];
 }
 
 /* Checkpointing (when asked) rewrites the step that autocast (when asked) made: outputs are what the program
@@ -417,7 +447,10 @@ static deft_status deft_build(deft_program *p, deft_tensor *const *outputs, deft
     deft_status s = DEFT_OK;
     if (opts && opts->checkpoint != DEFT_CHECKPOINT_NONE) s = deft_checkpoint(p, outputs, n_outputs, opts);
     if (s == DEFT_OK)
-        s = deft_build_plan(p, outputs, user, n_outputs, opts, p->ckpt ? p->ckpt->redirect : NULL, 1);
+        s = deft_split_steps(p->graph, outputs, n_outputs, opts, p->ckpt ? p->ckpt->redirect : NULL, p, &p->split);
+    if (s == DEFT_OK) p->n_nodes = p->graph->n_nodes;
+    const int *redirect = p->split ? p->split->redirect : p->ckpt ? p->ckpt->redirect : NULL;
+    if (s == DEFT_OK) s = deft_build_plan(p, outputs, user, n_outputs, opts, redirect, 1);
     if (s == DEFT_OK) deft_link_copies(p);
     if (s == DEFT_OK) s = deft_check_budget(p, opts ? opts->memory_budget : 0);
     if (!allocate) return s;
@@ -499,6 +532,14 @@ static bool deft_copies_unshared(const deft_program *p) {
     return true;
 }
 
+/* The same for the nodes optimizer in backward made (after the checkpoint copies, and taken out before them). */
+static bool deft_split_unshared(const deft_program *p) {
+    if (!p->split) return false;
+    for (int i = 0; i < p->graph->n_programs; i++)
+        if (p->graph->programs[i] != p && p->graph->programs[i]->n_nodes > p->split->n_before) return false;
+    return true;
+}
+
 void deft_program_free(deft_program *p) {
     if (!p) return;
     /* Work still queued on the program's stream reads its arenas: finish it before they go back to the cache. */
@@ -510,6 +551,7 @@ void deft_program_free(deft_program *p) {
         if (p->nodes[id].input_storage)
             deft_program_host_free(p, p->graph->nodes[id]->device, p->nodes[id].input_storage);
     deft_graph_remove_program(p->graph, p);
+    deft_opt_split_free(deft_split_unshared(p) ? p->graph : NULL, p->split);
     deft_ckpt_plan_free(deft_copies_unshared(p) ? p->graph : NULL, p->ckpt);
     deft_program_groups_free(p);
     free(p->nodes);

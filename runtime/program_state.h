@@ -84,6 +84,7 @@ struct deft_program {
     unsigned cuda_flags;  /* DEFT_CUDA_* bits (cuda_kernels.h) from the compile options, passed to every kernel */
     struct deft_prefetch *prefetch;   /* second input slots and their events, from the first feed_async (prefetch.c) */
     struct deft_ckpt_plan *ckpt;      /* what checkpointing dropped and the copies it made (graph/checkpoint.h) */
+    struct deft_opt_split *split;     /* optimizer in backward: the pieces it made (graph/optimizer_split.h) */
     int *alias;           /* autocast: per node id, the node whose value reading it gives (its counterpart for the
                            * outputs asked for, itself elsewhere); NULL without autocast (autocast_program.c) */
 };

@@ -16,7 +16,9 @@
  *   update   on an update run, one pass over the flat storage: SGD or AdamW
  *
  * With one micro-batch per update, no clipping and no loss scaling (the common case) one kernel does all four (below):
- * a step that may be skipped must know the whole norm before it changes any parameter.
+ * a step that may be skipped must know the whole norm before it changes any parameter. Under the compile option
+ * optimizer_in_backward the same step runs split (graph/optimizer_split.h): a piece kernel per group of parameters as
+ * soon as their gradients exist, and a finisher; both paths sum the norm over the same blocks in the same order.
  *
  * The host compares this run's gradient addresses with those of the tables it built before (no synchronisation);
  * only a new set of addresses (a program's first run) builds a table, which must not happen inside a capture. */
@@ -291,22 +293,16 @@ __device__ double deft_opt_fused_range(T *__restrict__ p, T *__restrict__ s0, T 
 
 /* ---------------------------------------------------------------- one launch: the common step
  * With one micro-batch per update and no clipping, nothing in an update waits on the norm, so a single kernel does
- * the whole step: each block reads its range of the gradients through the gather table (there are no flat
- * gradients: deft_optimizer_keeps_grads), updates its range of the parameters with the coefficients of this run
- * (from the device's counters, which no block changes before every block has read them), and writes its sum of
- * squares; the last block to finish (a ticket after a fence) adds the sums in block order, writes the norm and
- * advances the counters. The formulas are the update kernels' above with scale 1, so both paths give the same
- * parameters. */
+ * the whole step: block b takes the norm's block b (graph/optimizer.h: a run of one parameter's elements), reads its
+ * gradients through the gather table (there are no flat gradients: deft_optimizer_keeps_grads), updates them with the
+ * coefficients of this run (from the device's counters, which no block changes before every block has read them),
+ * and writes the block's sum of squares; the last block to finish (a ticket after a fence) adds the sums in block
+ * order, writes the norm and advances the counters. The formulas are the update kernels' above with scale 1, so both
+ * paths give the same parameters; the pieces of a split step (below) give the same parameters and the same norm. */
 template <class T>
-__global__ void deft_k_opt_fused(T *p, T *s0, T *s1, const deft_optimizer_segment *seg, int nseg,
-                                 int64_t total, int64_t per_block, deft_optimizer_dev *dev, deft_opt_hyper h,
-                                 float *out) {
-    __shared__ double sh[DEFT_OPT_THREADS];
-    __shared__ bool last;
-    const bool first = dev->updates == 0;
-    /* This run's coefficients, as the prepare kernel would compute them for an update with scale 1. */
+__device__ __forceinline__ deft_opt_coef<T> deft_opt_coef_now(const deft_optimizer_dev *dev, const deft_opt_hyper &h) {
     deft_opt_coef<T> c;
-    c.first = first;
+    c.first = dev->updates == 0;
     c.lr = (T)dev->lr;
     c.step = c.bc2_sqrt = c.decay = T(0);
     if (h.kind != DEFT_OPTIM_SGD) {   /* double pow in every thread is a good part of a small SGD step */
@@ -315,25 +311,43 @@ __global__ void deft_k_opt_fused(T *p, T *s0, T *s1, const deft_optimizer_segmen
         c.bc2_sqrt = (T)sqrt(1.0 - pow(h.beta2, t));
         c.decay = (T)(1.0 - dev->lr * h.adamw_weight_decay);
     }
-    const int64_t lo = (int64_t)blockIdx.x * per_block;
-    const int64_t hi = lo + per_block < total ? lo + per_block : total;
-    double sum = 0.0;
-    int a = 0, b = nseg - 1;   /* the last segment starting at or before lo */
-    while (a < b) {
-        const int m = (a + b + 1) / 2;
-        if (seg[m].offset <= lo) a = m;
-        else b = m - 1;
-    }
-    for (int s = a; lo < hi && s < nseg && seg[s].offset < hi; s++) {
-        const int64_t off = seg[s].offset, end = off + seg[s].count;
-        const int64_t s0i = lo > off ? lo : off, s1i = hi < end ? hi : end;
-        sum = deft_opt_fused_range<T>(p, s0, s1, (const T *)seg[s].src - off, s0i, s1i, h, c, sum);
-    }
-    sum = deft_opt_block_sum(sum, sh);
+    return c;
+}
+
+/* Updates the elements of one norm block and returns this thread's sum of squares of their gradients. */
+template <class T>
+__device__ __forceinline__ double deft_opt_block_step(T *p, T *s0, T *s1, const deft_optimizer_block &bk,
+                                                      const deft_optimizer_segment &seg, const deft_opt_hyper &h,
+                                                      const deft_opt_coef<T> &c) {
+    return deft_opt_fused_range<T>(p, s0, s1, (const T *)seg.src - seg.offset, bk.lo, bk.hi, h, c, 0.0);
+}
+
+/* Thread 0 closes an update whose gradients' sum of squares is total_sq. */
+__device__ __forceinline__ void deft_opt_close(deft_optimizer_dev *dev, double total_sq, bool first, float *out) {
+    const double norm = sqrt(total_sq);
+    dev->last_norm = (float)norm;
+    dev->scale = 1.0;
+    dev->first = first;
+    dev->updates++;
+    dev->micro = 0;
+    dev->update_now = 1;
+    dev->blocks_done = 0;
+    if (out) *out = (float)norm;
+}
+
+template <class T>
+__global__ void deft_k_opt_fused(T *p, T *s0, T *s1, const deft_optimizer_segment *seg,
+                                 const deft_optimizer_block *blocks, double *block_sums, deft_optimizer_dev *dev,
+                                 deft_opt_hyper h, float *out) {
+    __shared__ double sh[DEFT_OPT_THREADS];
+    __shared__ bool last;
+    const deft_opt_coef<T> c = deft_opt_coef_now<T>(dev, h);
+    const deft_optimizer_block bk = blocks[blockIdx.x];
+    double sum = deft_opt_block_sum(deft_opt_block_step<T>(p, s0, s1, bk, seg[bk.param], h, c), sh);
     double total_sq = sum;
     if (gridDim.x > 1) {   /* one block (a small model) has the whole sum already: no ticket, no fences */
         if (threadIdx.x == 0) {
-            dev->partial[blockIdx.x] = sum;
+            block_sums[blockIdx.x] = sum;
             __threadfence();
             last = atomicAdd(&dev->blocks_done, 1u) == gridDim.x - 1;
         }
@@ -342,20 +356,44 @@ __global__ void deft_k_opt_fused(T *p, T *s0, T *s1, const deft_optimizer_segmen
         __threadfence();
         double v = 0.0;
         for (int i = (int)threadIdx.x; i < (int)gridDim.x; i += (int)blockDim.x)
-            v += ((volatile double *)dev->partial)[i];
+            v += ((volatile double *)block_sums)[i];
         total_sq = deft_opt_block_sum(v, sh);
     }
-    if (threadIdx.x == 0) {
-        const double norm = sqrt(total_sq);
-        dev->last_norm = (float)norm;
-        dev->scale = 1.0;
-        dev->first = first;
-        dev->updates++;
-        dev->micro = 0;
-        dev->update_now = 1;
-        dev->blocks_done = 0;
-        if (out) *out = (float)norm;
+    if (threadIdx.x == 0) deft_opt_close(dev, total_sq, c.first, out);
+}
+
+/* ---------------------------------------------------------------- optimizer in backward: a split step
+ * A piece takes the norm blocks of its parameters (first_block on) as the one-launch step does, and writes each
+ * block's sum of squares to its node's value. The finisher, one block of threads, adds the pieces' sums in block order
+ * exactly as the one-launch step's last block adds its own, and closes the update: the counters it advances are those
+ * every piece of this run read before. */
+template <class T>
+__global__ void deft_k_opt_piece(T *p, T *s0, T *s1, const deft_optimizer_segment *seg, int first_param,
+                                 const deft_optimizer_block *blocks, int first_block, const deft_optimizer_dev *dev,
+                                 deft_opt_hyper h, double *sums) {
+    __shared__ double sh[DEFT_OPT_THREADS];
+    const deft_opt_coef<T> c = deft_opt_coef_now<T>(dev, h);
+    const deft_optimizer_block bk = blocks[first_block + (int)blockIdx.x];
+    const double sum = deft_opt_block_sum(deft_opt_block_step<T>(p, s0, s1, bk, seg[bk.param - first_param], h, c), sh);
+    if (threadIdx.x == 0) sums[blockIdx.x] = sum;
+}
+
+/* pieces[k]: piece k's sums at src, its first block at offset, count blocks. */
+__global__ void deft_k_opt_finish(const deft_optimizer_segment *pieces, int n_pieces, int n_blocks,
+                                  deft_optimizer_dev *dev, float *out) {
+    __shared__ double sh[DEFT_OPT_THREADS];
+    double v = 0.0;
+    for (int i = (int)threadIdx.x; i < n_blocks; i += (int)blockDim.x) {
+        int a = 0, b = n_pieces - 1;   /* the last piece starting at or before block i */
+        while (a < b) {
+            const int m = (a + b + 1) / 2;
+            if (pieces[m].offset <= i) a = m;
+            else b = m - 1;
+        }
+        v += ((const double *)pieces[a].src)[i - pieces[a].offset];
     }
+    const double total_sq = deft_opt_block_sum(v, sh);
+    if (threadIdx.x == 0) deft_opt_close(dev, total_sq, dev->updates == 0, out);
 }
 
 /* ---------------------------------------------------------------- the host side */
@@ -375,9 +413,30 @@ static bool deft_opt_capturing(cudaStream_t st) {
     return cs != cudaStreamCaptureStatusNone;
 }
 
+/* The sources a node of `o` reads: its parameters' gradients, or for a finisher the pieces' sums. */
+static int deft_opt_entries(const deft_optimizer *o) {
+    return o->part && o->part->finisher ? o->part->n_pieces : o->n_params;
+}
+
+/* Row i of o's gather table for source address src. */
+static deft_optimizer_segment deft_opt_row(const deft_optimizer *o, int i, const void *src) {
+    deft_optimizer_segment r;
+    r.src = src;
+    if (o->part && o->part->finisher) {
+        const deft_optimizer *w = o->part->whole;
+        const int first = o->part->piece_first_param[i];
+        r.offset = w->block_first[first];
+        r.count = w->block_first[first + o->part->piece_n_params[i]] - r.offset;
+    } else {
+        r.offset = o->offsets[i];
+        r.count = deft_shape_numel(o->params[i]->ndim, o->params[i]->shape);
+    }
+    return r;
+}
+
 /* The table built before for these gradient addresses (a compare on the host, no device call), or NULL. */
 static const deft_optimizer_segment *deft_opt_known_table(deft_optimizer *o, const void *const *grads) {
-    const size_t ptr_bytes = (size_t)o->n_params * sizeof *grads;
+    const size_t ptr_bytes = (size_t)deft_opt_entries(o) * sizeof *grads;
     for (int i = 0; i < o->n_gathers; i++) {
         deft_optimizer_gather *e = &o->gathers[i];
         if (memcmp(e->grads, grads, ptr_bytes) == 0) {
@@ -391,15 +450,10 @@ static const deft_optimizer_segment *deft_opt_known_table(deft_optimizer *o, con
 /* Copies the table for `grads` into e->table and waits for the copy (the host rows are freed at once). */
 static deft_status deft_opt_fill_table(deft_optimizer *o, deft_optimizer_gather *e, const void *const *grads,
                                        cudaStream_t st) {
-    const size_t table_bytes = (size_t)o->n_params * sizeof(deft_optimizer_segment);
+    const size_t table_bytes = (size_t)deft_opt_entries(o) * sizeof(deft_optimizer_segment);
     deft_optimizer_segment *host = (deft_optimizer_segment *)malloc(table_bytes ? table_bytes : 1);
     if (!host) return deft_set_error(DEFT_ERR_OOM, "optimizer: out of host memory");
-    for (int i = 0; i < o->n_params; i++) {
-        const deft_tensor *t = o->params[i];
-        host[i].src = grads[i];
-        host[i].offset = o->offsets[i];
-        host[i].count = deft_shape_numel(t->ndim, t->shape);
-    }
+    for (int i = 0; i < deft_opt_entries(o); i++) host[i] = deft_opt_row(o, i, grads[i]);
     cudaError_t ce = cudaMemcpyAsync(e->table, host, table_bytes, cudaMemcpyHostToDevice, st);
     if (ce == cudaSuccess) ce = cudaStreamSynchronize(st);
     free(host);
@@ -410,13 +464,13 @@ static deft_status deft_opt_fill_table(deft_optimizer *o, deft_optimizer_gather 
  * say) leaves the cache as it was and the next run simply tries again. */
 static deft_status deft_opt_new_table(deft_optimizer *o, const void *const *grads, cudaStream_t st,
                                       const deft_optimizer_segment **out) {
-    const size_t ptr_bytes = (size_t)o->n_params * sizeof *grads;
+    const size_t ptr_bytes = (size_t)deft_opt_entries(o) * sizeof *grads;
     deft_optimizer_gather e;
     memset(&e, 0, sizeof e);
     e.grads = (const void **)malloc(ptr_bytes ? ptr_bytes : 1);
     if (!e.grads) return deft_set_error(DEFT_ERR_OOM, "optimizer: out of host memory");
     void *table = NULL;
-    deft_status s = deft_caching_alloc(o->device, (size_t)o->n_params * sizeof(deft_optimizer_segment), st,
+    deft_status s = deft_caching_alloc(o->device, (size_t)deft_opt_entries(o) * sizeof(deft_optimizer_segment), st,
                                        "optimizer.gather", &table);
     e.table = (deft_optimizer_segment *)table;
     if (s == DEFT_OK) s = deft_opt_fill_table(o, &e, grads, st);
@@ -441,7 +495,7 @@ static deft_status deft_opt_reuse_table(deft_optimizer *o, const void *const *gr
         if (o->gathers[i].last_used < e->last_used) e = &o->gathers[i];
     deft_status s = deft_device_synchronize(o->device);
     if (s != DEFT_OK) return s;
-    const size_t ptr_bytes = (size_t)o->n_params * sizeof *grads;
+    const size_t ptr_bytes = (size_t)deft_opt_entries(o) * sizeof *grads;
     memset(e->grads, 0, ptr_bytes);
     s = deft_opt_fill_table(o, e, grads, st);
     if (s != DEFT_OK) return s;
@@ -468,10 +522,8 @@ static deft_status deft_opt_gather_table(deft_optimizer *o, const void *const *g
     return deft_set_error(s, "optimizer %s: building its gather table: %s", o->step_node->name, msg);
 }
 
-template <class T>
-static deft_status deft_opt_launch(deft_optimizer *o, const deft_optimizer_segment *table, float *out,
-                                   cudaStream_t st) {
-    const int64_t total = o->total;
+/* The hyperparameters, by value: a captured graph keeps them. */
+static deft_opt_hyper deft_opt_hyper_of(const deft_optimizer *o) {
     deft_opt_hyper h;
     h.kind = (int)o->kind;
     h.accumulate_steps = o->accumulate_steps;
@@ -488,6 +540,14 @@ static deft_status deft_opt_launch(deft_optimizer *o, const deft_optimizer_segme
     h.growth = o->scaler.growth;
     h.backoff = o->scaler.backoff;
     h.interval = o->scaler.interval;
+    return h;
+}
+
+template <class T>
+static deft_status deft_opt_launch(deft_optimizer *o, const deft_optimizer_segment *table, float *out,
+                                   cudaStream_t st) {
+    const int64_t total = o->total;
+    const deft_opt_hyper h = deft_opt_hyper_of(o);
 
     /* Every grid below depends only on the flat storage's size, so the launches (and the norm's summation order)
      * are the same on every run. */
@@ -504,11 +564,8 @@ static deft_status deft_opt_launch(deft_optimizer *o, const deft_optimizer_segme
     const deft_tensor *n = o->step_node;
 
     if (!deft_optimizer_keeps_grads(o)) {
-        int64_t fused_per = (total + DEFT_OPTIMIZER_NORM_BLOCKS - 1) / DEFT_OPTIMIZER_NORM_BLOCKS;
-        if (fused_per < DEFT_OPT_GATHER_CHUNK) fused_per = DEFT_OPT_GATHER_CHUNK;
-        const unsigned fused_blocks = (unsigned)((total + fused_per - 1) / fused_per);
-        deft_k_opt_fused<T><<<fused_blocks, DEFT_OPT_THREADS, 0, st>>>(p, s0, s1, table, o->n_params, total,
-                                                                       fused_per, dev, h, out);
+        deft_k_opt_fused<T><<<(unsigned)o->n_blocks, DEFT_OPT_THREADS, 0, st>>>(p, s0, s1, table, o->dev_blocks,
+                                                                                o->dev_block_sums, dev, h, out);
         return deft_cuda_check_launch(n, "optimizer step");
     }
     deft_k_opt_gather<T><<<gather_blocks, DEFT_OPT_THREADS, 0, st>>>(g, table, o->n_params, total, per_block, dev);
@@ -546,5 +603,69 @@ extern "C" deft_status deft_cuda_optimizer_run(struct deft_optimizer *o, const v
     default:
         return deft_set_error(DEFT_ERR_DTYPE, "optimizer %s: parameters are %s; the optimizer keeps f32 or f64 weights",
                               o->step_node->name, deft_dtype_name(o->dtype));
+    }
+}
+
+/* ---------------------------------------------------------------- the host side of a split step */
+extern "C" deft_status deft_cuda_optimizer_blocks_new(struct deft_optimizer *o) {
+    const size_t n = (size_t)(o->n_blocks > 0 ? o->n_blocks : 1);
+    deft_optimizer_block *host = (deft_optimizer_block *)calloc(n, sizeof *host);
+    if (!host) return deft_set_error(DEFT_ERR_OOM, "optimizer: out of host memory");
+    for (int i = 0; i < o->n_params; i++)
+        for (int b = o->block_first[i]; b < o->block_first[i + 1]; b++) {
+            deft_optimizer_block_range(o, i, b, &host[b].lo, &host[b].hi);
+            host[b].param = i;
+        }
+    void *blocks = NULL, *sums = NULL;
+    deft_status s = deft_mem_alloc_tagged(o->device, n * sizeof *host, "optimizer.blocks", &blocks);
+    if (s == DEFT_OK) s = deft_mem_copy(o->device, blocks, deft_cpu(), host, n * sizeof *host);
+    if (s == DEFT_OK) s = deft_mem_alloc_tagged(o->device, n * sizeof(double), "optimizer.blocks", &sums);
+    free(host);
+    if (s != DEFT_OK) {
+        deft_mem_free(o->device, blocks);
+        deft_mem_free(o->device, sums);
+        return s;
+    }
+    o->dev_blocks = (deft_optimizer_block *)blocks;
+    o->dev_block_sums = (double *)sums;
+    return DEFT_OK;
+}
+
+template <class T>
+static deft_status deft_opt_piece_launch(deft_optimizer *o, const deft_optimizer_segment *table, double *sums,
+                                         cudaStream_t st) {
+    deft_optimizer *w = o->part->whole;
+    deft_k_opt_piece<T><<<(unsigned)o->part->n_blocks, DEFT_OPT_THREADS, 0, st>>>(
+        (T *)w->flat_params, (T *)w->state0, (T *)w->state1, table, o->part->first_param, w->dev_blocks,
+        o->part->first_block, w->dev, deft_opt_hyper_of(w), sums);
+    return deft_cuda_check_launch(w->step_node, "optimizer piece");
+}
+
+extern "C" deft_status deft_cuda_optimizer_part_run(struct deft_optimizer *o, const void *const *grads, void *out,
+                                                    void *stream) {
+    deft_optimizer *w = o->part->whole;
+    if (!w->dev || !w->dev_blocks || !w->step_node)
+        return deft_set_error(DEFT_ERR_STATE, "optimizer: a part of a step run before the step's device state");
+    const int n = deft_opt_entries(o);
+    for (int i = 0; i < n; i++)
+        if (!grads[i])
+            return deft_set_error(DEFT_ERR_INVALID, "optimizer %s: source %d of a part of the step has no storage",
+                                  w->step_node->name, i);
+    deft_status s = deft_cuda_set_device(o->device.index);
+    if (s != DEFT_OK) return s;
+    cudaStream_t st = (cudaStream_t)stream;
+    const deft_optimizer_segment *table = NULL;
+    s = deft_opt_gather_table(o, grads, st, &table);
+    if (s != DEFT_OK) return s;
+    if (o->part->finisher) {
+        deft_k_opt_finish<<<1, DEFT_OPT_THREADS, 0, st>>>(table, o->part->n_pieces, w->n_blocks, w->dev, (float *)out);
+        return deft_cuda_check_launch(w->step_node, "optimizer finish");
+    }
+    switch (o->dtype) {
+    case DEFT_F32: return deft_opt_piece_launch<float>(o, table, (double *)out, st);
+    case DEFT_F64: return deft_opt_piece_launch<double>(o, table, (double *)out, st);
+    default:
+        return deft_set_error(DEFT_ERR_DTYPE, "optimizer %s: parameters are %s; the optimizer keeps f32 or f64 weights",
+                              w->step_node->name, deft_dtype_name(o->dtype));
     }
 }
