@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Activation checkpointing, deft beside PyTorch on the same GPU in one run: memory against step time. Run from the
 # repository root after scripts/gpu_suite.sh has built build-gpu.
-# Usage: scripts/bench_checkpoint.sh [log-dir]   (env: BUILD=build-gpu, PYTHON=python3)
+# Usage: scripts/bench_checkpoint.sh [log-dir]   (env: BUILD=build-gpu, PYTHON=python3, DEFT_ARGS: more arguments
+# for bench_checkpoint, e.g. --optimizer-in-backward)
 #
 # Runs bench/peers/checkpoint.py first (torch.utils.checkpoint.checkpoint_sequential over segment counts), then
 # $BUILD/bench_checkpoint over its default budgets plus one budget per PyTorch point (that point's peak less 64 MiB,
@@ -31,8 +32,10 @@ cat "$log/checkpoint_torch.txt" >> "$out"
 
 budgets=$(awk '$1 ~ /^checkpoint\.torch\.s[0-9]+\.peak_bytes$/ { b = $2 - 67108864; if (b > 0) printf "%s%.0f", sep, b; sep = "," }' \
   "$log/checkpoint_torch.txt")
-echo "== deft: $build/bench_checkpoint ${budgets:+--budgets $budgets}" >&2
-"$build/bench_checkpoint" ${budgets:+--budgets "$budgets"} > "$log/checkpoint_deft.txt" 2>&1 \
+deft_args=${DEFT_ARGS:-}
+echo "== deft: $build/bench_checkpoint ${budgets:+--budgets $budgets} $deft_args" >&2
+# shellcheck disable=SC2086   # DEFT_ARGS is a list of words
+"$build/bench_checkpoint" ${budgets:+--budgets "$budgets"} $deft_args > "$log/checkpoint_deft.txt" 2>&1 \
   || { echo "bench_checkpoint failed" >&2; rc=1; }
 cat "$log/checkpoint_deft.txt" >> "$out"
 
