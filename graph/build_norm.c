@@ -1,7 +1,6 @@
-/* Batch norm: a stats node ([2, C]: mean and 1 / sqrt(var + eps)) and the normalising node that reads it. In
- * training the stats node also updates the running statistics in place, so it is the only node that reads them and
- * no backward node reads it: the backward kernels recompute the batch's statistics from x (one more pass over x),
- * which keeps checkpointing from ever running the update twice. */
+/* Batch norm: a stats node ([2, C]: mean and 1 / sqrt(var + eps)) and the normalising node that reads it; the
+ * backward nodes read the stats node too. In training the stats node also updates the running statistics in place,
+ * so checkpointing keeps its value and never runs it twice (deft_op_updates_state). */
 #include <math.h>
 #include <stdio.h>
 
@@ -146,8 +145,12 @@ deft_tensor *deft_batch_norm_layer(deft_tensor *x, const char *name, const deft_
 static deft_tensor *deft_bn_weight_of(const deft_tensor *bn) { return bn->p.bn.has_weight ? bn->src[2] : NULL; }
 
 deft_tensor *deft_batch_norm_input_grad(deft_tensor *dy, const deft_tensor *bn) {
-    deft_tensor *srcs[3] = {dy, bn->p.bn.batch ? bn->src[0] : bn->src[1], deft_bn_weight_of(bn)};
-    const int n = srcs[2] ? 3 : 2;
+    deft_tensor *srcs[4];
+    int n = 0;
+    srcs[n++] = dy;
+    if (bn->p.bn.batch) srcs[n++] = bn->src[0];   /* evaluation's dx is dy scaled: x is not needed */
+    srcs[n++] = bn->src[1];
+    if (bn->p.bn.has_weight) srcs[n++] = deft_bn_weight_of(bn);
     deft_graph *g = deft_srcs_graph("batch_norm_grad", n, srcs);
     if (!g) return NULL;
     deft_tensor *t = deft_node_new(g, DEFT_OP_BATCH_NORM_GRAD, dy->dtype, dy->device, bn->ndim, bn->shape, n, srcs);
@@ -157,11 +160,10 @@ deft_tensor *deft_batch_norm_input_grad(deft_tensor *dy, const deft_tensor *bn) 
 
 deft_tensor *deft_batch_norm_weight_grad(deft_tensor *dy, const deft_tensor *bn) {
     deft_tensor *srcs[3] = {dy, bn->src[0], bn->src[1]};
-    const int n = bn->p.bn.batch ? 2 : 3;
-    deft_graph *g = deft_srcs_graph("batch_norm_weight_grad", n, srcs);
+    deft_graph *g = deft_srcs_graph("batch_norm_weight_grad", 3, srcs);
     if (!g) return NULL;
     const int64_t c = bn->src[1]->shape[1];
-    deft_tensor *t = deft_node_new(g, DEFT_OP_BATCH_NORM_WEIGHT_GRAD, dy->dtype, dy->device, 1, &c, n, srcs);
+    deft_tensor *t = deft_node_new(g, DEFT_OP_BATCH_NORM_WEIGHT_GRAD, dy->dtype, dy->device, 1, &c, 3, srcs);
     if (t) t->p = bn->p;
     return t;
 }

@@ -86,12 +86,11 @@ typedef enum deft_op {
     DEFT_OP_ADAPTIVE_AVG_POOL2D_GRAD,   /* src dy; x's shape */
     /* batch norm: p.bn. stats is [2, C]: the mean and 1 / sqrt(var + eps) that normalise */
     DEFT_OP_BN_STATS,               /* batch: src (x[, running_mean, running_var]) and, with them, updates them in
-                                     * place (momentum); running: src (running_mean, running_var) */
+                                     * place (momentum); running: src (running_mean, running_var). It changes state,
+                                     * so checkpointing keeps it and never runs it again (deft_op_updates_state) */
     DEFT_OP_BATCH_NORM,             /* src (x, stats[, weight][, bias]) */
-    DEFT_OP_BATCH_NORM_GRAD,        /* dx: batch src (dy, x[, weight]) (the statistics recomputed from x, so that
-                                     * the stats node, which updates state, is never read late nor recomputed);
-                                     * running src (dy, stats[, weight]) */
-    DEFT_OP_BATCH_NORM_WEIGHT_GRAD, /* [C] sum of dy * xhat: batch src (dy, x); running src (dy, x, stats) */
+    DEFT_OP_BATCH_NORM_GRAD,        /* dx: batch src (dy, x, stats[, weight]); running src (dy, stats[, weight]) */
+    DEFT_OP_BATCH_NORM_WEIGHT_GRAD, /* [C] sum of dy * xhat: src (dy, x, stats) */
     DEFT_OP_COUNT
 } deft_op;
 
@@ -240,6 +239,10 @@ void deft_broadcast_strides(int ndim_in, const int64_t *in_shape, int ndim_out, 
 static inline size_t deft_tensor_bytes(const deft_tensor *t) {
     return (size_t)deft_shape_numel(t->ndim, t->shape) * deft_dtype_size(t->dtype);
 }
+
+/* Ops whose kernel writes state besides their value (an optimizer's parameters, batch norm's running statistics):
+ * they run once per step, so a checkpoint rewrite keeps their values rather than recomputing them. */
+static inline bool deft_op_updates_state(deft_op op) { return op == DEFT_OP_OPTIMIZER || op == DEFT_OP_BN_STATS; }
 
 static inline bool deft_op_is_leaf(deft_op op) {
     return op == DEFT_OP_INPUT || op == DEFT_OP_PARAM || op == DEFT_OP_CONSTANT;

@@ -1,7 +1,5 @@
 /* Batch norm on the CPU: the statistics (and the running statistics' update), the normalisation, and the input and
- * weight gradients. Sums run in double, one channel per thread. The backward kernels in training recompute the
- * batch's statistics with the same code and rounding as the stats node, so they normalise exactly as the forward
- * pass did. f32 and f64. */
+ * weight gradients from the stats node's values. Sums run in double, one channel per thread. f32 and f64. */
 #include <stdlib.h>
 
 #include "cpu_internal.h"
@@ -36,8 +34,6 @@ static inline void bn_st(void *p, deft_dtype dt, int64_t i, double v) {
     else ((double *)p)[i] = v;
 }
 
-static inline double bn_round(deft_dtype dt, double v) { return dt == DEFT_F32 ? (double)(float)v : v; }
-
 static inline int64_t bn_channel_of(const bn_geom *g, int64_t i) { return (i / g->sC) % g->C; }
 
 /* The batch's mean and biased variance of channel c (two passes, so that a large mean costs no precision). */
@@ -54,14 +50,6 @@ static void bn_batch_moments(const bn_geom *g, const void *x, deft_dtype dt, int
         }
     }
     *var = sq / m;
-}
-
-/* What the stats node stores for channel c in training: the mean and 1 / sqrt(var + eps), rounded to dt. */
-static void bn_batch_stats(const deft_tensor *n, const bn_geom *g, const void *x, int64_t c, double *mean,
-                           double *invstd, double *var) {
-    bn_batch_moments(g, x, n->dtype, c, mean, var);
-    *invstd = bn_round(n->dtype, 1.0 / sqrt(*var + n->p.bn.eps));
-    *mean = bn_round(n->dtype, *mean);
 }
 
 /* src (x[, running_mean, running_var]) in training, (running_mean, running_var) in evaluation. The running
@@ -83,7 +71,7 @@ static void bn_stats(const deft_tensor *n, void *out, const void *const *in) {
     for (int64_t c = 0; c < C; c++) {
         double mean, var;
         bn_batch_moments(&g, in[0], dt, c, &mean, &var);
-        bn_st(out, dt, c, mean);   /* rounds as bn_batch_stats does */
+        bn_st(out, dt, c, mean);
         bn_st(out, dt, C + c, 1.0 / sqrt(var + n->p.bn.eps));
         if (!rm) continue;
         bn_st(rm, dt, c, (1.0 - mom) * bn_ld(rm, dt, c) + mom * mean);
@@ -113,16 +101,13 @@ typedef struct bn_channel {
     double mean, invstd, sum_dy, sum_dy_xhat;
 } bn_channel;
 
-/* stats: the stats node's values, or NULL to recompute the batch's from x. */
+/* x may be NULL (evaluation's dx needs no sums). */
 static void bn_channel_sums(const deft_tensor *n, const bn_geom *g, const void *dy, const void *x, const void *stats,
                             bn_channel *ch) {
     const deft_dtype dt = n->dtype;
     DEFT_OMP(parallel for schedule(static) if (g->N * g->S * g->C > DEFT_CPU_PAR_MIN))
     for (int64_t c = 0; c < g->C; c++) {
-        bn_channel k = {0};
-        double var;
-        if (stats) k.mean = bn_ld(stats, dt, c), k.invstd = bn_ld(stats, dt, g->C + c);
-        else bn_batch_stats(n, g, x, c, &k.mean, &k.invstd, &var);
+        bn_channel k = {bn_ld(stats, dt, c), bn_ld(stats, dt, g->C + c), 0.0, 0.0};
         for (int64_t i = 0; x && i < g->N; i++) {
             for (int64_t s = 0; s < g->S; s++) {
                 const int64_t at = i * g->sN + c * g->sC + s;
@@ -135,14 +120,15 @@ static void bn_channel_sums(const deft_tensor *n, const bn_geom *g, const void *
     }
 }
 
-/* Training: dx = w invstd (dy - mean(dy) - xhat mean(dy xhat)), src (dy, x[, w]); evaluation: dx = dy invstd w,
- * src (dy, stats[, w]). */
+/* Training: dx = w invstd (dy - mean(dy) - xhat mean(dy xhat)), src (dy, x, stats[, w]); evaluation:
+ * dx = dy invstd w, src (dy, stats[, w]). */
 static void bn_input_grad(const deft_tensor *n, void *dx, const void *const *in, bn_channel *ch) {
     const deft_dtype dt = n->dtype;
     const bn_geom g = bn_geometry(n, n->p.bn.layout);
     const bool batch = n->p.bn.batch;
-    const void *w = n->p.bn.has_weight ? in[2] : NULL;
-    bn_channel_sums(n, &g, in[0], batch ? in[1] : NULL, batch ? NULL : in[1], ch);
+    const void *x = batch ? in[1] : NULL, *stats = in[1 + batch];
+    const void *w = n->p.bn.has_weight ? in[2 + batch] : NULL;
+    bn_channel_sums(n, &g, in[0], x, stats, ch);
     const double m = (double)(g.N * g.S);
     const int64_t total = g.N * g.C * g.S;
     DEFT_OMP(parallel for schedule(static) if (total > DEFT_CPU_PAR_MIN))
@@ -154,15 +140,15 @@ static void bn_input_grad(const deft_tensor *n, void *dx, const void *const *in,
             bn_st(dx, dt, i, d * scale);
             continue;
         }
-        const double xhat = (bn_ld(in[1], dt, i) - k->mean) * k->invstd;
+        const double xhat = (bn_ld(x, dt, i) - k->mean) * k->invstd;
         bn_st(dx, dt, i, scale * (d - k->sum_dy / m - xhat * k->sum_dy_xhat / m));
     }
 }
 
-/* dweight [C] = sum of dy xhat; src (dy, x) in training, (dy, x, stats) in evaluation. */
+/* dweight [C] = sum of dy xhat; src (dy, x, stats). */
 static void bn_weight_grad(const deft_tensor *n, void *dw, const void *const *in, bn_channel *ch) {
     const bn_geom g = bn_geometry(n->src[0], n->p.bn.layout);
-    bn_channel_sums(n, &g, in[0], in[1], n->p.bn.batch ? NULL : in[2], ch);
+    bn_channel_sums(n, &g, in[0], in[1], in[2], ch);
     for (int64_t c = 0; c < g.C; c++) bn_st(dw, n->dtype, c, ch[c].sum_dy_xhat);
 }
 
