@@ -52,7 +52,7 @@ static void deft_ckpt_mark_candidates(deft_ckpt_graph *a) {
     for (int id = 0; id < a->n; id++) {
         const deft_tensor *t = a->g->nodes[id];
         a->candidate[id] = a->read_late[id] && !a->is_output[id] && !deft_op_is_leaf(t->op) && !t->is_view &&
-                           t->op != DEFT_OP_OPTIMIZER && !(after_opt ? after_opt[id] : true);
+                           !deft_op_updates_state(t->op) && !(after_opt ? after_opt[id] : true);
         if (a->candidate[id]) a->cands[a->n_cands++] = id;
     }
     free(after_opt);
@@ -119,10 +119,12 @@ static deft_tensor *deft_ckpt_copy(const deft_ckpt_apply_state *st, const deft_t
     return c;
 }
 
-/* A forward value stays where it is for the backward pass when it is a leaf, an output, or saved and not dropped. */
+/* A forward value stays where it is for the backward pass when it is a leaf, an output, saved and not dropped, or
+ * made by an op that updates state (running it again would update twice). */
 static bool deft_ckpt_kept(const deft_ckpt_apply_state *st, const deft_tensor *t) {
     const deft_ckpt_graph *a = st->a;
-    return deft_op_is_leaf(t->op) || a->is_output[t->id] || (a->read_late[t->id] && !st->drop[t->id]);
+    return deft_op_is_leaf(t->op) || a->is_output[t->id] || (a->read_late[t->id] && !st->drop[t->id]) ||
+           deft_op_updates_state(t->op);
 }
 
 /* Makes the recompute node of forward node t once its sources' late values exist (all of them: *late set). */

@@ -74,6 +74,23 @@ typedef enum deft_op {
     DEFT_OP_CROSS_ENTROPY_GRAD, /* src (dloss [], logits, targets); out [N, C] = (softmax - onehot) * dloss / N */
     DEFT_OP_DROPOUT,            /* p.dropout */
     DEFT_OP_OPTIMIZER,          /* src: the gradients; p.optimizer; updates parameters in place */
+    /* images (graph/build_conv.c, graph/build_norm.c); the layout is in p.conv, p.pool or p.bn */
+    DEFT_OP_CONV2D,                 /* src (x, w[, bias]); p.conv */
+    DEFT_OP_CONV2D_INPUT_GRAD,      /* src (dy, w); this node is dx, x's shape */
+    DEFT_OP_CONV2D_WEIGHT_GRAD,     /* src (dy, x); this node is dw, w's shape */
+    DEFT_OP_MAX_POOL2D,             /* src x; p.pool */
+    DEFT_OP_MAX_POOL2D_GRAD,        /* src (dy, x): dy to each window's first maximum */
+    DEFT_OP_AVG_POOL2D,             /* src x; p.pool */
+    DEFT_OP_AVG_POOL2D_GRAD,        /* src dy; x's shape */
+    DEFT_OP_ADAPTIVE_AVG_POOL2D,    /* src x; the output size is this node's H and W; p.pool.layout */
+    DEFT_OP_ADAPTIVE_AVG_POOL2D_GRAD,   /* src dy; x's shape */
+    /* batch norm: p.bn. stats is [2, C]: the mean and 1 / sqrt(var + eps) that normalise */
+    DEFT_OP_BN_STATS,               /* batch: src (x[, running_mean, running_var]) and, with them, updates them in
+                                     * place (momentum); running: src (running_mean, running_var). It changes state,
+                                     * so checkpointing keeps it and never runs it again (deft_op_updates_state) */
+    DEFT_OP_BATCH_NORM,             /* src (x, stats[, weight][, bias]) */
+    DEFT_OP_BATCH_NORM_GRAD,        /* dx: batch src (dy, x, stats[, weight]); running src (dy, stats[, weight]) */
+    DEFT_OP_BATCH_NORM_WEIGHT_GRAD, /* [C] sum of dy * xhat: src (dy, x, stats) */
     DEFT_OP_COUNT
 } deft_op;
 
@@ -121,6 +138,13 @@ typedef union deft_op_params {
      * new mask while every reader within a run (backward, recomputation) sees the same one */
     struct { double p; uint64_t seed; uint64_t run; } dropout;
     struct deft_optimizer *optimizer;
+    /* conv2d and its gradients: per (H, W) */
+    struct { int64_t stride[2], pad[2], dil[2], groups; int layout; } conv;
+    /* pooling: adaptive pooling uses layout only */
+    struct { int64_t kernel[2], stride[2], pad[2]; int count_include_pad, layout; } pool;
+    /* batch norm. batch: normalise by the batch's statistics (training, or no running statistics); update: the
+     * stats node also updates the running statistics; has_weight/has_bias: which optional sources follow. */
+    struct { double momentum, eps; int batch, update, has_weight, has_bias, layout; } bn;
 } deft_op_params;
 
 struct deft_tensor {
@@ -216,6 +240,10 @@ void deft_broadcast_strides(int ndim_in, const int64_t *in_shape, int ndim_out, 
 static inline size_t deft_tensor_bytes(const deft_tensor *t) {
     return (size_t)deft_shape_numel(t->ndim, t->shape) * deft_dtype_size(t->dtype);
 }
+
+/* Ops whose kernel writes state besides their value (an optimizer's parameters, batch norm's running statistics):
+ * they run once per step, so a checkpoint rewrite keeps their values rather than recomputing them. */
+static inline bool deft_op_updates_state(deft_op op) { return op == DEFT_OP_OPTIMIZER || op == DEFT_OP_BN_STATS; }
 
 static inline bool deft_op_is_leaf(deft_op op) {
     return op == DEFT_OP_INPUT || op == DEFT_OP_PARAM || op == DEFT_OP_CONSTANT;

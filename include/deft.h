@@ -476,6 +476,63 @@ deft_tensor *deft_linear(deft_tensor *x, int64_t out_features, const char *name,
 /* The node of the graph named `name` (the first one), or NULL. */
 deft_tensor *deft_graph_find(const deft_graph *g, const char *name);
 
+/* ---- images: convolution, pooling, batch norm ----
+ * Layouts: DEFT_NCHW takes x [N, C, H, W] and a conv weight [O, C/groups, KH, KW] (torch's); DEFT_NHWC takes
+ * x [N, H, W, C] and a conv weight [O, KH, KW, C/groups] (the memory order of torch's channels_last and of cuDNN's
+ * NHWC filters). Outputs keep the input's layout. Float dtypes only; the CPU kernels run f32 and f64 (im2col and
+ * the CBLAS), other dtypes fail at run with DEFT_ERR_DTYPE. Every op has a backward rule. On a GPU these ops are
+ * not implemented yet: running one there fails with DEFT_ERR_DEVICE. */
+typedef enum deft_layout { DEFT_NCHW = 0, DEFT_NHWC = 1 } deft_layout;
+#define DEFT_HAS_CONV2D 1
+typedef struct deft_conv2d_options {
+    int64_t stride[2];       /* per (H, W); 0: 1 */
+    int64_t padding[2];      /* zeros on both sides of H and W */
+    int64_t dilation[2];     /* 0: 1 */
+    int64_t groups;          /* 0: 1; C and O must be multiples of it (groups = C = O: depthwise) */
+    deft_layout layout;
+} deft_conv2d_options;
+/* torch.nn.functional.conv2d: bias ([O]) may be NULL, opts may be NULL (stride 1, no padding, NCHW). The output is
+ * [N, O, OH, OW] (NHWC: [N, OH, OW, O]) with OH = (H + 2 pad - dil (KH - 1) - 1) / stride + 1. */
+deft_tensor *deft_conv2d(deft_tensor *x, deft_tensor *weight, deft_tensor *bias, const deft_conv2d_options *opts);
+/* A conv layer as torch.nn.Conv2d: creates "<name>.weight" (and "<name>.bias" unless no_bias) in x's graph, dtype
+ * and device, with torch's initialisation (uniform in +-1 / sqrt(C/groups * KH * KW)). */
+deft_tensor *deft_conv2d_layer(deft_tensor *x, int64_t out_channels, int64_t kernel_h, int64_t kernel_w,
+                               const char *name, const deft_conv2d_options *opts, int no_bias);
+typedef struct deft_pool2d_options {
+    int64_t kernel[2];       /* required */
+    int64_t stride[2];       /* 0: the kernel's size (torch's default) */
+    int64_t padding[2];      /* at most half the kernel */
+    int exclude_pad;         /* avg: 1 divides by the elements inside the input (count_include_pad=False) */
+    deft_layout layout;
+} deft_pool2d_options;
+/* Max pooling; the gradient goes to the first maximum of each window (row-major), as torch's. */
+deft_tensor *deft_max_pool2d(deft_tensor *x, const deft_pool2d_options *opts);
+/* Average pooling; padding counts in the divisor unless exclude_pad (torch's count_include_pad=True default). */
+deft_tensor *deft_avg_pool2d(deft_tensor *x, const deft_pool2d_options *opts);
+/* torch.nn.AdaptiveAvgPool2d((out_h, out_w)): window i spans [floor(i H / out_h), ceil((i + 1) H / out_h)). */
+deft_tensor *deft_adaptive_avg_pool2d(deft_tensor *x, int64_t out_h, int64_t out_w, deft_layout layout);
+/* Batch norm over the channel axis (1 for DEFT_NCHW, the last for DEFT_NHWC) of an input of rank 2 or more.
+ * Training: normalises by the batch's mean and biased variance, and each run updates the running statistics in
+ * place as torch.nn.BatchNorm2d: r = (1 - momentum) r + momentum s, with the unbiased variance for running_var.
+ * Evaluation: normalises by the running statistics and changes nothing.
+ * The running statistics are parameters (deft_param, [C], x's dtype) that the op writes (training) and that never
+ * get a gradient: no optimizer touches them, and deft_params_save/load keep them with the model. When both are NULL
+ * the batch's statistics are used in either mode and nothing is updated (track_running_stats=False). Weight and bias
+ * ([C]) may be NULL (affine=False). */
+typedef struct deft_batch_norm_options {
+    int eval;                /* 0: training; 1: evaluation */
+    double momentum;         /* in [0, 1] */
+    double eps;              /* >= 0 */
+    deft_layout layout;
+} deft_batch_norm_options;
+/* Training, momentum 0.1, eps 1e-5, NCHW (torch's). NULL options mean these. */
+deft_batch_norm_options deft_batch_norm_defaults(void);
+deft_tensor *deft_batch_norm(deft_tensor *x, deft_tensor *weight, deft_tensor *bias, deft_tensor *running_mean,
+                             deft_tensor *running_var, const deft_batch_norm_options *opts);
+/* A layer as torch.nn.BatchNorm2d(C): creates "<name>.weight" (ones), "<name>.bias" (zeros), and the running
+ * statistics "<name>.running_mean" (zeros) and "<name>.running_var" (ones), marked as needing no gradient. */
+deft_tensor *deft_batch_norm_layer(deft_tensor *x, const char *name, const deft_batch_norm_options *opts);
+
 /* ---- optimizers: graph nodes that update the parameters in place ----
  * An optimizer keeps the parameters it updates, their gradients and its state in flat storage, and updates all of
  * them in one pass per step. Build it after deft_backward; compile its step node together with the loss. */

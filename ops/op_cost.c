@@ -32,6 +32,23 @@ static double deft_matmul_flops(const deft_tensor *t) {
     return 2.0 * deft_numel_of(t) * (double)k;
 }
 
+/* 2 per multiply-add: each output element of the convolution (dy's, for the gradients) takes C/groups * KH * KW of
+ * them, the weight's elements per output channel. */
+static double deft_conv_flops(const deft_tensor *t) {
+    const deft_tensor *dy = t->op == DEFT_OP_CONV2D ? t : t->src[0];
+    const deft_tensor *w = t->op == DEFT_OP_CONV2D_WEIGHT_GRAD ? t : t->src[1];
+    return 2.0 * deft_numel_of(dy) * deft_numel_of(w) / (double)w->shape[0];
+}
+
+/* Pooling reads a window per output element (dy's for the gradients); adaptive windows cover the input once. */
+static double deft_pool_flops(const deft_tensor *t) {
+    const bool grad = t->op == DEFT_OP_MAX_POOL2D_GRAD || t->op == DEFT_OP_AVG_POOL2D_GRAD ||
+                      t->op == DEFT_OP_ADAPTIVE_AVG_POOL2D_GRAD;
+    const deft_tensor *x = grad ? t : t->src[0], *y = grad ? t->src[0] : t;
+    if (t->op == DEFT_OP_ADAPTIVE_AVG_POOL2D || t->op == DEFT_OP_ADAPTIVE_AVG_POOL2D_GRAD) return deft_numel_of(x);
+    return deft_numel_of(y) * (double)(t->p.pool.kernel[0] * t->p.pool.kernel[1]);
+}
+
 void deft_op_cost(const deft_tensor *t, double *flops, double *bytes) {
     *flops = 0.0;
     *bytes = 0.0;
@@ -52,6 +69,20 @@ void deft_op_cost(const deft_tensor *t, double *flops, double *bytes) {
     case DEFT_OP_CROSS_ENTROPY:
     case DEFT_OP_CROSS_ENTROPY_GRAD: *flops = deft_per_element(t->op) * in_elems; break;
     case DEFT_OP_OPTIMIZER: *flops = 8.0 * in_elems; break;
+    case DEFT_OP_CONV2D:
+    case DEFT_OP_CONV2D_INPUT_GRAD:
+    case DEFT_OP_CONV2D_WEIGHT_GRAD: *flops = deft_conv_flops(t); break;
+    case DEFT_OP_MAX_POOL2D:
+    case DEFT_OP_MAX_POOL2D_GRAD:
+    case DEFT_OP_AVG_POOL2D:
+    case DEFT_OP_AVG_POOL2D_GRAD:
+    case DEFT_OP_ADAPTIVE_AVG_POOL2D:
+    case DEFT_OP_ADAPTIVE_AVG_POOL2D_GRAD: *flops = deft_pool_flops(t); break;
+    /* two passes for the moments (three with the recomputation in the backward kernels), then a pass to apply */
+    case DEFT_OP_BN_STATS: *flops = 3.0 * in_elems; break;
+    case DEFT_OP_BATCH_NORM: *flops = 4.0 * deft_numel_of(t); break;
+    case DEFT_OP_BATCH_NORM_GRAD:
+    case DEFT_OP_BATCH_NORM_WEIGHT_GRAD: *flops = 8.0 * in_elems; break;
     default: *flops = deft_per_element(t->op) * deft_numel_of(t); break;
     }
 }

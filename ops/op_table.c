@@ -53,6 +53,19 @@ static const deft_op_info deft_ops[DEFT_OP_COUNT] = {
     [DEFT_OP_CROSS_ENTROPY_GRAD] = {"cross_entropy_grad", DEFT_KIND_OTHER},
     [DEFT_OP_DROPOUT] = {"dropout", DEFT_KIND_ELEMENTWISE},
     [DEFT_OP_OPTIMIZER] = {"optimizer", DEFT_KIND_OTHER},
+    [DEFT_OP_CONV2D] = {"conv2d", DEFT_KIND_OTHER, true},
+    [DEFT_OP_CONV2D_INPUT_GRAD] = {"conv2d_input_grad", DEFT_KIND_OTHER, true},
+    [DEFT_OP_CONV2D_WEIGHT_GRAD] = {"conv2d_weight_grad", DEFT_KIND_OTHER, true},
+    [DEFT_OP_MAX_POOL2D] = {"max_pool2d", DEFT_KIND_OTHER, true},
+    [DEFT_OP_MAX_POOL2D_GRAD] = {"max_pool2d_grad", DEFT_KIND_OTHER, true},
+    [DEFT_OP_AVG_POOL2D] = {"avg_pool2d", DEFT_KIND_OTHER, true},
+    [DEFT_OP_AVG_POOL2D_GRAD] = {"avg_pool2d_grad", DEFT_KIND_OTHER, true},
+    [DEFT_OP_ADAPTIVE_AVG_POOL2D] = {"adaptive_avg_pool2d", DEFT_KIND_OTHER, true},
+    [DEFT_OP_ADAPTIVE_AVG_POOL2D_GRAD] = {"adaptive_avg_pool2d_grad", DEFT_KIND_OTHER, true},
+    [DEFT_OP_BN_STATS] = {"bn_stats", DEFT_KIND_OTHER, true},
+    [DEFT_OP_BATCH_NORM] = {"batch_norm", DEFT_KIND_OTHER, true},
+    [DEFT_OP_BATCH_NORM_GRAD] = {"batch_norm_grad", DEFT_KIND_OTHER, true},
+    [DEFT_OP_BATCH_NORM_WEIGHT_GRAD] = {"batch_norm_weight_grad", DEFT_KIND_OTHER, true},
 };
 
 const deft_op_info *deft_op_info_of(deft_op op) {

@@ -80,6 +80,22 @@ deft_status deft_cpu_run_node(const deft_tensor *n, void *out, const void *const
         return deft_cpu_cross_entropy_grad(n, out, in[0], in[1], in[2]);
     case DEFT_OP_DROPOUT:
         return deft_cpu_dropout(n, out, in[0]);
+    case DEFT_OP_CONV2D:
+    case DEFT_OP_CONV2D_INPUT_GRAD:
+    case DEFT_OP_CONV2D_WEIGHT_GRAD:
+        return deft_cpu_conv2d(n, out, in);
+    case DEFT_OP_MAX_POOL2D:
+    case DEFT_OP_MAX_POOL2D_GRAD:
+    case DEFT_OP_AVG_POOL2D:
+    case DEFT_OP_AVG_POOL2D_GRAD:
+    case DEFT_OP_ADAPTIVE_AVG_POOL2D:
+    case DEFT_OP_ADAPTIVE_AVG_POOL2D_GRAD:
+        return deft_cpu_pool2d(n, out, in);
+    case DEFT_OP_BN_STATS:
+    case DEFT_OP_BATCH_NORM:
+    case DEFT_OP_BATCH_NORM_GRAD:
+    case DEFT_OP_BATCH_NORM_WEIGHT_GRAD:
+        return deft_cpu_batch_norm(n, out, in);
     default:
         break;
     }

@@ -79,5 +79,9 @@ deft_status deft_cpu_cross_entropy(const deft_tensor *n, void *out, const void *
 deft_status deft_cpu_cross_entropy_grad(const deft_tensor *n, void *out, const void *dloss, const void *logits,
                                         const void *targets);
 deft_status deft_cpu_dropout(const deft_tensor *n, void *out, const void *x);
+/* conv2d, pooling and batch norm, with their gradients: one entry per file, switching on n->op */
+deft_status deft_cpu_conv2d(const deft_tensor *n, void *out, const void *const *in);      /* cpu_conv.c */
+deft_status deft_cpu_pool2d(const deft_tensor *n, void *out, const void *const *in);      /* cpu_pool.c */
+deft_status deft_cpu_batch_norm(const deft_tensor *n, void *out, const void *const *in);  /* cpu_norm.c */
 
 #endif
