@@ -13,6 +13,8 @@ typedef enum deft_optimizer_kind { DEFT_OPTIM_SGD, DEFT_OPTIM_ADAMW } deft_optim
 
 /* The first-stage sums of the gradient norm on a GPU: at most this many blocks, each writing one partial sum. */
 #define DEFT_OPTIMIZER_NORM_BLOCKS 512
+/* About how many blocks the gradient norm (and the one-launch step over them) is cut into (below). */
+#define DEFT_OPTIMIZER_STEP_BLOCKS 2048
 
 /* The per-run state of an optimizer on a GPU, kept in device memory so that a step reads and advances it without the
  * host: a step captured once into a CUDA Graph advances it on every replay. Written by the step's kernels (and by

@@ -209,6 +209,25 @@ template <class TI, class TO> __global__ void deft_k_cast(TO *__restrict__ o, co
     for (; i < n; i += stride) o[i] = deft_cast_one<TI, TO>(a[i]);
 }
 
+/* The same with four neighbouring elements per load and store (16 bytes of f32, 8 of a half), for aligned storage;
+ * the last n % 4 elements go one by one. */
+template <class T> struct alignas(4 * sizeof(T)) deft_vec4 { T v[4]; };
+
+template <class TI, class TO>
+__global__ void deft_k_cast_vec4(TO *__restrict__ o, const TI *__restrict__ a, int64_t n) {
+    const int64_t n4 = n / 4, stride = deft_nthreads();
+    const deft_vec4<TI> *a4 = (const deft_vec4<TI> *)a;
+    deft_vec4<TO> *o4 = (deft_vec4<TO> *)o;
+    for (int64_t i = deft_tid(); i < n4; i += stride) {
+        const deft_vec4<TI> x = a4[i];
+        deft_vec4<TO> y;
+#pragma unroll
+        for (int u = 0; u < 4; u++) y.v[u] = deft_cast_one<TI, TO>(x.v[u]);
+        o4[i] = y;
+    }
+    for (int64_t i = 4 * n4 + deft_tid(); i < n; i += stride) o[i] = deft_cast_one<TI, TO>(a[i]);
+}
+
 deft_status deft_cuda_cast(const deft_tensor *n, void *out, const void *a, cudaStream_t st) {
     const deft_dtype from = n->src[0]->dtype;
     const int64_t total = deft_shape_numel(n->ndim, n->shape);
@@ -222,8 +241,13 @@ deft_status deft_cuda_cast(const deft_tensor *n, void *out, const void *a, cudaS
         typedef typename decltype(tin)::type TI;
         return deft_cuda_with_dtype(n->dtype, [&](auto tout) -> deft_status {
             typedef typename decltype(tout)::type TO;
-            deft_k_cast<TI, TO><<<deft_cuda_blocks(total, DEFT_CUDA_THREADS), DEFT_CUDA_THREADS, 0, st>>>(
-                (TO *)out, (const TI *)a, total);
+            const bool aligned = (uintptr_t)a % (4 * sizeof(TI)) == 0 && (uintptr_t)out % (4 * sizeof(TO)) == 0;
+            if (aligned && total >= 4)
+                deft_k_cast_vec4<TI, TO><<<deft_cuda_blocks(total / 4, DEFT_CUDA_THREADS), DEFT_CUDA_THREADS, 0, st>>>(
+                    (TO *)out, (const TI *)a, total);
+            else
+                deft_k_cast<TI, TO><<<deft_cuda_blocks(total, DEFT_CUDA_THREADS), DEFT_CUDA_THREADS, 0, st>>>(
+                    (TO *)out, (const TI *)a, total);
             return deft_cuda_check_launch(n, "cast");
         });
     });

@@ -362,6 +362,28 @@ __global__ void deft_k_opt_fused(T *p, T *s0, T *s1, const deft_optimizer_segmen
     if (threadIdx.x == 0) deft_opt_close(dev, total_sq, c.first, out);
 }
 
+/* The one-launch step of a small model as one thread block: the norm blocks one after the other (a model of a few
+ * parameters has one per parameter, and a launch of several blocks pays the ticket and its fences, a good part of
+ * such a step). Block b's sum is added by thread b % blockDim.x, in increasing b, and the threads' values then go
+ * through the same tree: the last block of deft_k_opt_fused adds the sums in exactly this order. */
+#define DEFT_OPT_ONE_BLOCK_MAX ((int64_t)1 << 16)
+template <class T>
+__global__ void deft_k_opt_fused_one(T *p, T *s0, T *s1, const deft_optimizer_segment *seg,
+                                     const deft_optimizer_block *blocks, int n_blocks, deft_optimizer_dev *dev,
+                                     deft_opt_hyper h, float *out) {
+    __shared__ double sh[DEFT_OPT_THREADS];
+    const deft_opt_coef<T> c = deft_opt_coef_now<T>(dev, h);
+    double v = 0.0;
+    for (int b = 0; b < n_blocks; b++) {
+        const deft_optimizer_block bk = blocks[b];
+        const double sum = deft_opt_block_sum(deft_opt_block_step<T>(p, s0, s1, bk, seg[bk.param], h, c), sh);
+        if ((int)threadIdx.x == b % (int)blockDim.x) v += sum;
+        __syncthreads();   /* every thread has read sh[0] before the next sum writes it */
+    }
+    const double total_sq = deft_opt_block_sum(v, sh);
+    if (threadIdx.x == 0) deft_opt_close(dev, total_sq, c.first, out);
+}
+
 /* ---------------------------------------------------------------- optimizer in backward: a split step
  * A piece takes the norm blocks of its parameters (first_block on) as the one-launch step does, and writes each
  * block's sum of squares to its node's value. The finisher, one block of threads, adds the pieces' sums in block order
@@ -564,8 +586,12 @@ static deft_status deft_opt_launch(deft_optimizer *o, const deft_optimizer_segme
     const deft_tensor *n = o->step_node;
 
     if (!deft_optimizer_keeps_grads(o)) {
-        deft_k_opt_fused<T><<<(unsigned)o->n_blocks, DEFT_OPT_THREADS, 0, st>>>(p, s0, s1, table, o->dev_blocks,
-                                                                                o->dev_block_sums, dev, h, out);
+        if (total <= DEFT_OPT_ONE_BLOCK_MAX && o->n_blocks > 1)
+            deft_k_opt_fused_one<T><<<1, DEFT_OPT_THREADS, 0, st>>>(p, s0, s1, table, o->dev_blocks, o->n_blocks, dev,
+                                                                    h, out);
+        else
+            deft_k_opt_fused<T><<<(unsigned)o->n_blocks, DEFT_OPT_THREADS, 0, st>>>(p, s0, s1, table, o->dev_blocks,
+                                                                                    o->dev_block_sums, dev, h, out);
         return deft_cuda_check_launch(n, "optimizer step");
     }
     deft_k_opt_gather<T><<<gather_blocks, DEFT_OPT_THREADS, 0, st>>>(g, table, o->n_params, total, per_block, dev);
