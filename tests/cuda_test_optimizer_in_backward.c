@@ -28,6 +28,8 @@ static void test_bit_identical(void) {
     CHECK(obwd_compare(&many, NULL, 3, "adamw, 301 layers") == 3);
     /* Models under 64K parameters: the whole step is one thread block looping over the norm blocks (fewer, then
      * more of them than its threads), which must add the same sums in the same order as the finisher. */
+    obwd_spec few = {.depth = 4, .batch = 8, .width = 16, .classes = 4, .adamw = 1, .device = GPU};
+    CHECK(obwd_compare(&few, NULL, 4, "adamw, 5 small layers") == 4);   /* at most 16 blocks: side by side */
     obwd_spec small = {.depth = 40, .batch = 8, .width = 16, .classes = 4, .adamw = 0, .device = GPU};
     CHECK(obwd_compare(&small, NULL, 4, "sgd, 41 small layers") == 4);
     obwd_spec small_many = {.depth = 200, .batch = 8, .width = 12, .classes = 4, .adamw = 1, .device = GPU};
