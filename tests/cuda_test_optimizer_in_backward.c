@@ -28,6 +28,10 @@ static void test_bit_identical(void) {
     CHECK(obwd_compare(&many, NULL, 3, "adamw, 301 layers") == 3);
     /* Models under 64K parameters: the whole step is one thread block looping over the norm blocks (fewer, then
      * more of them than its threads), which must add the same sums in the same order as the finisher. */
+    obwd_spec tiny = {.depth = 2, .batch = 8, .width = 4, .classes = 2, .adamw = 0, .device = GPU};
+    CHECK(obwd_compare(&tiny, NULL, 4, "sgd, parameters of at most 32 elements") == 4);   /* one warp */
+    tiny.adamw = 1;
+    CHECK(obwd_compare(&tiny, NULL, 4, "adamw, parameters of at most 32 elements") == 4);
     obwd_spec few = {.depth = 4, .batch = 8, .width = 16, .classes = 4, .adamw = 1, .device = GPU};
     CHECK(obwd_compare(&few, NULL, 4, "adamw, 5 small layers") == 4);   /* at most 16 blocks: side by side */
     obwd_spec small = {.depth = 40, .batch = 8, .width = 16, .classes = 4, .adamw = 0, .device = GPU};

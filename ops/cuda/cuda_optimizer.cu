@@ -384,6 +384,44 @@ __global__ void deft_k_opt_fused_one(T *p, T *s0, T *s1, const deft_optimizer_se
     if (threadIdx.x == 0) deft_opt_close(dev, total_sq, c.first, out);
 }
 
+/* The step of a model whose parameters all have at most 32 elements (and are at most 32), in one warp and without a
+ * barrier: lane t takes element t of each parameter. The block trees of the kernels above add, for such a block,
+ * zeros in their rounds over 128, 64 and 32 (exact) and then pair lanes as the shuffles below do, so the norm is the
+ * same bit for bit; so is the final tree over the blocks' sums. */
+#define DEFT_OPT_WARP 32
+template <class T>
+__global__ void deft_k_opt_fused_warp(T *p, T *s0, T *s1, const deft_optimizer_segment *seg,
+                                      const deft_optimizer_block *blocks, int n_blocks, deft_optimizer_dev *dev,
+                                      deft_opt_hyper h, float *out) {
+    const int lane = (int)threadIdx.x;
+    const deft_opt_coef<T> c = deft_opt_coef_now<T>(dev, h);
+    double v = 0.0;
+    for (int b = 0; b < n_blocks; b++) {
+        const deft_optimizer_block bk = blocks[b];
+        const int64_t j = bk.lo + lane;
+        double sum = 0.0;
+        if (j < bk.hi) {
+            const T g = ((const T *)seg[bk.param].src)[j - seg[bk.param].offset];
+            sum += (double)g * (double)g;
+            if (h.kind == DEFT_OPTIM_SGD) deft_opt_sgd_one<T>(p, s0, j, g, h, c);
+            else deft_opt_adamw_one<T>(p, s0, s1, j, g, h, c);
+        }
+        for (int w = DEFT_OPT_WARP / 2; w > 0; w >>= 1) sum += __shfl_down_sync(0xffffffffu, sum, w);
+        sum = __shfl_sync(0xffffffffu, sum, 0);
+        if (lane == b) v += sum;
+    }
+    for (int w = DEFT_OPT_WARP / 2; w > 0; w >>= 1) v += __shfl_down_sync(0xffffffffu, v, w);
+    if (lane == 0) deft_opt_close(dev, v, c.first, out);
+}
+
+/* Whether every parameter of o fits one lane per element (deft_k_opt_fused_warp). */
+static bool deft_opt_fits_warp(const deft_optimizer *o) {
+    if (o->n_params > DEFT_OPT_WARP || o->n_blocks != o->n_params) return false;
+    for (int i = 0; i < o->n_params; i++)
+        if (deft_shape_numel(o->params[i]->ndim, o->params[i]->shape) > DEFT_OPT_WARP) return false;
+    return true;
+}
+
 /* ---------------------------------------------------------------- optimizer in backward: a split step
  * A piece takes the norm blocks of its parameters (first_block on) as the one-launch step does, and writes each
  * block's sum of squares to its node's value. The finisher, one block of threads, adds the pieces' sums in block order
@@ -586,7 +624,10 @@ static deft_status deft_opt_launch(deft_optimizer *o, const deft_optimizer_segme
     const deft_tensor *n = o->step_node;
 
     if (!deft_optimizer_keeps_grads(o)) {
-        if (total <= DEFT_OPT_ONE_BLOCK_MAX && o->n_blocks > 1)
+        if (deft_opt_fits_warp(o))
+            deft_k_opt_fused_warp<T><<<1, DEFT_OPT_WARP, 0, st>>>(p, s0, s1, table, o->dev_blocks, o->n_blocks, dev,
+                                                                  h, out);
+        else if (total <= DEFT_OPT_ONE_BLOCK_MAX && o->n_blocks > 1)
             deft_k_opt_fused_one<T><<<1, DEFT_OPT_THREADS, 0, st>>>(p, s0, s1, table, o->dev_blocks, o->n_blocks, dev,
                                                                     h, out);
         else
