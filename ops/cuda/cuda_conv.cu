@@ -158,10 +158,10 @@ static deft_status deft_conv_key_of(const deft_tensor *n, const deft_conv_ptrs &
     memset(k, 0, sizeof *k);
     const int nhwc = n->p.conv.layout == DEFT_NHWC, c = nhwc ? 3 : 1, h = nhwc ? 1 : 2, w = nhwc ? 2 : 3;
     k->dev = dev, k->op = (int)n->op, k->dtype = (int)n->dtype, k->nhwc = nhwc;
-    k->math = n->dtype == DEFT_F16 || n->dtype == DEFT_BF16 ||
-                      (n->dtype == DEFT_F32 && (flags & DEFT_CUDA_ALLOW_TF32))
-                  ? (int)CUDNN_TENSOR_OP_MATH
-                  : (int)CUDNN_FMA_MATH;
+    /* f32 without TF32 is FMA_MATH, which keeps cuDNN to FMA kernels; f64 has nothing else */
+    if (n->dtype == DEFT_F64) k->math = (int)CUDNN_DEFAULT_MATH;
+    else if (n->dtype == DEFT_F32 && !(flags & DEFT_CUDA_ALLOW_TF32)) k->math = (int)CUDNN_FMA_MATH;
+    else k->math = (int)CUDNN_TENSOR_OP_MATH;
     k->N = (int)p.x->shape[0], k->C = (int)p.x->shape[c], k->H = (int)p.x->shape[h], k->W = (int)p.x->shape[w];
     k->O = (int)p.w->shape[0], k->KH = (int)p.w->shape[nhwc ? 1 : 2], k->KW = (int)p.w->shape[nhwc ? 2 : 3];
     k->OH = (int)p.y->shape[h], k->OW = (int)p.y->shape[w], k->G = (int)n->p.conv.groups;
@@ -256,7 +256,7 @@ static cudnnStatus_t deft_conv_rank(cudnnHandle_t h, deft_conv_entry *e, const d
 }
 
 /* Whether an algorithm may be used: it ran (or would run), fits the workspace, and keeps to the math asked for
- * (FMA_MATH, f32 without TF32, takes only FMA kernels). */
+ * (FMA_MATH, f32 without TF32, takes only FMA kernels; torch asserts the same of cuDNN's answers). */
 static bool deft_conv_usable(const deft_conv_entry *e, const deft_conv_perf &r) {
     if (r.status != CUDNN_STATUS_SUCCESS || r.memory > DEFT_CUDNN_WORKSPACE_BYTES) return false;
     return e->key.math != (int)CUDNN_FMA_MATH || r.math == CUDNN_FMA_MATH;
@@ -390,7 +390,8 @@ deft_status deft_cuda_conv2d(const deft_tensor *n, void *out, const void *const 
                               deft_dtype_name(n->dtype));
     const deft_conv_ptrs p = deft_conv_operands(n, out, in);
     /* an empty sum (no input channels or an empty batch) is zero; cuDNN refuses empty tensors */
-    if (deft_shape_numel(p.x->ndim, p.x->shape) == 0 || deft_shape_numel(p.y->ndim, p.y->shape) == 0) {
+    if (deft_shape_numel(p.x->ndim, p.x->shape) == 0 || deft_shape_numel(p.w->ndim, p.w->shape) == 0 ||
+        deft_shape_numel(p.y->ndim, p.y->shape) == 0) {
         cudaError_t e = cudaMemsetAsync(out, 0, deft_tensor_bytes(n), st);
         if (e == cudaSuccess && n->op == DEFT_OP_CONV2D && n->nsrc > 2) return deft_conv_add_bias(n, out, in[2], st);
         if (e == cudaSuccess) return DEFT_OK;
