@@ -477,6 +477,88 @@ static void test_conv_net(void) {
     }
 }
 
+#ifdef DEFT_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "cuda/cuda_kernels.h"
+
+#define CUDA_OK(expr)                                                                                 \
+    do {                                                                                              \
+        cudaError_t cuda_e_ = (expr);                                                                 \
+        CHECK_MSG(cuda_e_ == cudaSuccess, "%s: %s", #expr, cudaGetErrorString(cuda_e_));              \
+    } while (0)
+
+/* Runs node n (its inputs already on the device) on a stream that is capturing into a CUDA Graph, then replays the
+ * graph; the result is read back into host (bytes). */
+static void run_captured(const deft_tensor *n, void *out, const void *const *in, void *host, size_t bytes) {
+    cudaStream_t st;
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+    CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    const deft_status s = deft_cuda_run_node(n, out, in, st, 0);
+    CHECK_MSG(s == DEFT_OK, "%s inside a capture: %s", deft_op_name(n->op), deft_errmsg());
+    CUDA_OK(cudaStreamEndCapture(st, &graph));
+    if (graph) CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    if (exec) CUDA_OK(cudaGraphLaunch(exec, st));
+    CUDA_OK(cudaStreamSynchronize(st));
+    CUDA_OK(cudaMemcpy(host, out, bytes, cudaMemcpyDeviceToHost));
+    if (exec) cudaGraphExecDestroy(exec);
+    if (graph) cudaGraphDestroy(graph);
+    cudaStreamDestroy(st);
+}
+
+/* A problem first met inside a capture takes the heuristic's algorithm (nothing may be measured there) and still
+ * computes the convolution; met again outside, it is measured and cached, and agrees. The shape is used nowhere
+ * else in this test, so neither the cache nor a measurement can have seen it. */
+static void test_conv_first_met_in_capture(void) {
+    const conv_case k = {3, 5, 11, 13, 7, 3, 3, 2, 1, 1, 2, 1, 2, 1, 0};
+    const int64_t oh = out_len(k.h, k.ph, k.kh, k.dh, k.sh), ow = out_len(k.w, k.pw, k.kw, k.dw, k.sw);
+    int64_t xs[4], ws[4], ys[4];
+    stored4(0, k.n, k.c, k.h, k.w, xs);
+    stored4(0, k.o, k.c, k.kh, k.kw, ws);
+    stored4(0, k.n, k.o, oh, ow, ys);
+    ref_tensor in[2] = {ref_random(&rng, DEFT_F32, 4, xs, -1, 1), ref_random(&rng, DEFT_F32, 4, ws, -1, 1)};
+    const conv_ctx ctx = {&k, 0, 0, DEFT_F32};
+    deft_tensor *tc;
+    deft_graph *gc, *gg = deft_graph_new();
+    deft_status sc;
+    float *want = build_and_realize(CPU, 2, in, build_conv, &ctx, &tc, &gc, &sc);
+    CHECK_MSG(want != NULL, "cpu: %s", deft_errmsg());
+    /* the node on cuda:0, for its shapes and options only: its inputs are fed by hand below */
+    deft_tensor *y = deft_conv2d(deft_full(gg, DEFT_F32, 4, xs, GPU, 0.0), deft_full(gg, DEFT_F32, 4, ws, GPU, 0.0),
+                                 NULL, &(deft_conv2d_options){.stride = {k.sh, k.sw}, .padding = {k.ph, k.pw},
+                                                              .dilation = {k.dh, k.dw}});
+    const int64_t ny = ref_numel(4, ys);
+    float *got = malloc((size_t)ny * sizeof(float)), *again = malloc((size_t)ny * sizeof(float));
+    void *dx = NULL, *dw = NULL, *dy = NULL;
+    CUDA_OK(cudaMalloc(&dx, (size_t)in[0].n * 4));
+    CUDA_OK(cudaMalloc(&dw, (size_t)in[1].n * 4));
+    CUDA_OK(cudaMalloc(&dy, (size_t)ny * 4));
+    CUDA_OK(cudaMemcpy(dx, in[0].raw, (size_t)in[0].n * 4, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dw, in[1].raw, (size_t)in[1].n * 4, cudaMemcpyHostToDevice));
+    const void *srcs[2] = {dx, dw};
+    if (want && y && dx && dw && dy) {
+        run_captured(y, dy, srcs, got, (size_t)ny * 4);
+        CUDA_OK(cudaMemset(dy, 0, (size_t)ny * 4));
+        CHECK_OK(deft_cuda_run_node(y, dy, srcs, NULL, 0));
+        CUDA_OK(cudaDeviceSynchronize());
+        CUDA_OK(cudaMemcpy(again, dy, (size_t)ny * 4, cudaMemcpyDeviceToHost));
+        double *w = to_doubles(want, DEFT_F32, ny), *a = to_doubles(got, DEFT_F32, ny);
+        double *b = to_doubles(again, DEFT_F32, ny);
+        ref_close_tol("conv2d first met in a capture", a, w, ny, conv_tol(DEFT_F32));
+        ref_close_tol("conv2d met again outside", b, w, ny, conv_tol(DEFT_F32));
+        free(w), free(a), free(b);
+    }
+    cudaFree(dx), cudaFree(dw), cudaFree(dy);
+    free(got), free(again), free(want);
+    deft_graph_free(gc), deft_graph_free(gg);
+    ref_free(&in[0]), ref_free(&in[1]);
+}
+#else
+static void test_conv_first_met_in_capture(void) {}
+#endif
+
 int main(void) {
     if (deft_cuda_device_count() == 0) {
         printf("no GPU: skipped\n");
@@ -485,6 +567,7 @@ int main(void) {
     test_conv_mixed_devices();
     test_conv();
     test_conv_f64_nhwc();
+    test_conv_first_met_in_capture();
     test_pool();
     test_batch_norm();
     test_conv_net();
