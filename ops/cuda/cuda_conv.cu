@@ -255,11 +255,11 @@ static cudnnStatus_t deft_conv_rank(cudnnHandle_t h, deft_conv_entry *e, const d
     return s;
 }
 
-/* Whether an algorithm may be used: it ran (or would run), fits the workspace, and keeps to the math asked for
- * (FMA_MATH, f32 without TF32, takes only FMA kernels; torch asserts the same of cuDNN's answers). */
-static bool deft_conv_usable(const deft_conv_entry *e, const deft_conv_perf &r) {
+/* Whether an algorithm may be used: it ran (or would run) and fits the workspace; strictly, it also reports the
+ * math asked for (FMA_MATH, f32 without TF32, takes only FMA kernels; torch asserts the same of cuDNN's answers). */
+static bool deft_conv_usable(const deft_conv_entry *e, const deft_conv_perf &r, bool strict) {
     if (r.status != CUDNN_STATUS_SUCCESS || r.memory > DEFT_CUDNN_WORKSPACE_BYTES) return false;
-    return e->key.math != (int)CUDNN_FMA_MATH || r.math == CUDNN_FMA_MATH;
+    return !strict || e->key.math != (int)CUDNN_FMA_MATH || r.math == CUDNN_FMA_MATH;
 }
 
 /* Picks e's algorithm; DEFT_ERR_RUNTIME with a message when cuDNN has none for the problem. */
@@ -270,14 +270,19 @@ static deft_status deft_conv_choose(const deft_tensor *n, cudnnHandle_t h, deft_
     cudnnStatus_t s = deft_conv_rank(h, e, p, ws, find, perf, &got);
     if (s != CUDNN_STATUS_SUCCESS)
         return deft_cudnn_error(n, find ? "cudnnFindConvolution*AlgorithmEx" : "cudnnGetConvolution*Algorithm_v7", s);
-    for (int i = 0; i < got; i++) {
-        if (!deft_conv_usable(e, perf[i])) continue;
-        /* the math type the algorithm was measured with is the one it must run with */
-        s = cudnnSetConvolutionMathType(e->conv, perf[i].math);
-        if (s != CUDNN_STATUS_SUCCESS) return deft_cudnn_error(n, "cudnnSetConvolutionMathType", s);
-        e->algo = perf[i].algo;
-        e->ws_bytes = perf[i].memory;
-        return DEFT_OK;
+    /* Should cuDNN report another math type for every algorithm under FMA_MATH, the second pass takes the best one
+     * but leaves the descriptor at FMA_MATH, so it still runs without TF32. */
+    for (int strict = 1; strict >= 0; strict--) {
+        for (int i = 0; i < got; i++) {
+            if (!deft_conv_usable(e, perf[i], strict)) continue;
+            /* the math type the algorithm was measured with is the one it must run with */
+            const cudnnMathType_t math = strict ? perf[i].math : (cudnnMathType_t)e->key.math;
+            s = cudnnSetConvolutionMathType(e->conv, math);
+            if (s != CUDNN_STATUS_SUCCESS) return deft_cudnn_error(n, "cudnnSetConvolutionMathType", s);
+            e->algo = perf[i].algo;
+            e->ws_bytes = perf[i].memory;
+            return DEFT_OK;
+        }
     }
     const deft_conv_key &k = e->key;
     return deft_set_error(DEFT_ERR_RUNTIME, "cuda %s: cuDNN has no algorithm for %s %s x [%d, %d, %d, %d] with "
