@@ -34,7 +34,6 @@ deft_status deft_cuda_conv2d(const deft_tensor *n, void *out, const void *const 
 /* ---- the bias, over the output channels (CPU: add_bias_ in cpu_conv_impl.h) ---- */
 template <class T>
 __global__ void deft_conv_bias_kernel(T *y, const T *b, int64_t total, int64_t O, int64_t P, int nhwc) {
-    typedef typename deft_ty<T>::C C;
     for (int64_t i = deft_tid(); i < total; i += deft_nthreads()) {
         const int64_t o = nhwc ? i % O : (i / P) % O;
         y[i] = deft_ty<T>::store(deft_ty<T>::load(y[i]) + deft_ty<T>::load(b[o]));
