@@ -68,6 +68,11 @@ if(DEFT_HAVE_CUDA)
   # cudart, cuBLAS and cuBLASLt, with an rpath so that the program finds them where they were at build time.
   list(APPEND DEFT_PC_LIBS "-L${CUDAToolkit_LIBRARY_DIR}" "-Wl,-rpath,${CUDAToolkit_LIBRARY_DIR}"
        -lcublasLt -lcublas -lcudart)
+  if(DEFT_CUDNN_INCLUDE AND DEFT_CUDNN_LIB)
+    # conv2d's cuDNN calls (ops/cuda/cuda_conv.cu), linked by absolute path in CMake
+    get_filename_component(_deft_cudnn_dir "${DEFT_CUDNN_LIB}" DIRECTORY)
+    list(APPEND DEFT_PC_LIBS "-L${_deft_cudnn_dir}" "-Wl,-rpath,${_deft_cudnn_dir}" -lcudnn)
+  endif()
   # nvcc objects may refer to the C++ runtime (and cudart to libdl/librt/pthread on older glibc).
   list(APPEND DEFT_PC_LIBS -lstdc++ -ldl -lrt -lpthread)
 endif()

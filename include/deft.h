@@ -480,8 +480,9 @@ deft_tensor *deft_graph_find(const deft_graph *g, const char *name);
  * Layouts: DEFT_NCHW takes x [N, C, H, W] and a conv weight [O, C/groups, KH, KW] (torch's); DEFT_NHWC takes
  * x [N, H, W, C] and a conv weight [O, KH, KW, C/groups] (the memory order of torch's channels_last and of cuDNN's
  * NHWC filters). Outputs keep the input's layout. Float dtypes only; the CPU kernels run f32 and f64 (im2col and
- * the CBLAS), other dtypes fail at run with DEFT_ERR_DTYPE. Every op has a backward rule. On a GPU these ops are
- * not implemented yet: running one there fails with DEFT_ERR_DEVICE. */
+ * the CBLAS), other dtypes fail at run with DEFT_ERR_DTYPE. Every op has a backward rule. On a GPU conv2d runs
+ * through cuDNN (f32, f16 and bf16 accumulating in f32, f64 where cuDNN has it; a build without cuDNN fails at run
+ * with DEFT_ERR_DEVICE) and the others through plain kernels, in f32, f64, f16 and bf16. */
 typedef enum deft_layout { DEFT_NCHW = 0, DEFT_NHWC = 1 } deft_layout;
 #define DEFT_HAS_CONV2D 1
 typedef struct deft_conv2d_options {

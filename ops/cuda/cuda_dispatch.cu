@@ -1,5 +1,6 @@
 /* The CUDA backend's entry point: one switch over the op, and the helpers every kernel file shares. */
 #include "cuda_common.cuh"
+#include "cuda_image.cuh"
 
 int deft_cuda_coalesce(deft_cuda_strides *s, int nops) {
     /* Walk from the innermost dim outwards, keeping the merged groups at the end of the scratch arrays. */
@@ -61,12 +62,6 @@ static deft_status deft_cuda_no_kernel(const deft_tensor *n) {
     return deft_set_error(DEFT_ERR_INVALID, "cuda kernel: unknown op %d", (int)n->op);
 }
 
-/* The image ops run on the CPU only for now (cuDNN comes with issue 8's second part). */
-static deft_status deft_cuda_not_yet(const deft_tensor *n) {
-    return deft_set_error(DEFT_ERR_DEVICE, "%s is not implemented on CUDA yet; build this part of the graph on the CPU",
-                          deft_op_name(n->op));
-}
-
 static deft_status deft_cuda_route(const deft_tensor *n, void *out, const void *const *in, cudaStream_t st,
                                    unsigned flags) {
     switch (deft_op_info_of(n->op)->kind) {
@@ -109,17 +104,19 @@ static deft_status deft_cuda_route(const deft_tensor *n, void *out, const void *
     case DEFT_OP_CONV2D:
     case DEFT_OP_CONV2D_INPUT_GRAD:
     case DEFT_OP_CONV2D_WEIGHT_GRAD:
+        return deft_cuda_conv2d(n, out, in, st, flags);
     case DEFT_OP_MAX_POOL2D:
     case DEFT_OP_MAX_POOL2D_GRAD:
     case DEFT_OP_AVG_POOL2D:
     case DEFT_OP_AVG_POOL2D_GRAD:
     case DEFT_OP_ADAPTIVE_AVG_POOL2D:
     case DEFT_OP_ADAPTIVE_AVG_POOL2D_GRAD:
+        return deft_cuda_pool2d(n, out, in, st);
     case DEFT_OP_BN_STATS:
     case DEFT_OP_BATCH_NORM:
     case DEFT_OP_BATCH_NORM_GRAD:
     case DEFT_OP_BATCH_NORM_WEIGHT_GRAD:
-        return deft_cuda_not_yet(n);
+        return deft_cuda_batch_norm(n, out, in, st);
     default:
         break;
     }

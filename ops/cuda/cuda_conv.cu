@@ -1,0 +1,411 @@
+/* conv2d and its input and weight gradients on CUDA, through cuDNN's convolution calls (the bias is added by a
+ * small kernel here; its gradient is a channel sum the graph builds). NCHW and NHWC (cuDNN's NHWC filter is
+ * deft's [O, KH, KW, C/groups]), stride, padding, dilation and groups. f32 computes in f32 (FMA only unless the
+ * program allows TF32), f16 and bf16 accumulate in f32, f64 in f64.
+ *
+ * Each distinct problem (device, op, shape, options, dtype, math mode, pointer alignments) chooses its algorithm
+ * once and keeps its descriptors and choice in a host cache for the life of the process. Outside a stream capture
+ * the choice is measured (cudnnFind*Ex, on the op's own buffers and stream, which it synchronises); with
+ * DEFT_CUDNN_FIND=0 in the environment, or for a problem first met inside a capture (where nothing may be
+ * measured or synchronised), it is the heuristic's first choice (cudnnGet*_v7), which needs no run. Only what
+ * fits the device's fixed workspace is chosen, so a captured step never needs a new allocation. */
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <mutex>
+#include <vector>
+
+#include "caching_allocator.h"
+#include "cuda_image.cuh"
+
+#ifndef DEFT_HAVE_CUDNN
+
+deft_status deft_cuda_conv2d(const deft_tensor *n, void *out, const void *const *in, cudaStream_t st,
+                             unsigned flags) {
+    (void)out, (void)in, (void)st, (void)flags;
+    return deft_set_error(DEFT_ERR_DEVICE, "%s on CUDA needs cuDNN, which this build did not find (cudnn.h and "
+                          "libcudnn); build this part of the graph on the CPU", deft_op_name(n->op));
+}
+
+#else
+
+#include <cudnn.h>
+
+/* ---- the bias, over the output channels (CPU: add_bias_ in cpu_conv_impl.h) ---- */
+template <class T>
+__global__ void deft_conv_bias_kernel(T *y, const T *b, int64_t total, int64_t O, int64_t P, int nhwc) {
+    for (int64_t i = deft_tid(); i < total; i += deft_nthreads()) {
+        const int64_t o = nhwc ? i % O : (i / P) % O;
+        y[i] = deft_ty<T>::store(deft_ty<T>::load(y[i]) + deft_ty<T>::load(b[o]));
+    }
+}
+
+static deft_status deft_conv_add_bias(const deft_tensor *n, void *y, const void *b, cudaStream_t st) {
+    const int nhwc = n->p.conv.layout == DEFT_NHWC;
+    const int64_t total = deft_shape_numel(n->ndim, n->shape), O = n->shape[nhwc ? 3 : 1];
+    const int64_t P = n->shape[nhwc ? 1 : 2] * n->shape[nhwc ? 2 : 3];
+    return deft_with_float_dtype(n, [&](auto tag) -> deft_status {
+        typedef typename decltype(tag)::type T;
+        deft_conv_bias_kernel<T><<<deft_cuda_blocks(total, DEFT_CUDA_THREADS), DEFT_CUDA_THREADS, 0, st>>>(
+            (T *)y, (const T *)b, total, O, P, nhwc);
+        return deft_cuda_check_launch(n, "conv2d bias");
+    });
+}
+
+#define DEFT_CUDNN_MAX_DEVICES 64
+/* Distinct problems kept; past this, new ones take the heuristic's choice each time rather than grow the cache. */
+#define DEFT_CONV_CACHE_MAX 4096
+/* Algorithms asked of cuDNN per problem (more than it has of any kind). */
+#define DEFT_CONV_ALGOS 16
+
+/* ---- one cuDNN handle and one workspace per device, never destroyed (as the cuBLAS handles) ---- */
+static cudnnHandle_t deft_cudnn_handles[DEFT_CUDNN_MAX_DEVICES];
+static void *deft_cudnn_workspaces[DEFT_CUDNN_MAX_DEVICES];
+/* Guards the handles, workspaces and cache, held across a whole call: a handle holds one stream at a time. */
+static std::mutex deft_cudnn_lock;
+
+static deft_status deft_cudnn_error(const deft_tensor *n, const char *what, cudnnStatus_t s) {
+    return deft_set_error(DEFT_ERR_RUNTIME, "cuda %s (%s): %s failed: %s", deft_op_name(n->op),
+                          deft_dtype_name(n->dtype), what, cudnnGetErrorString(s));
+}
+
+/* The current device's handle bound to `st`, and its workspace; the caller holds deft_cudnn_lock. */
+static deft_status deft_cudnn_handle(const deft_tensor *n, cudaStream_t st, int *dev, cudnnHandle_t *h, void **ws) {
+    cudaError_t e = cudaGetDevice(dev);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return deft_set_error(DEFT_ERR_RUNTIME, "cuda %s: cudaGetDevice failed: %s", deft_op_name(n->op),
+                              cudaGetErrorString(e));
+    }
+    if (*dev < 0 || *dev >= DEFT_CUDNN_MAX_DEVICES)
+        return deft_set_error(DEFT_ERR_DEVICE, "cuda %s: cuda:%d is past the %d devices deft supports",
+                              deft_op_name(n->op), *dev, DEFT_CUDNN_MAX_DEVICES);
+    if (!deft_cudnn_workspaces[*dev]) {
+        deft_status s = deft_caching_alloc(deft_cuda(*dev), DEFT_CUDNN_WORKSPACE_BYTES, NULL, "cudnn.workspace",
+                                           &deft_cudnn_workspaces[*dev]);
+        if (s != DEFT_OK) return s;
+    }
+    cudnnStatus_t cs;
+    if (!deft_cudnn_handles[*dev]) {
+        cs = cudnnCreate(&deft_cudnn_handles[*dev]);
+        if (cs != CUDNN_STATUS_SUCCESS) {
+            deft_cudnn_handles[*dev] = NULL;
+            return deft_cudnn_error(n, "cudnnCreate", cs);
+        }
+    }
+    cs = cudnnSetStream(deft_cudnn_handles[*dev], st);
+    if (cs != CUDNN_STATUS_SUCCESS) return deft_cudnn_error(n, "cudnnSetStream", cs);
+    *h = deft_cudnn_handles[*dev];
+    *ws = deft_cudnn_workspaces[*dev];
+    return DEFT_OK;
+}
+
+/* ---- the problem and its cache entry ---- */
+typedef struct deft_conv_key {
+    int dev, op, dtype, nhwc, math;
+    int N, C, H, W, O, KH, KW, OH, OW, G;
+    int sh, sw, ph, pw, dh, dw;
+    unsigned align_x, align_w, align_y;
+} deft_conv_key;
+
+typedef struct deft_conv_entry {
+    deft_conv_key key;
+    cudnnTensorDescriptor_t x, y;   /* x (or dx) and y (or dy) */
+    cudnnFilterDescriptor_t w;      /* w (or dw) */
+    cudnnConvolutionDescriptor_t conv;
+    int algo;                       /* a cudnnConvolution{Fwd,BwdData,BwdFilter}Algo_t, by the op */
+    size_t ws_bytes;
+} deft_conv_entry;
+
+static std::vector<deft_conv_entry> deft_conv_cache;
+
+/* The largest power of two dividing p, up to 256 bytes: algorithms may depend on it. */
+static unsigned deft_conv_align(const void *p) {
+    const uintptr_t v = (uintptr_t)p, low = v & (~v + 1);
+    return (low == 0 || low > 256) ? 256u : (unsigned)low;
+}
+
+/* x, w and y (dy) of node n and their pointers, whichever of the three ops it is (as the CPU's conv_operands). */
+typedef struct deft_conv_ptrs {
+    const deft_tensor *x, *w, *y;
+    void *px, *pw, *py;
+} deft_conv_ptrs;
+
+static deft_conv_ptrs deft_conv_operands(const deft_tensor *n, void *out, const void *const *in) {
+    switch (n->op) {
+    case DEFT_OP_CONV2D: return deft_conv_ptrs{n->src[0], n->src[1], n, (void *)in[0], (void *)in[1], out};
+    case DEFT_OP_CONV2D_INPUT_GRAD: return deft_conv_ptrs{n, n->src[1], n->src[0], out, (void *)in[1], (void *)in[0]};
+    default: return deft_conv_ptrs{n->src[1], n, n->src[0], (void *)in[1], out, (void *)in[0]};
+    }
+}
+
+/* cuDNN's 4-d descriptors take int sizes and hold at most 2^31 - 1 elements. */
+static bool deft_conv_fits_int(const deft_tensor *t) {
+    return deft_shape_numel(t->ndim, t->shape) <= INT_MAX;
+}
+
+static deft_status deft_conv_key_of(const deft_tensor *n, const deft_conv_ptrs &p, int dev, unsigned flags,
+                                    deft_conv_key *k) {
+    if (!deft_conv_fits_int(p.x) || !deft_conv_fits_int(p.w) || !deft_conv_fits_int(p.y) ||
+        n->p.conv.groups > INT_MAX)
+        return deft_set_error(DEFT_ERR_SHAPE, "cuda %s: a tensor of 2^31 elements or more is past cuDNN's limit",
+                              deft_op_name(n->op));
+    for (int i = 0; i < 2; i++)
+        if (n->p.conv.stride[i] > INT_MAX || n->p.conv.pad[i] > INT_MAX || n->p.conv.dil[i] > INT_MAX)
+            return deft_set_error(DEFT_ERR_SHAPE, "cuda %s: stride, padding or dilation past 2^31 - 1",
+                                  deft_op_name(n->op));
+    memset(k, 0, sizeof *k);
+    const int nhwc = n->p.conv.layout == DEFT_NHWC, c = nhwc ? 3 : 1, h = nhwc ? 1 : 2, w = nhwc ? 2 : 3;
+    k->dev = dev, k->op = (int)n->op, k->dtype = (int)n->dtype, k->nhwc = nhwc;
+    /* f32 without TF32 is FMA_MATH, which keeps cuDNN to FMA kernels; f64 has nothing else */
+    if (n->dtype == DEFT_F64) k->math = (int)CUDNN_DEFAULT_MATH;
+    else if (n->dtype == DEFT_F32 && !(flags & DEFT_CUDA_ALLOW_TF32)) k->math = (int)CUDNN_FMA_MATH;
+    else k->math = (int)CUDNN_TENSOR_OP_MATH;
+    k->N = (int)p.x->shape[0], k->C = (int)p.x->shape[c], k->H = (int)p.x->shape[h], k->W = (int)p.x->shape[w];
+    k->O = (int)p.w->shape[0], k->KH = (int)p.w->shape[nhwc ? 1 : 2], k->KW = (int)p.w->shape[nhwc ? 2 : 3];
+    k->OH = (int)p.y->shape[h], k->OW = (int)p.y->shape[w], k->G = (int)n->p.conv.groups;
+    k->sh = (int)n->p.conv.stride[0], k->sw = (int)n->p.conv.stride[1];
+    k->ph = (int)n->p.conv.pad[0], k->pw = (int)n->p.conv.pad[1];
+    k->dh = (int)n->p.conv.dil[0], k->dw = (int)n->p.conv.dil[1];
+    k->align_x = deft_conv_align(p.px), k->align_w = deft_conv_align(p.pw), k->align_y = deft_conv_align(p.py);
+    return DEFT_OK;
+}
+
+static cudnnDataType_t deft_cudnn_data_type(int dtype) {
+    switch (dtype) {
+    case DEFT_F64: return CUDNN_DATA_DOUBLE;
+    case DEFT_F16: return CUDNN_DATA_HALF;
+    case DEFT_BF16: return CUDNN_DATA_BFLOAT16;
+    default: return CUDNN_DATA_FLOAT;
+    }
+}
+
+static void deft_conv_entry_free(deft_conv_entry *e) {
+    if (e->x) cudnnDestroyTensorDescriptor(e->x);
+    if (e->y) cudnnDestroyTensorDescriptor(e->y);
+    if (e->w) cudnnDestroyFilterDescriptor(e->w);
+    if (e->conv) cudnnDestroyConvolutionDescriptor(e->conv);
+    e->x = e->y = NULL;
+    e->w = NULL;
+    e->conv = NULL;
+}
+
+/* Fills e's descriptors from its key; on failure the caller frees what was made. */
+static cudnnStatus_t deft_conv_describe(deft_conv_entry *e) {
+    const deft_conv_key &k = e->key;
+    const cudnnDataType_t dt = deft_cudnn_data_type(k.dtype);
+    const cudnnTensorFormat_t fmt = k.nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
+    /* halves accumulate in f32; f64 in f64 */
+    const cudnnDataType_t compute = k.dtype == DEFT_F64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
+    cudnnStatus_t s;
+    if ((s = cudnnCreateTensorDescriptor(&e->x)) || (s = cudnnCreateTensorDescriptor(&e->y)) ||
+        (s = cudnnCreateFilterDescriptor(&e->w)) || (s = cudnnCreateConvolutionDescriptor(&e->conv)))
+        return s;
+    if ((s = cudnnSetTensor4dDescriptor(e->x, fmt, dt, k.N, k.C, k.H, k.W)) ||
+        (s = cudnnSetTensor4dDescriptor(e->y, fmt, dt, k.N, k.O, k.OH, k.OW)) ||
+        (s = cudnnSetFilter4dDescriptor(e->w, dt, fmt, k.O, k.C / k.G, k.KH, k.KW)) ||
+        (s = cudnnSetConvolution2dDescriptor(e->conv, k.ph, k.pw, k.sh, k.sw, k.dh, k.dw, CUDNN_CROSS_CORRELATION,
+                                             compute)) ||
+        (s = cudnnSetConvolutionGroupCount(e->conv, k.G)))
+        return s;
+    return cudnnSetConvolutionMathType(e->conv, (cudnnMathType_t)k.math);
+}
+
+/* One algorithm's measurement or estimate, whichever of the three kinds it came from. */
+typedef struct deft_conv_perf {
+    int algo;
+    cudnnStatus_t status;
+    size_t memory;
+    cudnnMathType_t math;
+} deft_conv_perf;
+
+template <class P> static int deft_conv_perfs(const P *r, int got, deft_conv_perf *out) {
+    for (int i = 0; i < got; i++) out[i] = deft_conv_perf{(int)r[i].algo, r[i].status, r[i].memory, r[i].mathType};
+    return got;
+}
+
+/* The measured (find) or estimated algorithms of e's problem, best first. */
+static cudnnStatus_t deft_conv_rank(cudnnHandle_t h, deft_conv_entry *e, const deft_conv_ptrs &p, void *ws,
+                                    bool find, deft_conv_perf *perf, int *got) {
+    const size_t wsb = DEFT_CUDNN_WORKSPACE_BYTES;
+    cudnnStatus_t s;
+    *got = 0;
+    if (e->key.op == DEFT_OP_CONV2D) {
+        cudnnConvolutionFwdAlgoPerf_t r[DEFT_CONV_ALGOS];
+        s = find ? cudnnFindConvolutionForwardAlgorithmEx(h, e->x, p.px, e->w, p.pw, e->conv, e->y, p.py,
+                                                          DEFT_CONV_ALGOS, got, r, ws, wsb)
+                 : cudnnGetConvolutionForwardAlgorithm_v7(h, e->x, e->w, e->conv, e->y, DEFT_CONV_ALGOS, got, r);
+        if (s == CUDNN_STATUS_SUCCESS) deft_conv_perfs(r, *got, perf);
+    } else if (e->key.op == DEFT_OP_CONV2D_INPUT_GRAD) {
+        cudnnConvolutionBwdDataAlgoPerf_t r[DEFT_CONV_ALGOS];
+        s = find ? cudnnFindConvolutionBackwardDataAlgorithmEx(h, e->w, p.pw, e->y, p.py, e->conv, e->x, p.px,
+                                                               DEFT_CONV_ALGOS, got, r, ws, wsb)
+                 : cudnnGetConvolutionBackwardDataAlgorithm_v7(h, e->w, e->y, e->conv, e->x, DEFT_CONV_ALGOS, got,
+                                                               r);
+        if (s == CUDNN_STATUS_SUCCESS) deft_conv_perfs(r, *got, perf);
+    } else {
+        cudnnConvolutionBwdFilterAlgoPerf_t r[DEFT_CONV_ALGOS];
+        s = find ? cudnnFindConvolutionBackwardFilterAlgorithmEx(h, e->x, p.px, e->y, p.py, e->conv, e->w, p.pw,
+                                                                 DEFT_CONV_ALGOS, got, r, ws, wsb)
+                 : cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, e->x, e->y, e->conv, e->w, DEFT_CONV_ALGOS,
+                                                                 got, r);
+        if (s == CUDNN_STATUS_SUCCESS) deft_conv_perfs(r, *got, perf);
+    }
+    return s;
+}
+
+/* Whether an algorithm may be used: it ran (or would run) and fits the workspace; strictly, it also reports the
+ * math asked for (FMA_MATH, f32 without TF32, takes only FMA kernels; torch asserts the same of cuDNN's answers). */
+static bool deft_conv_usable(const deft_conv_entry *e, const deft_conv_perf &r, bool strict) {
+    if (r.status != CUDNN_STATUS_SUCCESS || r.memory > DEFT_CUDNN_WORKSPACE_BYTES) return false;
+    return !strict || e->key.math != (int)CUDNN_FMA_MATH || r.math == CUDNN_FMA_MATH;
+}
+
+/* Picks e's algorithm; DEFT_ERR_RUNTIME with a message when cuDNN has none for the problem. */
+static deft_status deft_conv_choose(const deft_tensor *n, cudnnHandle_t h, deft_conv_entry *e,
+                                    const deft_conv_ptrs &p, void *ws, bool find) {
+    deft_conv_perf perf[DEFT_CONV_ALGOS];
+    int got = 0;
+    cudnnStatus_t s = deft_conv_rank(h, e, p, ws, find, perf, &got);
+    if (s != CUDNN_STATUS_SUCCESS)
+        return deft_cudnn_error(n, find ? "cudnnFindConvolution*AlgorithmEx" : "cudnnGetConvolution*Algorithm_v7", s);
+    /* Should cuDNN report another math type for every algorithm under FMA_MATH, the second pass takes the best one
+     * but leaves the descriptor at FMA_MATH, so it still runs without TF32. */
+    for (int strict = 1; strict >= 0; strict--) {
+        for (int i = 0; i < got; i++) {
+            if (!deft_conv_usable(e, perf[i], strict)) continue;
+            /* the math type the algorithm was measured with is the one it must run with */
+            const cudnnMathType_t math = strict ? perf[i].math : (cudnnMathType_t)e->key.math;
+            s = cudnnSetConvolutionMathType(e->conv, math);
+            if (s != CUDNN_STATUS_SUCCESS) return deft_cudnn_error(n, "cudnnSetConvolutionMathType", s);
+            e->algo = perf[i].algo;
+            e->ws_bytes = perf[i].memory;
+            return DEFT_OK;
+        }
+    }
+    const deft_conv_key &k = e->key;
+    return deft_set_error(DEFT_ERR_RUNTIME, "cuda %s: cuDNN has no algorithm for %s %s x [%d, %d, %d, %d] with "
+                          "%d x %d filters, %d groups, within its %zu MiB workspace%s", deft_op_name(n->op),
+                          deft_dtype_name(n->dtype), k.nhwc ? "NHWC" : "NCHW", k.N, k.C, k.H, k.W, k.KH, k.KW, k.G,
+                          DEFT_CUDNN_WORKSPACE_BYTES >> 20,
+                          k.math == (int)CUDNN_FMA_MATH && n->dtype == DEFT_F32 ? " without TF32" : "");
+}
+
+/* DEFT_CUDNN_FIND=0 in the environment: never measure, always take the heuristic's choice. */
+static bool deft_conv_find_wanted(void) {
+    const char *v = getenv("DEFT_CUDNN_FIND");
+    return !(v && strcmp(v, "0") == 0);
+}
+
+/* Whether `st` is capturing into a CUDA Graph; a stream that cannot be asked counts as capturing. */
+static bool deft_conv_capturing(cudaStream_t st) {
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(st, &cs) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return true;
+    }
+    return cs != cudaStreamCaptureStatusNone;
+}
+
+/* Enqueues the convolution of e on the handle's stream. */
+static cudnnStatus_t deft_conv_launch(cudnnHandle_t h, const deft_conv_entry *e, const deft_conv_ptrs &p,
+                                      void *ws) {
+    static const float one_f = 1.0f, zero_f = 0.0f;
+    static const double one_d = 1.0, zero_d = 0.0;
+    const bool f64 = e->key.dtype == DEFT_F64;
+    const void *one = f64 ? (const void *)&one_d : (const void *)&one_f;
+    const void *zero = f64 ? (const void *)&zero_d : (const void *)&zero_f;
+    if (e->key.op == DEFT_OP_CONV2D)
+        return cudnnConvolutionForward(h, one, e->x, p.px, e->w, p.pw, e->conv, (cudnnConvolutionFwdAlgo_t)e->algo,
+                                       ws, e->ws_bytes, zero, e->y, p.py);
+    if (e->key.op == DEFT_OP_CONV2D_INPUT_GRAD)
+        return cudnnConvolutionBackwardData(h, one, e->w, p.pw, e->y, p.py, e->conv,
+                                            (cudnnConvolutionBwdDataAlgo_t)e->algo, ws, e->ws_bytes, zero, e->x,
+                                            p.px);
+    return cudnnConvolutionBackwardFilter(h, one, e->x, p.px, e->y, p.py, e->conv,
+                                          (cudnnConvolutionBwdFilterAlgo_t)e->algo, ws, e->ws_bytes, zero, e->w,
+                                          p.pw);
+}
+
+static deft_conv_entry *deft_conv_find_cached(const deft_conv_key &k) {
+    for (deft_conv_entry &e : deft_conv_cache)
+        if (memcmp(&e.key, &k, sizeof k) == 0) return &e;
+    return NULL;
+}
+
+/* Runs the problem once without keeping it: inside a capture, or with the cache full. */
+static deft_status deft_conv_run_uncached(const deft_tensor *n, cudnnHandle_t h, const deft_conv_key &k,
+                                          const deft_conv_ptrs &p, void *ws) {
+    deft_conv_entry e;
+    memset(&e, 0, sizeof e);
+    e.key = k;
+    cudnnStatus_t cs = deft_conv_describe(&e);
+    deft_status s = cs == CUDNN_STATUS_SUCCESS ? deft_conv_choose(n, h, &e, p, ws, false)
+                                               : deft_cudnn_error(n, "cuDNN descriptor setup", cs);
+    if (s == DEFT_OK) {
+        cs = deft_conv_launch(h, &e, p, ws);
+        if (cs != CUDNN_STATUS_SUCCESS) s = deft_cudnn_error(n, "cudnnConvolution*", cs);
+    }
+    deft_conv_entry_free(&e);
+    return s;
+}
+
+/* The cached entry for k, made and chosen on a miss (measured unless told not to). The caller holds the lock. */
+static deft_status deft_conv_entry_for(const deft_tensor *n, cudnnHandle_t h, const deft_conv_key &k,
+                                       const deft_conv_ptrs &p, void *ws, deft_conv_entry **out) {
+    *out = deft_conv_find_cached(k);
+    if (*out) return DEFT_OK;
+    deft_conv_entry e;
+    memset(&e, 0, sizeof e);
+    e.key = k;
+    cudnnStatus_t cs = deft_conv_describe(&e);
+    deft_status s = cs == CUDNN_STATUS_SUCCESS ? deft_conv_choose(n, h, &e, p, ws, deft_conv_find_wanted())
+                                               : deft_cudnn_error(n, "cuDNN descriptor setup", cs);
+    if (s != DEFT_OK) {
+        deft_conv_entry_free(&e);
+        return s;
+    }
+    deft_conv_cache.push_back(e);
+    *out = &deft_conv_cache.back();
+    return DEFT_OK;
+}
+
+static deft_status deft_conv_run(const deft_tensor *n, const deft_conv_ptrs &p, cudaStream_t st, unsigned flags) {
+    std::lock_guard<std::mutex> guard(deft_cudnn_lock);
+    int dev = 0;
+    cudnnHandle_t h = NULL;
+    void *ws = NULL;
+    deft_status s = deft_cudnn_handle(n, st, &dev, &h, &ws);
+    if (s != DEFT_OK) return s;
+    deft_conv_key k;
+    if ((s = deft_conv_key_of(n, p, dev, flags, &k)) != DEFT_OK) return s;
+    if (!deft_conv_find_cached(k) && (deft_conv_capturing(st) || deft_conv_cache.size() >= DEFT_CONV_CACHE_MAX))
+        return deft_conv_run_uncached(n, h, k, p, ws);
+    deft_conv_entry *e = NULL;
+    if ((s = deft_conv_entry_for(n, h, k, p, ws, &e)) != DEFT_OK) return s;
+    cudnnStatus_t cs = deft_conv_launch(h, e, p, ws);
+    return cs == CUDNN_STATUS_SUCCESS ? DEFT_OK : deft_cudnn_error(n, "cudnnConvolution*", cs);
+}
+
+deft_status deft_cuda_conv2d(const deft_tensor *n, void *out, const void *const *in, cudaStream_t st,
+                             unsigned flags) {
+    if (n->dtype != DEFT_F32 && n->dtype != DEFT_F64 && n->dtype != DEFT_F16 && n->dtype != DEFT_BF16)
+        return deft_set_error(DEFT_ERR_DTYPE, "%s: dtype %s is not supported on CUDA", deft_op_name(n->op),
+                              deft_dtype_name(n->dtype));
+    const deft_conv_ptrs p = deft_conv_operands(n, out, in);
+    /* an empty sum (no input channels or an empty batch) is zero; cuDNN refuses empty tensors */
+    if (deft_shape_numel(p.x->ndim, p.x->shape) == 0 || deft_shape_numel(p.w->ndim, p.w->shape) == 0 ||
+        deft_shape_numel(p.y->ndim, p.y->shape) == 0) {
+        cudaError_t e = cudaMemsetAsync(out, 0, deft_tensor_bytes(n), st);
+        if (e == cudaSuccess && n->op == DEFT_OP_CONV2D && n->nsrc > 2) return deft_conv_add_bias(n, out, in[2], st);
+        if (e == cudaSuccess) return DEFT_OK;
+        (void)cudaGetLastError();
+        return deft_set_error(DEFT_ERR_RUNTIME, "cuda %s: memset failed: %s", deft_op_name(n->op),
+                              cudaGetErrorString(e));
+    }
+    deft_status s = deft_conv_run(n, p, st, flags);
+    if (s == DEFT_OK && n->op == DEFT_OP_CONV2D && n->nsrc > 2) s = deft_conv_add_bias(n, out, in[2], st);
+    return s;
+}
+
+#endif
