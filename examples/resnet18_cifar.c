@@ -76,7 +76,8 @@ static deft_status make_synthetic(int n, uint64_t seed, deft_cifar *d) {
 
 static int load_data(const config *c, deft_cifar *train, deft_cifar *test) {
     if (c->synthetic) {
-        if (make_synthetic(c->synthetic, 11, train) == DEFT_OK && make_synthetic(c->synthetic / 5 + 1, 12, test) == DEFT_OK)
+        if (make_synthetic(c->synthetic, 11, train) == DEFT_OK &&
+            make_synthetic(c->synthetic / 5 + 1, 12, test) == DEFT_OK)
             return 1;
         fprintf(stderr, "resnet18_cifar: out of host memory for %d generated images\n", c->synthetic);
         return 0;
@@ -86,7 +87,8 @@ static int load_data(const config *c, deft_cifar *train, deft_cifar *test) {
     fprintf(stderr,
             "resnet18_cifar: %s\n"
             "Put CIFAR-10's binary files (data_batch_1.bin .. data_batch_5.bin and test_batch.bin: extract\n"
-            "cifar-10-binary.tar.gz from https://www.cs.toronto.edu/~kriz/cifar.html, which makes cifar-10-batches-bin/)\n"
+            "cifar-10-binary.tar.gz from https://www.cs.toronto.edu/~kriz/cifar.html,\n"
+            "which makes cifar-10-batches-bin/)\n"
             "in %s%s,\nor give their directory as the first argument or in DEFT_CIFAR_DIR,\n"
             "or run with --synthetic 5000 to train on generated images of the same shape.\n",
             deft_errmsg(), dir, c->dir ? "" : " (the default, as no directory was given)");
@@ -148,7 +150,8 @@ static int argmax10(const float *row) {
 /* Every test image in batches of eval_batch, the last padded with copies of its first image (answers ignored). */
 static deft_status evaluate(run *r, const deft_cifar *d, const config *c, double *accuracy) {
     const int64_t eb = r->eval_batch;
-    float *x = malloc((size_t)eb * DEFT_CIFAR_IMAGE_BYTES * sizeof *x), *logits = malloc((size_t)eb * 10 * sizeof *logits);
+    const size_t x_bytes = (size_t)eb * DEFT_CIFAR_IMAGE_BYTES * sizeof(float);
+    float *x = malloc(x_bytes), *logits = malloc((size_t)eb * 10 * sizeof *logits);
     int32_t *y = malloc((size_t)eb * sizeof *y);
     int64_t *idx = malloc((size_t)eb * sizeof *idx), correct = 0;
     deft_status s = x && logits && y && idx ? DEFT_OK : DEFT_ERR_OOM;
@@ -157,7 +160,7 @@ static deft_status evaluate(run *r, const deft_cifar *d, const config *c, double
         int64_t real = d->n - start < eb ? d->n - start : eb;
         for (int64_t i = 0; i < eb; i++) idx[i] = start + (i < real ? i : 0);
         s = deft_cifar_batch(d, idx, 0, eb, &o, 0, x, y);
-        if (s == DEFT_OK) s = deft_program_feed(r->eval, r->t.x_eval, x, (size_t)eb * DEFT_CIFAR_IMAGE_BYTES * sizeof *x);
+        if (s == DEFT_OK) s = deft_program_feed(r->eval, r->t.x_eval, x, x_bytes);
         if (s == DEFT_OK) s = deft_program_run(r->eval);
         if (s == DEFT_OK) s = deft_program_read(r->eval, r->t.logits_eval, logits, (size_t)eb * 10 * sizeof *logits);
         for (int64_t i = 0; s == DEFT_OK && i < real; i++) correct += argmax10(logits + i * 10) == y[i];
@@ -216,7 +219,8 @@ int main(int argc, char **argv) {
     deft_status s = train.n >= c.batch ? build(&r, &c, dev, test.n) : DEFT_ERR_INVALID;
     if (s == DEFT_OK) s = train_all(&r, &c, &train, &test);
     if (s != DEFT_OK)
-        fprintf(stderr, "resnet18_cifar: %s\n", train.n < c.batch ? "fewer training images than one batch" : deft_errmsg());
+        fprintf(stderr, "resnet18_cifar: %s\n",
+                train.n < c.batch ? "fewer training images than one batch" : deft_errmsg());
     deft_graph_free(r.t.g);
     deft_cifar_free(&train);
     deft_cifar_free(&test);

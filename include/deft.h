@@ -631,7 +631,7 @@ typedef struct deft_cifar_options {
     deft_layout layout;
     int crop_padding;        /* 0: no crop; 4 is the usual; at most 16 */
     int flip;                /* 1: mirror left-right with probability 1/2 */
-    int shuffle;             /* 1 (feeds only): each epoch in a new order drawn from seed and the epoch (deft_shuffle) */
+    int shuffle;             /* 1 (feeds only): each epoch in a new order from seed and the epoch (deft_shuffle) */
     uint64_t seed;
 } deft_cifar_options;
 /* The crop offset and flip that sample `sample` gets in `epoch`: output pixel (y, x) is input pixel

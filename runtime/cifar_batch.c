@@ -25,8 +25,8 @@ static uint64_t deft_cifar_mix(uint64_t z) {
 deft_cifar_augmentation deft_cifar_augment_draw(const deft_cifar_options *o, int64_t epoch, int64_t sample) {
     deft_cifar_augmentation a = {0, 0, 0};
     if (!o || (o->crop_padding <= 0 && !o->flip)) return a;
-    uint64_t r = deft_cifar_mix(o->seed ^ deft_cifar_mix((uint64_t)epoch * 0x9e3779b97f4a7c15ull + 0x632be59bd9b4e019ull) ^
-                                deft_cifar_mix((uint64_t)sample + 0xd1b54a32d192ed03ull));
+    const uint64_t e = deft_cifar_mix((uint64_t)epoch * 0x9e3779b97f4a7c15ull + 0x632be59bd9b4e019ull);
+    const uint64_t r = deft_cifar_mix(o->seed ^ e ^ deft_cifar_mix((uint64_t)sample + 0xd1b54a32d192ed03ull));
     if (o->crop_padding > 0) {
         uint64_t span = 2 * (uint64_t)o->crop_padding + 1;
         a.dy = (int)((r & 0xffff) % span) - o->crop_padding;
@@ -56,8 +56,8 @@ static void deft_cifar_sample(const uint8_t *px, deft_cifar_augmentation a, deft
                 int sy = y + a.dy, sx = (a.flip ? DEFT_CIFAR_SIDE - 1 - x : x) + a.dx;
                 int inside = sy >= 0 && sy < DEFT_CIFAR_SIDE && sx >= 0 && sx < DEFT_CIFAR_SIDE;
                 float v = inside ? (float)px[c * DEFT_CIFAR_PLANE + sy * DEFT_CIFAR_SIDE + sx] * scale - shift : -shift;
-                int at = layout == DEFT_NHWC ? (y * DEFT_CIFAR_SIDE + x) * 3 + c : c * DEFT_CIFAR_PLANE + y * DEFT_CIFAR_SIDE + x;
-                out[at] = v;
+                int pixel = y * DEFT_CIFAR_SIDE + x;
+                out[layout == DEFT_NHWC ? pixel * 3 + c : c * DEFT_CIFAR_PLANE + pixel] = v;
             }
     }
 }

@@ -50,7 +50,8 @@ static void test_read_values(void) {
         ok &= tr.labels[r] == r % 10;
         for (int k = 0; k < 3072; k += 101) ok &= tr.pixels[(size_t)r * 3072 + k] == pixel_of(r, k);
     }
-    for (int r = 0; r < te.n; r++) ok &= te.labels[r] == (100 + r) % 10 && te.pixels[r * 3072 + 3071] == pixel_of(100 + r, 3071);
+    for (int r = 0; r < te.n; r++)
+        ok &= te.labels[r] == (100 + r) % 10 && te.pixels[r * 3072 + 3071] == pixel_of(100 + r, 3071);
     CHECK_MSG(ok, "records read back with other labels or pixels");
     deft_cifar_free(&tr);
     deft_cifar_free(&te);
@@ -117,7 +118,8 @@ static int batch_matches(const deft_cifar *d, const int64_t *order, int64_t star
         for (int c = 0; c < 3; c++)
             for (int yy = 0; yy < 32; yy++)
                 for (int xx = 0; xx < 32; xx++) {
-                    size_t at = o->layout == DEFT_NHWC ? (size_t)(yy * 32 + xx) * 3 + c : (size_t)c * 1024 + yy * 32 + xx;
+                    size_t pix = (size_t)(yy * 32 + xx);
+                    size_t at = o->layout == DEFT_NHWC ? pix * 3 + c : (size_t)c * 1024 + pix;
                     ok &= fabsf(x[i * 3072 + at] - expected(d, k, c, yy, xx, a)) <= 1e-5f;
                 }
     }
@@ -241,7 +243,8 @@ static void test_loader(deft_cifar *d) {
         CHECK(b.end);
     }
     deft_loader_free(l);
-    CHECK_ERR(deft_cifar_feed_fill(f, 0, 3, (void *[]){got, gy}), DEFT_ERR_INVALID, "batch 3 of epoch 0; an epoch has 3");
+    CHECK_ERR(deft_cifar_feed_fill(f, 0, 3, (void *[]){got, gy}), DEFT_ERR_INVALID,
+              "batch 3 of epoch 0; an epoch has 3");
     deft_cifar_feed_free(f);
     CHECK_ERR(deft_cifar_feed_new(d, 16, &o, &f), DEFT_ERR_INVALID, "a batch of 16 from 15 samples");
     CHECK(f == NULL);

@@ -257,7 +257,7 @@ def main(argv=None):
     ap.add_argument("--precision", choices=("f32", "bf16"), help="one precision (default: both)")
     ap.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (cpu: eager only, batch 16)")
     ap.add_argument("--tf32", action="store_true", help="let f32 matmuls use TF32")
-    ap.add_argument("--no-cudnn-tf32", action="store_true", help="f32 convolutions without TF32 (torch's default is on)")
+    ap.add_argument("--no-cudnn-tf32", action="store_true", help="f32 convolutions without TF32 (torch's default: on)")
     args = ap.parse_args(argv)
 
     try:
