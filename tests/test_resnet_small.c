@@ -2,7 +2,7 @@
  * second with stride 2 and a downsample branch, batch norm, adaptive average pool, fc) trained with SGD and
  * momentum on generated 8x8 colour images whose class is the quadrant holding a bright square; held-out accuracy
  * through the evaluation pass (batch norm on the running statistics the training steps updated) must pass 90%, in
- * NCHW and NHWC. */
+ * NCHW and NHWC. ResNet-18 itself, as the example and the bench build it, has torchvision's parameters. */
 #include "check.h"
 #include "ref.h"
 
@@ -91,7 +91,42 @@ static double train_and_test(deft_layout layout) {
     return (double)correct / TEST;
 }
 
+/* ResNet-18 as built for the example and the bench has torchvision's parameters: resnet18(num_classes=10) holds
+ * 11,181,642 (sum of p.numel() over model.parameters()) and 9,600 running statistics (4,800 batch norm channels),
+ * under torchvision's names, and gives [N, 10] logits for 32x32 images in either layout. Built and planned only. */
+static void test_resnet18_layout(deft_layout layout) {
+    const resnet_config c = resnet18_config(10, layout);
+    deft_graph *g = deft_graph_new();
+    deft_tensor *x = resnet_images(g, "x", &c, 2, 32, deft_cpu());
+    deft_tensor *logits = resnet_forward(g, &c, x, 0);
+    CHECK_MSG(logits != NULL, "building ResNet-18: %s", deft_errmsg());
+    CHECK(logits && deft_tensor_ndim(logits) == 2);
+    CHECK(logits && deft_tensor_dim(logits, 0) == 2 && deft_tensor_dim(logits, 1) == 10);
+    deft_memory_report r;
+    CHECK_OK(deft_plan_memory(g, &logits, 1, NULL, &r));
+    const size_t want = (11181642u + 9600u + 2u * 3072u) * sizeof(float);   /* parameters, statistics, the input */
+    CHECK_MSG(r.persistent_bytes == want, "persistent bytes %zu, torchvision's resnet18 and the input: %zu",
+              r.persistent_bytes, want);
+    const char *names[] = {"conv1.weight", "bn1.running_var", "layer1.1.conv2.weight", "layer2.0.downsample.0.weight",
+                           "layer4.1.bn2.bias", "layer4.0.downsample.1.running_mean", "fc.weight", "fc.bias"};
+    for (int i = 0; i < 8; i++) CHECK_MSG(deft_graph_find(g, names[i]) != NULL, "no parameter %s", names[i]);
+    CHECK(deft_graph_find(g, "layer1.0.downsample.0.weight") == NULL);
+    deft_tensor *w = deft_graph_find(g, "layer3.0.conv1.weight");
+    const int64_t nchw[4] = {256, 128, 3, 3}, nhwc[4] = {256, 3, 3, 128};
+    for (int i = 0; w && i < 4; i++) CHECK(deft_tensor_dim(w, i) == (layout == DEFT_NHWC ? nhwc : nchw)[i]);
+    /* Kaiming-normal (fan_out): the standard deviation of conv1's weights near sqrt(2 / (64 * 7 * 7)). */
+    float *v = malloc(64 * 3 * 7 * 7 * sizeof *v);
+    CHECK_OK(deft_param_get(deft_graph_find(g, "conv1.weight"), v, 64 * 3 * 7 * 7 * sizeof *v));
+    double ss = 0;
+    for (int i = 0; i < 64 * 3 * 7 * 7; i++) ss += (double)v[i] * v[i];
+    CHECK_NEAR(sqrt(ss / (64 * 3 * 7 * 7)), sqrt(2.0 / (64 * 7 * 7)), 0.05 * sqrt(2.0 / (64 * 7 * 7)));
+    free(v);
+    deft_graph_free(g);
+}
+
 int main(void) {
+    test_resnet18_layout(DEFT_NCHW);
+    test_resnet18_layout(DEFT_NHWC);
     for (int layout = 0; layout < 2; layout++) {
         double acc = train_and_test(layout ? DEFT_NHWC : DEFT_NCHW);
         printf("small resnet %s: held-out accuracy %.3f\n", layout ? "NHWC" : "NCHW", acc);
