@@ -608,6 +608,55 @@ deft_status deft_dataset_batch(const deft_dataset *d, const int64_t *order, int6
 /* Fills order with a permutation of [0, n) drawn from seed (Fisher-Yates). NULL order (n > 0) or n < 0: an error. */
 deft_status deft_shuffle(int64_t *order, int64_t n, uint64_t seed);
 
+/* ---- CIFAR-10 (the binary version: data_batch_1..5.bin, test_batch.bin) ----
+ * A record is one label byte (0..9) and 3072 pixel bytes: the red, green and blue 32x32 planes, row-major. */
+#define DEFT_CIFAR_IMAGE_BYTES 3072
+#define DEFT_CIFAR_CLASSES 10
+typedef struct deft_cifar {
+    int64_t n;
+    uint8_t *pixels;         /* [n, 3, 32, 32] bytes, as in the files */
+    int32_t *labels;         /* [n], 0..9 */
+} deft_cifar;
+/* Reads the records of the files in order. A file that is empty or not a whole number of records (truncated), a
+ * label above 9 or a file that cannot be read is DEFT_ERR_IO with the path and what was wrong; nothing is kept. */
+deft_status deft_cifar_read(const char *const *paths, int n_paths, deft_cifar *out);
+/* train: dir/data_batch_1.bin .. dir/data_batch_5.bin; else dir/test_batch.bin. */
+deft_status deft_cifar_load(const char *dir, int train, deft_cifar *out);
+void deft_cifar_free(deft_cifar *d);
+/* How batches are made. Pixels become (p / 255 - mean[c]) / std[c] with CIFAR-10's mean (0.4914, 0.4822, 0.4465)
+ * and std (0.2470, 0.2435, 0.2616), in f32 [batch, 3, 32, 32] (DEFT_NCHW) or [batch, 32, 32, 3] (DEFT_NHWC).
+ * Augmentation as torchvision's RandomCrop(32, padding=crop_padding) (zero pixels around) then
+ * RandomHorizontalFlip(), drawn from seed, the epoch and the sample's index in the dataset: deterministic. Zeros
+ * mean: NCHW, no augmentation, no shuffling. */
+typedef struct deft_cifar_options {
+    deft_layout layout;
+    int crop_padding;        /* 0: no crop; 4 is the usual; at most 16 */
+    int flip;                /* 1: mirror left-right with probability 1/2 */
+    int shuffle;             /* 1 (feeds only): each epoch in a new order from seed and the epoch (deft_shuffle) */
+    uint64_t seed;
+} deft_cifar_options;
+/* The crop offset and flip that sample `sample` gets in `epoch`: output pixel (y, x) is input pixel
+ * (y + dy, (flip ? 31 - x : x) + dx), zero outside the image. */
+typedef struct deft_cifar_augmentation {
+    int dy, dx, flip;
+} deft_cifar_augmentation;
+deft_cifar_augmentation deft_cifar_augment_draw(const deft_cifar_options *o, int64_t epoch, int64_t sample);
+/* As deft_dataset_batch: `batch` samples from position `start` of order (NULL: 0, 1, ...) into x and y, augmented
+ * for `epoch` as opts says (NULL: NCHW, plain). */
+deft_status deft_cifar_batch(const deft_cifar *d, const int64_t *order, int64_t start, int64_t batch,
+                             const deft_cifar_options *opts, int64_t epoch, float *x, int32_t *y);
+/* A feed makes batch (epoch, index) of d (which must outlive it) for a deft_loader: deft_cifar_feed_fill is a
+ * deft_loader_fill over it, so decoding, normalising and augmenting run on the loader's thread. The last incomplete
+ * batch of an epoch is dropped. */
+typedef struct deft_cifar_feed deft_cifar_feed;
+deft_status deft_cifar_feed_new(const deft_cifar *d, int64_t batch, const deft_cifar_options *opts,
+                                deft_cifar_feed **out);
+int64_t deft_cifar_feed_batches(const deft_cifar_feed *f);                       /* per epoch */
+deft_status deft_cifar_feed_fill(void *feed, int64_t epoch, int64_t index, void *const *buffers);
+void deft_cifar_feed_free(deft_cifar_feed *f);   /* after the loader that uses it */
+/* A loader over the feed into x (f32, the feed's layout and batch) and y (i32 [batch]); other shapes are refused. */
+deft_status deft_loader_new_cifar(deft_cifar_feed *f, deft_tensor *x, deft_tensor *y, int depth, deft_loader **out);
+
 /* ---- half-precision conversion helpers (round to nearest even) ---- */
 uint16_t deft_f32_to_f16(float f);
 float deft_f16_to_f32(uint16_t h);
