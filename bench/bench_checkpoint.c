@@ -28,9 +28,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
-#include "deft.h"
+#define BENCH_NAME "bench_checkpoint"
+#include "bench_util.h"
 
 #define WARMUP_STEPS 5
 #define CALIBRATE_STEPS 3
@@ -39,49 +39,10 @@
 #define MAX_POINTS 64
 #define CLASSES 10
 
-static const char *prog = "bench_checkpoint";
-
 typedef struct net_config {
     int layers;
     int64_t width, batch;
 } net_config;
-
-static void die(const char *what) {
-    fprintf(stderr, "%s: %s: %s\n", prog, what, deft_errmsg());
-    exit(1);
-}
-#define CHECK(call)                                  \
-    do {                                             \
-        if ((call) != DEFT_OK) die(#call);           \
-    } while (0)
-
-static void *xmalloc(size_t bytes) {
-    void *p = malloc(bytes);
-    if (!p) {
-        fprintf(stderr, "%s: out of host memory (%zu bytes)\n", prog, bytes);
-        exit(1);
-    }
-    return p;
-}
-
-static double seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-/* bench_mlp_train's hash: element i of stream s; streams 1 the input, 2 the labels, 100 + 2l / 101 + 2l layer l's
- * weight ([out, in] as torch stores it) and bias, scaled by 1 / sqrt(in). */
-static uint32_t hash32(uint64_t stream, uint64_t i) {
-    uint64_t h = (i + stream * 0x9E3779B1ull) & 0xffffffffull;
-    h = ((h ^ (h >> 16)) * 0x045D9F3Bull) & 0xffffffffull;
-    h = ((h ^ (h >> 16)) * 0x045D9F3Bull) & 0xffffffffull;
-    return (uint32_t)(h ^ (h >> 16));
-}
-
-static float hash_uniform(uint64_t stream, uint64_t i, double scale) {
-    return (float)((((double)hash32(stream, i) / 4294967296.0) * 2.0 - 1.0) * scale);
-}
 
 typedef struct net {
     deft_graph *g;
@@ -90,22 +51,9 @@ typedef struct net {
 
 static int64_t layer_out(const net_config *c, int l) { return l == c->layers - 1 ? CLASSES : c->width; }
 
+/* bench_mlp_train's initial values (bench_util.h), so the losses can be compared with the peer's. */
 static void set_params(const net *n, const net_config *c) {
-    for (int l = 0; l < c->layers; l++) {
-        int64_t in = c->width, out = layer_out(c, l);
-        double scale = 1.0 / sqrt((double)in);
-        float *w = xmalloc((size_t)(in * out) * sizeof *w), *b = xmalloc((size_t)out * sizeof *b);
-        for (int64_t o = 0; o < out; o++)
-            for (int64_t i = 0; i < in; i++) w[i * out + o] = hash_uniform(100 + 2 * (uint64_t)l, (uint64_t)(o * in + i), scale);
-        for (int64_t o = 0; o < out; o++) b[o] = hash_uniform(101 + 2 * (uint64_t)l, (uint64_t)o, scale);
-        char name[48];
-        snprintf(name, sizeof name, "fc%d.weight", l);
-        CHECK(deft_param_set(deft_graph_find(n->g, name), w, (size_t)(in * out) * sizeof *w));
-        snprintf(name, sizeof name, "fc%d.bias", l);
-        CHECK(deft_param_set(deft_graph_find(n->g, name), b, (size_t)out * sizeof *b));
-        free(w);
-        free(b);
-    }
+    for (int l = 0; l < c->layers; l++) bench_set_linear(n->g, l, c->width, layer_out(c, l));
 }
 
 static void build(net *n, const net_config *c, deft_device dev) {

@@ -13,23 +13,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
-#include "deft.h"
+#define BENCH_NAME "bench_conv"
+#include "bench_util.h"
 
 #define REPEATS 7
 #define TARGET_REPEAT_S 0.3
-
-static double seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static void die(const char *what) {
-    fprintf(stderr, "bench_conv: %s: %s\n", what, deft_errmsg());
-    exit(1);
-}
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;

@@ -45,9 +45,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
-#include "deft.h"
+#define BENCH_NAME "bench_mlp_train"
+#include "bench_util.h"
 
 #define WARMUP_STEPS 20
 #define CALIBRATE_STEPS 10
@@ -75,49 +75,6 @@ static const mlp_config configs[] = {
 };
 #define N_CONFIGS ((int)(sizeof configs / sizeof configs[0]))
 
-static const char *prog = "bench_mlp_train";
-
-static void die(const char *what) {
-    fprintf(stderr, "%s: %s: %s\n", prog, what, deft_errmsg());
-    exit(1);
-}
-#define CHECK(call)                                  \
-    do {                                             \
-        if ((call) != DEFT_OK) die(#call);           \
-    } while (0)
-
-static void *xmalloc(size_t bytes) {
-    void *p = malloc(bytes);
-    if (!p) {
-        fprintf(stderr, "%s: out of host memory (%zu bytes)\n", prog, bytes);
-        exit(1);
-    }
-    return p;
-}
-
-static double seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-/* ---- the shared data: mlp_train.py's hash32 / hash_uniform / hash_labels compute the same values ----
- * Element i of stream s: a 32-bit integer hash of (i + s * 0x9E3779B1) mod 2^32. Uniform values are
- * (2 * h / 2^32 - 1) * scale in double, rounded once to f32; labels are h mod classes. Streams: 1 the input x,
- * 2 the targets (labels or MSE targets), 100 + 2l the weight of layer l, 101 + 2l its bias. Weights are indexed as
- * torch stores them ([out, in], row-major); deft's weight is [in, out], so it is filled transposed. The scale of
- * layer l's weight and bias is 1 / sqrt(in_l), the bound of torch.nn.Linear's default initialisation. */
-static uint32_t hash32(uint64_t stream, uint64_t i) {
-    uint64_t h = (i + stream * 0x9E3779B1ull) & 0xffffffffull;
-    h = ((h ^ (h >> 16)) * 0x045D9F3Bull) & 0xffffffffull;
-    h = ((h ^ (h >> 16)) * 0x045D9F3Bull) & 0xffffffffull;
-    return (uint32_t)(h ^ (h >> 16));
-}
-
-static float hash_uniform(uint64_t stream, uint64_t i, double scale) {
-    return (float)((((double)hash32(stream, i) / 4294967296.0) * 2.0 - 1.0) * scale);
-}
-
 typedef struct mlp {
     deft_graph *g;
     deft_tensor *x, *y, *loss, *step;
@@ -133,15 +90,6 @@ typedef struct mlp {
 
 static int64_t layer_in(const mlp_config *c, int l) { return l == 0 ? c->in_dim : c->width; }
 static int64_t layer_out(const mlp_config *c, int l) { return l == c->layers - 1 ? c->classes : c->width; }
-
-static void set_param(deft_graph *g, const char *name, const float *host, size_t bytes) {
-    deft_tensor *t = deft_graph_find(g, name);
-    if (!t) {
-        fprintf(stderr, "%s: no parameter named %s in the graph\n", prog, name);
-        exit(1);
-    }
-    CHECK(deft_param_set(t, host, bytes));
-}
 
 static void build(mlp *m, const mlp_config *c, deft_device dev, const deft_compile_options *co) {
     deft_graph *g = m->g = deft_graph_new();
@@ -168,23 +116,8 @@ static void build(mlp *m, const mlp_config *c, deft_device dev, const deft_compi
         exit(1);
     }
 
-    /* The shared initial values, set before compiling. */
-    for (int l = 0; l < c->layers; l++) {
-        int64_t in = layer_in(c, l), out = layer_out(c, l);
-        double scale = 1.0 / sqrt((double)in);
-        float *w = xmalloc((size_t)(in * out) * sizeof *w), *b = xmalloc((size_t)out * sizeof *b);
-        for (int64_t o = 0; o < out; o++)
-            for (int64_t i = 0; i < in; i++)
-                w[i * out + o] = hash_uniform(100 + 2 * (uint64_t)l, (uint64_t)(o * in + i), scale);
-        for (int64_t o = 0; o < out; o++) b[o] = hash_uniform(101 + 2 * (uint64_t)l, (uint64_t)o, scale);
-        char name[48];
-        snprintf(name, sizeof name, "fc%d.weight", l);
-        set_param(g, name, w, (size_t)(in * out) * sizeof *w);
-        snprintf(name, sizeof name, "fc%d.bias", l);
-        set_param(g, name, b, (size_t)out * sizeof *b);
-        free(w);
-        free(b);
-    }
+    /* The shared initial values (bench_util.h), set before compiling. */
+    for (int l = 0; l < c->layers; l++) bench_set_linear(g, l, layer_in(c, l), layer_out(c, l));
 
     m->p = deft_compile(g, (deft_tensor *[]){m->loss, m->step}, 2, co);
     if (!m->p) die("deft_compile");

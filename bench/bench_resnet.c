@@ -29,15 +29,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#define BENCH_NAME "bench_resnet"
 #include "../examples/resnet18.h"
-#include "deft.h"
+#include "bench_util.h"
 
 #define REPEATS 7
 #define TARGET_REPEAT_S 0.2
-
-static const char *prog = "bench_resnet";
 
 typedef struct bench_config {
     int64_t batch;
@@ -48,21 +46,8 @@ typedef struct timing {
     int warmup, calibrate;
 } timing;
 
-static double seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-/* resnet.py's hash32: element i of stream s is a 32-bit hash of (i + s * 0x9E3779B1) mod 2^32. Stream 1 gives x
- * (uniform (2 h / 2^32 - 1), in the NCHW order whatever the layout), stream 2 the labels (h mod 10). */
-static uint32_t hash32(uint64_t stream, uint64_t i) {
-    uint64_t h = (i + stream * 0x9E3779B1ull) & 0xffffffffull;
-    h = ((h ^ (h >> 16)) * 0x045D9F3Bull) & 0xffffffffull;
-    h = ((h ^ (h >> 16)) * 0x045D9F3Bull) & 0xffffffffull;
-    return (uint32_t)(h ^ (h >> 16));
-}
-
+/* The data, as resnet.py makes it (bench_util.h's hash): stream 1 gives x (uniform in [-1, 1), in the NCHW order
+ * whatever the layout), stream 2 the labels (h mod 10). */
 static deft_status feed_batch(deft_program *p, const resnet_train *t, int64_t batch, deft_layout layout) {
     const size_t n = (size_t)batch * 3 * 32 * 32;
     float *x = malloc(n * sizeof *x);

@@ -1,0 +1,82 @@
+/* What the benchmark executables share: exiting with deft's message, a host clock, and the integer hash that gives
+ * deft and the PyTorch peers (bench/peers/peer_common.py computes it bit for bit) the same data and initial weights.
+ * Define BENCH_NAME (the program's name, for messages) before including. Header-only: each benchmark is one file. */
+#ifndef DEFT_BENCH_UTIL_H
+#define DEFT_BENCH_UTIL_H
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "deft.h"
+
+#ifndef BENCH_NAME
+#error "define BENCH_NAME before including bench_util.h"
+#endif
+
+static const char *const prog = BENCH_NAME;
+
+static inline void die(const char *what) {
+    fprintf(stderr, "%s: %s: %s\n", prog, what, deft_errmsg());
+    exit(1);
+}
+
+#define CHECK(call)                                  \
+    do {                                             \
+        if ((call) != DEFT_OK) die(#call);           \
+    } while (0)
+
+static inline void *xmalloc(size_t bytes) {
+    void *p = malloc(bytes);
+    if (!p) {
+        fprintf(stderr, "%s: out of host memory (%zu bytes)\n", prog, bytes);
+        exit(1);
+    }
+    return p;
+}
+
+static inline double seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Element i of stream s: a 32-bit integer hash of (i + s * 0x9E3779B1) mod 2^32. Uniform values are
+ * (2 * h / 2^32 - 1) * scale in double, rounded once to f32; labels are h mod classes. Streams: 1 the input x,
+ * 2 the targets (labels or MSE targets), 100 + 2l the weight of layer l, 101 + 2l its bias. */
+static inline uint32_t hash32(uint64_t stream, uint64_t i) {
+    uint64_t h = (i + stream * 0x9E3779B1ull) & 0xffffffffull;
+    h = ((h ^ (h >> 16)) * 0x045D9F3Bull) & 0xffffffffull;
+    h = ((h ^ (h >> 16)) * 0x045D9F3Bull) & 0xffffffffull;
+    return (uint32_t)(h ^ (h >> 16));
+}
+
+static inline float hash_uniform(uint64_t stream, uint64_t i, double scale) {
+    return (float)((((double)hash32(stream, i) / 4294967296.0) * 2.0 - 1.0) * scale);
+}
+
+/* Sets layer l ("fc<l>.weight" [in, out] and "fc<l>.bias" [out]) of an MLP built with deft_linear to the hashed
+ * values, indexed as torch stores the weight ([out, in], so deft's is filled transposed), scaled by 1 / sqrt(in):
+ * the bound of torch.nn.Linear's default initialisation. */
+static inline void bench_set_linear(deft_graph *g, int l, int64_t in, int64_t out) {
+    const double scale = 1.0 / sqrt((double)in);
+    float *w = xmalloc((size_t)(in * out) * sizeof *w), *b = xmalloc((size_t)out * sizeof *b);
+    for (int64_t o = 0; o < out; o++)
+        for (int64_t i = 0; i < in; i++) w[i * out + o] = hash_uniform(100 + 2 * (uint64_t)l, (uint64_t)(o * in + i), scale);
+    for (int64_t o = 0; o < out; o++) b[o] = hash_uniform(101 + 2 * (uint64_t)l, (uint64_t)o, scale);
+    char name[48];
+    snprintf(name, sizeof name, "fc%d.weight", l);
+    deft_tensor *wt = deft_graph_find(g, name);
+    if (!wt) die(name);
+    CHECK(deft_param_set(wt, w, (size_t)(in * out) * sizeof *w));
+    snprintf(name, sizeof name, "fc%d.bias", l);
+    deft_tensor *bt = deft_graph_find(g, name);
+    if (!bt) die(name);
+    CHECK(deft_param_set(bt, b, (size_t)out * sizeof *b));
+    free(w);
+    free(b);
+}
+
+#endif
