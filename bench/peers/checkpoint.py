@@ -14,7 +14,7 @@ Figures per point: checkpoint.torch.<pt>.peak_bytes (torch.cuda.max_memory_alloc
 its model is made: parameters, gradients, momentum, the batch, activations, cuBLAS's workspace), .step_ms (the median
 over repeats, eager mode, between CUDA events; fastest and slowest beside it), .loss_warmup and .loss.
 
-Data and weights come from bench_mlp_train's index hash (hash32 below, the C bench's bit for bit), so the losses
+Data and weights come from bench_mlp_train's index hash (hash32 in peer_common.py, the C bench's bit for bit), so the losses
 after the warm-up steps agree with bench_checkpoint's to f32 rounding. TF32 is off. torch is imported inside main().
 """
 import argparse
@@ -22,25 +22,13 @@ import gc
 import math
 import sys
 
+from peer_common import Timer, hash32, hash_uniform
+
 WARMUP_STEPS = 5
 CALIBRATE_STEPS = 3
 REPEATS = 5
 TARGET_REPEAT_S = 0.3
 CLASSES = 10
-
-
-def hash32(stream, i):
-    """bench_checkpoint.c's hash32 in int64 arithmetic (no intermediate reaches 2^63)."""
-    m = 0xFFFFFFFF
-    h = (i + stream * 0x9E3779B1) & m
-    h = ((h ^ (h >> 16)) * 0x045D9F3B) & m
-    h = ((h ^ (h >> 16)) * 0x045D9F3B) & m
-    return h ^ (h >> 16)
-
-
-def hash_uniform(torch, stream, n, scale, device):
-    h = hash32(stream, torch.arange(n, dtype=torch.int64, device=device))
-    return (((h.to(torch.float64) / 4294967296.0) * 2.0 - 1.0) * scale).to(torch.float32)
 
 
 def make_model(torch, layers, width, device):
@@ -60,16 +48,6 @@ def make_batch(torch, width, batch, device):
     x = hash_uniform(torch, 1, batch * width, 1.0, device).view(batch, width)
     y = (hash32(2, torch.arange(batch, dtype=torch.int64, device=device)) % CLASSES).to(torch.int64)
     return x, y
-
-
-def seconds(torch, fn, n):
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(n):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / 1e3
 
 
 def run_point(torch, name, segments, args, device):
@@ -96,9 +74,9 @@ def run_point(torch, name, segments, args, device):
     for _ in range(WARMUP_STEPS):
         step()
     warm = last[0].item()
-    per = seconds(torch, step, CALIBRATE_STEPS) / CALIBRATE_STEPS
+    per = Timer(torch, True).seconds(step, CALIBRATE_STEPS) / CALIBRATE_STEPS
     n = max(1, math.ceil(TARGET_REPEAT_S / max(per, 1e-9)))
-    ms = sorted(seconds(torch, step, n) / n * 1e3 for _ in range(REPEATS))
+    ms = sorted(Timer(torch, True).seconds(step, n) / n * 1e3 for _ in range(REPEATS))
     loss = last[0].item()
     peak = torch.cuda.max_memory_allocated(device)
     p = f"checkpoint.torch.{name}"

@@ -25,7 +25,7 @@ Configurations (f32, TF32 off; `layers` nn.Linear layers, nn.ReLU between them, 
     large  Linear(4096,4096)+ReLU x7, Linear(4096,10); batch 2048, as small
 The labels are int64 here (nn.CrossEntropyLoss's class indices); deft reads i32 ones of the same values.
 
-Data and weights come from an integer hash of each element's index (hash32 below, the same as the C bench's), so
+Data and weights come from an integer hash of each element's index (hash32 in peer_common.py, the same as the C bench's), so
 both programs train the same model on the same batch and their losses at a given step agree to f32 rounding.
 
 Timing: the batch is made once on the device and reused (static inputs). 20 warm-up steps (the loss of the first
@@ -42,10 +42,11 @@ same over eager mode. With --device cpu only eager mode runs, timed with a host 
 torch is imported inside main(), so the file compiles and imports without it.
 """
 import argparse
-import gc
 import math
 import sys
-import time
+
+import peer_common
+from peer_common import Timer, fresh, hash32, hash_uniform
 
 WARMUP_STEPS = 20
 CALIBRATE_STEPS = 10
@@ -62,21 +63,8 @@ CONFIGS = {
 }
 
 
-def hash32(stream, i):
-    """Element i (an int64 tensor of indices) of stream `stream`: the C bench's hash32, in int64 arithmetic that
-    never overflows (every intermediate stays below 2^59). Streams: 1 the input, 2 the targets or labels, 100 + 2l
-    the weight of layer l ([out, in], row-major), 101 + 2l its bias."""
-    m = 0xFFFFFFFF
-    h = (i + stream * 0x9E3779B1) & m
-    h = ((h ^ (h >> 16)) * 0x045D9F3B) & m
-    h = ((h ^ (h >> 16)) * 0x045D9F3B) & m
-    return h ^ (h >> 16)
-
-
-def hash_uniform(torch, stream, n, scale, device):
-    """(2 h / 2^32 - 1) * scale in float64, rounded once to float32, as the C bench computes it."""
-    h = hash32(stream, torch.arange(n, dtype=torch.int64, device=device))
-    return (((h.to(torch.float64) / 4294967296.0) * 2.0 - 1.0) * scale).to(torch.float32)
+def measure(timer, fn, read_loss):
+    return peer_common.measure(timer, fn, read_loss, CALIBRATE_STEPS, REPEATS, TARGET_REPEAT_S)
 
 
 def layer_dims(cfg):
@@ -146,35 +134,6 @@ class Amp:
         self.scaler.update()
 
 
-class Timer:
-    def __init__(self, torch, cuda):
-        self.torch, self.cuda = torch, cuda
-
-    def seconds(self, fn, n):
-        """Wall time of n calls of fn: device events around them on CUDA, a host clock on the CPU."""
-        torch = self.torch
-        if self.cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(n):
-                fn()
-            end.record()
-            end.synchronize()
-            return start.elapsed_time(end) / 1e3
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        return time.perf_counter() - t0
-
-
-def measure(timer, fn, read_loss):
-    """Calibrates N, then REPEATS repeats of N steps: (sorted per-step microseconds, N, loss after the last)."""
-    per = timer.seconds(fn, CALIBRATE_STEPS) / CALIBRATE_STEPS
-    n = max(1, min(1000000, math.ceil(TARGET_REPEAT_S / max(per, 1e-9))))
-    us = sorted(timer.seconds(fn, n) / n * 1e6 for _ in range(REPEATS))
-    return us, n, read_loss()
-
-
 def report(name, tag, cfg, us, n, losses, steps, peak):
     first, warm, last = losses
     print(f"mlp_train.{name}.{tag}_step_us {us[REPEATS // 2]:.2f} us")
@@ -190,14 +149,6 @@ def report(name, tag, cfg, us, n, losses, steps, peak):
     print(f"mlp_train.{name}.{tag}_loss {last:.6f} loss")
     print(f"mlp_train.{name}.{tag}_loss_steps {steps} count")
     sys.stdout.flush()
-
-
-def fresh(torch, cuda):
-    gc.collect()
-    if cuda:
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
 
 
 def run_eager(torch, name, cfg, device, cuda, amp_kind):

@@ -31,10 +31,10 @@ mode runs, batch 16, timed with a host clock.
 torch is imported inside main(), so the file compiles and imports without it.
 """
 import argparse
-import gc
-import math
 import sys
-import time
+
+import peer_common
+from peer_common import Timer, fresh, hash32
 
 WARMUP_STEPS = 20
 CALIBRATE_STEPS = 10
@@ -42,15 +42,6 @@ REPEATS = 7
 TARGET_REPEAT_S = 0.2
 GRAPH_SIDE_WARMUP = 3
 BATCHES = (128, 512)
-
-
-def hash32(stream, i):
-    """Element i (an int64 tensor of indices) of stream `stream`: the C bench's hash32 in int64 arithmetic."""
-    m = 0xFFFFFFFF
-    h = (i + stream * 0x9E3779B1) & m
-    h = ((h ^ (h >> 16)) * 0x045D9F3B) & m
-    h = ((h ^ (h >> 16)) * 0x045D9F3B) & m
-    return h ^ (h >> 16)
 
 
 def make_batch(torch, batch, device, channels_last):
@@ -127,33 +118,8 @@ def make_model(torch, device, channels_last):
     return model
 
 
-class Timer:
-    def __init__(self, torch, cuda):
-        self.torch, self.cuda = torch, cuda
-
-    def seconds(self, fn, n):
-        """Wall time of n calls of fn: device events around them on CUDA, a host clock on the CPU."""
-        torch = self.torch
-        if self.cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(n):
-                fn()
-            end.record()
-            end.synchronize()
-            return start.elapsed_time(end) / 1e3
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        return time.perf_counter() - t0
-
-
 def measure(timer, fn, read_loss, calibrate):
-    """Calibrates N, then REPEATS repeats of N steps: (sorted per-step microseconds, N, loss after the last)."""
-    per = timer.seconds(fn, calibrate) / calibrate
-    n = max(1, min(1000000, math.ceil(TARGET_REPEAT_S / max(per, 1e-9))))
-    us = sorted(timer.seconds(fn, n) / n * 1e6 for _ in range(REPEATS))
-    return us, n, read_loss()
+    return peer_common.measure(timer, fn, read_loss, calibrate, REPEATS, TARGET_REPEAT_S)
 
 
 def report(name, tag, batch, us, n, losses, steps, peak):
@@ -171,14 +137,6 @@ def report(name, tag, batch, us, n, losses, steps, peak):
     print(f"resnet.{name}.{tag}_loss {last:.6f} loss")
     print(f"resnet.{name}.{tag}_loss_steps {steps} count")
     sys.stdout.flush()
-
-
-def fresh(torch, cuda):
-    gc.collect()
-    if cuda:
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
 
 
 class Setup:
