@@ -66,6 +66,23 @@ static int deft_check_count = 0;
                   #b, check_b_, (double)(tol));                                                       \
     } while (0)
 
+/* The device a cuda test runs on: cuda:0, or the CPU standing in for it when DEFT_TEST_GPU_AS_CPU=1 (to check
+ * the test itself on a machine without a GPU). 0 when neither: the test then skips (exit 77). */
+static inline int deft_test_gpu(deft_device *out) {
+    const char *as_cpu = getenv("DEFT_TEST_GPU_AS_CPU");
+    if (as_cpu && strcmp(as_cpu, "1") == 0) {
+        *out = deft_cpu();
+        printf("DEFT_TEST_GPU_AS_CPU=1: the cpu stands in for cuda:0\n");
+        return 1;
+    }
+    if (deft_cuda_device_count() == 0) {
+        printf("no GPU: skipped\n");
+        return 0;
+    }
+    *out = deft_cuda(0);
+    return 1;
+}
+
 static inline int deft_check_finish(void) {
     if (deft_check_failures) {
         fprintf(stderr, "%d of %d checks failed\n", deft_check_failures, deft_check_count);

@@ -112,17 +112,7 @@ static void test_cpu_agrees(deft_dtype dt) {
 }
 
 int main(void) {
-    const char *as_cpu = getenv("DEFT_TEST_GPU_AS_CPU");
-    if (as_cpu && strcmp(as_cpu, "1") == 0) {
-        GPU = deft_cpu();
-        printf("DEFT_TEST_GPU_AS_CPU=1: the cpu stands in for cuda:0\n");
-    } else {
-        if (deft_cuda_device_count() == 0) {
-            printf("no GPU: skipped\n");
-            return 77;
-        }
-        GPU = deft_cuda(0);
-    }
+    if (!deft_test_gpu(&GPU)) return 77;
     test_follows_f32(DEFT_BF16);
     test_follows_f32(DEFT_F16);
     test_overflow_on_device();

@@ -83,17 +83,7 @@ static void test_net(uint64_t seed, int with_dropout) {
 }
 
 int main(void) {
-    const char *as_cpu = getenv("DEFT_TEST_GPU_AS_CPU");
-    if (as_cpu && strcmp(as_cpu, "1") == 0) {
-        GPU = deft_cpu();
-        printf("DEFT_TEST_GPU_AS_CPU=1: the cpu stands in for cuda:0\n");
-    } else {
-        if (deft_cuda_device_count() == 0) {
-            printf("no GPU: skipped\n");
-            return 77;
-        }
-        GPU = deft_cuda(0);
-    }
+    if (!deft_test_gpu(&GPU)) return 77;
     for (uint64_t seed = 1; seed <= 6; seed++) test_net(seed, 0);
     for (uint64_t seed = 201; seed <= 206; seed++) test_net(seed, 1);
     return deft_check_finish();

@@ -535,17 +535,7 @@ static void test_flat_gradients_only_when_needed(void) {
 }
 
 int main(void) {
-    const char *as_cpu = getenv("DEFT_TEST_GPU_AS_CPU");
-    if (as_cpu && strcmp(as_cpu, "1") == 0) {
-        GPU = deft_cpu();
-        printf("DEFT_TEST_GPU_AS_CPU=1: the cpu stands in for cuda:0\n");
-    } else {
-        if (deft_cuda_device_count() == 0) {
-            printf("no GPU: skipped\n");
-            return 77;
-        }
-        GPU = deft_cuda(0);
-    }
+    if (!deft_test_gpu(&GPU)) return 77;
     const train_cfg cfgs[] = {
         {"sgd nesterov f32", 0, 1, 0, DEFT_F32, 1e-4},
         {"adamw f32", 1, 1, 0, DEFT_F32, 1e-4},
