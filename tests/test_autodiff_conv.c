@@ -5,6 +5,7 @@
 
 #include "check.h"
 #include "ref.h"
+#include "grad_check.h"
 
 #define CPU deft_cpu()
 #define MAXP 4
@@ -25,14 +26,7 @@ static gcase start(const char *name, int nhwc) {
 }
 
 static deft_tensor *param(gcase *c, int ndim, const int64_t *shape, double lo, double hi) {
-    char name[16];
-    snprintf(name, sizeof name, "p%d", c->n_params);
-    deft_tensor *p = deft_param(c->g, name, DEFT_F64, ndim, shape, CPU, DEFT_INIT_ZEROS);
-    int64_t n = deft_tensor_numel(p);
-    double *v = malloc((size_t)n * sizeof *v);
-    for (int64_t i = 0; i < n; i++) v[i] = ref_unif(&c->seed, lo, hi);
-    CHECK_OK(deft_param_set(p, v, (size_t)n * sizeof *v));
-    free(v);
+    deft_tensor *p = grad_check_param(c->g, &c->seed, c->n_params, ndim, shape, lo, hi);
     c->params[c->n_params++] = p;
     return p;
 }
@@ -43,60 +37,18 @@ static deft_tensor *image_param(gcase *c, int nhwc, int64_t n, int64_t ch, int64
     return param(c, 4, shape, -1, 1);
 }
 
-static deft_tensor *weighted_sum(gcase *c, deft_tensor *f) {
-    int64_t n = deft_tensor_numel(f), shape[DEFT_MAX_DIMS];
-    for (int d = 0; d < deft_tensor_ndim(f); d++) shape[d] = deft_tensor_dim(f, d);
-    double *w = malloc((size_t)n * sizeof *w);
-    for (int64_t i = 0; i < n; i++) w[i] = ref_unif(&c->seed, -1.0, 1.0);
-    deft_tensor *wt = deft_constant(c->g, DEFT_F64, deft_tensor_ndim(f), shape, CPU, w, (size_t)n * sizeof *w);
-    free(w);
-    return deft_sum(deft_mul(f, wt), 0, NULL, 0);
-}
-
-static double run_loss(deft_program *p, deft_tensor *loss) {
-    double v = NAN;
-    CHECK_OK(deft_program_run(p));
-    CHECK_OK(deft_program_read(p, loss, &v, sizeof v));
-    return v;
-}
-
-/* The largest relative difference between deft's gradient of param i and central differences. */
-static double worst_gradient_error(gcase *c, deft_program *p, deft_tensor *loss, deft_tensor *grad, int i) {
-    int64_t n = deft_tensor_numel(c->params[i]);
-    size_t bytes = (size_t)n * sizeof(double);
-    double *analytic = malloc(bytes), *v = malloc(bytes), worst = 0.0;
-    CHECK_OK(deft_program_read(p, grad, analytic, bytes));
-    CHECK_OK(deft_param_get(c->params[i], v, bytes));
-    for (int64_t j = 0; j < n; j++) {
-        const double h = 1e-6, keep = v[j];
-        v[j] = keep + h;
-        deft_param_set(c->params[i], v, bytes);
-        double up = run_loss(p, loss);
-        v[j] = keep - h;
-        deft_param_set(c->params[i], v, bytes);
-        double down = run_loss(p, loss);
-        v[j] = keep;
-        deft_param_set(c->params[i], v, bytes);
-        double err = fabs((up - down) / (2 * h) - analytic[j]) / fmax(1.0, fabs(analytic[j]));
-        if (err > worst) worst = err;
-    }
-    free(analytic);
-    free(v);
-    return worst;
-}
-
 static void check_case(gcase *c, deft_tensor *f) {
     CHECK_MSG(f != NULL, "%s: build: %s", c->name, deft_errmsg());
-    deft_tensor *loss = weighted_sum(c, f);
+    deft_tensor *loss = grad_check_loss(c->g, &c->seed, f);
     CHECK_OK(deft_backward(loss));
     deft_tensor *outs[1 + MAXP] = {loss};
     for (int i = 0; i < c->n_params; i++) outs[1 + i] = deft_grad(c->params[i]);
     deft_program *p = deft_compile(c->g, outs, 1 + c->n_params, NULL);
     CHECK_MSG(p != NULL, "%s: compile: %s", c->name, deft_errmsg());
     if (p) {
-        run_loss(p, loss);
+        grad_check_run(p, loss);
         for (int i = 0; i < c->n_params; i++) {
-            double worst = worst_gradient_error(c, p, loss, outs[1 + i], i);
+            double worst = grad_check_worst(p, loss, outs[1 + i], c->params[i]);
             CHECK_MSG(worst <= 1e-6, "%s: gradient of p%d off by %.3g", c->name, i, worst);
         }
     }
