@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "batch_range.h"
 #include "graph_internal.h"
 
 #define DEFT_CIFAR_SIDE 32
@@ -66,15 +67,7 @@ static deft_status deft_cifar_batch_check(const deft_cifar *d, const int64_t *or
                                           const float *x, const int32_t *y) {
     if (!d || !d->pixels || !d->labels || !x || !y)
         return deft_set_error(DEFT_ERR_INVALID, "cifar_batch: the dataset, x and y must not be NULL");
-    if (start < 0 || batch < 1 || start > d->n - batch)
-        return deft_set_error(DEFT_ERR_INVALID, "cifar_batch: samples [%lld, %lld + %lld) are out of the dataset's "
-                              "[0, %lld); batch must be >= 1", (long long)start, (long long)start, (long long)batch,
-                              (long long)d->n);
-    for (int64_t i = start; order && i < start + batch; i++)
-        if (order[i] < 0 || order[i] >= d->n)
-            return deft_set_error(DEFT_ERR_INVALID, "cifar_batch: order[%lld] is %lld, out of [0, %lld)", (long long)i,
-                                  (long long)order[i], (long long)d->n);
-    return DEFT_OK;
+    return deft_batch_range_check("cifar_batch", d->n, order, start, batch);
 }
 
 deft_status deft_cifar_batch(const deft_cifar *d, const int64_t *order, int64_t start, int64_t batch,

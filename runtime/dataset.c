@@ -2,6 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "batch_range.h"
 #include "graph_internal.h"
 
 #define DEFT_IDX_U8 0x08
@@ -87,20 +88,24 @@ void deft_dataset_free(deft_dataset *d) {
 
 /* ---- batches ---- */
 
+deft_status deft_batch_range_check(const char *what, int64_t n, const int64_t *order, int64_t start, int64_t batch) {
+    if (start < 0 || batch < 1 || start > n - batch)
+        return deft_set_error(DEFT_ERR_INVALID, "%s: samples [%lld, %lld + %lld) are out of the dataset's [0, %lld); "
+                              "batch must be >= 1", what, (long long)start, (long long)start, (long long)batch,
+                              (long long)n);
+    for (int64_t i = start; order && i < start + batch; i++)
+        if (order[i] < 0 || order[i] >= n)
+            return deft_set_error(DEFT_ERR_INVALID, "%s: order[%lld] is %lld, out of [0, %lld)", what, (long long)i,
+                                  (long long)order[i], (long long)n);
+    return DEFT_OK;
+}
+
 /* Checks everything before copying anything, so a bad call leaves x and y as they were. */
 static deft_status deft_batch_check(const deft_dataset *d, const int64_t *order, int64_t start, int64_t batch,
                                     const float *x, const int32_t *y) {
     if (!d || !x || !y || !d->images || !d->labels)
         return deft_set_error(DEFT_ERR_INVALID, "dataset_batch: the dataset, x and y must not be NULL");
-    if (start < 0 || batch < 1 || start > d->n - batch)
-        return deft_set_error(DEFT_ERR_INVALID, "dataset_batch: samples [%lld, %lld + %lld) are out of the dataset's "
-                              "[0, %lld); batch must be >= 1", (long long)start, (long long)start, (long long)batch,
-                              (long long)d->n);
-    for (int64_t i = start; order && i < start + batch; i++)
-        if (order[i] < 0 || order[i] >= d->n)
-            return deft_set_error(DEFT_ERR_INVALID, "dataset_batch: order[%lld] is %lld, out of [0, %lld)",
-                                  (long long)i, (long long)order[i], (long long)d->n);
-    return DEFT_OK;
+    return deft_batch_range_check("dataset_batch", d->n, order, start, batch);
 }
 
 deft_status deft_dataset_batch(const deft_dataset *d, const int64_t *order, int64_t start, int64_t batch, float *x,
