@@ -119,15 +119,6 @@ static float run_steps(const net *n, deft_program *p, int64_t k) {
     return loss;
 }
 
-static void sort(double *v, int n) {
-    for (int i = 1; i < n; i++)
-        for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
-            double t = v[j];
-            v[j] = v[j - 1];
-            v[j - 1] = t;
-        }
-}
-
 static void time_steps(const net *n, deft_program *p, const char *pt) {
     float warm = 0;
     for (int i = 0; i < WARMUP_STEPS; i++) warm = run_steps(n, p, 1);
@@ -143,7 +134,7 @@ static void time_steps(const net *n, deft_program *p, const char *pt) {
         loss = run_steps(n, p, k);
         ms[r] = (seconds() - t0) / (double)k * 1e3;
     }
-    sort(ms, REPEATS);
+    sort_times(ms, REPEATS);
     printf("checkpoint.deft.%s.step_ms %.3f ms\n", pt, ms[REPEATS / 2]);
     printf("checkpoint.deft.%s.step_ms_min %.3f ms\n", pt, ms[0]);
     printf("checkpoint.deft.%s.step_ms_max %.3f ms\n", pt, ms[REPEATS - 1]);

@@ -248,12 +248,7 @@ static void bench(const mlp_config *c, deft_device dev, const deft_compile_optio
         us[r] = (seconds() - t0) / (double)n * 1e6;
         steps += n;
     }
-    for (int i = 1; i < REPEATS; i++)   /* insertion sort for the median */
-        for (int j = i; j > 0 && us[j] < us[j - 1]; j--) {
-            double t = us[j];
-            us[j] = us[j - 1];
-            us[j - 1] = t;
-        }
+    sort_times(us, REPEATS);
 
     deft_memory_report mr;
     CHECK(deft_program_memory(m.p, &mr));

@@ -73,15 +73,6 @@ static deft_status run_steps(deft_program *p, const resnet_train *t, int64_t n, 
     return s;
 }
 
-static void sort(double *v, int n) {
-    for (int i = 1; i < n; i++)
-        for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
-            double t = v[j];
-            v[j] = v[j - 1];
-            v[j - 1] = t;
-        }
-}
-
 typedef struct result {
     double us[REPEATS];
     int64_t n, steps;
@@ -103,7 +94,7 @@ static deft_status measure(deft_program *p, const resnet_train *t, const timing 
         r->us[k] = (seconds() - t0) / (double)r->n * 1e6;
         r->steps += r->n;
     }
-    sort(r->us, REPEATS);
+    sort_times(r->us, REPEATS);
     return s;
 }
 

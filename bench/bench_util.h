@@ -43,6 +43,16 @@ static inline double seconds(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* Sorts n times in increasing order (for the median and the extremes of a run's repeats). */
+static inline void sort_times(double *v, int n) {
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
+            double t = v[j];
+            v[j] = v[j - 1];
+            v[j - 1] = t;
+        }
+}
+
 /* Element i of stream s: a 32-bit integer hash of (i + s * 0x9E3779B1) mod 2^32. Uniform values are
  * (2 * h / 2^32 - 1) * scale in double, rounded once to f32; labels are h mod classes. Streams: 1 the input x,
  * 2 the targets (labels or MSE targets), 100 + 2l the weight of layer l, 101 + 2l its bias. */
