@@ -377,7 +377,7 @@ typedef struct deft_device_memory {
     deft_device device;
     size_t persistent_bytes;   /* inputs, parameters, constants and optimizer state on this device */
     size_t arena_bytes;        /* the planned arena */
-    size_t workspace_bytes;    /* library workspaces (cuBLAS) the program's kernels use */
+    size_t workspace_bytes;    /* library workspaces (cuBLAS, cuDNN) the program's kernels use */
     size_t total_bytes;        /* the sum of the three */
 } deft_device_footprint;
 /* Fills up to max entries (one per device the program touches) and sets *n to their number. */

@@ -132,13 +132,22 @@ static int deft_footprint_slot(deft_device_footprint *fp, int *n, int max, deft_
 }
 
 /* cuBLAS keeps one workspace per GPU that runs a matmul (ops/cuda/cuda_matmul.cu). */
-static bool deft_uses_cublas(const deft_program *p, deft_device d) {
-    if (d.type != DEFT_CUDA || !deft_has_cuda_build()) return false;
-    for (int i = 0; i < p->n_steps; i++) {
-        const deft_tensor *t = p->graph->nodes[p->steps[i]];
-        if (t->op == DEFT_OP_MATMUL && deft_device_equal(t->device, d)) return true;
+static bool deft_is_conv(deft_op op) {
+    return op == DEFT_OP_CONV2D || op == DEFT_OP_CONV2D_INPUT_GRAD || op == DEFT_OP_CONV2D_WEIGHT_GRAD;
+}
+
+/* The library scratch of the program's stream on d: cuBLAS's if it multiplies matrices there, cuDNN's if it
+ * convolves (ops/cuda/cuda_workspace.cu). */
+static size_t deft_workspaces_used(const deft_program *p, deft_device d) {
+    if (d.type != DEFT_CUDA || !deft_has_cuda_build()) return 0;
+    bool cublas = false, cudnn = false;
+    for (int id = 0; id < p->n_nodes; id++) {   /* every node, as a product may be a fused group's member */
+        const deft_tensor *t = p->graph->nodes[id];
+        if (!p->nodes[id].needed || !deft_device_equal(t->device, d)) continue;
+        cublas = cublas || t->op == DEFT_OP_MATMUL;
+        cudnn = cudnn || deft_is_conv(t->op);
     }
-    return false;
+    return (cublas ? DEFT_CUBLAS_WORKSPACE_BYTES : 0) + (cudnn ? DEFT_CUDNN_WORKSPACE_BYTES : 0);
 }
 
 deft_status deft_program_footprint(const deft_program *p, deft_device_footprint *out, int max, int *n) {
@@ -161,7 +170,7 @@ deft_status deft_program_footprint(const deft_program *p, deft_device_footprint 
         else out[i].persistent_bytes += bytes;
     }
     for (int i = 0; i < *n; i++) {
-        out[i].workspace_bytes = deft_uses_cublas(p, out[i].device) ? DEFT_CUBLAS_WORKSPACE_BYTES : 0;
+        out[i].workspace_bytes = deft_workspaces_used(p, out[i].device);
         out[i].total_bytes = out[i].persistent_bytes + out[i].arena_bytes + out[i].workspace_bytes;
     }
     if (full) return deft_set_error(DEFT_ERR_INVALID, "program_footprint: the program touches more than %d devices", max);

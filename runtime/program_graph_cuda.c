@@ -3,6 +3,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "cuda_workspace.h"
 #include "device_internal.h"
 #include "program_graph.h"
 
@@ -26,6 +27,8 @@ deft_status deft_cuda_stream_create(int device, void **stream) {
 
 void deft_cuda_stream_destroy(int device, void *stream) {
     if (!stream || deft_cuda_set_device(device) != DEFT_OK) return;
+    if (cudaStreamSynchronize((cudaStream_t)stream) != cudaSuccess) (void)cudaGetLastError();
+    deft_stream_workspaces_release(device, stream);
     if (cudaStreamDestroy((cudaStream_t)stream) != cudaSuccess) (void)cudaGetLastError();
 }
 

@@ -1,6 +1,8 @@
 /* A program on one GPU replays its step as a CUDA Graph from the third run on: replays give the same values as
  * eager runs, see new inputs and parameter values, and programs a replay cannot stand for stay eager, saying why. */
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "check.h"
 #include "ref.h"
@@ -107,6 +109,57 @@ static void test_programs_that_stay_eager(void) {
     deft_graph_free(g);
 }
 
+/* Products with a long inner dimension, which cuBLAS splits over K through its workspace. */
+#define SB_ROWS 64
+#define SB_K 8192
+static deft_program *side_program(deft_graph **g, deft_tensor **x, deft_tensor **y, int graphs) {
+    *g = deft_graph_new();
+    deft_graph_set_seed(*g, 77);
+    *x = deft_input(*g, "x", DEFT_F32, 2, (int64_t[]){SB_ROWS, SB_K}, GPU);
+    deft_tensor *h = deft_tanh(deft_linear(*x, 512, "a", NULL));
+    h = deft_linear(deft_linear(h, SB_K, "b", NULL), 256, "c", NULL);
+    *y = deft_linear(h, 128, "d", NULL);
+    deft_program *p = deft_compile(*g, y, 1, &(deft_compile_options){.no_cuda_graphs = !graphs});
+    CHECK_MSG(p != NULL, "compile: %s", deft_errmsg());
+    return p;
+}
+
+/* Two programs on one GPU whose steps overlap (a replay still running while the other's step is queued) each
+ * compute what a program run alone does: library calls on different streams do not share scratch. */
+static void test_programs_side_by_side(void) {
+    deft_graph *ga, *gb, *gr;
+    deft_tensor *xa, *xb, *xr, *ya, *yb, *yr;
+    deft_program *a = side_program(&ga, &xa, &ya, 1), *b = side_program(&gb, &xb, &yb, 1);
+    deft_program *r = side_program(&gr, &xr, &yr, 0);
+    float *x = malloc(sizeof(float) * SB_ROWS * SB_K), *out = malloc(sizeof(float) * 3 * SB_ROWS * 128);
+    CHECK(x && out);
+    for (int run = 0; a && b && r && x && out && run < 6; run++) {
+        uint64_t seed = 900 + (uint64_t)run;
+        for (int i = 0; i < SB_ROWS * SB_K; i++) x[i] = (float)ref_unif(&seed, -1, 1);
+        CHECK_OK(deft_program_feed(a, xa, x, sizeof(float) * SB_ROWS * SB_K));
+        CHECK_OK(deft_program_feed(b, xb, x, sizeof(float) * SB_ROWS * SB_K));
+        for (int k = 0; k < 3; k++) {   /* both queued before either is read */
+            CHECK_OK(deft_program_run(a));
+            CHECK_OK(deft_program_run(b));
+        }
+        CHECK_OK(deft_program_read(a, ya, out, sizeof(float) * SB_ROWS * 128));
+        CHECK_OK(deft_program_read(b, yb, out + SB_ROWS * 128, sizeof(float) * SB_ROWS * 128));
+        CHECK_OK(deft_program_feed(r, xr, x, sizeof(float) * SB_ROWS * SB_K));
+        CHECK_OK(deft_program_run(r));
+        CHECK_OK(deft_program_read(r, yr, out + 2 * SB_ROWS * 128, sizeof(float) * SB_ROWS * 128));
+        CHECK_MSG(memcmp(out, out + 2 * SB_ROWS * 128, sizeof(float) * SB_ROWS * 128) == 0,
+                  "run %d: the first of two programs side by side differs from one run alone", run);
+        CHECK_MSG(memcmp(out + SB_ROWS * 128, out + 2 * SB_ROWS * 128, sizeof(float) * SB_ROWS * 128) == 0,
+                  "run %d: the second of two programs side by side differs from one run alone", run);
+    }
+    CHECK(deft_program_graph_replays(a) > 0 && deft_program_graph_replays(b) > 0);
+    free(x);
+    free(out);
+    deft_graph_free(ga);
+    deft_graph_free(gb);
+    deft_graph_free(gr);
+}
+
 int main(void) {
     if (deft_cuda_device_count() == 0) {
         printf("no GPU: skipped\n");
@@ -114,5 +167,6 @@ int main(void) {
     }
     test_replay_equals_eager();
     test_programs_that_stay_eager();
+    test_programs_side_by_side();
     return deft_check_finish();
 }

@@ -8,7 +8,7 @@
  * the choice is measured (cudnnFind*Ex, on the op's own buffers and stream, which it synchronises); with
  * DEFT_CUDNN_FIND=0 in the environment, or for a problem first met inside a capture (where nothing may be
  * measured or synchronised), it is the heuristic's first choice (cudnnGet*_v7), which needs no run. Only what
- * fits the device's fixed workspace is chosen, so a captured step never needs a new allocation. */
+ * fits the stream's fixed workspace is chosen (cuda_workspace.cu), so a captured step never needs a new allocation. */
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,9 +58,8 @@ static deft_status deft_conv_add_bias(const deft_tensor *n, void *y, const void 
 /* Algorithms asked of cuDNN per problem (more than it has of any kind). */
 #define DEFT_CONV_ALGOS 16
 
-/* ---- one cuDNN handle and one workspace per device, never destroyed (as the cuBLAS handles) ---- */
+/* ---- one cuDNN handle per device, never destroyed (as the cuBLAS handles); the workspace is the stream's ---- */
 static cudnnHandle_t deft_cudnn_handles[DEFT_CUDNN_MAX_DEVICES];
-static void *deft_cudnn_workspaces[DEFT_CUDNN_MAX_DEVICES];
 /* Guards the handles, workspaces and cache, held across a whole call: a handle holds one stream at a time. */
 static std::mutex deft_cudnn_lock;
 
@@ -80,11 +79,8 @@ static deft_status deft_cudnn_handle(const deft_tensor *n, cudaStream_t st, int 
     if (*dev < 0 || *dev >= DEFT_CUDNN_MAX_DEVICES)
         return deft_set_error(DEFT_ERR_DEVICE, "cuda %s: cuda:%d is past the %d devices deft supports",
                               deft_op_name(n->op), *dev, DEFT_CUDNN_MAX_DEVICES);
-    if (!deft_cudnn_workspaces[*dev]) {
-        deft_status s = deft_caching_alloc(deft_cuda(*dev), DEFT_CUDNN_WORKSPACE_BYTES, NULL, "cudnn.workspace",
-                                           &deft_cudnn_workspaces[*dev]);
-        if (s != DEFT_OK) return s;
-    }
+    deft_status ws_status = deft_stream_workspace(*dev, st, DEFT_WORKSPACE_CUDNN, ws);
+    if (ws_status != DEFT_OK) return ws_status;
     cudnnStatus_t cs;
     if (!deft_cudnn_handles[*dev]) {
         cs = cudnnCreate(&deft_cudnn_handles[*dev]);
@@ -96,7 +92,6 @@ static deft_status deft_cudnn_handle(const deft_tensor *n, cudaStream_t st, int 
     cs = cudnnSetStream(deft_cudnn_handles[*dev], st);
     if (cs != CUDNN_STATUS_SUCCESS) return deft_cudnn_error(n, "cudnnSetStream", cs);
     *h = deft_cudnn_handles[*dev];
-    *ws = deft_cudnn_workspaces[*dev];
     return DEFT_OK;
 }
 

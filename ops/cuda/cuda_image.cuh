@@ -7,9 +7,8 @@
 
 #include "cuda_common.cuh"
 
-/* The workspace each device's cuDNN handle gets from the caching allocator, once, and keeps; algorithms that need
- * more are not chosen. */
-#define DEFT_CUDNN_WORKSPACE_BYTES ((size_t)64 << 20)
+/* Algorithms that need more than DEFT_CUDNN_WORKSPACE_BYTES (cuda_workspace.h), the scratch of each stream, are not
+ * chosen. */
 
 /* DEFT_OP_CONV2D (in: x, w[, bias]), DEFT_OP_CONV2D_INPUT_GRAD (in: dy, w) and DEFT_OP_CONV2D_WEIGHT_GRAD
  * (in: dy, x). flags: DEFT_CUDA_ALLOW_TF32 lets f32 use TF32 tensor cores. */

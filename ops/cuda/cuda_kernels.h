@@ -16,8 +16,9 @@ extern "C" {
  * cuBLAS error string on failure. */
 deft_status deft_cuda_run_node(const deft_tensor *n, void *out, const void *const *in, void *stream, unsigned flags);
 
-/* The cuBLAS workspace each device's handle gets from the caching allocator (shown in memory footprints). */
-#define DEFT_CUBLAS_WORKSPACE_BYTES ((size_t)32 << 20)
+/* DEFT_CUBLAS_WORKSPACE_BYTES and DEFT_CUDNN_WORKSPACE_BYTES: the scratch a stream's cuBLAS and cuDNN calls get
+ * from the caching allocator (shown in memory footprints). */
+#include "cuda_workspace.h"
 
 #ifdef __cplusplus
 }

@@ -26,11 +26,9 @@
 static cublasHandle_t deft_cublas_handles[DEFT_CUBLAS_MAX_DEVICES];
 static std::mutex deft_cublas_lock;
 
-/* Each device's workspace comes from the caching allocator, so that it shows in the statistics and snapshots and
- * the memory a program reports before running includes it (32 MiB: what cuBLAS asks for on Hopper). cuBLAS and
- * cuBLASLt share it: both enqueue on the caller's stream, so calls on one stream never overlap in it. */
-static void *deft_matmul_workspaces[DEFT_CUBLAS_MAX_DEVICES];
-static std::mutex deft_workspace_lock;
+/* The workspace is the stream's (cuda_workspace.cu), from the caching allocator, so that it shows in the statistics
+ * and snapshots and the memory a program reports before running includes it (32 MiB: what cuBLAS asks for on
+ * Hopper). cuBLAS and cuBLASLt share it: both enqueue on the caller's stream, so their calls never overlap in it. */
 
 deft_status deft_cublas_error(const char *what, cublasStatus_t s) {
     return deft_set_error(DEFT_ERR_RUNTIME, "cuda matmul: %s failed: %s", what, cublasGetStatusString(s));
@@ -48,24 +46,13 @@ deft_status deft_matmul_device(int *dev) {
     return DEFT_OK;
 }
 
-deft_status deft_matmul_workspace(int dev, void **out) {
-    std::lock_guard<std::mutex> guard(deft_workspace_lock);
-    if (!deft_matmul_workspaces[dev]) {
-        deft_status s = deft_caching_alloc(deft_cuda(dev), DEFT_CUBLAS_WORKSPACE_BYTES, NULL, "cublas.workspace",
-                                           &deft_matmul_workspaces[dev]);
-        if (s != DEFT_OK) return s;
-    }
-    *out = deft_matmul_workspaces[dev];
-    return DEFT_OK;
-}
-
 /* The current device's handle, bound to `st`; the caller holds deft_cublas_lock. */
 static deft_status deft_cublas_handle(cudaStream_t st, cublasHandle_t *out) {
     int dev = 0;
     deft_status ds = deft_matmul_device(&dev);
     if (ds != DEFT_OK) return ds;
     void *ws = NULL;
-    ds = deft_matmul_workspace(dev, &ws);
+    ds = deft_stream_workspace(dev, st, DEFT_WORKSPACE_CUBLAS, &ws);
     if (ds != DEFT_OK) return ds;
     cublasStatus_t s;
     if (!deft_cublas_handles[dev]) {

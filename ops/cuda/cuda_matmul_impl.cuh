@@ -26,10 +26,6 @@ deft_status deft_cublas_error(const char *what, cublasStatus_t s);
 /* The current device's index, checked against DEFT_CUBLAS_MAX_DEVICES. */
 deft_status deft_matmul_device(int *dev);
 
-/* The device's one matmul workspace (DEFT_CUBLAS_WORKSPACE_BYTES from the caching allocator), shared by the cuBLAS
- * handle and the cuBLASLt calls, so the footprint a program reports holds for either path. Thread-safe. */
-deft_status deft_matmul_workspace(int dev, void **out);
-
 /* Whether DEFT_MATMUL_REFERENCE=1 sends every product down the reference path (cuda_matmul.cu). */
 bool deft_matmul_reference_requested(void);
 

@@ -231,7 +231,8 @@ static deft_status deft_lt_run(deft_lt_call &c, cudaStream_t st, bool *done) {
     cublasLtHandle_t h = NULL;
     void *ws = NULL;
     if (capturing && !deft_lt_handles[c.key.dev]) return DEFT_OK;   /* creating one is no capture's business */
-    if ((s = deft_lt_handle(c.key.dev, &h)) != DEFT_OK || (s = deft_matmul_workspace(c.key.dev, &ws)) != DEFT_OK)
+    if ((s = deft_lt_handle(c.key.dev, &h)) != DEFT_OK ||
+        (s = deft_stream_workspace(c.key.dev, st, DEFT_WORKSPACE_CUBLAS, &ws)) != DEFT_OK)
         return s;
     deft_lt_entry *e = deft_lt_entry_for(h, c.key, c.bias, capturing, &s);
     if (!e || !e->found) return s;

@@ -1,0 +1,65 @@
+/* Library scratch (cuBLAS, cuBLASLt, cuDNN) per device, stream and library. A library call leaves work in flight on
+ * its stream that still uses the scratch, so two streams sharing one (two programs on one GPU, or a replayed CUDA
+ * Graph and the eager run queued after it) would overwrite each other's partial results. The scratch of a stream is
+ * allocated on its first use, from the caching allocator, and given back when the stream is destroyed. */
+#include <mutex>
+#include <stdlib.h>
+
+#include "caching_allocator.h"
+#include "cuda_workspace.h"
+#include "graph_internal.h"
+
+typedef struct deft_stream_scratch {
+    int dev;
+    void *stream;
+    void *ptr[DEFT_WORKSPACE_KINDS];
+} deft_stream_scratch;
+
+static deft_stream_scratch *deft_scratch;
+static int deft_n_scratch, deft_cap_scratch;
+static std::mutex deft_scratch_lock;
+
+static const size_t deft_workspace_size[DEFT_WORKSPACE_KINDS] = {DEFT_CUBLAS_WORKSPACE_BYTES,
+                                                                 DEFT_CUDNN_WORKSPACE_BYTES};
+static const char *const deft_workspace_tag[DEFT_WORKSPACE_KINDS] = {"cublas.workspace", "cudnn.workspace"};
+
+/* The entry of (dev, stream), made if new; NULL when the host is out of memory. */
+static deft_stream_scratch *deft_scratch_entry(int dev, void *stream) {
+    for (int i = 0; i < deft_n_scratch; i++)
+        if (deft_scratch[i].dev == dev && deft_scratch[i].stream == stream) return &deft_scratch[i];
+    if (deft_n_scratch == deft_cap_scratch) {
+        int cap = deft_cap_scratch ? 2 * deft_cap_scratch : 8;
+        deft_stream_scratch *grown = (deft_stream_scratch *)realloc(deft_scratch, (size_t)cap * sizeof *grown);
+        if (!grown) return NULL;
+        deft_scratch = grown;
+        deft_cap_scratch = cap;
+    }
+    deft_stream_scratch *e = &deft_scratch[deft_n_scratch++];
+    *e = deft_stream_scratch{dev, stream, {NULL, NULL}};
+    return e;
+}
+
+deft_status deft_stream_workspace(int dev, void *stream, deft_workspace_kind kind, void **out) {
+    std::lock_guard<std::mutex> guard(deft_scratch_lock);
+    deft_stream_scratch *e = deft_scratch_entry(dev, stream);
+    if (!e) return deft_set_error(DEFT_ERR_OOM, "cuda: out of host memory for the library workspaces");
+    if (!e->ptr[kind]) {
+        deft_status s = deft_caching_alloc(deft_cuda(dev), deft_workspace_size[kind], stream,
+                                           deft_workspace_tag[kind], &e->ptr[kind]);
+        if (s != DEFT_OK) return s;
+    }
+    *out = e->ptr[kind];
+    return DEFT_OK;
+}
+
+void deft_stream_workspaces_release(int dev, void *stream) {
+    std::lock_guard<std::mutex> guard(deft_scratch_lock);
+    for (int i = 0; i < deft_n_scratch; i++) {
+        deft_stream_scratch *e = &deft_scratch[i];
+        if (e->dev != dev || e->stream != stream) continue;
+        for (int k = 0; k < DEFT_WORKSPACE_KINDS; k++)
+            if (e->ptr[k]) (void)deft_caching_free(deft_cuda(dev), e->ptr[k]);
+        *e = deft_scratch[--deft_n_scratch];
+        return;
+    }
+}

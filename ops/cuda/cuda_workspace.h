@@ -1,0 +1,30 @@
+/* Library scratch per device and stream (ops/cuda/cuda_workspace.cu says why). Callable from C. */
+#ifndef DEFT_CUDA_WORKSPACE_H
+#define DEFT_CUDA_WORKSPACE_H
+
+#include <stddef.h>
+
+#include "deft.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DEFT_CUBLAS_WORKSPACE_BYTES ((size_t)32 << 20)
+#define DEFT_CUDNN_WORKSPACE_BYTES ((size_t)64 << 20)
+
+typedef enum deft_workspace_kind {
+    DEFT_WORKSPACE_CUBLAS,   /* cuBLAS and cuBLASLt */
+    DEFT_WORKSPACE_CUDNN,
+    DEFT_WORKSPACE_KINDS
+} deft_workspace_kind;
+
+/* The scratch of `kind` for work queued on `stream` (a cudaStream_t; NULL for the legacy stream) of cuda:dev. */
+deft_status deft_stream_workspace(int dev, void *stream, deft_workspace_kind kind, void **out);
+/* Gives back the stream's scratch; the caller has waited for the stream's work. */
+void deft_stream_workspaces_release(int dev, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
