@@ -1,7 +1,7 @@
 /* Whether a program's step can be one CUDA Graph replay, and the warm-up, capture, replay sequence. A step on one
  * GPU, with copies from and to the host, is one graph, captured from lane 0's stream, which forks any other lanes
- * into the capture and joins them back (runtime/program_lanes.c); steps over several GPUs run eagerly for now (see
- * deft_graph_blocker). The CUDA calls are in runtime/program_graph_cuda.c. */
+ * into the capture and joins them back (runtime/program_lanes.c), over one GPU or several. The CUDA calls are in
+ * runtime/program_graph_cuda.c. */
 #include <stdio.h>
 
 #include "program_graph.h"
@@ -20,13 +20,6 @@ static int deft_graph_blocker(const deft_program *p, char *why, size_t n) {
     const deft_lanes *L = &p->gpu.lanes;
     if (L->host_steps == p->n_steps) {   /* the GPUs only hold leaves (an output that is an input, say) */
         snprintf(why, n, "no step runs on a GPU");
-        return 1;
-    }
-    if (L->n > 1) {
-        /* Captured, such a step replayed right from its second launch on, but its first launch read a value
-         * before another GPU had written it (cuda_test_cross_device's two-GPU pipeline, on an H200 pair): until the
-         * missing edge is found, steps over several GPUs run eagerly, which the same test finds right. */
-        snprintf(why, n, "steps run on %d GPUs, which run eagerly (one stream per GPU, events between them)", L->n);
         return 1;
     }
     for (int i = 0; i < p->n_steps; i++) {
