@@ -7,6 +7,7 @@
 #include "cuda_kernels.h"
 #include "device_errors.h"
 #include "device_internal.h"
+#include "dist.h"
 #include "optimizer.h"
 #include "program_state.h"
 
@@ -74,13 +75,18 @@ static deft_status deft_step_failed(deft_program *p, int i, deft_status s) {
 static deft_status deft_run_steps(deft_program *p, void *stream) {
     (void)stream;
     deft_status s = deft_lanes_begin_run(p);
+    if (s == DEFT_OK && p->ddp) s = deft_ddp_begin_run(p);
     for (int i = 0; s == DEFT_OK && i < p->n_steps; i++) {
         void *on = NULL;
         s = deft_lanes_before_step(p, p->steps[i], &on);
+        if (s == DEFT_OK && p->ddp) s = deft_ddp_before_step(p, i);   /* joins the buckets read here */
         if (s == DEFT_OK) s = deft_run_step(p, p->steps[i], on);
         if (s == DEFT_OK) s = deft_lanes_after_step(p, p->steps[i]);
+        if (s == DEFT_OK && p->ddp) s = deft_ddp_after_step(p, i);    /* all-reduces the buckets complete here */
         if (s != DEFT_OK) s = deft_step_failed(p, i, s);
     }
+    deft_status ddp_joined = p->ddp ? deft_ddp_end_run(p) : DEFT_OK;
+    if (s == DEFT_OK) s = ddp_joined;
     deft_status joined = deft_lanes_end_run(p);
     return s != DEFT_OK ? s : joined;
 }
@@ -97,6 +103,7 @@ static void deft_stamp_run(deft_program *p) {
 deft_status deft_program_run(deft_program *p) {
     if (!p) return deft_set_error(DEFT_ERR_INVALID, "run: program is NULL");
     deft_status s = deft_check_fed(p);
+    if (s == DEFT_OK) s = deft_ddp_check_run(p);
     if (s != DEFT_OK) return s;
     deft_stamp_run(p);
     if (p->gpu.device >= 0) {
@@ -132,6 +139,7 @@ deft_status deft_program_read(deft_program *p, const deft_tensor *t, void *host,
     /* The legacy stream's copy below waits for lane 0's work on lane 0's GPU; anything else waits for the run. */
     if (p->gpu.device >= 0 && (t->device.type != DEFT_CUDA || t->device.index != p->gpu.device))
         s = deft_lanes_wait_idle(p);
+    if (s == DEFT_OK && p->ddp) s = deft_ddp_wait(p);   /* a peer that stopped is an error, not a hang */
     if (s != DEFT_OK) return s;
     s = deft_mem_copy(deft_cpu(), host, t->device, deft_program_data(p, t->id), bytes);
     if (s != DEFT_OK) return s;

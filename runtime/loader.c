@@ -270,6 +270,7 @@ typedef struct deft_dataset_feed {
     uint64_t seed;
     int64_t *order;
     int64_t order_epoch;  /* the epoch `order` was drawn for, -1 before the first */
+    int rank, world;      /* data parallel: this loader's batch `index` is the epoch's batch index * world + rank */
 } deft_dataset_feed;
 
 static void deft_dataset_feed_free(void *ctx) {
@@ -286,11 +287,17 @@ static deft_status deft_dataset_fill(void *ctx, int64_t epoch, int64_t index, vo
         if (s != DEFT_OK) return s;
         f->order_epoch = epoch;
     }
-    return deft_dataset_batch(f->d, f->shuffle ? f->order : NULL, index * f->batch, f->batch, buffers[0], buffers[1]);
+    const int64_t global = index * f->world + f->rank;
+    return deft_dataset_batch(f->d, f->shuffle ? f->order : NULL, global * f->batch, f->batch, buffers[0], buffers[1]);
 }
 
 deft_status deft_loader_new_dataset(const deft_dataset *d, deft_tensor *x, deft_tensor *y, int shuffle, uint64_t seed,
                                     int depth, deft_loader **out) {
+    return deft_loader_new_dataset_shard(d, x, y, shuffle, seed, 0, 1, depth, out);
+}
+
+deft_status deft_loader_new_dataset_shard(const deft_dataset *d, deft_tensor *x, deft_tensor *y, int shuffle,
+                                          uint64_t seed, int rank, int world, int depth, deft_loader **out) {
     if (!out) return deft_set_error(DEFT_ERR_INVALID, "loader_new_dataset: out is NULL");
     *out = NULL;
     if (!d || !d->images || !d->labels || d->n < 1)
@@ -306,6 +313,11 @@ deft_status deft_loader_new_dataset(const deft_dataset *d, deft_tensor *x, deft_
     if (batch < 1 || batch > d->n)
         return deft_set_error(DEFT_ERR_INVALID, "loader_new_dataset: a batch of %lld from %lld samples",
                               (long long)batch, (long long)d->n);
+    if (world < 1 || rank < 0 || rank >= world)
+        return deft_set_error(DEFT_ERR_INVALID, "loader_new_dataset: rank %d of a world of %d", rank, world);
+    if (d->n / batch < world)
+        return deft_set_error(DEFT_ERR_INVALID, "loader_new_dataset: %lld batches of %lld for %d ranks: every rank "
+                              "needs one", (long long)(d->n / batch), (long long)batch, world);
     deft_dataset_feed *f = calloc(1, sizeof *f);
     if (f) f->order = shuffle ? malloc((size_t)d->n * sizeof *f->order) : NULL;
     if (!f || (shuffle && !f->order)) {
@@ -313,7 +325,7 @@ deft_status deft_loader_new_dataset(const deft_dataset *d, deft_tensor *x, deft_
         return deft_set_error(DEFT_ERR_OOM, "loader_new_dataset: out of host memory");
     }
     *f = (deft_dataset_feed){.d = d, .batch = batch, .shuffle = shuffle, .seed = seed, .order = f->order,
-                             .order_epoch = -1};
-    return deft_loader_create((deft_tensor *[]){x, y}, 2, d->n / batch, depth, deft_dataset_fill, f,
+                             .order_epoch = -1, .rank = rank, .world = world};
+    return deft_loader_create((deft_tensor *[]){x, y}, 2, d->n / batch / world, depth, deft_dataset_fill, f,
                               deft_dataset_feed_free, out);
 }

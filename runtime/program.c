@@ -6,6 +6,7 @@
 #include "checkpoint.h"
 #include "cuda_kernels.h"
 #include "device_internal.h"
+#include "dist.h"
 #include "node.h"
 #include "optimizer.h"
 #include "optimizer_place.h"
@@ -463,6 +464,7 @@ static deft_status deft_build(deft_program *p, deft_tensor *const *outputs, deft
     if (s == DEFT_OK) s = deft_check_device_room(p);
     if (s == DEFT_OK) s = deft_alloc_arenas(p);
     if (s == DEFT_OK) s = deft_program_gpu_init(p, !(opts && opts->no_cuda_graphs));
+    if (s == DEFT_OK) s = deft_ddp_attach(p, opts);
     if (s != DEFT_OK) deft_release_uploads(p, uploaded);
     free(uploaded);
     return s;
@@ -544,6 +546,7 @@ void deft_program_free(deft_program *p) {
     if (!p) return;
     /* Work still queued on the program's stream reads its arenas: finish it before they go back to the cache. */
     if (p->gpu.device >= 0) (void)deft_device_synchronize(deft_cuda(p->gpu.device));
+    deft_ddp_free(p);   /* its events and stream, before the program's */
     deft_program_gpu_free(p);
     deft_prefetch_free(p);   /* the second input slots; the first ones go below */
     for (int a = 0; a < p->n_arenas; a++) deft_program_host_free(p, p->arenas[a].device, p->arenas[a].base);

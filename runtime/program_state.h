@@ -85,6 +85,7 @@ struct deft_program {
     struct deft_prefetch *prefetch;   /* second input slots and their events, from the first feed_async (prefetch.c) */
     struct deft_ckpt_plan *ckpt;      /* what checkpointing dropped and the copies it made (graph/checkpoint.h) */
     struct deft_opt_split *split;     /* optimizer in backward: the pieces it made (graph/optimizer_split.h) */
+    struct deft_ddp *ddp;             /* data parallel: the replica's gradient buckets (runtime/dist_program.c) */
     int *alias;           /* autocast: per node id, the node whose value reading it gives (its counterpart for the
                            * outputs asked for, itself elsewhere); NULL without autocast (autocast_program.c) */
 };

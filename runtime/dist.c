@@ -1,0 +1,162 @@
+/* deft_dist: NCCL communicators for data parallel training, made for every local GPU at once or for one rank that
+ * meets the others through a rendezvous; and deft_dist_run, which runs the local replicas' steps together. */
+#define _POSIX_C_SOURCE 200809L
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "device_internal.h"
+#include "dist.h"
+#include "graph_internal.h"
+
+/* NVLink multicast objects can take a shared host's GPUs out of service: never asked for, unless the user's
+ * environment says otherwise. */
+static void deft_dist_env(void) { setenv("NCCL_NVLS_ENABLE", "0", 0); }
+
+static deft_status deft_dist_timeout(double t, double *out) {
+    if (t < 0 || t != t) return deft_set_error(DEFT_ERR_INVALID, "dist: the timeout must be >= 0 s (0: %.0f s)",
+                                               DEFT_DIST_DEFAULT_TIMEOUT);
+    *out = t == 0 ? DEFT_DIST_DEFAULT_TIMEOUT : t;
+    return DEFT_OK;
+}
+
+static deft_status deft_dist_need_nccl(void) {
+    if (deft_has_nccl_build()) return DEFT_OK;
+    return deft_set_error(DEFT_ERR_NO_CUDA, "dist: deft was built without NCCL (DEFT_NCCL=OFF or no NCCL found)");
+}
+
+deft_status deft_dist_init_local(int ngpus, double timeout_s, deft_dist **out) {
+    if (!out) return deft_set_error(DEFT_ERR_INVALID, "dist_init_local: out is NULL");
+    *out = NULL;
+    if (ngpus < 1 || ngpus > DEFT_DIST_MAX_LOCAL)
+        return deft_set_error(DEFT_ERR_INVALID, "dist_init_local: %d GPUs asked for (1..%d)", ngpus,
+                              DEFT_DIST_MAX_LOCAL);
+    double timeout = 0;
+    deft_status s = deft_dist_timeout(timeout_s, &timeout);
+    if (s == DEFT_OK) s = deft_dist_need_nccl();
+    if (s != DEFT_OK) return s;
+    const int have = deft_cuda_device_count();
+    if (have == 0) return deft_set_error(DEFT_ERR_NO_CUDA, "dist_init_local: no usable GPU");
+    if (ngpus > have)
+        return deft_set_error(DEFT_ERR_DEVICE, "dist_init_local: %d GPUs asked for, %d visible", ngpus, have);
+    deft_dist *d = calloc(1, sizeof *d);
+    if (!d) return deft_set_error(DEFT_ERR_OOM, "dist_init_local: out of host memory");
+    *d = (deft_dist){.world = ngpus, .n_local = ngpus, .timeout_s = timeout};
+    for (int i = 0; i < ngpus; i++) d->rank[i] = d->device[i] = i;
+    deft_dist_env();
+    s = deft_nccl_init_local(d);
+    if (s != DEFT_OK) {
+        free(d);
+        return s;
+    }
+    *out = d;
+    return DEFT_OK;
+}
+
+static deft_status deft_dist_check_options(const deft_dist_options *o, int *device, double *timeout) {
+    if (!o) return deft_set_error(DEFT_ERR_INVALID, "dist_init: options are NULL");
+    if (o->world < 1 || o->world > DEFT_DIST_MAX_WORLD || o->rank < 0 || o->rank >= o->world)
+        return deft_set_error(DEFT_ERR_INVALID, "dist_init: rank %d of a world of %d (rank in [0, world), world "
+                              "in 1..%d)", o->rank, o->world, DEFT_DIST_MAX_WORLD);
+    if (!o->rendezvous || (strncmp(o->rendezvous, "file:", 5) != 0 && strncmp(o->rendezvous, "tcp:", 4) != 0))
+        return deft_set_error(DEFT_ERR_INVALID, "dist_init: the rendezvous must be \"file:PATH\" or "
+                              "\"tcp:HOST:PORT\", not \"%s\"", o->rendezvous ? o->rendezvous : "(null)");
+    deft_status s = deft_dist_timeout(o->timeout_s, timeout);
+    if (s == DEFT_OK) s = deft_dist_need_nccl();
+    if (s != DEFT_OK) return s;
+    const int have = deft_cuda_device_count();
+    if (have == 0) return deft_set_error(DEFT_ERR_NO_CUDA, "dist_init: rank %d has no usable GPU", o->rank);
+    *device = o->device < 0 ? o->rank % have : o->device;
+    if (*device >= have)
+        return deft_set_error(DEFT_ERR_DEVICE, "dist_init: rank %d asks for cuda:%d, %d visible", o->rank, *device,
+                              have);
+    return DEFT_OK;
+}
+
+deft_status deft_dist_init(const deft_dist_options *o, deft_dist **out) {
+    if (!out) return deft_set_error(DEFT_ERR_INVALID, "dist_init: out is NULL");
+    *out = NULL;
+    int device = 0;
+    double timeout = 0;
+    deft_status s = deft_dist_check_options(o, &device, &timeout);
+    if (s != DEFT_OK) return s;
+    deft_dist_env();
+    unsigned char id[DEFT_DIST_ID_BYTES] = {0};
+    if (o->rank == 0) s = deft_nccl_unique_id(id);
+    if (s == DEFT_OK) s = deft_rendezvous(o->rendezvous, o->rank, o->world, id, sizeof id, timeout);
+    if (s != DEFT_OK) return s;
+    deft_dist *d = calloc(1, sizeof *d);
+    if (!d) return deft_set_error(DEFT_ERR_OOM, "dist_init: out of host memory");
+    *d = (deft_dist){.world = o->world, .n_local = 1, .timeout_s = timeout};
+    d->rank[0] = o->rank;
+    d->device[0] = device;
+    s = deft_nccl_init_rank(d, id);
+    if (s != DEFT_OK) {
+        free(d);
+        return s;
+    }
+    *out = d;
+    return DEFT_OK;
+}
+
+void deft_dist_free(deft_dist *d) {
+    if (!d) return;
+    deft_nccl_destroy(d);
+    free(d);
+}
+
+int deft_dist_world(const deft_dist *d) { return d ? d->world : 0; }
+int deft_dist_local_count(const deft_dist *d) { return d ? d->n_local : 0; }
+int deft_dist_rank(const deft_dist *d, int local) { return d && local >= 0 && local < d->n_local ? d->rank[local] : -1; }
+
+deft_device deft_dist_device(const deft_dist *d, int local) {
+    if (!d || local < 0 || local >= d->n_local) return deft_cpu();
+    return deft_cuda(d->device[local]);
+}
+
+/* ---- running the local replicas together ---- */
+
+typedef struct deft_dist_job {
+    deft_program *p;
+    pthread_t thread;
+    deft_status status;
+    char msg[1024];
+} deft_dist_job;
+
+/* NCCL needs the collectives of every GPU of a communicator in flight together: each GPU's step is queued by a
+ * thread of its own, so that no all-reduce waits for a peer that the same thread would queue later. */
+static void *deft_dist_worker(void *arg) {
+    deft_dist_job *j = arg;
+    j->status = deft_program_run(j->p);
+    if (j->status != DEFT_OK) snprintf(j->msg, sizeof j->msg, "%s", deft_errmsg());
+    return NULL;
+}
+
+deft_status deft_dist_run(deft_dist *d, deft_program *const *replicas, int n) {
+    if (!d || !replicas) return deft_set_error(DEFT_ERR_INVALID, "dist_run: the dist or the replicas are NULL");
+    if (n != d->n_local)
+        return deft_set_error(DEFT_ERR_INVALID, "dist_run: %d replicas for %d local communicators", n, d->n_local);
+    for (int i = 0; i < n; i++)
+        if (!replicas[i]) return deft_set_error(DEFT_ERR_INVALID, "dist_run: replica %d is NULL", i);
+    if (n == 1) return deft_program_run(replicas[0]);
+    deft_dist_job jobs[DEFT_DIST_MAX_LOCAL];
+    d->running = 1;
+    int started = 0;
+    deft_status s = DEFT_OK;
+    for (; started < n; started++) {
+        jobs[started] = (deft_dist_job){.p = replicas[started]};
+        if (pthread_create(&jobs[started].thread, NULL, deft_dist_worker, &jobs[started]) != 0) {
+            s = deft_set_error(DEFT_ERR_RUNTIME, "dist_run: cannot start a thread for replica %d", started);
+            break;
+        }
+    }
+    for (int i = 0; i < started; i++) pthread_join(jobs[i].thread, NULL);
+    d->running = 0;
+    for (int i = 0; s == DEFT_OK && i < started; i++)
+        if (jobs[i].status != DEFT_OK)
+            s = deft_set_error(jobs[i].status, "dist_run: rank %d: %s", d->rank[i], jobs[i].msg);
+    /* A thread that could not start leaves its peers' all-reduces without a partner: nothing can finish them. */
+    if (started < n && started > 0) deft_dist_abort(d, "a replica's thread could not be started");
+    return s;
+}

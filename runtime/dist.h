@@ -1,0 +1,83 @@
+/* Data parallel training, private to runtime/: communicators (runtime/dist.c), the rendezvous that hands NCCL's id
+ * to every rank (runtime/dist_rendezvous.c), the NCCL calls (runtime/dist_nccl.c, or dist_nonccl.c without NCCL)
+ * and the replica's gradient buckets placed in its step (runtime/dist_program.c). */
+#ifndef DEFT_DIST_H
+#define DEFT_DIST_H
+
+#include <stdbool.h>
+
+#include "deft.h"
+
+#define DEFT_DIST_MAX_LOCAL 16          /* communicators one process may hold (GPUs of one host) */
+#define DEFT_DIST_MAX_WORLD 1024          /* ranks in all */
+#define DEFT_DIST_ID_BYTES 128          /* NCCL_UNIQUE_ID_BYTES */
+#define DEFT_DIST_DEFAULT_TIMEOUT 300.0
+#define DEFT_DIST_DEFAULT_BUCKET ((size_t)25 << 20)
+
+struct deft_program;
+
+struct deft_dist {
+    int world;
+    int n_local;
+    int rank[DEFT_DIST_MAX_LOCAL];      /* global rank of each local communicator */
+    int device[DEFT_DIST_MAX_LOCAL];
+    void *comm[DEFT_DIST_MAX_LOCAL];    /* ncclComm_t */
+    bool nonblocking;                   /* created with config.blocking = 0: calls may answer ncclInProgress */
+    double timeout_s;
+    int running;                        /* deft_dist_run is running the replicas together */
+    bool aborted;                       /* a deadline passed or NCCL failed: the communicators were aborted */
+    char failure[512];
+};
+
+/* Rank 0 publishes `bytes` of `blob`; every other rank waits for them and copies them into blob. Rank 0 returns
+ * once every rank has taken them, and every rank fails with DEFT_ERR_RUNTIME (naming who is missing) past
+ * timeout_s. spec: "file:PATH" or "tcp:HOST:PORT"; a bad one is DEFT_ERR_INVALID. */
+deft_status deft_rendezvous(const char *spec, int rank, int world, void *blob, size_t bytes, double timeout_s);
+/* Seconds on a monotonic clock. */
+double deft_dist_now(void);
+
+/* ---- the NCCL calls ---- */
+deft_status deft_nccl_unique_id(void *blob);                    /* DEFT_DIST_ID_BYTES */
+deft_status deft_nccl_init_local(deft_dist *d);                 /* d->n_local, d->device set */
+deft_status deft_nccl_init_rank(deft_dist *d, const void *id);  /* d->rank[0], d->device[0], world set */
+void deft_nccl_destroy(deft_dist *d);
+/* Aborts every communicator of d (once), keeping `why` as the failure every later call reports. */
+void deft_dist_abort(deft_dist *d, const char *why);
+
+/* One collective, in place over n tensors (addresses, element counts, dtypes), on the stream of local
+ * communicator `local`, as one NCCL group. */
+typedef struct deft_dist_buffers {
+    int n;
+    void **data;
+    size_t *count;
+    deft_dtype *dtype;
+} deft_dist_buffers;
+deft_status deft_nccl_all_reduce_avg(deft_dist *d, int local, const deft_dist_buffers *b, void *stream);
+deft_status deft_nccl_broadcast0(deft_dist *d, int local, const deft_dist_buffers *b, void *stream);
+/* Waits for `stream` of GPU `device`, watching communicator `local` for errors, until the deadline: then aborts. */
+deft_status deft_nccl_wait_stream(deft_dist *d, int local, void *stream);
+
+/* The second stream a replica's buckets run on, and one event per bucket (fork in, join out). */
+deft_status deft_nccl_stream_new(int device, void **stream);
+void deft_nccl_stream_free(int device, void *stream);
+deft_status deft_nccl_event_new(int device, void **event);
+void deft_nccl_event_free(int device, void *event);
+/* `waiter` waits for what is queued on `stream` now, through `event`. */
+deft_status deft_nccl_stream_after(int device, void *waiter, void *stream, void *event);
+
+/* ---- the replica's step (runtime/dist_program.c), called by runtime/execute.c and runtime/program.c ---- */
+/* Checks the options and places the buckets in p's step (compile). */
+deft_status deft_ddp_attach(struct deft_program *p, const deft_compile_options *o);
+void deft_ddp_free(struct deft_program *p);
+/* Before deft_program_run: whether p may run now (not alone when its communicator has local peers). */
+deft_status deft_ddp_check_run(const struct deft_program *p);
+/* Inside a run: the first run broadcasts rank 0's parameters; before step i the buckets read there are joined;
+ * after step i the buckets complete there are all-reduced; at the end every bucket is joined. */
+deft_status deft_ddp_begin_run(struct deft_program *p);
+deft_status deft_ddp_before_step(struct deft_program *p, int step);
+deft_status deft_ddp_after_step(struct deft_program *p, int step);
+deft_status deft_ddp_end_run(struct deft_program *p);
+/* Waits (with the deadline) for p's queued work. */
+deft_status deft_ddp_wait(struct deft_program *p);
+
+#endif

@@ -1,0 +1,280 @@
+/* A data parallel replica: the gradients its optimizers read, cut into buckets in the order the backward pass
+ * produces them, each all-reduced (averaged over the ranks) on a communication stream right after the step that
+ * produces its last gradient, and joined back into the program's stream just before the first step that reads one
+ * of them (the optimizer's). Between the two the backward pass goes on: no step there reads or writes a bucket's
+ * gradients (the planner keeps each gradient's buffer until its last reader, which comes at or after the join), so
+ * the in-place all-reduce overlaps it safely. Fork and join are events, which a CUDA Graph capture records as
+ * edges: the whole step, collectives included, is one graph. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "dist.h"
+#include "program_state.h"
+
+typedef struct deft_ddp_bucket {
+    int ready;                /* the step after which its last gradient exists (-1: before the first step) */
+    int join;                 /* the first later step reading one of its gradients (n_steps: none, the run's end) */
+    int first, n;             /* its gradients: grads[first .. first + n) of the replica's table */
+    size_t bytes;
+    deft_dist_buffers bufs;
+    void *fork, *done;        /* events: the program's stream to the communication stream, and back */
+    bool issued, joined;      /* in the run being queued */
+} deft_ddp_bucket;
+
+typedef struct deft_ddp {
+    deft_dist *dist;
+    int local, device;
+    void *stream;             /* the communication stream */
+    int n_grads;
+    int *grads;               /* node ids of the gradients, in the order they become ready */
+    int *ready;               /* per gradient, the step producing it */
+    void **data;
+    size_t *count;
+    deft_dtype *dtype;
+    int n_buckets;
+    deft_ddp_bucket *buckets;
+    bool broadcast_done;      /* rank 0's parameters were broadcast (the first run) */
+} deft_ddp;
+
+/* The step that produces node id's value (through a view, its base's), -1 for a leaf. */
+static int deft_ddp_step_of(const deft_program *p, int id) {
+    return p->nodes[deft_view_base(p->graph, id, NULL)].step;
+}
+
+static bool deft_ddp_has_grad(const deft_ddp *dd, int id) {
+    for (int i = 0; i < dd->n_grads; i++)
+        if (dd->grads[i] == id) return true;
+    return false;
+}
+
+/* The gradients every optimizer step of p reads (each once), sorted by the step producing them. */
+static deft_status deft_ddp_collect(deft_program *p, deft_ddp *dd) {
+    int cap = 0;
+    for (int i = 0; i < p->n_steps; i++) {
+        const deft_tensor *t = p->graph->nodes[p->steps[i]];
+        if (t->op == DEFT_OP_OPTIMIZER) cap += t->nsrc;
+    }
+    if (cap == 0)
+        return deft_set_error(DEFT_ERR_INVALID, "data parallel: the program runs no optimizer step; compile the "
+                              "optimizer's step (deft_optimizer_step) together with the loss");
+    dd->grads = malloc((size_t)cap * sizeof *dd->grads);
+    dd->ready = malloc((size_t)cap * sizeof *dd->ready);
+    if (!dd->grads || !dd->ready) return deft_set_error(DEFT_ERR_OOM, "data parallel: out of host memory");
+    for (int i = 0; i < p->n_steps; i++) {
+        const deft_tensor *t = p->graph->nodes[p->steps[i]];
+        for (int k = 0; t->op == DEFT_OP_OPTIMIZER && k < t->nsrc; k++)
+            if (!deft_ddp_has_grad(dd, t->src[k]->id)) dd->grads[dd->n_grads++] = t->src[k]->id;
+    }
+    for (int i = 0; i < dd->n_grads; i++) dd->ready[i] = deft_ddp_step_of(p, dd->grads[i]);
+    for (int i = 1; i < dd->n_grads; i++)   /* insertion sort by ready step, stable */
+        for (int j = i; j > 0 && dd->ready[j] < dd->ready[j - 1]; j--) {
+            int r = dd->ready[j], g = dd->grads[j];
+            dd->ready[j] = dd->ready[j - 1];
+            dd->grads[j] = dd->grads[j - 1];
+            dd->ready[j - 1] = r;
+            dd->grads[j - 1] = g;
+        }
+    return DEFT_OK;
+}
+
+/* Whether step i reads a gradient of bucket b (any member of its fused group counts). */
+static bool deft_ddp_step_reads(const deft_program *p, const deft_ddp *dd, const deft_ddp_bucket *b, int i) {
+    const int id = p->steps[i];
+    const deft_group *grp = p->nodes[id].group >= 0 ? &p->groups[p->nodes[id].group] : NULL;
+    const int n_members = grp ? grp->n_members : 1;
+    for (int m = 0; m < n_members; m++) {
+        const deft_tensor *t = p->graph->nodes[grp ? grp->members[m] : id];
+        for (int k = 0; k < t->nsrc; k++) {
+            const int base = deft_view_base(p->graph, t->src[k]->id, NULL);
+            for (int g = b->first; g < b->first + b->n; g++)
+                if (deft_view_base(p->graph, dd->grads[g], NULL) == base) return true;
+        }
+    }
+    return false;
+}
+
+/* Consecutive gradients (in ready order) up to `limit` bytes a bucket; one larger than that is a bucket alone. */
+static deft_status deft_ddp_cut(deft_program *p, deft_ddp *dd, size_t limit) {
+    dd->buckets = calloc((size_t)dd->n_grads, sizeof *dd->buckets);
+    dd->data = malloc((size_t)dd->n_grads * sizeof *dd->data);
+    dd->count = malloc((size_t)dd->n_grads * sizeof *dd->count);
+    dd->dtype = malloc((size_t)dd->n_grads * sizeof *dd->dtype);
+    if (!dd->buckets || !dd->data || !dd->count || !dd->dtype)
+        return deft_set_error(DEFT_ERR_OOM, "data parallel: out of host memory");
+    for (int i = 0; i < dd->n_grads; i++) {
+        const deft_tensor *t = p->graph->nodes[dd->grads[i]];
+        const size_t bytes = deft_tensor_bytes(t);
+        deft_ddp_bucket *b = dd->n_buckets ? &dd->buckets[dd->n_buckets - 1] : NULL;
+        if (!b || (b->bytes + bytes > limit && b->n > 0)) {
+            b = &dd->buckets[dd->n_buckets++];
+            b->first = i;
+        }
+        b->n++;
+        b->bytes += bytes;
+        b->ready = dd->ready[i];
+        dd->data[i] = deft_program_data(p, dd->grads[i]);
+        dd->count[i] = (size_t)deft_shape_numel(t->ndim, t->shape);
+        dd->dtype[i] = t->dtype;
+    }
+    for (int k = 0; k < dd->n_buckets; k++) {
+        deft_ddp_bucket *b = &dd->buckets[k];
+        b->bufs = (deft_dist_buffers){b->n, dd->data + b->first, dd->count + b->first, dd->dtype + b->first};
+        b->join = p->n_steps;
+        for (int i = b->ready + 1; i < p->n_steps && b->join == p->n_steps; i++)
+            if (deft_ddp_step_reads(p, dd, b, i)) b->join = i;
+    }
+    return DEFT_OK;
+}
+
+static deft_status deft_ddp_check(const deft_program *p, const deft_compile_options *o) {
+    const deft_dist *d = o->dist;
+    if (o->dist_local < 0 || o->dist_local >= d->n_local)
+        return deft_set_error(DEFT_ERR_INVALID, "data parallel: dist_local %d, but the dist holds %d communicator(s)",
+                              o->dist_local, d->n_local);
+    if (d->aborted) return deft_set_error(DEFT_ERR_RUNTIME, "data parallel: the dist failed: %s", d->failure);
+    if (o->optimizer_in_backward)
+        return deft_set_error(DEFT_ERR_INVALID, "data parallel: optimizer_in_backward is not supported with dist "
+                              "(a piece would read its gradients before their bucket is all-reduced)");
+    const int want = d->device[o->dist_local];
+    const deft_lanes *L = &p->gpu.lanes;
+    if (L->n != 1 || L->host_steps > 0 || p->gpu.device != want) {
+        char found[64] = "the cpu";
+        if (L->n > 1) snprintf(found, sizeof found, "%d GPUs", L->n);
+        else if (L->n == 1) snprintf(found, sizeof found, "cuda:%d%s", p->gpu.device, L->host_steps ? " and the cpu" : "");
+        return deft_set_error(DEFT_ERR_DEVICE, "data parallel: rank %d's replica must run on cuda:%d alone, but its "
+                              "steps run on %s", d->rank[o->dist_local], want, found);
+    }
+    return DEFT_OK;
+}
+
+deft_status deft_ddp_attach(deft_program *p, const deft_compile_options *o) {
+    if (!o || !o->dist) return DEFT_OK;
+    deft_status s = deft_ddp_check(p, o);
+    if (s != DEFT_OK) return s;
+    deft_ddp *dd = calloc(1, sizeof *dd);
+    if (!dd) return deft_set_error(DEFT_ERR_OOM, "data parallel: out of host memory");
+    *dd = (deft_ddp){.dist = o->dist, .local = o->dist_local, .device = o->dist->device[o->dist_local]};
+    p->ddp = dd;
+    s = deft_ddp_collect(p, dd);
+    if (s == DEFT_OK) s = deft_ddp_cut(p, dd, o->bucket_bytes ? o->bucket_bytes : DEFT_DIST_DEFAULT_BUCKET);
+    if (s == DEFT_OK) s = deft_nccl_stream_new(dd->device, &dd->stream);
+    for (int k = 0; s == DEFT_OK && k < dd->n_buckets; k++) {
+        s = deft_nccl_event_new(dd->device, &dd->buckets[k].fork);
+        if (s == DEFT_OK) s = deft_nccl_event_new(dd->device, &dd->buckets[k].done);
+    }
+    return s;
+}
+
+void deft_ddp_free(deft_program *p) {
+    deft_ddp *dd = p->ddp;
+    if (!dd) return;
+    for (int k = 0; dd->buckets && k < dd->n_buckets; k++) {
+        deft_nccl_event_free(dd->device, dd->buckets[k].fork);
+        deft_nccl_event_free(dd->device, dd->buckets[k].done);
+    }
+    deft_nccl_stream_free(dd->device, dd->stream);
+    free(dd->grads);
+    free(dd->ready);
+    free(dd->data);
+    free(dd->count);
+    free(dd->dtype);
+    free(dd->buckets);
+    free(dd);
+    p->ddp = NULL;
+}
+
+deft_status deft_ddp_check_run(const deft_program *p) {
+    const deft_ddp *dd = p->ddp;
+    if (!dd) return DEFT_OK;
+    const deft_dist *d = dd->dist;
+    if (d->aborted)
+        return deft_set_error(DEFT_ERR_RUNTIME, "run: rank %d's communicator was aborted: %s", d->rank[dd->local],
+                              d->failure);
+    if (d->n_local > 1 && !d->running)
+        return deft_set_error(DEFT_ERR_STATE, "run: this replica (rank %d) shares a communicator with %d local GPUs, "
+                              "whose all-reduces must run together: run them with deft_dist_run",
+                              d->rank[dd->local], d->n_local);
+    return DEFT_OK;
+}
+
+/* The parameters (and buffers such as batch norm's running statistics) that p reads on its GPU. */
+static deft_status deft_ddp_broadcast(deft_program *p, deft_ddp *dd) {
+    int n = 0;
+    for (int id = 0; id < p->n_nodes; id++)
+        n += p->nodes[id].needed && p->graph->nodes[id]->op == DEFT_OP_PARAM;
+    void **data = malloc((size_t)(n ? n : 1) * sizeof *data);
+    size_t *count = malloc((size_t)(n ? n : 1) * sizeof *count);
+    deft_dtype *dtype = malloc((size_t)(n ? n : 1) * sizeof *dtype);
+    deft_status s = data && count && dtype ? DEFT_OK : deft_set_error(DEFT_ERR_OOM, "data parallel: out of host memory");
+    int k = 0;
+    for (int id = 0; s == DEFT_OK && id < p->n_nodes; id++) {
+        const deft_tensor *t = p->graph->nodes[id];
+        if (!p->nodes[id].needed || t->op != DEFT_OP_PARAM) continue;
+        data[k] = deft_program_data(p, id);
+        count[k] = (size_t)deft_shape_numel(t->ndim, t->shape);
+        dtype[k++] = t->dtype;
+    }
+    deft_dist_buffers b = {k, data, count, dtype};
+    if (s == DEFT_OK && k > 0) s = deft_nccl_broadcast0(dd->dist, dd->local, &b, p->gpu.stream);
+    free(data);
+    free(count);
+    free(dtype);
+    return s;
+}
+
+deft_status deft_ddp_begin_run(deft_program *p) {
+    deft_ddp *dd = p->ddp;
+    if (!dd) return DEFT_OK;
+    if (!dd->broadcast_done) {
+        deft_status s = deft_ddp_broadcast(p, dd);
+        if (s != DEFT_OK) return s;
+        dd->broadcast_done = true;
+    }
+    for (int k = 0; k < dd->n_buckets; k++) dd->buckets[k].issued = dd->buckets[k].joined = false;
+    return deft_ddp_after_step(p, -1);   /* buckets of gradients no step produces */
+}
+
+deft_status deft_ddp_after_step(deft_program *p, int step) {
+    deft_ddp *dd = p->ddp;
+    deft_status s = DEFT_OK;
+    for (int k = 0; dd && s == DEFT_OK && k < dd->n_buckets; k++) {
+        deft_ddp_bucket *b = &dd->buckets[k];
+        if (b->ready != step) continue;
+        s = deft_nccl_stream_after(dd->device, dd->stream, p->gpu.stream, b->fork);
+        b->issued = s == DEFT_OK;
+        if (s == DEFT_OK) s = deft_nccl_all_reduce_avg(dd->dist, dd->local, &b->bufs, dd->stream);
+    }
+    return s;
+}
+
+/* Joins the issued buckets read at `step`; at the run's end (step n_steps) every one still out, even after a
+ * failure, so that a capture ends with the communication stream back in it. */
+static deft_status deft_ddp_join(deft_program *p, int step) {
+    deft_ddp *dd = p->ddp;
+    deft_status s = DEFT_OK;
+    for (int k = 0; dd && k < dd->n_buckets; k++) {
+        deft_ddp_bucket *b = &dd->buckets[k];
+        if (!b->issued || b->joined || (b->join != step && step != p->n_steps)) continue;
+        deft_status j = deft_nccl_stream_after(dd->device, p->gpu.stream, dd->stream, b->done);
+        b->joined = true;
+        if (s == DEFT_OK) s = j;
+    }
+    return s;
+}
+
+deft_status deft_ddp_before_step(deft_program *p, int step) { return deft_ddp_join(p, step); }
+
+deft_status deft_ddp_end_run(deft_program *p) { return deft_ddp_join(p, p->n_steps); }
+
+deft_status deft_ddp_wait(deft_program *p) {
+    deft_ddp *dd = p->ddp;
+    if (!dd) return DEFT_OK;
+    return deft_nccl_wait_stream(dd->dist, dd->local, p->gpu.stream);
+}
+
+deft_status deft_program_dist_synchronize(deft_program *p) {
+    if (!p) return deft_set_error(DEFT_ERR_INVALID, "dist_synchronize: program is NULL");
+    if (!p->ddp) return deft_set_error(DEFT_ERR_STATE, "dist_synchronize: the program is not a data parallel replica "
+                                       "(compile it with the option dist)");
+    return deft_ddp_wait(p);
+}

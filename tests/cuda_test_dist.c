@@ -1,0 +1,310 @@
+/* Data parallel training over NCCL on 2 GPUs (skips, exit 77, with fewer or without NCCL):
+ * - one process driving both GPUs (deft_dist_init_local + deft_dist_run): an MLP trained for STEPS steps on two
+ *   replicas of batch B each equals the same MLP trained on one GPU with the batch 2B (the two halves), within
+ *   tolerance; the two replicas hold bit-identical parameters after every step; the replicas replay a CUDA Graph and
+ *   equal eagerly run ones (no_cuda_graphs); small buckets (several per step) give the same parameters as one bucket;
+ * - misuse: a local replica run alone, a replica on the wrong GPU, optimizer_in_backward, dist_local out of range;
+ * - two processes (this executable run again with --child) meeting through a file rendezvous train the same way and
+ *   end bit-identical and equal to the one-GPU run; when rank 1 dies after joining, rank 0's read fails with
+ *   DEFT_ERR_RUNTIME within its timeout instead of hanging. */
+#define _POSIX_C_SOURCE 200809L
+#include <stdint.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "program_state.h"   /* deft_compile_into: the status of a compile */
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+#define LAYERS 4
+#define WIDTH 256
+#define CLASSES 10
+#define B 32
+#define STEPS 5
+
+typedef struct mlp {
+    deft_graph *g;
+    deft_tensor *x, *y, *loss, *step;
+    deft_tensor *params[2 * LAYERS];
+    deft_program *p;
+} mlp;
+
+static float data_x(int64_t step, int64_t row, int64_t col) {
+    uint32_t h = (uint32_t)(step * 7919 + row * 104729 + col * 31 + 17);
+    h ^= h >> 16, h *= 0x45d9f3bu, h ^= h >> 16, h *= 0x45d9f3bu, h ^= h >> 16;
+    return (float)h / 4294967296.0f * 2.0f - 1.0f;
+}
+
+static int32_t data_y(int64_t step, int64_t row) { return (int32_t)((step * 13 + row * 7) % CLASSES); }
+
+/* The MLP on dev with `batch` rows; every build has the same initial parameters (the graph's seed). */
+static int mlp_build(mlp *m, deft_device dev, int64_t batch, const deft_compile_options *o) {
+    *m = (mlp){.g = deft_graph_new()};
+    deft_graph_set_seed(m->g, 1234);
+    m->x = deft_input(m->g, "x", DEFT_F32, 2, (int64_t[]){batch, WIDTH}, dev);
+    m->y = deft_input(m->g, "y", DEFT_I32, 1, (int64_t[]){batch}, dev);
+    deft_tensor *h = m->x;
+    for (int l = 0; l < LAYERS; l++) {
+        char name[16];
+        snprintf(name, sizeof name, "fc%d", l);
+        h = deft_linear(h, l == LAYERS - 1 ? CLASSES : WIDTH, name, NULL);
+        if (l < LAYERS - 1) h = deft_relu(h);
+    }
+    m->loss = deft_cross_entropy(h, m->y);
+    if (!m->loss || deft_backward(m->loss) != DEFT_OK) return 0;
+    deft_optimizer *opt = deft_sgd(m->g, &(deft_sgd_options){.lr = 0.05, .momentum = 0.9}, NULL);
+    m->step = deft_optimizer_step(opt);
+    for (int l = 0; l < LAYERS; l++) {
+        char name[32];
+        snprintf(name, sizeof name, "fc%d.weight", l);
+        m->params[2 * l] = deft_graph_find(m->g, name);
+        snprintf(name, sizeof name, "fc%d.bias", l);
+        m->params[2 * l + 1] = deft_graph_find(m->g, name);
+    }
+    m->p = deft_compile(m->g, (deft_tensor *[]){m->loss, m->step}, 2, o);
+    CHECK_MSG(m->p != NULL, "compile: %s", deft_errmsg());
+    return m->p != NULL;
+}
+
+/* Feeds rows [first, first + batch) of step's global batch. */
+static void mlp_feed(mlp *m, int64_t step, int64_t first, int64_t batch) {
+    float *x = malloc((size_t)(batch * WIDTH) * sizeof *x);
+    int32_t *y = malloc((size_t)batch * sizeof *y);
+    for (int64_t r = 0; r < batch; r++) {
+        for (int64_t c = 0; c < WIDTH; c++) x[r * WIDTH + c] = data_x(step, first + r, c);
+        y[r] = data_y(step, first + r);
+    }
+    CHECK_OK(deft_program_feed(m->p, m->x, x, (size_t)(batch * WIDTH) * sizeof *x));
+    CHECK_OK(deft_program_feed(m->p, m->y, y, (size_t)batch * sizeof *y));
+    free(x);
+    free(y);
+}
+
+static size_t mlp_param_floats(const mlp *m) {
+    size_t n = 0;
+    for (int i = 0; i < 2 * LAYERS; i++) n += (size_t)deft_tensor_numel(m->params[i]);
+    return n;
+}
+
+static void mlp_params(const mlp *m, float *out) {
+    for (int i = 0; i < 2 * LAYERS; i++) {
+        CHECK_OK(deft_param_get(m->params[i], out, deft_tensor_nbytes(m->params[i])));
+        out += deft_tensor_numel(m->params[i]);
+    }
+}
+
+static double max_rel_diff(const float *a, const float *b, size_t n) {
+    double worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)b[i]) / (fabs((double)b[i]) + 1e-3);
+        if (!(d <= worst)) worst = d;
+    }
+    return worst;
+}
+
+/* The one-GPU run with the doubled batch: parameters after each step, STEPS * n floats. */
+static float *reference(size_t *n_out) {
+    mlp ref;
+    if (!mlp_build(&ref, deft_cuda(0), 2 * B, NULL)) return NULL;
+    const size_t n = mlp_param_floats(&ref);
+    float *all = malloc(STEPS * n * sizeof *all);
+    for (int s = 0; s < STEPS; s++) {
+        mlp_feed(&ref, s, 0, 2 * B);
+        CHECK_OK(deft_program_run(ref.p));
+        mlp_params(&ref, all + (size_t)s * n);
+    }
+    deft_graph_free(ref.g);
+    *n_out = n;
+    return all;
+}
+
+/* Two replicas in this process; their parameters after the last step into out (when not NULL). */
+static void train_local(deft_dist *d, const float *ref, size_t n, const deft_compile_options *base, const char *what,
+                        float *out) {
+    mlp r[2];
+    deft_compile_options o = base ? *base : (deft_compile_options){0};
+    o.dist = d;
+    int ok = 1;
+    for (int k = 0; k < 2; k++) {
+        o.dist_local = k;
+        ok &= mlp_build(&r[k], deft_dist_device(d, k), B, &o);
+    }
+    float *p0 = malloc(n * sizeof *p0), *p1 = malloc(n * sizeof *p1);
+    for (int s = 0; ok && s < STEPS; s++) {
+        for (int k = 0; k < 2; k++) mlp_feed(&r[k], s, k * B, B);
+        CHECK_OK(deft_dist_run(d, (deft_program *[]){r[0].p, r[1].p}, 2));
+        float l0, l1;
+        CHECK_OK(deft_program_read(r[0].p, r[0].loss, &l0, sizeof l0));
+        CHECK_OK(deft_program_read(r[1].p, r[1].loss, &l1, sizeof l1));
+        mlp_params(&r[0], p0);
+        mlp_params(&r[1], p1);
+        CHECK_MSG(memcmp(p0, p1, n * sizeof *p0) == 0, "%s: the replicas differ after step %d", what, s);
+        const double diff = max_rel_diff(p0, ref + (size_t)s * n, n);
+        CHECK_MSG(diff < 2e-3, "%s: step %d: 2 GPUs x batch %d vs 1 GPU x batch %d: max relative difference %g", what,
+                  s, B, 2 * B, diff);
+    }
+    if (ok && !(base && base->no_cuda_graphs))
+        CHECK_MSG(strcmp(deft_program_graph_status(r[0].p), "replaying a CUDA Graph") == 0, "%s: %s", what,
+                  deft_program_graph_status(r[0].p));
+    if (ok && out) memcpy(out, p0, n * sizeof *p0);
+    free(p0);
+    free(p1);
+    for (int k = 0; k < 2; k++) deft_graph_free(r[k].g);
+}
+
+static void test_local(const float *ref, size_t n) {
+    deft_dist *d = NULL;
+    CHECK_OK(deft_dist_init_local(2, 60, &d));
+    if (!d) return;
+    CHECK(deft_dist_world(d) == 2 && deft_dist_local_count(d) == 2 && deft_dist_rank(d, 1) == 1);
+    float *graphs = malloc(n * sizeof *graphs), *eager = malloc(n * sizeof *eager), *small = malloc(n * sizeof *small);
+    train_local(d, ref, n, NULL, "local, graphs", graphs);
+    train_local(d, ref, n, &(deft_compile_options){.no_cuda_graphs = 1}, "local, eager", eager);
+    train_local(d, ref, n, &(deft_compile_options){.bucket_bytes = 64 << 10}, "local, 64 KiB buckets", small);
+    const double ge = max_rel_diff(graphs, eager, n), gs = max_rel_diff(graphs, small, n);
+    printf("graph vs eager: max relative difference %g; one bucket vs 64 KiB buckets: %g\n", ge, gs);
+    CHECK(ge < 1e-6 && gs < 1e-6);
+    free(graphs);
+    free(eager);
+    free(small);
+
+    /* Misuse. */
+    mlp m;
+    deft_compile_options o = {.dist = d, .dist_local = 0};
+    if (mlp_build(&m, deft_cuda(0), B, &o)) {
+        mlp_feed(&m, 0, 0, B);
+        CHECK_ERR(deft_program_run(m.p), DEFT_ERR_STATE, "deft_dist_run");
+        CHECK_ERR(deft_dist_run(d, (deft_program *[]){m.p}, 1), DEFT_ERR_INVALID, "1 replicas for 2");
+    }
+    deft_graph_free(m.g);
+    deft_program *bad = NULL;
+    deft_graph *g = deft_graph_new();
+    deft_tensor *x = deft_input(g, "x", DEFT_F32, 2, (int64_t[]){4, 8}, deft_cuda(1));
+    deft_tensor *y = deft_input(g, "y", DEFT_I32, 1, (int64_t[]){4}, deft_cuda(1));
+    deft_tensor *loss = deft_cross_entropy(deft_linear(x, CLASSES, "fc", NULL), y);
+    CHECK_OK(deft_backward(loss));
+    deft_tensor *step = deft_optimizer_step(deft_sgd(g, &(deft_sgd_options){.lr = 0.1}, NULL));
+    CHECK_ERR(deft_compile_into(g, (deft_tensor *[]){loss, step}, 2, &o, &bad), DEFT_ERR_DEVICE,
+              "must run on cuda:0 alone");
+    o.dist_local = 5;
+    CHECK_ERR(deft_compile_into(g, (deft_tensor *[]){loss, step}, 2, &o, &bad), DEFT_ERR_INVALID, "dist_local 5");
+    o = (deft_compile_options){.dist = d, .dist_local = 1, .optimizer_in_backward = 1};
+    CHECK_ERR(deft_compile_into(g, (deft_tensor *[]){loss, step}, 2, &o, &bad), DEFT_ERR_INVALID,
+              "optimizer_in_backward");
+    o.optimizer_in_backward = 0;
+    CHECK_ERR(deft_compile_into(g, &loss, 1, &o, &bad), DEFT_ERR_INVALID, "no optimizer step");
+    deft_graph_free(g);
+    deft_dist_free(d);
+}
+
+/* ---- two processes ---- */
+
+static int child_main(int rank, const char *mode, const char *path) {
+    char spec[300];
+    snprintf(spec, sizeof spec, "file:%s", path);
+    deft_dist *d = NULL;
+    deft_dist_options o = {.rank = rank, .world = 2, .rendezvous = spec, .device = rank, .timeout_s = 8};
+    if (deft_dist_init(&o, &d) != DEFT_OK) {
+        fprintf(stderr, "rank %d: dist_init: %s\n", rank, deft_errmsg());
+        return 2;
+    }
+    if (strcmp(mode, "die") == 0 && rank == 1) _exit(0);   /* joined, then gone without a word */
+    mlp m;
+    if (!mlp_build(&m, deft_cuda(rank), B, &(deft_compile_options){.dist = d})) return 3;
+    const int die = strcmp(mode, "die") == 0;
+    deft_status s = DEFT_OK;
+    double t0 = 0;
+    for (int step = 0; step < STEPS && s == DEFT_OK; step++) {
+        mlp_feed(&m, step, rank * B, B);
+        t0 = now_s();
+        s = deft_program_run(m.p);
+        float l;
+        if (s == DEFT_OK) s = deft_program_read(m.p, m.loss, &l, sizeof l);
+    }
+    if (die) {
+        const double waited = now_s() - t0;
+        printf("rank 0 without its peer: %s after %.1f s: %s\n", deft_status_name(s), waited, deft_errmsg());
+        return s == DEFT_ERR_RUNTIME && strstr(deft_errmsg(), "rank 0") && waited < 60 ? 0 : 4;
+    }
+    if (s != DEFT_OK) {
+        fprintf(stderr, "rank %d: %s\n", rank, deft_errmsg());
+        return 5;
+    }
+    const size_t n = mlp_param_floats(&m);
+    float *p = malloc(n * sizeof *p);
+    mlp_params(&m, p);
+    char out[300];
+    snprintf(out, sizeof out, "%s.out%d", path, rank);
+    FILE *f = fopen(out, "wb");
+    int ok = f && fwrite(p, sizeof *p, n, f) == n;
+    if (f) fclose(f);
+    free(p);
+    deft_graph_free(m.g);
+    deft_dist_free(d);
+    return ok && deft_check_finish() == 0 ? 0 : 6;
+}
+
+/* Runs this executable as ranks 0 and 1; their exit codes into codes. */
+static void spawn_pair(const char *self, const char *mode, const char *path, int codes[2]) {
+    pid_t pid[2];
+    for (int r = 0; r < 2; r++) {
+        pid[r] = fork();
+        if (pid[r] == 0) {
+            char rank[4];
+            snprintf(rank, sizeof rank, "%d", r);
+            execl(self, self, "--child", rank, mode, path, (char *)NULL);
+            _exit(127);
+        }
+    }
+    for (int r = 0; r < 2; r++) {
+        int st = 0;
+        waitpid(pid[r], &st, 0);
+        codes[r] = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+    }
+}
+
+static void test_processes(const char *self, const float *ref, size_t n) {
+    char path[128];
+    snprintf(path, sizeof path, "/tmp/deft_cuda_test_dist_%ld", (long)getpid());
+    int codes[2];
+    spawn_pair(self, "train", path, codes);
+    CHECK_MSG(codes[0] == 0 && codes[1] == 0, "train: ranks exited %d and %d", codes[0], codes[1]);
+    float *p[2] = {malloc(n * sizeof(float)), malloc(n * sizeof(float))};
+    for (int r = 0; r < 2; r++) {
+        char out[160];
+        snprintf(out, sizeof out, "%s.out%d", path, r);
+        FILE *f = fopen(out, "rb");
+        CHECK_MSG(f && fread(p[r], sizeof(float), n, f) == n, "rank %d's parameters", r);
+        if (f) fclose(f);
+        remove(out);
+    }
+    CHECK_MSG(memcmp(p[0], p[1], n * sizeof(float)) == 0, "two processes: the ranks' parameters differ");
+    const double diff = max_rel_diff(p[0], ref + (size_t)(STEPS - 1) * n, n);
+    CHECK_MSG(diff < 2e-3, "two processes vs 1 GPU with the doubled batch: max relative difference %g", diff);
+    free(p[0]);
+    free(p[1]);
+    spawn_pair(self, "die", path, codes);
+    CHECK_MSG(codes[0] == 0, "die: rank 0 exited %d (4: no clear error in time)", codes[0]);
+}
+
+int main(int argc, char **argv) {
+    if (argc == 5 && strcmp(argv[1], "--child") == 0) return child_main(atoi(argv[2]), argv[3], argv[4]);
+    if (!deft_has_nccl_build() || deft_cuda_device_count() < 2) {
+        printf("skipped: needs NCCL and 2 GPUs\n");
+        return 77;
+    }
+    size_t n = 0;
+    float *ref = reference(&n);
+    if (ref) {
+        test_local(ref, n);
+        test_processes("/proc/self/exe", ref, n);
+    }
+    free(ref);
+    return deft_check_finish();
+}
