@@ -195,7 +195,8 @@ deft_tensor *deft_autocast_node(deft_autocast *ac, deft_tensor *t, deft_tensor *
     bool changed = false;
     for (int k = 0; k < t->nsrc; k++) {
         const deft_dtype want = norm ? deft_batch_norm_input_dtype(ac, t, k) : all;
-        if (want != DEFT_DTYPE_COUNT && deft_dtype_is_float(src[k]->dtype)) src[k] = deft_autocast_cast(ac, src[k], want);
+        if (want != DEFT_DTYPE_COUNT && deft_dtype_is_float(src[k]->dtype))
+            src[k] = deft_autocast_cast(ac, src[k], want);
         if (!src[k]) return NULL;
         changed |= src[k] != t->src[k];
     }

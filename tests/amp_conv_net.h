@@ -4,9 +4,9 @@
  *     -> c3a (conv 1x1, 16, weight w3) -> relu -> c3b (conv 1x1 with the same weight w3) -> gap (adaptive average
  *     pool to 1x1) -> reshape [B, 16] -> fc (linear to 4 classes) -> cross-entropy; backward; SGD with momentum.
  * Under autocast every kind of image op meets both dtypes: max pooling an L input (after c1), average pooling an f32
- * one (after batch norm), adaptive pooling an L one (after c3b); w3 is read by two convolutions. The labels are a
- * function of x (acn_make_batch), so the net learns; two nets of one size start from the same parameters and see the same
- * batches. */
+ * one (after batch norm), adaptive pooling an L one (after c3b); w3 is read by two convolutions. Each class shifts
+ * the channels' means (acn_make_batch), so the net learns; two nets of one size start from the same parameters and
+ * see the same batches. */
 #ifndef DEFT_TEST_AMP_CONV_NET_H
 #define DEFT_TEST_AMP_CONV_NET_H
 
@@ -34,14 +34,15 @@ static inline deft_tensor *acn_named(deft_tensor *t, const char *name) { return 
 static inline deft_tensor *acn_forward(amp_conv_net *n) {
     const deft_layout L = n->layout;
     const int c_axis = L == DEFT_NHWC ? 3 : 1;
-    deft_tensor *h = deft_conv2d_layer(n->x, 8, 3, 3, "c1", &(deft_conv2d_options){.padding = {1, 1}, .layout = L}, 0);
-    h = acn_named(deft_max_pool2d(deft_relu(acn_named(h, "c1")), &(deft_pool2d_options){.kernel = {2, 2}, .layout = L}),
-                  "p1");
-    h = acn_named(deft_conv2d_layer(h, 16, 3, 3, "c2", &(deft_conv2d_options){.padding = {1, 1}, .layout = L}, 1), "c2");
+    const deft_conv2d_options pad1 = {.padding = {1, 1}, .layout = L};
+    const deft_pool2d_options two = {.kernel = {2, 2}, .layout = L};
+    deft_tensor *h = acn_named(deft_conv2d_layer(n->x, 8, 3, 3, "c1", &pad1, 0), "c1");
+    h = acn_named(deft_max_pool2d(deft_relu(h), &two), "p1");
+    h = acn_named(deft_conv2d_layer(h, 16, 3, 3, "c2", &pad1, 1), "c2");
     deft_batch_norm_options bo = deft_batch_norm_defaults();
     bo.layout = L;
     h = deft_relu(acn_named(deft_batch_norm_layer(h, "bn2", &bo), "bn2"));
-    h = acn_named(deft_avg_pool2d(h, &(deft_pool2d_options){.kernel = {2, 2}, .layout = L}), "p2");
+    h = acn_named(deft_avg_pool2d(h, &two), "p2");
     const deft_conv2d_options one = {.layout = L};
     h = acn_named(deft_conv2d_layer(h, 16, 1, 1, "c3", &one, 1), "c3a");
     n->w3 = deft_graph_find(n->g, "c3.weight");
