@@ -4,7 +4,7 @@
  *     one cast to L of x and of each conv and fc parameter, none of batch norm's, each run once per step;
  *  2. 20 steps of bf16 and of f16 follow the f32 run on the GPU, every loss within 0.01 + 1%, replaying the step as
  *     a CUDA Graph; the net learns (last loss under 80% of the first);
- *  3. the CPU and cuda:0 agree on 6 autocast steps (bf16 and f16): losses within 1% + 0.005, w3 within 2% of its
+ *  3. the CPU and cuda:0 agree on 6 autocast steps (bf16 and f16): losses within 2% + 0.005, w3 within 2% of its
  *     largest magnitude;
  *  4. the planned activation bytes of the conv net and of tests/amp_net.h's MLP under bf16 against f32 (printed; the
  *     MLP's must be below 70% of f32's, as on the CPU, where test_autocast_activations counts them exactly).
@@ -58,6 +58,10 @@ static void test_follows_f32(deft_dtype L) {
            on_cpu() ? "cpu" : "cuda:0", deft_dtype_name(L), STEPS, worst, first, last,
            pb ? deft_program_graph_status(pb) : "");
     CHECK_MSG(last < 0.8f * first, "%s did not learn: %.4g -> %.4g", deft_dtype_name(L), first, last);
+    double scale;
+    int64_t skipped;
+    CHECK_OK(deft_optimizer_loss_scale(b.opt, &scale, &skipped));
+    printf("  loss scale %g, %lld steps skipped\n", scale, (long long)skipped);
     if (!on_cpu() && pb) CHECK(deft_program_graph_replays(pb) >= STEPS - 2);
     acn_free(&a);
     acn_free(&b);
@@ -71,7 +75,7 @@ static void test_cpu_agrees(deft_dtype L) {
     CHECK_MSG(pc && pg, "compile: %s", deft_errmsg());
     for (int k = 0; pc && pg && k < 6; k++) {
         const float lc = acn_step(&c, pc, (uint64_t)k), lg = acn_step(&g, pg, (uint64_t)k);
-        CHECK_MSG(fabsf(lc - lg) <= 0.005f + 0.01f * fabsf(lc), "%s step %d: cpu %.6g, gpu %.6g", deft_dtype_name(L),
+        CHECK_MSG(fabsf(lc - lg) <= 0.005f + 0.02f * fabsf(lc), "%s step %d: cpu %.6g, gpu %.6g", deft_dtype_name(L),
                   k, lc, lg);
     }
     float wc[256], wg[256], big = 0, diff = 0;

@@ -70,6 +70,10 @@ static void test_follows_f32(deft_dtype L) {
     printf("conv net, %s vs f32 over %d steps: largest loss difference %.4g; loss %.4g -> %.4g\n",
            deft_dtype_name(L), STEPS, worst, first, last);
     CHECK_MSG(last < 0.8f * first, "%s did not learn: %.4g -> %.4g", deft_dtype_name(L), first, last);
+    double scale;
+    int64_t skipped;
+    CHECK_OK(deft_optimizer_loss_scale(b.opt, &scale, &skipped));
+    printf("  loss scale %g, %lld steps skipped\n", scale, (long long)skipped);
     acn_free(&a);
     acn_free(&b);
 }
