@@ -255,8 +255,8 @@ static void bench(const mlp_config *c, deft_device dev, const deft_compile_optio
     deft_device_footprint fp[4];
     int nfp = 0;
     CHECK(deft_program_footprint(m.p, fp, 4, &nfp));
-    size_t footprint = 0;
-    for (int i = 0; i < nfp; i++) footprint += fp[i].total_bytes;
+    size_t footprint = 0, activations = 0;
+    for (int i = 0; i < nfp; i++) footprint += fp[i].total_bytes, activations += fp[i].activation_bytes;
     deft_memory_stats ms;
     CHECK(deft_memory_stats_get(dev, &ms));
 
@@ -269,6 +269,7 @@ static void bench(const mlp_config *c, deft_device dev, const deft_compile_optio
     printf("mlp_train.%s.%s_arena_bytes %zu bytes\n", k, tag, mr.arena_bytes);
     printf("mlp_train.%s.%s_persistent_bytes %zu bytes\n", k, tag, mr.persistent_bytes);
     printf("mlp_train.%s.%s_footprint_bytes %zu bytes\n", k, tag, footprint);
+    printf("mlp_train.%s.%s_activation_bytes %zu bytes\n", k, tag, activations);
     printf("mlp_train.%s.%s_peak_bytes %lld bytes\n", k, tag, (long long)ms.allocated_bytes.peak);
     printf("mlp_train.%s.%s_loss_first %.6f loss\n", k, tag, (double)loss_first);
     printf("mlp_train.%s.%s_loss_warmup %.6f loss\n", k, tag, (double)loss_warmup);

@@ -10,7 +10,8 @@
  *   f32    NCHW, every op in f32 (--tf32 compiles with deft_compile_options.tf32, and the peer's --tf32 lets its
  *          matmuls use TF32; its convolutions use cuDNN's TF32 as torch does by default unless --no-cudnn-tf32)
  *   bf16   NHWC, compiled with deft_compile_options.autocast = DEFT_BF16 (the peer: channels_last and
- *          torch.autocast(dtype=torch.bfloat16))
+ *          torch.autocast(dtype=torch.bfloat16)): convolutions and fc in bf16, batch norm in f32, pooling in its
+ *          input's dtype (graph/autocast_image.c)
  * The batch is generated (x uniform in [-1, 1) and labels from an integer hash of each element's index, the same
  * values as the peer's), fed once and kept on the device: the per-step feed is not measured.
  *
@@ -20,7 +21,8 @@
  * CUDA Graphs are on (the program replays the step from its second run); --no-graphs turns them off and names the
  * figures "deft_nographs_". Memory: deft_peak_bytes is the caching allocator's peak of allocated bytes from before
  * the graph was built to the end (parameters, gradients, momentum, the batch, the arena, workspaces), as
- * torch.cuda.max_memory_allocated; the planned arena and persistent bytes beside it. --device cpu runs batch 16
+ * torch.cuda.max_memory_allocated; the planned arena and persistent bytes beside it, and deft_activation_bytes (of
+ * the arena, the peak of forward values kept for the backward pass: deft_device_footprint.activation_bytes). --device cpu runs batch 16
  * with fewer steps (a check that it runs, not a figure to compare). Without a usable GPU (and without --device cpu)
  * the bench says so and exits 0. A configuration that fails prints "# <config>: ..." with the reason and the others
  * still run; the exit status is then 1. */
@@ -108,8 +110,8 @@ static deft_status report(deft_program *p, deft_device dev, const char *k, const
     if (s == DEFT_OK) s = deft_program_footprint(p, fp, 4, &nfp);
     if (s == DEFT_OK) s = deft_memory_stats_get(dev, &ms);
     if (s != DEFT_OK) return s;
-    size_t footprint = 0;
-    for (int i = 0; i < nfp; i++) footprint += fp[i].total_bytes;
+    size_t footprint = 0, activations = 0;
+    for (int i = 0; i < nfp; i++) footprint += fp[i].total_bytes, activations += fp[i].activation_bytes;
     const double med = r->us[REPEATS / 2];
     printf("resnet.%s.%s_images_per_s %.1f images/s\n", k, tag, (double)batch / (med * 1e-6));
     printf("resnet.%s.%s_step_us %.2f us\n", k, tag, med);
@@ -120,6 +122,7 @@ static deft_status report(deft_program *p, deft_device dev, const char *k, const
     printf("resnet.%s.%s_arena_bytes %zu bytes\n", k, tag, mr.arena_bytes);
     printf("resnet.%s.%s_persistent_bytes %zu bytes\n", k, tag, mr.persistent_bytes);
     printf("resnet.%s.%s_footprint_bytes %zu bytes\n", k, tag, footprint);
+    printf("resnet.%s.%s_activation_bytes %zu bytes\n", k, tag, activations);
     printf("resnet.%s.%s_graph_replays %lld count\n", k, tag, (long long)deft_program_graph_replays(p));
     printf("resnet.%s.%s_loss_first %.6f loss\n", k, tag, (double)r->loss_first);
     printf("resnet.%s.%s_loss_warmup %.6f loss\n", k, tag, (double)r->loss_warmup);

@@ -57,4 +57,13 @@ deft_tensor *deft_autocast_cast(deft_autocast *ac, deft_tensor *x, deft_dtype dt
  * DEFT_ERR_INVALID (graph untouched) for an op the rewrite cannot re-build. */
 deft_tensor *deft_autocast_node(deft_autocast *ac, deft_tensor *t, deft_tensor **src);
 
+/* ---- graph/autocast_image.c ---- */
+/* Conv2d, pooling and batch norm's two nodes: re-built by deft_autocast_image. */
+bool deft_autocast_is_image_op(deft_op op);
+/* The dtype source k of batch norm node bn (its stats node or its normalising node) runs in. */
+deft_dtype deft_batch_norm_input_dtype(const deft_autocast *ac, const deft_tensor *bn, int k);
+/* Image op t re-built on src (the sources the policy gave it); on a device without its kernel in the low dtype, in
+ * f32 on the sources widened, the result cast back to the low dtype. NULL with the graph's error on failure. */
+deft_tensor *deft_autocast_image(deft_autocast *ac, const deft_tensor *t, deft_tensor **src);
+
 #endif

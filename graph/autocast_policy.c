@@ -1,12 +1,14 @@
 /* The autocast policy, op by op (as torch.autocast's lists): which dtype each node of the forward pass computes in
  * under a low precision L (bf16 or f16), and the node re-built in it.
  *
- *   to L        matmul: f32 inputs cast to L (the kernels accumulate in f32), an L result
+ *   to L        matmul, conv2d: f32 inputs cast to L (the kernels accumulate in f32), an L result
  *   to f32      reductions (sum, mean, max), softmax, log_softmax, cross-entropy, exp, log, pow, sqrt, rsqrt,
  *               reciprocal: L inputs cast up, an f32 result
  *   promote     binary ops and concat with mixed inputs run in f32, except where every f32 input is a parameter
  *               (a bias, a scale): then it is cast to L, as torch's F.linear casts its bias
- *   keep        activations, scalar ops, shape ops, dropout, device moves: their input's dtype
+ *   norm        batch norm: per source, as deft_batch_norm_input_dtype says (f32 for now)
+ *   keep        activations, scalar ops, shape ops, dropout, device moves, pooling: their input's dtype
+ * Conv2d, pooling and batch norm are re-built by graph/autocast_image.c, which says more about them.
  * Only f32 nodes change: f64 and i32 ones, and explicit casts, keep the dtype the user gave them. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,11 +18,20 @@
 #include "build_grad_ops.h"
 #include "node.h"
 
-typedef enum deft_policy { DEFT_POLICY_LOW, DEFT_POLICY_F32, DEFT_POLICY_PROMOTE, DEFT_POLICY_KEEP } deft_policy;
+typedef enum deft_policy {
+    DEFT_POLICY_LOW,
+    DEFT_POLICY_F32,
+    DEFT_POLICY_PROMOTE,
+    DEFT_POLICY_NORM,
+    DEFT_POLICY_KEEP
+} deft_policy;
 
 static deft_policy deft_policy_of(deft_op op) {
     switch (op) {
-    case DEFT_OP_MATMUL: return DEFT_POLICY_LOW;
+    case DEFT_OP_MATMUL:
+    case DEFT_OP_CONV2D: return DEFT_POLICY_LOW;
+    case DEFT_OP_BN_STATS:
+    case DEFT_OP_BATCH_NORM: return DEFT_POLICY_NORM;
     case DEFT_OP_SUM:
     case DEFT_OP_MEAN:
     case DEFT_OP_MAX:
@@ -81,7 +92,8 @@ deft_tensor *deft_autocast_cast(deft_autocast *ac, deft_tensor *x, deft_dtype dt
 
 static bool deft_is_low(const deft_autocast *ac, const deft_tensor *x) { return x->dtype == ac->dtype; }
 
-/* The dtype the policy gives t's inputs, or DEFT_DTYPE_COUNT to leave them as they are. */
+/* The dtype the policy gives all of t's inputs, or DEFT_DTYPE_COUNT to leave them as they are (or, for batch norm,
+ * to ask deft_batch_norm_input_dtype input by input). */
 static deft_dtype deft_inputs_dtype(const deft_autocast *ac, const deft_tensor *t, deft_tensor **src) {
     if (t->dtype != DEFT_F32) return DEFT_DTYPE_COUNT;
     switch (deft_policy_of(t->op)) {
@@ -178,10 +190,13 @@ static bool deft_rebuildable(deft_op op) {
 
 deft_tensor *deft_autocast_node(deft_autocast *ac, deft_tensor *t, deft_tensor **src) {
     if (t->nsrc == 0 || deft_op_is_leaf(t->op)) return t;
-    deft_dtype want = deft_inputs_dtype(ac, t, src);
+    const deft_dtype all = deft_inputs_dtype(ac, t, src);
+    const bool norm = t->dtype == DEFT_F32 && deft_policy_of(t->op) == DEFT_POLICY_NORM;
     bool changed = false;
     for (int k = 0; k < t->nsrc; k++) {
-        if (want != DEFT_DTYPE_COUNT && deft_dtype_is_float(src[k]->dtype)) src[k] = deft_autocast_cast(ac, src[k], want);
+        const deft_dtype want = norm ? deft_batch_norm_input_dtype(ac, t, k) : all;
+        if (want != DEFT_DTYPE_COUNT && deft_dtype_is_float(src[k]->dtype))
+            src[k] = deft_autocast_cast(ac, src[k], want);
         if (!src[k]) return NULL;
         changed |= src[k] != t->src[k];
     }
@@ -191,7 +206,7 @@ deft_tensor *deft_autocast_node(deft_autocast *ac, deft_tensor *t, deft_tensor *
                        deft_dtype_name(ac->dtype));
         return NULL;
     }
-    deft_tensor *n = deft_rebuild(t, src);
+    deft_tensor *n = deft_autocast_is_image_op(t->op) ? deft_autocast_image(ac, t, src) : deft_rebuild(t, src);
     if (!n) return NULL;
     if (n->id >= ac->n_user && n->autocast == DEFT_AUTOCAST_NONE) {
         char name[64];

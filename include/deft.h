@@ -383,6 +383,9 @@ typedef struct deft_device_memory {
     size_t arena_bytes;        /* the planned arena */
     size_t workspace_bytes;    /* library workspaces (cuBLAS, cuDNN) the program's kernels use */
     size_t total_bytes;        /* the sum of the three */
+    size_t activation_bytes;   /* of the arena, the peak of saved activations: forward values that depend on an input
+                                * and that the backward pass reads, summed over the steps they are kept alive for it
+                                * (autocast's weight copies are not counted); 0 without deft_backward */
 } deft_device_footprint;
 /* Fills up to max entries (one per device the program touches) and sets *n to their number. */
 deft_status deft_program_footprint(const deft_program *p, deft_device_footprint *out, int max, int *n);

@@ -1,6 +1,7 @@
 /* Reports of what the planner decided: numbers, a table, and per-node facts for the DOT dump. */
 #include <stdio.h>
 
+#include "activation_bytes.h"
 #include "checkpoint.h"
 #include "cuda_kernels.h"
 #include "optimizer.h"
@@ -154,10 +155,13 @@ deft_status deft_program_footprint(const deft_program *p, deft_device_footprint 
     if (!p || !out || !n || max <= 0) return deft_set_error(DEFT_ERR_INVALID, "program_footprint: bad argument");
     *n = 0;
     int full = 0;
+    size_t act[DEFT_MAX_ARENAS];
+    deft_status s = deft_activation_peaks(p, act);
+    if (s != DEFT_OK) return s;
     for (int a = 0; a < p->n_arenas; a++) {
         int i = deft_footprint_slot(out, n, max, p->arenas[a].device);
         if (i < 0) full = 1;
-        else out[i].arena_bytes += p->arenas[a].bytes;
+        else out[i].arena_bytes += p->arenas[a].bytes, out[i].activation_bytes += act[a];
     }
     for (int id = 0; id < p->n_nodes; id++) {
         const deft_tensor *t = p->graph->nodes[id];

@@ -5,7 +5,8 @@
 # Runs build-gpu/bench_mlp_train (deft, then deft with --no-graphs) and bench/peers/mlp_train.py (PyTorch eager and
 # CUDA Graphs) on every configuration, in f32, TF32 (mid, large) and bf16 and f16 autocast (--amp; every
 # configuration, with a second table of deft's planned arena beside the f32 program's and f16's loss scale and
-# skipped steps), writes everything they print to <log-dir>/mlp_train.txt, and prints a table
+# skipped steps, and deft's activation bytes (deft_device_footprint.activation_bytes: forward values kept for the
+# backward pass) over the f32 program's, also as `mlp_train.<cfg>_<amp>.activation_over_f32 <r> x`), writes everything they print to <log-dir>/mlp_train.txt, and prints a table
 # of the per-step times with the ratios torch/deft (> 1: deft is faster), also as
 # `mlp_train.<cfg>.speedup_vs_torch_graphs <r> x` and `mlp_train.<cfg>.speedup_vs_torch_eager <r> x` lines (appended
 # to the same file). The loss columns are the losses at step 20 of each: the same data and initial weights go into
@@ -88,15 +89,23 @@ awk '
       if (re != "") lines = lines sprintf("%sspeedup_vs_torch_eager %.3f x\n", p, re)
     }
     printf "%s", lines
-    printf "\n%-12s %14s %14s %9s %12s %8s\n", "autocast", "deft_arena", "f32_arena", "arena/f32", "loss_scale", "skipped"
+    printf "\n%-12s %14s %14s %9s %12s %8s %12s %12s %9s\n", "autocast", "deft_arena", "f32_arena", "arena/f32", \
+      "loss_scale", "skipped", "deft_act", "f32_act", "act/f32"
+    act_lines = ""
     for (i = 7; i <= n; i++) {
       c = cfgs[i]; p = "mlp_train." c "."
       a = get(p "deft_arena_bytes"); a32 = get(p "deft_arena_bytes_f32")
       if (a == "") continue
-      printf "%-12s %14s %14s %9s %12s %8s\n", c, a, a32, get(p "deft_arena_over_f32"), \
+      base = c; sub(/_(bf16|f16)$/, "", base)
+      act = get(p "deft_activation_bytes"); act32 = get("mlp_train." base ".deft_activation_bytes")
+      ra = ratio(act, act32)
+      printf "%-12s %14s %14s %9s %12s %8s %12s %12s %9s\n", c, a, a32, get(p "deft_arena_over_f32"), \
         get(p "deft_loss_scale") == "" ? "-" : get(p "deft_loss_scale"), \
-        get(p "deft_skipped_steps") == "" ? "-" : get(p "deft_skipped_steps")
+        get(p "deft_skipped_steps") == "" ? "-" : get(p "deft_skipped_steps"), \
+        act == "" ? "-" : act, act32 == "" ? "-" : act32, ra == "" ? "-" : sprintf("%.3fx", ra)
+      if (ra != "") act_lines = act_lines sprintf("%sactivation_over_f32 %.3f x\n", p, ra)
     }
+    printf "%s", act_lines
   }' "$out" | tee "$log/mlp_train_table.txt"
 grep '^mlp_train\.' "$log/mlp_train_table.txt" >> "$out"
 echo "(figures: $out)"

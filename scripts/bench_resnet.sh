@@ -8,7 +8,9 @@
 # CUDA Graphs), writes what they print to <log-dir>/resnet.txt, and prints a table per configuration: images per
 # second of each, deft over PyTorch's best (the faster of eager and graphs; issue 8 asks for >= 1.3x) and deft's peak
 # memory over that of PyTorch's best mode (asked: <= 1). The ratios are appended to the file as
-# `resnet.<cfg>.deft_over_torch_best <r> x` and `resnet.<cfg>.peak_over_torch_best <r> x`.
+# `resnet.<cfg>.deft_over_torch_best <r> x` and `resnet.<cfg>.peak_over_torch_best <r> x`. A second table gives deft's
+# activation bytes (forward values kept for the backward pass, from the plan) of each bf16 configuration over those of
+# the f32 one of the same batch (issue 7 asks about half), appended as `resnet.<cfg>.activation_over_f32 <r> x`.
 set -uo pipefail
 log=${1:-gpu-logs}
 build=${BUILD:-build-gpu}
@@ -66,6 +68,16 @@ awk '
       if (m != "") lines = lines sprintf("%speak_over_torch_best %s x\n", p, m)
     }
     printf "%s", lines
+    printf "\n%-10s %14s %14s %9s\n", "config", "deft_act", "f32_act", "act/f32"
+    for (i = 1; i <= n; i++) {
+      c = order[i]; if (c !~ /_bf16$/) continue
+      base = c; sub(/_bf16$/, "_f32", base)
+      a = get("resnet." c ".deft_activation_bytes"); a32 = get("resnet." base ".deft_activation_bytes")
+      if (a == "") continue
+      r = (a32 != "" && a32 + 0 > 0) ? sprintf("%.3f", a / a32) : ""
+      printf "%-10s %14s %14s %9s\n", c, a, a32 == "" ? "-" : a32, r == "" ? "-" : r "x"
+      if (r != "") printf "resnet.%s.activation_over_f32 %s x\n", c, r
+    }
   }' "$out" | tee "$log/resnet_table.txt"
 grep '^resnet\.' "$log/resnet_table.txt" >> "$out"
 echo "(figures: $out)"
