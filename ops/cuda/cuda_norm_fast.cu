@@ -32,7 +32,7 @@ static void *deft_bn_workspaces[DEFT_BN_MAX_DEVICES];
 static std::mutex deft_bn_workspace_lock;
 
 /* The current device's workspace, its counts zeroed when first taken; *have = false (and nothing allocated) when
- * there is none yet and st is capturing, where allocating and zeroing are not allowed. */
+ * there is none yet and st is capturing, where allocating and zeroing are not allowed, or when memory is short. */
 static deft_status deft_bn_workspace(const deft_tensor *n, cudaStream_t st, void **ws, bool *have) {
     *have = false;
     int dev = 0;
@@ -47,6 +47,7 @@ static deft_status deft_bn_workspace(const deft_tensor *n, cudaStream_t st, void
             void *p = NULL;
             const deft_status s = deft_caching_alloc(deft_cuda(dev), DEFT_BN_WORKSPACE_BYTES, NULL,
                                                      "batch_norm.workspace", &p);
+            if (s == DEFT_ERR_OOM) return DEFT_OK;   /* the plain kernels need no scratch */
             if (s != DEFT_OK) return s;
             e = cudaMemsetAsync(p, 0, (size_t)DEFT_BN_COUNTERS * sizeof(unsigned), st);
             if (e == cudaSuccess) deft_bn_workspaces[dev] = p;
