@@ -27,16 +27,17 @@ static void deft_rule_conv2d(deft_tensor *t, deft_tensor *dy, const bool *reach,
 }
 
 /* The statistics get no gradient: in training dx already carries their dependence on x, and in evaluation they come
- * from the running statistics, which never want one. */
+ * from the running statistics, which never want one. One sums node (one pass over dy and x) gives the weight and
+ * bias gradients and what the training dx needs. */
 static void deft_rule_batch_norm(deft_tensor *t, deft_tensor *dy, const bool *reach, deft_tensor **grads) {
-    int k = 2;
-    if (reach[t->src[0]->id]) deft_add_grad(grads, reach, t->src[0], deft_batch_norm_input_grad(dy, t));
-    if (t->p.bn.has_weight) {
-        if (reach[t->src[k]->id]) deft_add_grad(grads, reach, t->src[k], deft_batch_norm_weight_grad(dy, t));
-        k++;
-    }
-    if (t->p.bn.has_bias && reach[t->src[k]->id])
-        deft_add_grad(grads, reach, t->src[k], deft_channel_sum(dy, t->p.bn.layout));
+    const deft_tensor *x = t->src[0];
+    const deft_tensor *w = t->p.bn.has_weight ? t->src[2] : NULL, *b = t->p.bn.has_bias ? t->src[2 + !!w] : NULL;
+    const bool want_w = w && reach[w->id], want_b = b && reach[b->id];
+    deft_tensor *sums = NULL;
+    if (want_w || want_b || (reach[x->id] && t->p.bn.batch)) sums = deft_batch_norm_grad_sums(dy, t);
+    if (reach[x->id]) deft_add_grad(grads, reach, x, deft_batch_norm_input_grad(dy, t, sums));
+    if (want_w) deft_add_grad(grads, reach, w, deft_batch_norm_sums_row(sums, 1));
+    if (want_b) deft_add_grad(grads, reach, b, deft_batch_norm_sums_row(sums, 0));
 }
 
 bool deft_grad_rule_image(deft_tensor *t, deft_tensor *dy, const bool *reach, deft_tensor **grads) {

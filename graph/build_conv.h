@@ -19,8 +19,12 @@ deft_tensor *deft_conv2d_input_grad(deft_tensor *dy, const deft_tensor *conv);
 deft_tensor *deft_conv2d_weight_grad(deft_tensor *dy, const deft_tensor *conv);
 /* dx of a max, average or adaptive average pooling node. */
 deft_tensor *deft_pool2d_grad(deft_tensor *dy, const deft_tensor *pool);
-/* dx and dweight of batch norm node `bn` (DEFT_OP_BATCH_NORM). */
-deft_tensor *deft_batch_norm_input_grad(deft_tensor *dy, const deft_tensor *bn);
-deft_tensor *deft_batch_norm_weight_grad(deft_tensor *dy, const deft_tensor *bn);
+/* The gradients of batch norm node `bn` (DEFT_OP_BATCH_NORM) from its output gradient dy. The sums node ([2, C] of
+ * the statistics' dtype: the sums of dy and of dy xhat per channel, one pass over dy and x) gives the bias gradient
+ * (row 0) and the weight gradient (row 1) as views, and is what the training dx reads; evaluation's dx takes no sums
+ * (NULL). */
+deft_tensor *deft_batch_norm_grad_sums(deft_tensor *dy, const deft_tensor *bn);
+deft_tensor *deft_batch_norm_input_grad(deft_tensor *dy, const deft_tensor *bn, deft_tensor *sums);
+deft_tensor *deft_batch_norm_sums_row(deft_tensor *sums, int row);
 
 #endif

@@ -24,14 +24,26 @@ static bool deft_check_bn_options(deft_graph *g, const deft_batch_norm_options *
     return true;
 }
 
-/* A [C] tensor of x's dtype: weight, bias, running_mean or running_var. */
+/* The dtype of the statistics, the parameters and the running statistics for an input of dtype x: f32 for f16 and
+ * bf16 inputs (torch's cuDNN batch norm contract: statistics rounded to a half type lose too much), x's own
+ * otherwise. */
+static deft_dtype deft_bn_param_dtype(deft_dtype x) { return x == DEFT_F16 || x == DEFT_BF16 ? DEFT_F32 : x; }
+
+/* A [C] tensor of the parameter dtype: weight, bias, running_mean or running_var. */
 static bool deft_check_channel_vector(deft_graph *g, const deft_tensor *v, const char *what, int64_t c,
-                                      deft_dtype dt) {
-    if (!v || (v->ndim == 1 && v->shape[0] == c && v->dtype == dt)) return true;
+                                      deft_dtype xdt) {
+    if (!v) return true;
     char s[96];
-    deft_graph_fail(g, DEFT_ERR_SHAPE, "batch_norm: %s is %s %s; expected [%lld] of %s (one per channel)", what,
-                    deft_shape_str(v->ndim, v->shape, s, sizeof s), deft_dtype_name(v->dtype), (long long)c,
-                    deft_dtype_name(dt));
+    if (v->ndim != 1 || v->shape[0] != c) {
+        deft_graph_fail(g, DEFT_ERR_SHAPE, "batch_norm: %s is %s; expected [%lld] (one per channel)", what,
+                        deft_shape_str(v->ndim, v->shape, s, sizeof s), (long long)c);
+        return false;
+    }
+    const deft_dtype want = deft_bn_param_dtype(xdt);
+    if (v->dtype == want) return true;
+    deft_graph_fail(g, DEFT_ERR_DTYPE, "batch_norm: %s is %s for an input of %s; expected %s (weight, bias and "
+                    "running statistics are f32 for f16 and bf16 inputs, and the input's dtype otherwise)", what,
+                    deft_dtype_name(v->dtype), deft_dtype_name(xdt), deft_dtype_name(want));
     return false;
 }
 
@@ -83,8 +95,9 @@ static deft_tensor *deft_bn_stats(deft_graph *g, deft_tensor *x, deft_tensor *rm
                                   const deft_op_params *p) {
     deft_tensor *srcs[3] = {x, rm, rv};
     const int64_t shape[2] = {2, deft_bn_channels(x, p->bn.layout)};
-    deft_tensor *t = p->bn.batch ? deft_node_new(g, DEFT_OP_BN_STATS, x->dtype, x->device, 2, shape, rm ? 3 : 1, srcs)
-                                 : deft_node_new(g, DEFT_OP_BN_STATS, x->dtype, x->device, 2, shape, 2, srcs + 1);
+    const deft_dtype dt = deft_bn_param_dtype(x->dtype);
+    deft_tensor *t = p->bn.batch ? deft_node_new(g, DEFT_OP_BN_STATS, dt, x->device, 2, shape, rm ? 3 : 1, srcs)
+                                 : deft_node_new(g, DEFT_OP_BN_STATS, dt, x->device, 2, shape, 2, srcs + 1);
     if (t) t->p = *p;
     return t;
 }
@@ -121,7 +134,7 @@ static deft_tensor *deft_bn_param(deft_graph *g, const char *layer, const char *
                                   int64_t c, deft_init init) {
     char name[64];
     snprintf(name, sizeof name, "%.48s.%s", layer, what);
-    return deft_param(g, name, x->dtype, 1, &c, x->device, init);
+    return deft_param(g, name, deft_bn_param_dtype(x->dtype), 1, &c, x->device, init);
 }
 
 deft_tensor *deft_batch_norm_layer(deft_tensor *x, const char *name, const deft_batch_norm_options *opts) {
@@ -144,12 +157,17 @@ deft_tensor *deft_batch_norm_layer(deft_tensor *x, const char *name, const deft_
 /* The weight, when the node has one: after x and stats. */
 static deft_tensor *deft_bn_weight_of(const deft_tensor *bn) { return bn->p.bn.has_weight ? bn->src[2] : NULL; }
 
-deft_tensor *deft_batch_norm_input_grad(deft_tensor *dy, const deft_tensor *bn) {
-    deft_tensor *srcs[4];
+deft_tensor *deft_batch_norm_input_grad(deft_tensor *dy, const deft_tensor *bn, deft_tensor *sums) {
+    deft_tensor *srcs[5];
     int n = 0;
     srcs[n++] = dy;
-    if (bn->p.bn.batch) srcs[n++] = bn->src[0];   /* evaluation's dx is dy scaled: x is not needed */
-    srcs[n++] = bn->src[1];
+    if (bn->p.bn.batch) {   /* evaluation's dx is dy scaled: neither x nor the sums are needed */
+        srcs[n++] = bn->src[0];
+        srcs[n++] = bn->src[1];
+        srcs[n++] = sums;
+    } else {
+        srcs[n++] = bn->src[1];
+    }
     if (bn->p.bn.has_weight) srcs[n++] = deft_bn_weight_of(bn);
     deft_graph *g = deft_srcs_graph("batch_norm_grad", n, srcs);
     if (!g) return NULL;
@@ -158,12 +176,19 @@ deft_tensor *deft_batch_norm_input_grad(deft_tensor *dy, const deft_tensor *bn) 
     return t;
 }
 
-deft_tensor *deft_batch_norm_weight_grad(deft_tensor *dy, const deft_tensor *bn) {
+deft_tensor *deft_batch_norm_grad_sums(deft_tensor *dy, const deft_tensor *bn) {
     deft_tensor *srcs[3] = {dy, bn->src[0], bn->src[1]};
-    deft_graph *g = deft_srcs_graph("batch_norm_weight_grad", 3, srcs);
+    deft_graph *g = deft_srcs_graph("batch_norm_grad_sums", 3, srcs);
     if (!g) return NULL;
-    const int64_t c = bn->src[1]->shape[1];
-    deft_tensor *t = deft_node_new(g, DEFT_OP_BATCH_NORM_WEIGHT_GRAD, dy->dtype, dy->device, 1, &c, 3, srcs);
+    const deft_tensor *stats = bn->src[1];
+    deft_tensor *t = deft_node_new(g, DEFT_OP_BATCH_NORM_WEIGHT_GRAD, stats->dtype, dy->device, 2, stats->shape, 3,
+                                   srcs);
     if (t) t->p = bn->p;
     return t;
+}
+
+deft_tensor *deft_batch_norm_sums_row(deft_tensor *sums, int row) {
+    if (!sums) return NULL;
+    const int64_t c = sums->shape[1];
+    return deft_reshape(deft_slice(sums, 0, row, row + 1, 1), 1, &c);
 }

@@ -89,8 +89,9 @@ typedef enum deft_op {
                                      * place (momentum); running: src (running_mean, running_var). It changes state,
                                      * so checkpointing keeps it and never runs it again (deft_op_updates_state) */
     DEFT_OP_BATCH_NORM,             /* src (x, stats[, weight][, bias]) */
-    DEFT_OP_BATCH_NORM_GRAD,        /* dx: batch src (dy, x, stats[, weight]); running src (dy, stats[, weight]) */
-    DEFT_OP_BATCH_NORM_WEIGHT_GRAD, /* [C] sum of dy * xhat: src (dy, x, stats) */
+    DEFT_OP_BATCH_NORM_GRAD,        /* dx: batch src (dy, x, stats, sums[, weight]); running src (dy, stats[, weight]) */
+    DEFT_OP_BATCH_NORM_WEIGHT_GRAD, /* sums [2, C]: of dy (the bias gradient) and of dy * xhat (the weight's);
+                                     * src (dy, x, stats) */
     DEFT_OP_COUNT
 } deft_op;
 

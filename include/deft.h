@@ -523,10 +523,12 @@ deft_tensor *deft_adaptive_avg_pool2d(deft_tensor *x, int64_t out_h, int64_t out
  * Training: normalises by the batch's mean and biased variance, and each run updates the running statistics in
  * place as torch.nn.BatchNorm2d: r = (1 - momentum) r + momentum s, with the unbiased variance for running_var.
  * Evaluation: normalises by the running statistics and changes nothing.
- * The running statistics are parameters (deft_param, [C], x's dtype) that the op writes (training) and that never
- * get a gradient: no optimizer touches them, and deft_params_save/load keep them with the model. When both are NULL
- * the batch's statistics are used in either mode and nothing is updated (track_running_stats=False). Weight and bias
- * ([C]) may be NULL (affine=False). */
+ * The running statistics are parameters (deft_param, [C]) that the op writes (training) and that never get a
+ * gradient: no optimizer touches them, and deft_params_save/load keep them with the model. When both are NULL the
+ * batch's statistics are used in either mode and nothing is updated (track_running_stats=False). Weight and bias
+ * ([C]) may be NULL (affine=False). Dtypes: x (and y, dx) f32, f64, f16 or bf16; weight, bias and the running
+ * statistics f32 when x is f16 or bf16 (torch's cuDNN batch norm: statistics kept and computed in f32), x's dtype
+ * otherwise; any other mix is DEFT_ERR_DTYPE. deft_batch_norm_layer makes them so. */
 typedef struct deft_batch_norm_options {
     int eval;                /* 0: training; 1: evaluation */
     double momentum;         /* in [0, 1] */

@@ -2,7 +2,8 @@
  * and adaptive average pooling and their gradients, and batch norm (training with the running statistics' update,
  * evaluation, and batch statistics only) with its gradients, on random inputs in both layouts, over awkward sizes,
  * strides, padding, dilation and groups, in f32, f64, f16 and bf16 (halves are checked against the CPU run in f32
- * on the same rounded values, since the CPU kernels take f32 and f64 only). Then a small conv net trained a few
+ * on the same rounded values; batch norm's halves keep f32 statistics and parameters). The fast batch-norm and
+ * pooling kernels against the plain ones, over odd sizes: tests/cuda_test_norm_pool.c. Then a small conv net trained a few
  * steps on the CPU and on the GPU must give the same losses and weights, and the GPU program replayed as a CUDA
  * Graph must give what it gives eagerly. Skips (exit 77) where no GPU works. */
 #include "build_conv.h"
@@ -271,12 +272,13 @@ static deft_tensor *param_of(deft_graph *g, const char *name, const ref_tensor *
 static bn_result bn_run(deft_device dev, const ref_tensor *in, int layout, int mode) {
     bn_result r = {0};
     const deft_dtype dt = dev.type == DEFT_CPU && is_half(in[0].dt) ? DEFT_F32 : in[0].dt;
+    const deft_dtype pdt = is_half(dt) ? DEFT_F32 : dt;   /* halves take f32 parameters (torch's cuDNN contract) */
     deft_graph *g = deft_graph_new();
     deft_tensor *x = param_of(g, "x", &in[0], dev, dt), *w = NULL, *b = NULL, *rm = NULL, *rv = NULL;
     deft_tensor *dy = deft_to(ref_const(g, &in[1]), dev, dt);
     if (mode != 2) {
-        w = param_of(g, "w", &in[2], dev, dt), b = param_of(g, "b", &in[3], dev, dt);
-        rm = param_of(g, "rm", &in[4], dev, dt), rv = param_of(g, "rv", &in[5], dev, dt);
+        w = param_of(g, "w", &in[2], dev, pdt), b = param_of(g, "b", &in[3], dev, pdt);
+        rm = param_of(g, "rm", &in[4], dev, pdt), rv = param_of(g, "rv", &in[5], dev, pdt);
         CHECK_OK(deft_param_set_requires_grad(rm, 0));
         CHECK_OK(deft_param_set_requires_grad(rv, 0));
     }
@@ -292,7 +294,7 @@ static bn_result bn_run(deft_device dev, const ref_tensor *in, int layout, int m
     if (p && deft_program_run(p) == DEFT_OK) {
         r.y = read_doubles(p, y), r.dx = read_doubles(p, outs[1]);
         if (w) r.dw = read_doubles(p, outs[2]), r.db = read_doubles(p, outs[3]);
-        if (rm) r.rm = param_doubles(rm, dt, in[4].n), r.rv = param_doubles(rv, dt, in[5].n);
+        if (rm) r.rm = param_doubles(rm, pdt, in[4].n), r.rv = param_doubles(rv, pdt, in[5].n);
     } else {
         CHECK_MSG(0, "batch norm on %s failed: %s", dev.type == DEFT_CPU ? "cpu" : "cuda:0", deft_errmsg());
     }
@@ -312,37 +314,15 @@ static void bn_compare(const char *name, const char *what, const double *got, co
     ref_close_tol(label, got, want, n, tol);
 }
 
-/* Batch norm in a half type is refused on CUDA with a message naming the dtype and the way out (f32). */
-static void bn_half_refused(deft_dtype dt) {
-    deft_graph *g = deft_graph_new();
-    const int64_t shape[4] = {2, 16, 1, 1}, C = 16;
-    deft_tensor *x = deft_input(g, "x", dt, 4, shape, GPU);
-    deft_tensor *w = deft_param(g, "w", dt, 1, &C, GPU, DEFT_INIT_ONES);
-    deft_tensor *b = deft_param(g, "b", dt, 1, &C, GPU, DEFT_INIT_ZEROS);
-    deft_batch_norm_options o = deft_batch_norm_defaults();
-    deft_tensor *y = deft_batch_norm(x, w, b, NULL, NULL, &o);
-    deft_program *p = deft_compile(g, &y, 1, NULL);
-    CHECK_MSG(p != NULL, "compile: %s", deft_errmsg());
-    if (p) {
-        const size_t bytes = deft_tensor_nbytes(x);
-        void *zeros = calloc(1, bytes);
-        CHECK_OK(deft_program_feed(p, x, zeros, bytes));
-        CHECK(deft_program_run(p) == DEFT_ERR_DTYPE);
-        CHECK_MSG(strstr(deft_errmsg(), "not supported on CUDA yet") && strstr(deft_errmsg(), deft_dtype_name(dt)),
-                  "message: %s", deft_errmsg());
-        free(zeros);
-    }
-    deft_graph_free(g);
-}
-
 static void bn_one(const bn_case *k, int layout, deft_dtype dt, int mode) {
     int64_t shape[4];
     memcpy(shape, k->shape, sizeof shape);
     if (layout == DEFT_NHWC && k->ndim == 4) stored4(1, k->shape[0], k->shape[1], k->shape[2], k->shape[3], shape);
     const int64_t C = k->shape[1];
+    const deft_dtype pdt = is_half(dt) ? DEFT_F32 : dt;
     ref_tensor in[6] = {ref_random(&rng, dt, k->ndim, shape, -2.0, 3.0), ref_random(&rng, dt, k->ndim, shape, -1, 1),
-                        ref_random(&rng, dt, 1, &C, 0.5, 1.5),           ref_random(&rng, dt, 1, &C, -0.5, 0.5),
-                        ref_random(&rng, dt, 1, &C, -0.2, 0.2),          ref_random(&rng, dt, 1, &C, 0.5, 2.0)};
+                        ref_random(&rng, pdt, 1, &C, 0.5, 1.5),          ref_random(&rng, pdt, 1, &C, -0.5, 0.5),
+                        ref_random(&rng, pdt, 1, &C, -0.2, 0.2),         ref_random(&rng, pdt, 1, &C, 0.5, 2.0)};
     bn_result want = bn_run(CPU, in, layout, mode), got = bn_run(GPU, in, layout, mode);
     char name[160];
     snprintf(name, sizeof name, "batch_norm %s %s %s rank %d C %lld", mode == 0 ? "train" : mode == 1 ? "eval" : "batch",
@@ -364,10 +344,8 @@ static void test_batch_norm(void) {
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         for (int layout = 0; layout < 2; layout++)
-            for (int d = 0; d < 2; d++)   /* f32, f64: the half types are refused (below) */
+            for (int d = 0; d < 4; d++)   /* halves with f32 statistics and parameters */
                 for (int mode = 0; mode < 3; mode++) bn_one(&cases[i], layout, dtypes[d], mode);
-    bn_half_refused(DEFT_F16);
-    bn_half_refused(DEFT_BF16);
 }
 
 /* ---------------------------------------------------------------- a conv net, trained */

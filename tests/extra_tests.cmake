@@ -30,3 +30,9 @@ if(DEFT_BUILD_EXAMPLES)
                        PASS_REGULAR_EXPRESSION "epoch 2  test accuracy (9[0-9]|100)\\."
                        ENVIRONMENT "${DEFT_TEST_ENV}")
 endif()
+
+# cuda_test_norm_pool with the CPU standing in for the GPU: batch norm in f16/bf16 with f32 statistics on the CPU
+# against its f32 result and the textbook running statistics, wherever ctest runs.
+add_test(NAME norm_pool_on_cpu COMMAND cuda_test_norm_pool WORKING_DIRECTORY ${CMAKE_CURRENT_BINARY_DIR})
+set_tests_properties(norm_pool_on_cpu PROPERTIES LABELS cpu TIMEOUT 600
+                     ENVIRONMENT "DEFT_TEST_GPU_AS_CPU=1;${DEFT_TEST_ENV}")

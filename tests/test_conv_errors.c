@@ -81,11 +81,11 @@ static void test_batch_norm_errors(void) {
     deft_tensor *rv = deft_param(g, "rv", DEFT_F32, 1, (int64_t[]){3}, CPU, DEFT_INIT_ONES);
     deft_tensor *w4 = deft_param(g, "w4", DEFT_F32, 1, (int64_t[]){4}, CPU, DEFT_INIT_ONES);
     CHECK_NULL_ERR(deft_batch_norm(x, w4, NULL, rm, rv, NULL),
-                   "batch_norm: weight is [4] f32; expected [3] of f32 (one per channel)");
+                   "batch_norm: weight is [4]; expected [3] (one per channel)");
     CHECK(deft_graph_error(g) == DEFT_ERR_SHAPE);
     deft_batch_norm_options nhwc = deft_batch_norm_defaults();
     nhwc.layout = DEFT_NHWC;   /* the channel axis is now the last: 4 channels */
-    CHECK_NULL_ERR(deft_batch_norm(x, NULL, NULL, rm, rv, &nhwc), "batch_norm: running_mean is [3] f32; expected [4]");
+    CHECK_NULL_ERR(deft_batch_norm(x, NULL, NULL, rm, rv, &nhwc), "batch_norm: running_mean is [3]; expected [4]");
     CHECK(deft_batch_norm(x, w4, NULL, NULL, NULL, &nhwc) != NULL);
     CHECK_NULL_ERR(deft_batch_norm(x, NULL, NULL, rm, NULL, NULL),
                    "batch_norm: give both running_mean and running_var, or neither");
@@ -93,7 +93,20 @@ static void test_batch_norm_errors(void) {
     CHECK_NULL_ERR(deft_batch_norm(x, NULL, NULL, computed, rv, NULL),
                    "running statistics must be parameters (deft_param), which the op updates in place");
     deft_tensor *rm64 = deft_param(g, "rm64", DEFT_F64, 1, (int64_t[]){3}, CPU, DEFT_INIT_ZEROS);
-    CHECK_NULL_ERR(deft_batch_norm(x, NULL, NULL, rm64, rv, NULL), "batch_norm: running_mean is [3] f64; expected [3] of f32");
+    CHECK_NULL_ERR(deft_batch_norm(x, NULL, NULL, rm64, rv, NULL),
+                   "batch_norm: running_mean is f64 for an input of f32; expected f32");
+    /* halves take f32 parameters and statistics (torch's cuDNN contract), and nothing else */
+    deft_tensor *xh = input(g, DEFT_BF16, 4, (int64_t[]){2, 3, 4, 4});
+    deft_tensor *w3 = deft_param(g, "w3", DEFT_F32, 1, (int64_t[]){3}, CPU, DEFT_INIT_ONES);
+    deft_tensor *w3h = deft_param(g, "w3h", DEFT_BF16, 1, (int64_t[]){3}, CPU, DEFT_INIT_ONES);
+    deft_tensor *y = deft_batch_norm(xh, w3, w3, rm, rv, NULL);
+    CHECK(y != NULL && deft_tensor_dtype(y) == DEFT_BF16);
+    CHECK_NULL_ERR(deft_batch_norm(xh, w3h, NULL, rm, rv, NULL),
+                   "batch_norm: weight is bf16 for an input of bf16; expected f32");
+    CHECK_NULL_ERR(deft_batch_norm(x, w3h, NULL, rm, rv, NULL),
+                   "batch_norm: weight is bf16 for an input of f32; expected f32");
+    CHECK_NULL_ERR(deft_batch_norm(input(g, DEFT_F64, 4, (int64_t[]){2, 3, 4, 4}), NULL, NULL, rm, rv, NULL),
+                   "batch_norm: running_mean is f32 for an input of f64; expected f64");
     deft_batch_norm_options bad = deft_batch_norm_defaults();
     bad.momentum = 1.5;
     CHECK_NULL_ERR(deft_batch_norm(x, NULL, NULL, rm, rv, &bad), "batch_norm: momentum 1.5 must be in [0, 1]");

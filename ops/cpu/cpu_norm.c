@@ -1,7 +1,7 @@
-/* Batch norm on the CPU: the statistics (and the running statistics' update), the normalisation, and the input and
- * weight gradients from the stats node's values. Sums run in double, one channel per thread. f32 and f64. */
-#include <stdlib.h>
-
+/* Batch norm on the CPU: the statistics (and the running statistics' update), the normalisation, the gradient sums
+ * (of dy and dy xhat per channel: the bias and weight gradients) and the input gradient from the stats node's and
+ * the sums node's values. Sums run in double, one channel per thread. x, y, dy and dx are f32, f64, f16 or bf16; the
+ * statistics, parameters and sums have the parameter dtype (f32 for the half types, x's otherwise). */
 #include "cpu_internal.h"
 
 /* x seen as [N, C, S]: element (n, c, s) at n sN + c sC + s (NCHW: S is H W; NHWC: every non-channel axis is in
@@ -26,12 +26,15 @@ static bn_geom bn_geometry(const deft_tensor *x, int layout) {
 }
 
 static inline double bn_ld(const void *p, deft_dtype dt, int64_t i) {
-    return dt == DEFT_F32 ? (double)((const float *)p)[i] : ((const double *)p)[i];
+    if (dt == DEFT_F32) return (double)((const float *)p)[i];
+    if (dt == DEFT_F64) return ((const double *)p)[i];
+    return deft_load_as_f64(p, dt, i);
 }
 
 static inline void bn_st(void *p, deft_dtype dt, int64_t i, double v) {
     if (dt == DEFT_F32) ((float *)p)[i] = (float)v;
-    else ((double *)p)[i] = v;
+    else if (dt == DEFT_F64) ((double *)p)[i] = v;
+    else deft_store_from_f64(p, dt, i, v);
 }
 
 static inline int64_t bn_channel_of(const bn_geom *g, int64_t i) { return (i / g->sC) % g->C; }
@@ -55,7 +58,7 @@ static void bn_batch_moments(const bn_geom *g, const void *x, deft_dtype dt, int
 /* src (x[, running_mean, running_var]) in training, (running_mean, running_var) in evaluation. The running
  * statistics are parameters, written here in place: this node is the only reader of them in a training step. */
 static void bn_stats(const deft_tensor *n, void *out, const void *const *in) {
-    const deft_dtype dt = n->dtype;
+    const deft_dtype dt = n->dtype, xdt = n->p.bn.batch ? n->src[0]->dtype : dt;
     const int64_t C = n->shape[1];
     if (!n->p.bn.batch) {
         for (int64_t c = 0; c < C; c++) {
@@ -70,7 +73,7 @@ static void bn_stats(const deft_tensor *n, void *out, const void *const *in) {
     DEFT_OMP(parallel for schedule(static) if (g.N * g.S * C > DEFT_CPU_PAR_MIN))
     for (int64_t c = 0; c < C; c++) {
         double mean, var;
-        bn_batch_moments(&g, in[0], dt, c, &mean, &var);
+        bn_batch_moments(&g, in[0], xdt, c, &mean, &var);
         bn_st(out, dt, c, mean);
         bn_st(out, dt, C + c, 1.0 / sqrt(var + n->p.bn.eps));
         if (!rm) continue;
@@ -81,7 +84,7 @@ static void bn_stats(const deft_tensor *n, void *out, const void *const *in) {
 
 /* y = (x - mean) invstd weight + bias; src (x, stats[, weight][, bias]). */
 static void bn_forward(const deft_tensor *n, void *y, const void *const *in) {
-    const deft_dtype dt = n->dtype;
+    const deft_dtype dt = n->dtype, pdt = n->src[1]->dtype;
     const bn_geom g = bn_geometry(n, n->p.bn.layout);
     const void *w = n->p.bn.has_weight ? in[2] : NULL;
     const void *b = n->p.bn.has_bias ? in[2 + n->p.bn.has_weight] : NULL;
@@ -89,85 +92,73 @@ static void bn_forward(const deft_tensor *n, void *y, const void *const *in) {
     DEFT_OMP(parallel for schedule(static) if (total > DEFT_CPU_PAR_MIN))
     for (int64_t i = 0; i < total; i++) {
         const int64_t c = bn_channel_of(&g, i);
-        double v = (bn_ld(in[0], dt, i) - bn_ld(in[1], dt, c)) * bn_ld(in[1], dt, g.C + c);
-        if (w) v *= bn_ld(w, dt, c);
-        if (b) v += bn_ld(b, dt, c);
+        double v = (bn_ld(in[0], dt, i) - bn_ld(in[1], pdt, c)) * bn_ld(in[1], pdt, g.C + c);
+        if (w) v *= bn_ld(w, pdt, c);
+        if (b) v += bn_ld(b, pdt, c);
         bn_st(y, dt, i, v);
     }
 }
 
-/* Per channel: the mean and invstd that normalised, and the sums of dy and of dy xhat. */
-typedef struct bn_channel {
-    double mean, invstd, sum_dy, sum_dy_xhat;
-} bn_channel;
-
-/* x may be NULL (evaluation's dx needs no sums). */
-static void bn_channel_sums(const deft_tensor *n, const bn_geom *g, const void *dy, const void *x, const void *stats,
-                            bn_channel *ch) {
-    const deft_dtype dt = n->dtype;
-    DEFT_OMP(parallel for schedule(static) if (g->N * g->S * g->C > DEFT_CPU_PAR_MIN))
-    for (int64_t c = 0; c < g->C; c++) {
-        bn_channel k = {bn_ld(stats, dt, c), bn_ld(stats, dt, g->C + c), 0.0, 0.0};
-        for (int64_t i = 0; x && i < g->N; i++) {
-            for (int64_t s = 0; s < g->S; s++) {
-                const int64_t at = i * g->sN + c * g->sC + s;
-                const double d = bn_ld(dy, dt, at);
-                k.sum_dy += d;
-                k.sum_dy_xhat += d * (bn_ld(x, dt, at) - k.mean) * k.invstd;
+/* sums [2, C]: the sums of dy and of dy xhat per channel; src (dy, x, stats). */
+static void bn_grad_sums(const deft_tensor *n, void *sums, const void *const *in) {
+    const bn_geom g = bn_geometry(n->src[0], n->p.bn.layout);
+    const deft_dtype xdt = n->src[0]->dtype, pdt = n->dtype;
+    DEFT_OMP(parallel for schedule(static) if (g.N * g.S * g.C > DEFT_CPU_PAR_MIN))
+    for (int64_t c = 0; c < g.C; c++) {
+        const double mean = bn_ld(in[2], pdt, c), invstd = bn_ld(in[2], pdt, g.C + c);
+        double sum_dy = 0.0, sum_dy_xhat = 0.0;
+        for (int64_t i = 0; i < g.N; i++) {
+            for (int64_t s = 0; s < g.S; s++) {
+                const int64_t at = i * g.sN + c * g.sC + s;
+                const double d = bn_ld(in[0], xdt, at);
+                sum_dy += d;
+                sum_dy_xhat += d * (bn_ld(in[1], xdt, at) - mean) * invstd;
             }
         }
-        ch[c] = k;
+        bn_st(sums, pdt, c, sum_dy);
+        bn_st(sums, pdt, g.C + c, sum_dy_xhat);
     }
 }
 
-/* Training: dx = w invstd (dy - mean(dy) - xhat mean(dy xhat)), src (dy, x, stats[, w]); evaluation:
+/* Training: dx = w invstd (dy - mean(dy) - xhat mean(dy xhat)), src (dy, x, stats, sums[, w]); evaluation:
  * dx = dy invstd w, src (dy, stats[, w]). */
-static void bn_input_grad(const deft_tensor *n, void *dx, const void *const *in, bn_channel *ch) {
+static void bn_input_grad(const deft_tensor *n, void *dx, const void *const *in) {
     const deft_dtype dt = n->dtype;
     const bn_geom g = bn_geometry(n, n->p.bn.layout);
     const bool batch = n->p.bn.batch;
-    const void *x = batch ? in[1] : NULL, *stats = in[1 + batch];
-    const void *w = n->p.bn.has_weight ? in[2 + batch] : NULL;
-    bn_channel_sums(n, &g, in[0], x, stats, ch);
+    const void *x = batch ? in[1] : NULL, *stats = in[1 + batch], *sums = batch ? in[3] : NULL;
+    const void *w = n->p.bn.has_weight ? in[batch ? 4 : 2] : NULL;
+    const deft_dtype pdt = n->src[1 + batch]->dtype;
     const double m = (double)(g.N * g.S);
     const int64_t total = g.N * g.C * g.S;
     DEFT_OMP(parallel for schedule(static) if (total > DEFT_CPU_PAR_MIN))
     for (int64_t i = 0; i < total; i++) {
         const int64_t c = bn_channel_of(&g, i);
-        const bn_channel *k = &ch[c];
-        const double scale = k->invstd * (w ? bn_ld(w, dt, c) : 1.0), d = bn_ld(in[0], dt, i);
+        const double invstd = bn_ld(stats, pdt, g.C + c);
+        const double scale = invstd * (w ? bn_ld(w, pdt, c) : 1.0), d = bn_ld(in[0], dt, i);
         if (!batch) {
             bn_st(dx, dt, i, d * scale);
             continue;
         }
-        const double xhat = (bn_ld(x, dt, i) - k->mean) * k->invstd;
-        bn_st(dx, dt, i, scale * (d - k->sum_dy / m - xhat * k->sum_dy_xhat / m));
+        const double xhat = (bn_ld(x, dt, i) - bn_ld(stats, pdt, c)) * invstd;
+        const double mean_dy = bn_ld(sums, pdt, c) / m, mean_dy_xhat = bn_ld(sums, pdt, g.C + c) / m;
+        bn_st(dx, dt, i, scale * (d - mean_dy - xhat * mean_dy_xhat));
     }
 }
 
-/* dweight [C] = sum of dy xhat; src (dy, x, stats). */
-static void bn_weight_grad(const deft_tensor *n, void *dw, const void *const *in, bn_channel *ch) {
-    const bn_geom g = bn_geometry(n->src[0], n->p.bn.layout);
-    bn_channel_sums(n, &g, in[0], in[1], in[2], ch);
-    for (int64_t c = 0; c < g.C; c++) bn_st(dw, n->dtype, c, ch[c].sum_dy_xhat);
+static bool bn_dtype_ok(deft_dtype dt) {
+    return dt == DEFT_F32 || dt == DEFT_F64 || dt == DEFT_F16 || dt == DEFT_BF16;
 }
 
 deft_status deft_cpu_batch_norm(const deft_tensor *n, void *out, const void *const *in) {
-    if (n->dtype != DEFT_F32 && n->dtype != DEFT_F64) return deft_cpu_dtype_error(n, n->dtype);
-    if (n->op == DEFT_OP_BN_STATS) {
-        bn_stats(n, out, in);
-        return DEFT_OK;
+    for (int i = 0; i < n->nsrc; i++)
+        if (!bn_dtype_ok(n->src[i]->dtype)) return deft_cpu_dtype_error(n, n->src[i]->dtype);
+    if (!bn_dtype_ok(n->dtype)) return deft_cpu_dtype_error(n, n->dtype);
+    switch (n->op) {
+    case DEFT_OP_BN_STATS: bn_stats(n, out, in); break;
+    case DEFT_OP_BATCH_NORM: bn_forward(n, out, in); break;
+    case DEFT_OP_BATCH_NORM_GRAD: bn_input_grad(n, out, in); break;
+    default: bn_grad_sums(n, out, in); break;
     }
-    if (n->op == DEFT_OP_BATCH_NORM) {
-        bn_forward(n, out, in);
-        return DEFT_OK;
-    }
-    const deft_tensor *x = n->op == DEFT_OP_BATCH_NORM_GRAD ? n : n->src[0];
-    const int64_t channels = x->shape[n->p.bn.layout == DEFT_NHWC ? x->ndim - 1 : 1];
-    bn_channel *ch = malloc((size_t)channels * sizeof *ch);
-    if (!ch) return deft_set_error(DEFT_ERR_OOM, "%s: out of host memory", deft_op_name(n->op));
-    if (n->op == DEFT_OP_BATCH_NORM_GRAD) bn_input_grad(n, out, in, ch);
-    else bn_weight_grad(n, out, in, ch);
-    free(ch);
     return DEFT_OK;
 }

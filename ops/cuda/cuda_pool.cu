@@ -1,17 +1,14 @@
-/* Max, average and adaptive average pooling and their gradients on CUDA: plain kernels that mirror the CPU's
- * (ops/cpu/cpu_pool.c) window for window. Forward: one thread per output element. Backward: one thread per input
+/* Max, average and adaptive average pooling and their gradients on CUDA: the entry point, and plain kernels that
+ * mirror the CPU's (ops/cpu/cpu_pool.c) window for window, kept as the reference for the fast ones
+ * (cuda_pool_fast.cu; DEFT_POOL_REFERENCE=1 selects these). Forward: one thread per output element. Backward: one thread per input
  * element, which gathers from every window that covers it (in the order the CPU scatters them), so no two threads
  * write one element and no atomics are needed. Max pooling's gradient goes to each window's first maximum in
  * row-major order (the last NaN where there is one), found again from x, as the CPU does. f32, f64, f16 and bf16
  * (halves load into float and round once on the store). */
-#include "cuda_image.cuh"
+#include <stdlib.h>
+#include <string.h>
 
-/* The geometry of one pooling op: x (or dx) [N, C, H, W] and y (or dy) [N, C, OH, OW] in either layout. */
-typedef struct deft_pool_geom {
-    int64_t N, C, H, W, OH, OW;
-    int64_t kh, kw, sh, sw, ph, pw;
-    int adaptive, max, include_pad, nhwc;
-} deft_pool_geom;
+#include "cuda_pool.cuh"
 
 /* One window along an axis: the input range [lo, hi) it covers and its share of the average's divisor. */
 struct deft_pool_win {
@@ -157,6 +154,11 @@ static deft_pool_geom deft_pool_geometry(const deft_tensor *n) {
     return g;
 }
 
+static bool deft_pool_reference_requested(void) {
+    const char *v = getenv("DEFT_POOL_REFERENCE");
+    return v && *v && strcmp(v, "0") != 0;
+}
+
 deft_status deft_cuda_pool2d(const deft_tensor *n, void *out, const void *const *in, cudaStream_t st) {
     const deft_pool_geom g = deft_pool_geometry(n);
     const bool grad = deft_pool_is_grad(n->op);
@@ -168,6 +170,11 @@ deft_status deft_cuda_pool2d(const deft_tensor *n, void *out, const void *const 
         (void)cudaGetLastError();
         return deft_set_error(DEFT_ERR_RUNTIME, "cuda %s: memset failed: %s", deft_op_name(n->op),
                               cudaGetErrorString(e));
+    }
+    if (!deft_pool_reference_requested()) {
+        bool done = false;
+        const deft_status s = deft_cuda_pool2d_fast(n, g, grad, out, in, st, &done);
+        if (s != DEFT_OK || done) return s;
     }
     return deft_with_float_dtype(n, [&](auto tag) -> deft_status {
         typedef typename decltype(tag)::type T;

@@ -1,0 +1,74 @@
+/* What the batch-norm files share (C++ only, not installed): cuda_norm.cu holds the entry point, the dtype dispatch
+ * and the plain kernels (one block per channel, sums in double: the reference the fast ones are checked against);
+ * cuda_norm_fast.cu the fast kernels (many blocks per channel, the layout's own memory walk). */
+#ifndef DEFT_CUDA_NORM_CUH
+#define DEFT_CUDA_NORM_CUH
+
+#include "cuda_image.cuh"
+
+/* x seen as [N, C, S] (as bn_geom in cpu_norm.c): element (n, c, s) at n sN + c sC + s; NCHW has S = H W, NHWC
+ * folds every non-channel axis into N (S = 1, sN = C, sC = 1). */
+typedef struct deft_bn_geom {
+    int64_t N, C, S, sN, sC;
+} deft_bn_geom;
+
+static inline deft_bn_geom deft_bn_geometry(const deft_tensor *x, int layout) {
+    deft_bn_geom g;
+    if (layout == DEFT_NHWC) {
+        g.C = x->shape[x->ndim - 1];
+        g.N = deft_shape_numel(x->ndim, x->shape) / g.C;
+        g.S = 1, g.sN = g.C, g.sC = 1;
+    } else {
+        g.N = x->shape[0], g.C = x->shape[1];
+        g.S = deft_shape_numel(x->ndim - 2, x->shape + 2);
+        g.sN = g.C * g.S, g.sC = g.S;
+    }
+    return g;
+}
+
+/* The channel of linear element i, with 32-bit divisions where the tensor allows (most do). */
+__device__ __forceinline__ int64_t deft_bn_channel_of(const deft_bn_geom &g, int64_t i, bool small) {
+    if (small) return (int64_t)(((uint32_t)i / (uint32_t)g.sC) % (uint32_t)g.C);
+    return (i / g.sC) % g.C;
+}
+
+/* Whether every element index of the tensor fits 32 bits. */
+static inline bool deft_bn_small(const deft_bn_geom &g) { return g.N * g.C * g.S < ((int64_t)1 << 32); }
+
+/* The node's data dtype (x, y, dy, dx) and parameter dtype (statistics, weight, bias, running statistics, sums). */
+static inline void deft_bn_dtypes(const deft_tensor *n, deft_dtype *data, deft_dtype *param) {
+    switch (n->op) {
+    case DEFT_OP_BN_STATS:
+        *param = n->dtype;
+        *data = n->p.bn.batch ? n->src[0]->dtype : n->dtype;
+        return;
+    case DEFT_OP_BATCH_NORM: *data = n->dtype, *param = n->src[1]->dtype; return;
+    case DEFT_OP_BATCH_NORM_GRAD: *data = n->dtype, *param = n->src[1 + n->p.bn.batch]->dtype; return;
+    default: *data = n->src[0]->dtype, *param = n->dtype; return;
+    }
+}
+
+/* Calls f(data tag, param tag) for the pairs batch norm runs: f32/f32, f64/f64, f16/f32 and bf16/f32 (the graph
+ * builder admits no other; anything else is an error here too). */
+template <class F> static inline deft_status deft_bn_with_dtypes(const deft_tensor *n, F f) {
+    deft_dtype d, p;
+    deft_bn_dtypes(n, &d, &p);
+    if (d == DEFT_F32 && p == DEFT_F32) return f(deft_tag<float>(), deft_tag<float>());
+    if (d == DEFT_F64 && p == DEFT_F64) return f(deft_tag<double>(), deft_tag<double>());
+    if (d == DEFT_F16 && p == DEFT_F32) return f(deft_tag<__half>(), deft_tag<float>());
+    if (d == DEFT_BF16 && p == DEFT_F32) return f(deft_tag<__nv_bfloat16>(), deft_tag<float>());
+    return deft_set_error(DEFT_ERR_DTYPE, "%s: batch norm on CUDA takes f32, f64, or f16/bf16 data with f32 "
+                          "statistics; got %s data with %s statistics", n->name, deft_dtype_name(d),
+                          deft_dtype_name(p));
+}
+
+/* Whether DEFT_BN_REFERENCE=1 sends batch norm through the plain kernels (cuda_norm.cu). */
+bool deft_bn_reference_requested(void);
+
+/* The fast kernels (cuda_norm_fast.cu) for every op of deft_cuda_batch_norm. *done = false when they do not take
+ * this node (their workspace cannot be had inside a capture, or the shape is past what it holds): nothing ran, and
+ * the caller takes the plain path. */
+deft_status deft_cuda_batch_norm_fast(const deft_tensor *n, void *out, const void *const *in, cudaStream_t st,
+                                      bool *done);
+
+#endif

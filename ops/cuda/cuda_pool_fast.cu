@@ -1,0 +1,169 @@
+/* Pooling's fast kernels on CUDA, for tensors whose indices fit 32 bits (the plain kernels in cuda_pool.cu take the
+ * rest, and every tensor with DEFT_POOL_REFERENCE=1). Same walks and the same order of additions as the plain ones
+ * (so the same bits): forward one thread per output, backward one thread per input gathering from the windows that
+ * cover it, no atomics. What makes them fast: index arithmetic in 32 bits (the plain kernels' 64-bit divisions and
+ * window recomputations dominated), and max pooling's backward no longer finds each covering window's maximum: it
+ * asks whether this input is the one the window chose, which most inputs answer after a load or two (a window
+ * chooses its first maximum in row-major order, or its last NaN, as the CPU does). */
+#include "cuda_pool.cuh"
+
+struct deft_pool_geom32 {
+    int N, C, H, W, OH, OW, kh, kw, sh, sw, ph, pw;
+    int adaptive, max, include_pad, nhwc;
+};
+
+struct deft_pool_win32 {
+    int lo, hi, count;
+};
+
+__device__ __forceinline__ deft_pool_win32 deft_pool32_window(const deft_pool_geom32 &g, int axis, int o) {
+    const int in_len = axis ? g.W : g.H, out_len = axis ? g.OW : g.OH;
+    if (g.adaptive) {
+        const int lo = o * in_len / out_len, hi = ((o + 1) * in_len + out_len - 1) / out_len;
+        return deft_pool_win32{lo, hi, hi - lo};
+    }
+    const int k = axis ? g.kw : g.kh, s = axis ? g.sw : g.sh, p = axis ? g.pw : g.ph;
+    const int start = o * s - p;
+    int end = start + k;
+    if (end > in_len + p) end = in_len + p;
+    const int lo = start < 0 ? 0 : start, hi = end > in_len ? in_len : end;
+    return deft_pool_win32{lo, hi, g.include_pad ? end - start : hi - lo};
+}
+
+__device__ __forceinline__ void deft_pool32_covering(const deft_pool_geom32 &g, int axis, int i, int *first,
+                                                     int *last) {
+    const int in_len = axis ? g.W : g.H, out_len = axis ? g.OW : g.OH;
+    int a, b;
+    if (g.adaptive) {
+        a = i * out_len / in_len;
+        b = ((i + 1) * out_len + in_len - 1) / in_len - 1;
+    } else {
+        const int k = axis ? g.kw : g.kh, s = axis ? g.sw : g.sh, p = axis ? g.pw : g.ph;
+        const int num = i + p - k + 1;
+        a = num <= 0 ? 0 : (num + s - 1) / s;
+        b = (i + p) / s;
+    }
+    *first = a < 0 ? 0 : a;
+    *last = b > out_len - 1 ? out_len - 1 : b;
+}
+
+/* Offset of element (n, c, h, w) of an [N, C, Hn, Wn] tensor in the layout. */
+__device__ __forceinline__ unsigned deft_pool32_at(const deft_pool_geom32 &g, int n, int c, int h, int w, int Hn,
+                                                   int Wn) {
+    return g.nhwc ? (((unsigned)n * Hn + h) * Wn + w) * g.C + c : (((unsigned)n * g.C + c) * Hn + h) * Wn + w;
+}
+
+__device__ __forceinline__ void deft_pool32_coords(const deft_pool_geom32 &g, unsigned i, int Hn, int Wn, int *n,
+                                                   int *c, int *h, int *w) {
+    if (g.nhwc) {
+        *c = i % g.C, i /= g.C;
+        *w = i % Wn, i /= Wn;
+        *h = i % Hn, *n = i / Hn;
+    } else {
+        *w = i % Wn, i /= Wn;
+        *h = i % Hn, i /= Hn;
+        *c = i % g.C, *n = i / g.C;
+    }
+}
+
+template <class T>
+__global__ void deft_pool_fast_forward_kernel(deft_pool_geom32 g, const T *x, T *y, unsigned total) {
+    typedef typename deft_ty<T>::C C;
+    for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+        int n, c, oh, ow;
+        deft_pool32_coords(g, i, g.OH, g.OW, &n, &c, &oh, &ow);
+        const deft_pool_win32 wh = deft_pool32_window(g, 0, oh), ww = deft_pool32_window(g, 1, ow);
+        C v = g.max ? -(C)INFINITY : (C)0;
+        for (int ih = wh.lo; ih < wh.hi; ih++) {
+            for (int iw = ww.lo; iw < ww.hi; iw++) {
+                const C e = deft_ty<T>::load(x[deft_pool32_at(g, n, c, ih, iw, g.H, g.W)]);
+                if (!g.max) v += e;
+                else if (e > v || e != e) v = e;
+            }
+        }
+        if (!g.max) v /= (C)(wh.count * ww.count);
+        y[i] = deft_ty<T>::store(v);
+    }
+}
+
+/* Whether the window (wh, ww) chose input (ih, iw), whose value is v: with no NaN in the window, every element
+ * before it is smaller and none after it larger; a NaN is chosen when no NaN follows it. */
+template <class T>
+__device__ __forceinline__ bool deft_pool32_chose(const deft_pool_geom32 &g, const T *x, int n, int c,
+                                                  deft_pool_win32 wh, deft_pool_win32 ww, int ih, int iw,
+                                                  typename deft_ty<T>::C v) {
+    typedef typename deft_ty<T>::C C;
+    const bool nan = v != v;
+    for (int h = wh.lo; h < wh.hi; h++) {
+        for (int w = ww.lo; w < ww.hi; w++) {
+            const bool before = h < ih || (h == ih && w < iw);
+            if (h == ih && w == iw) continue;
+            if (nan && before) continue;
+            const C e = deft_ty<T>::load(x[deft_pool32_at(g, n, c, h, w, g.H, g.W)]);
+            if (nan ? e != e : (before ? !(e < v) : !(e <= v))) return false;
+        }
+    }
+    return true;
+}
+
+template <class T>
+__global__ void deft_pool_fast_backward_kernel(deft_pool_geom32 g, const T *dy, const T *x, T *dx, unsigned total) {
+    typedef typename deft_ty<T>::C C;
+    for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+        int n, c, ih, iw, oh0, oh1, ow0, ow1;
+        deft_pool32_coords(g, i, g.H, g.W, &n, &c, &ih, &iw);
+        deft_pool32_covering(g, 0, ih, &oh0, &oh1);
+        deft_pool32_covering(g, 1, iw, &ow0, &ow1);
+        const C v = g.max ? deft_ty<T>::load(x[i]) : (C)0;
+        C acc = 0;
+        for (int oh = oh0; oh <= oh1; oh++) {
+            const deft_pool_win32 wh = deft_pool32_window(g, 0, oh);
+            if (ih < wh.lo || ih >= wh.hi) continue;
+            for (int ow = ow0; ow <= ow1; ow++) {
+                const deft_pool_win32 ww = deft_pool32_window(g, 1, ow);
+                if (iw < ww.lo || iw >= ww.hi) continue;
+                const C d = deft_ty<T>::load(dy[deft_pool32_at(g, n, c, oh, ow, g.OH, g.OW)]);
+                if (!g.max) acc += d / (C)(wh.count * ww.count);
+                else if (deft_pool32_chose(g, x, n, c, wh, ww, ih, iw, v)) acc += d;
+            }
+        }
+        dx[i] = deft_ty<T>::store(acc);
+    }
+}
+
+static bool deft_pool_fits32(const deft_pool_geom &g) {
+    const int64_t lim = INT32_MAX;
+    const int64_t xs = g.N * g.C * g.H * g.W, ys = g.N * g.C * g.OH * g.OW;
+    const int64_t pads = (g.H + g.W + 2 * (g.ph + g.pw + g.kh + g.kw)) * (g.OH + g.OW + 1);
+    return xs < lim && ys < lim && pads < lim && g.kh * g.kw < lim;
+}
+
+static deft_pool_geom32 deft_pool_narrow(const deft_pool_geom &g) {
+    deft_pool_geom32 s;
+    s.N = (int)g.N, s.C = (int)g.C, s.H = (int)g.H, s.W = (int)g.W, s.OH = (int)g.OH, s.OW = (int)g.OW;
+    s.kh = (int)g.kh, s.kw = (int)g.kw, s.sh = (int)g.sh, s.sw = (int)g.sw, s.ph = (int)g.ph, s.pw = (int)g.pw;
+    s.adaptive = g.adaptive, s.max = g.max, s.include_pad = g.include_pad, s.nhwc = g.nhwc;
+    return s;
+}
+
+deft_status deft_cuda_pool2d_fast(const deft_tensor *n, const deft_pool_geom &g, bool grad, void *out,
+                                  const void *const *in, cudaStream_t st, bool *done) {
+    *done = false;
+    if (!deft_pool_fits32(g)) return DEFT_OK;
+    const deft_pool_geom32 s = deft_pool_narrow(g);
+    const unsigned total = (unsigned)deft_shape_numel(n->ndim, n->shape);
+    *done = true;
+    return deft_with_float_dtype(n, [&](auto tag) -> deft_status {
+        typedef typename decltype(tag)::type T;
+        const unsigned blocks = deft_cuda_blocks(total, DEFT_CUDA_THREADS);
+        if (!grad) {
+            deft_pool_fast_forward_kernel<T><<<blocks, DEFT_CUDA_THREADS, 0, st>>>(s, (const T *)in[0], (T *)out,
+                                                                                  total);
+            return deft_cuda_check_launch(n, "pool2d forward (fast)");
+        }
+        const T *x = g.max ? (const T *)in[1] : NULL;
+        deft_pool_fast_backward_kernel<T><<<blocks, DEFT_CUDA_THREADS, 0, st>>>(s, (const T *)in[0], x, (T *)out,
+                                                                               total);
+        return deft_cuda_check_launch(n, "pool2d backward (fast)");
+    });
+}
