@@ -3,7 +3,7 @@
  * gradients all-reduced in 25 MiB buckets inside each replica's CUDA Graph). bench/peers/ddp.py runs the same with
  * PyTorch DDP; scripts/bench_ddp.sh runs both for N = 1, 2, 4 and prints the scaling efficiencies and ratios.
  *
- *   ./bench_ddp [--gpus N] [--no-graphs]
+ *   ./bench_ddp [--gpus N] [--no-graphs] [--bucket-mib M]   (M: the compile option bucket_bytes, in MiB)
  *
  * Weights and the batch come from bench_util.h's hash (the same on every replica and in the peer). Timing as
  * bench_mlp_train: the batch stays on the devices, 10 warm-up steps, N steps calibrated to about 100 ms, 5 repeats
@@ -30,7 +30,7 @@ typedef struct replica {
     deft_program *p;
 } replica;
 
-static void build(replica *r, deft_dist *d, int k, int graphs) {
+static void build(replica *r, deft_dist *d, int k, int graphs, size_t bucket_bytes) {
     const deft_device dev = deft_dist_device(d, k);
     r->g = deft_graph_new();
     r->x = deft_input(r->g, "x", DEFT_F32, 2, (int64_t[]){BATCH, WIDTH}, dev);
@@ -47,7 +47,8 @@ static void build(replica *r, deft_dist *d, int k, int graphs) {
     CHECK(deft_backward(r->loss));
     for (int l = 0; l < LAYERS; l++) bench_set_linear(r->g, l, WIDTH, l == LAYERS - 1 ? CLASSES : WIDTH);
     r->step = deft_optimizer_step(deft_sgd(r->g, &(deft_sgd_options){.lr = 0.01, .momentum = 0.9}, NULL));
-    const deft_compile_options o = {.dist = d, .dist_local = k, .no_cuda_graphs = !graphs};
+    const deft_compile_options o = {
+        .dist = d, .dist_local = k, .no_cuda_graphs = !graphs, .bucket_bytes = bucket_bytes};
     r->p = deft_compile(r->g, (deft_tensor *[]){r->loss, r->step}, 2, &o);
     if (!r->p) die("compile");
     /* Replica k's rows of the global batch: rows k * BATCH .. of the hashed streams. */
@@ -73,11 +74,14 @@ static float run(deft_dist *d, replica *r, deft_program **ps, int n, int64_t ste
 
 int main(int argc, char **argv) {
     int n = 1, graphs = 1;
+    size_t bucket_bytes = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--gpus") == 0 && i + 1 < argc) n = atoi(argv[++i]);
         else if (strcmp(argv[i], "--no-graphs") == 0) graphs = 0;
+        else if (strcmp(argv[i], "--bucket-mib") == 0 && i + 1 < argc)
+            bucket_bytes = (size_t)(atof(argv[++i]) * 1048576);
         else {
-            fprintf(stderr, "usage: %s [--gpus N] [--no-graphs]\n", prog);
+            fprintf(stderr, "usage: %s [--gpus N] [--no-graphs] [--bucket-mib M]\n", prog);
             return 2;
         }
     }
@@ -91,7 +95,7 @@ int main(int argc, char **argv) {
     replica r[MAX_GPUS];
     deft_program *ps[MAX_GPUS];
     for (int k = 0; k < n; k++) {
-        build(&r[k], d, k, graphs);
+        build(&r[k], d, k, graphs, bucket_bytes);
         ps[k] = r[k].p;
     }
     const float first = run(d, r, ps, n, 1);

@@ -5,7 +5,8 @@
  *               result in L. cuDNN accumulates in f32.
  *   pooling     keep: max, average and adaptive average pooling run in their input's dtype (the CUDA kernels load
  *               halves into float, accumulate there and round once on the store: ops/cuda/cuda_pool.cu).
- *   batch norm  f32 ("fp32 for normalisation"): deft_batch_norm_input_dtype.
+ *   batch norm  computes in f32 ("fp32 for normalisation") on x in its dtype (L after a convolution) with f32
+ *               weight, bias and statistics, as torch's cuDNN batch norm: y in x's dtype, statistics f32.
  *
  * The CPU's convolution and pooling kernels run f32 and f64 only (ops/cpu/cpu_conv.c, cpu_pool.c). On the CPU such a
  * node in L computes in f32 on its L sources widened (exact) and its result is rounded to L: the numbers cuDNN gives
@@ -28,12 +29,12 @@ bool deft_autocast_is_image_op(deft_op op) {
     }
 }
 
-/* The dtype source k of a batch norm node (BN_STATS or BATCH_NORM) runs in under L: f32 for every one, x (L after a
- * convolution) cast up and the node's result f32, which the next convolution casts back to L. Once batch norm takes
- * an L input with f32 weight and statistics, x may stay in L here: return ac->dtype for the L input of k == 0. */
+/* The dtype source k of a batch norm node (BN_STATS or BATCH_NORM) is cast to under L: none (DEFT_DTYPE_COUNT).
+ * Its kernels take x in L or f32 with f32 weight, bias and statistics and compute in f32, so x stays as the
+ * convolution left it: no cast up, no f32 copy kept for the backward pass (half the activation bytes). */
 deft_dtype deft_batch_norm_input_dtype(const deft_autocast *ac, const deft_tensor *bn, int k) {
     (void)ac, (void)bn, (void)k;
-    return DEFT_F32;
+    return DEFT_DTYPE_COUNT;
 }
 
 /* Whether the kernels of `dev` run op in the low dtype; where they do not, deft_autocast_image widens. */
@@ -68,10 +69,11 @@ static deft_tensor *deft_rebuild_pool(const deft_tensor *t, deft_tensor *x) {
     return t->op == DEFT_OP_MAX_POOL2D ? deft_max_pool2d(x, &o) : deft_avg_pool2d(x, &o);
 }
 
-/* Batch norm's two nodes have no public builder of their own: the same node on the new sources, in the dtype of
- * its first (x, or the running mean in evaluation's stats node). */
+/* Batch norm's two nodes have no public builder of their own: the same node on the new sources; the statistics
+ * stay in the f32 they were built in (graph/build_norm.c keeps them f32 for a half x), y takes x's dtype. */
 static deft_tensor *deft_rebuild_batch_norm(const deft_tensor *t, deft_tensor **src) {
-    deft_tensor *n = deft_node_new(t->graph, t->op, src[0]->dtype, t->device, t->ndim, t->shape, t->nsrc, src);
+    const deft_dtype dt = t->op == DEFT_OP_BN_STATS ? t->dtype : src[0]->dtype;
+    deft_tensor *n = deft_node_new(t->graph, t->op, dt, t->device, t->ndim, t->shape, t->nsrc, src);
     if (n) n->p = t->p;
     return n;
 }

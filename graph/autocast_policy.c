@@ -6,7 +6,7 @@
  *               reciprocal: L inputs cast up, an f32 result
  *   promote     binary ops and concat with mixed inputs run in f32, except where every f32 input is a parameter
  *               (a bias, a scale): then it is cast to L, as torch's F.linear casts its bias
- *   norm        batch norm: per source, as deft_batch_norm_input_dtype says (f32 for now)
+ *   norm        batch norm: per source, as deft_batch_norm_input_dtype says (each keeps its dtype)
  *   keep        activations, scalar ops, shape ops, dropout, device moves, pooling: their input's dtype
  * Conv2d, pooling and batch norm are re-built by graph/autocast_image.c, which says more about them.
  * Only f32 nodes change: f64 and i32 ones, and explicit casts, keep the dtype the user gave them. */

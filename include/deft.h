@@ -381,7 +381,7 @@ typedef struct deft_device_memory {
     deft_device device;
     size_t persistent_bytes;   /* inputs, parameters, constants and optimizer state on this device */
     size_t arena_bytes;        /* the planned arena */
-    size_t workspace_bytes;    /* library workspaces (cuBLAS, cuDNN) the program's kernels use */
+    size_t workspace_bytes;    /* scratch the program's kernels use (cuBLAS, cuDNN, batch norm's sums) */
     size_t total_bytes;        /* the sum of the three */
     size_t activation_bytes;   /* of the arena, the peak of saved activations: forward values that depend on an input
                                 * and that the backward pass reads, summed over the steps they are kept alive for it

@@ -137,18 +137,24 @@ static bool deft_is_conv(deft_op op) {
     return op == DEFT_OP_CONV2D || op == DEFT_OP_CONV2D_INPUT_GRAD || op == DEFT_OP_CONV2D_WEIGHT_GRAD;
 }
 
-/* The library scratch of the program's stream on d: cuBLAS's if it multiplies matrices there, cuDNN's if it
- * convolves (ops/cuda/cuda_workspace.cu). */
+static bool deft_is_batch_norm(deft_op op) {
+    return op == DEFT_OP_BATCH_NORM || op == DEFT_OP_BATCH_NORM_GRAD || op == DEFT_OP_BATCH_NORM_WEIGHT_GRAD;
+}
+
+/* The scratch of the program's stream on d: cuBLAS's if it multiplies matrices there, cuDNN's if it convolves,
+ * batch norm's if it normalises (ops/cuda/cuda_workspace.cu). */
 static size_t deft_workspaces_used(const deft_program *p, deft_device d) {
     if (d.type != DEFT_CUDA || !deft_has_cuda_build()) return 0;
-    bool cublas = false, cudnn = false;
+    bool cublas = false, cudnn = false, norm = false;
     for (int id = 0; id < p->n_nodes; id++) {   /* every node, as a product may be a fused group's member */
         const deft_tensor *t = p->graph->nodes[id];
         if (!p->nodes[id].needed || !deft_device_equal(t->device, d)) continue;
         cublas = cublas || t->op == DEFT_OP_MATMUL;
         cudnn = cudnn || deft_is_conv(t->op);
+        norm = norm || deft_is_batch_norm(t->op);
     }
-    return (cublas ? DEFT_CUBLAS_WORKSPACE_BYTES : 0) + (cudnn ? DEFT_CUDNN_WORKSPACE_BYTES : 0);
+    return (cublas ? DEFT_CUBLAS_WORKSPACE_BYTES : 0) + (cudnn ? DEFT_CUDNN_WORKSPACE_BYTES : 0) +
+           (norm ? DEFT_NORM_WORKSPACE_BYTES : 0);
 }
 
 deft_status deft_program_footprint(const deft_program *p, deft_device_footprint *out, int max, int *n) {

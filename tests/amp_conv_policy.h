@@ -29,10 +29,13 @@ static inline int acp_check_image_nodes(const deft_program *p, const amp_conv_ne
                 bad += cpu ? !(t->dtype == DEFT_F32 && acp_widened_from(t->src[k], L)) : t->src[k]->dtype != L;
             bad += t->dtype != (cpu ? DEFT_F32 : L);
             break;
-        case DEFT_OP_BN_STATS:
-        case DEFT_OP_BATCH_NORM:
-            bns += t->op == DEFT_OP_BATCH_NORM;
-            bad += t->dtype != DEFT_F32 || t->src[0]->dtype != DEFT_F32;
+        case DEFT_OP_BN_STATS:   /* x in L, statistics in f32 */
+            bad += t->dtype != DEFT_F32 || t->src[0]->dtype != L;
+            break;
+        case DEFT_OP_BATCH_NORM:   /* x and y in L, weight and bias in f32 */
+            bns++;
+            bad += t->dtype != L || t->src[0]->dtype != L;
+            for (int k = 1; k < t->nsrc; k++) bad += t->src[k]->dtype != DEFT_F32;
             break;
         case DEFT_OP_MAX_POOL2D:
         case DEFT_OP_AVG_POOL2D:
@@ -108,11 +111,11 @@ static inline int acp_counterpart_dtype(const amp_conv_net *n, const char *name,
     return 1;
 }
 
-/* The dtype each named node runs in: the convolutions and the pools of L inputs in L, the pool after batch norm and
- * batch norm itself in f32. */
+/* The dtype each named node runs in: all in L, batch norm too (its x and y in L, computing in f32 with f32 weight
+ * and statistics). */
 static inline int acp_check_named(const amp_conv_net *n, deft_dtype L, int cpu) {
     const char *names[] = {"c1", "p1", "c2", "bn2", "p2", "c3a", "c3b", "gap", "logits"};
-    const deft_dtype want[] = {L, L, L, DEFT_F32, DEFT_F32, L, L, L, L};
+    const deft_dtype want[] = {L, L, L, L, L, L, L, L, L};
     int bad = 0;
     for (int i = 0; i < 9; i++) {
         deft_dtype dt = DEFT_DTYPE_COUNT;

@@ -10,58 +10,41 @@
  * neighbouring channels, so every load is coalesced. The elementwise passes (y, dx) read per-channel values and
  * compute in float (double for f64).
  *
- * The partials and counts live in one workspace per device from the caching allocator, taken once outside a
- * capture and kept (as cuDNN's); the last block sets its count back to zero, so every launch is capturable and a
- * replay starts clean. Two programs running concurrently on one GPU on different streams would share it, as they
- * share cuDNN's. */
-#include <mutex>
-
-#include "caching_allocator.h"
+ * The partials and counts live in the stream's workspace (cuda_workspace.cu), taken outside a capture; the last
+ * block sets its count back to zero, so every launch is capturable and a replay starts clean. */
 #include "cuda_block_reduce.cuh"
 #include "cuda_norm.cuh"
 
-#define DEFT_BN_MAX_DEVICES 64
-#define DEFT_BN_COUNTERS 65536                     /* columns (channels, or groups of 32 in the row walk) */
-#define DEFT_BN_PARTIALS 229376                    /* double2 partials: channels x chunks */
-#define DEFT_BN_WORKSPACE_BYTES ((size_t)DEFT_BN_COUNTERS * sizeof(unsigned) + (size_t)DEFT_BN_PARTIALS * sizeof(double2))
+#define DEFT_BN_COUNTERS DEFT_NORM_COUNTERS        /* columns (channels, or groups of 32 in the row walk) */
+#define DEFT_BN_PARTIALS DEFT_NORM_PARTIALS        /* double2 partials: channels x chunks */
+static_assert(sizeof(unsigned) == 4 && sizeof(double2) == 16, "DEFT_NORM_WORKSPACE_BYTES counts 4- and 16-byte items");
 #define DEFT_BN_PLANE_CHUNK 4096                   /* elements of a channel per block in the plane walk */
 #define DEFT_BN_ROW_CHUNK 256                      /* rows per block in the row walk */
 #define DEFT_BN_ROW_WARPS 8                        /* the row walk's block: 32 channels x 8 rows */
 
-static void *deft_bn_workspaces[DEFT_BN_MAX_DEVICES];
-static std::mutex deft_bn_workspace_lock;
-
-/* The current device's workspace, its counts zeroed when first taken; *have = false (and nothing allocated) when
- * there is none yet and st is capturing, where allocating and zeroing are not allowed, or when memory is short. */
+/* The stream's workspace (cuda_workspace.cu: its counts zeroed when first taken); *have = false (nothing allocated)
+ * when the stream has none yet and is capturing, where allocating and zeroing are not allowed, or when memory is
+ * short: the plain kernels need no scratch. */
 static deft_status deft_bn_workspace(const deft_tensor *n, cudaStream_t st, void **ws, bool *have) {
     *have = false;
     int dev = 0;
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
     cudaError_t e = cudaGetDevice(&dev);
-    if (e == cudaSuccess && (dev < 0 || dev >= DEFT_BN_MAX_DEVICES)) return DEFT_OK;   /* the plain kernels run */
-    std::lock_guard<std::mutex> guard(deft_bn_workspace_lock);
-    if (e == cudaSuccess && !deft_bn_workspaces[dev]) {
-        cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-        e = cudaStreamIsCapturing(st, &cs);
-        if (e == cudaSuccess && cs != cudaStreamCaptureStatusNone) return DEFT_OK;
-        if (e == cudaSuccess) {
-            void *p = NULL;
-            const deft_status s = deft_caching_alloc(deft_cuda(dev), DEFT_BN_WORKSPACE_BYTES, NULL,
-                                                     "batch_norm.workspace", &p);
-            if (s == DEFT_ERR_OOM) return DEFT_OK;   /* the plain kernels need no scratch */
-            if (s != DEFT_OK) return s;
-            e = cudaMemsetAsync(p, 0, (size_t)DEFT_BN_COUNTERS * sizeof(unsigned), st);
-            if (e == cudaSuccess) deft_bn_workspaces[dev] = p;
-            else (void)deft_caching_free(deft_cuda(dev), p);
-        }
-    }
+    if (e == cudaSuccess) e = cudaStreamIsCapturing(st, &cs);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
         return deft_set_error(DEFT_ERR_RUNTIME, "cuda %s: batch norm workspace: %s", deft_op_name(n->op),
                               cudaGetErrorString(e));
     }
-    *ws = deft_bn_workspaces[dev];
-    *have = true;
-    return DEFT_OK;
+    if (cs != cudaStreamCaptureStatusNone) {
+        *ws = deft_stream_workspace_existing(dev, st, DEFT_WORKSPACE_NORM);
+        *have = *ws != NULL;
+        return DEFT_OK;
+    }
+    const deft_status s = deft_stream_workspace(dev, st, DEFT_WORKSPACE_NORM, ws);
+    if (s == DEFT_ERR_OOM) return DEFT_OK;
+    *have = s == DEFT_OK;
+    return s;
 }
 
 /* ---- what is summed per channel, and what the last block does with the sums ---- */

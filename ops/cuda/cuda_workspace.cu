@@ -5,6 +5,8 @@
 #include <mutex>
 #include <stdlib.h>
 
+#include <cuda_runtime.h>
+
 #include "caching_allocator.h"
 #include "cuda_workspace.h"
 #include "graph_internal.h"
@@ -19,9 +21,11 @@ static deft_stream_scratch *deft_scratch;
 static int deft_n_scratch, deft_cap_scratch;
 static std::mutex deft_scratch_lock;
 
-static const size_t deft_workspace_size[DEFT_WORKSPACE_KINDS] = {DEFT_CUBLAS_WORKSPACE_BYTES,
-                                                                 DEFT_CUDNN_WORKSPACE_BYTES};
-static const char *const deft_workspace_tag[DEFT_WORKSPACE_KINDS] = {"cublas.workspace", "cudnn.workspace"};
+static const size_t deft_workspace_size[DEFT_WORKSPACE_KINDS] = {
+    DEFT_CUBLAS_WORKSPACE_BYTES, DEFT_CUDNN_WORKSPACE_BYTES, DEFT_NORM_WORKSPACE_BYTES};
+static const size_t deft_workspace_zeroed[DEFT_WORKSPACE_KINDS] = {0, 0, (size_t)DEFT_NORM_COUNTERS * 4};
+static const char *const deft_workspace_tag[DEFT_WORKSPACE_KINDS] = {"cublas.workspace", "cudnn.workspace",
+                                                                     "batch_norm.workspace"};
 
 /* The entry of (dev, stream), made if new; NULL when the host is out of memory. */
 static deft_stream_scratch *deft_scratch_entry(int dev, void *stream) {
@@ -35,7 +39,7 @@ static deft_stream_scratch *deft_scratch_entry(int dev, void *stream) {
         deft_cap_scratch = cap;
     }
     deft_stream_scratch *e = &deft_scratch[deft_n_scratch++];
-    *e = deft_stream_scratch{dev, stream, {NULL, NULL}};
+    *e = deft_stream_scratch{dev, stream, {}};
     return e;
 }
 
@@ -44,12 +48,30 @@ deft_status deft_stream_workspace(int dev, void *stream, deft_workspace_kind kin
     deft_stream_scratch *e = deft_scratch_entry(dev, stream);
     if (!e) return deft_set_error(DEFT_ERR_OOM, "cuda: out of host memory for the library workspaces");
     if (!e->ptr[kind]) {
+        void *p = NULL;
         deft_status s = deft_caching_alloc(deft_cuda(dev), deft_workspace_size[kind], stream,
-                                           deft_workspace_tag[kind], &e->ptr[kind]);
+                                           deft_workspace_tag[kind], &p);
         if (s != DEFT_OK) return s;
+        cudaError_t ce = deft_workspace_zeroed[kind]
+                             ? cudaMemsetAsync(p, 0, deft_workspace_zeroed[kind], (cudaStream_t)stream)
+                             : cudaSuccess;
+        if (ce != cudaSuccess) {
+            (void)cudaGetLastError();
+            (void)deft_caching_free(deft_cuda(dev), p);
+            return deft_set_error(DEFT_ERR_RUNTIME, "cuda: zeroing the %s: %s", deft_workspace_tag[kind],
+                                  cudaGetErrorString(ce));
+        }
+        e->ptr[kind] = p;
     }
     *out = e->ptr[kind];
     return DEFT_OK;
+}
+
+void *deft_stream_workspace_existing(int dev, void *stream, deft_workspace_kind kind) {
+    std::lock_guard<std::mutex> guard(deft_scratch_lock);
+    for (int i = 0; i < deft_n_scratch; i++)
+        if (deft_scratch[i].dev == dev && deft_scratch[i].stream == stream) return deft_scratch[i].ptr[kind];
+    return NULL;
 }
 
 void deft_stream_workspaces_release(int dev, void *stream) {
