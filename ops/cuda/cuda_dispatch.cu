@@ -30,10 +30,13 @@ int deft_cuda_coalesce(deft_cuda_strides *s, int nops) {
     return nd;
 }
 
-/* The dtype input i must have: the output's, except for casts (any) and the class-index targets of cross-entropy
- * (i32). Returns DEFT_DTYPE_COUNT for "any". */
+/* The dtype input i must have: the output's, except for casts (any), the class-index targets of cross-entropy
+ * (i32) and batch norm, whose x and gradients may be f16 or bf16 beside f32 weight and statistics (the mixes
+ * graph/build_norm.c allows; its kernels dispatch on both). Returns DEFT_DTYPE_COUNT for "any". */
 static deft_dtype deft_cuda_input_dtype(const deft_tensor *n, int i) {
-    if (n->op == DEFT_OP_CAST) return DEFT_DTYPE_COUNT;
+    if (n->op == DEFT_OP_CAST || n->op == DEFT_OP_BN_STATS || n->op == DEFT_OP_BATCH_NORM ||
+        n->op == DEFT_OP_BATCH_NORM_GRAD || n->op == DEFT_OP_BATCH_NORM_WEIGHT_GRAD)
+        return DEFT_DTYPE_COUNT;
     if ((n->op == DEFT_OP_CROSS_ENTROPY && i == 1) || (n->op == DEFT_OP_CROSS_ENTROPY_GRAD && i == 2))
         return DEFT_I32;
     return n->dtype;
