@@ -4,14 +4,15 @@
  * resnet18, eager and CUDA Graphs) and prints the same names with "torch_eager_" / "torch_graph_" in place of
  * "deft_"; scripts/bench_resnet.sh runs both and prints the ratios. One figure per line: `<name> <value> <unit>`.
  *
- *   ./bench_resnet [--batch N] [--precision f32|bf16] [--device cuda:N|cpu] [--no-graphs] [--tf32]
+ *   ./bench_resnet [--batch N] [--precision f32|bf16] [--device cuda:N|cpu] [--no-graphs] [--tf32] [--nhwc]
  *
  * The configurations, named "b<batch>_<precision>": batch 128 and 512 (or --batch), each in
- *   f32    NCHW, every op in f32 (--tf32 compiles with deft_compile_options.tf32, and the peer's --tf32 lets its
- *          matmuls use TF32; its convolutions use cuDNN's TF32 as torch does by default unless --no-cudnn-tf32)
+ *   f32    NCHW (NHWC with --nhwc), every op in f32 (--tf32 compiles with deft_compile_options.tf32, and the peer's
+ *          --tf32 lets its matmuls use TF32; its convolutions use cuDNN's TF32 as torch does by default unless
+ *          --no-cudnn-tf32)
  *   bf16   NHWC, compiled with deft_compile_options.autocast = DEFT_BF16 (the peer: channels_last and
- *          torch.autocast(dtype=torch.bfloat16)): convolutions and fc in bf16, batch norm in f32, pooling in its
- *          input's dtype (graph/autocast_image.c)
+ *          torch.autocast(dtype=torch.bfloat16)): convolutions and fc in bf16, batch norm on bf16 x with f32
+ *          weight and statistics, pooling in its input's dtype (graph/autocast_image.c)
  * The batch is generated (x uniform in [-1, 1) and labels from an integer hash of each element's index, the same
  * values as the peer's), fed once and kept on the device: the per-step feed is not measured.
  *
@@ -133,13 +134,15 @@ static deft_status report(deft_program *p, deft_device dev, const char *k, const
 }
 
 /* One configuration; a failure is printed and returned, and the caller goes on with the next. */
+static int f32_nhwc;   /* --nhwc */
+
 static deft_status bench(const bench_config *c, deft_device dev, const deft_compile_options *base, const timing *tm) {
     char k[32], tag[32];
     snprintf(k, sizeof k, "b%lld_%s", (long long)c->batch, c->bf16 ? "bf16" : "f32");
     snprintf(tag, sizeof tag, "%s", base->no_cuda_graphs ? "deft_nographs" : "deft");
     deft_compile_options co = *base;
     if (c->bf16) co.autocast = DEFT_BF16;
-    const resnet_config rc = resnet18_config(10, c->bf16 ? DEFT_NHWC : DEFT_NCHW);
+    const resnet_config rc = resnet18_config(10, c->bf16 || f32_nhwc ? DEFT_NHWC : DEFT_NCHW);
     const deft_sgd_options sgd = {.lr = 0.01, .momentum = 0.9, .weight_decay = 5e-4};
     resnet_train t = {0};
     deft_program *p = NULL;
@@ -159,7 +162,8 @@ static deft_status bench(const bench_config *c, deft_device dev, const deft_comp
 }
 
 static void usage(void) {
-    fprintf(stderr, "usage: %s [--batch N] [--precision f32|bf16] [--device cuda:N|cpu] [--no-graphs] [--tf32]\n",
+    fprintf(stderr, "usage: %s [--batch N] [--precision f32|bf16] [--device cuda:N|cpu] [--no-graphs] [--tf32] "
+            "[--nhwc]\n",
             prog);
     exit(2);
 }
@@ -174,6 +178,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--device") && i + 1 < argc) device = argv[++i];
         else if (!strcmp(argv[i], "--no-graphs")) co.no_cuda_graphs = 1;
         else if (!strcmp(argv[i], "--tf32")) co.tf32 = 1;
+        else if (!strcmp(argv[i], "--nhwc")) f32_nhwc = 1;
         else usage();
     }
     if (only_batch < 0 || (precision && strcmp(precision, "f32") && strcmp(precision, "bf16"))) usage();
