@@ -1,40 +1,79 @@
 #!/usr/bin/env bash
-# Data parallel training, deft beside PyTorch DDP in one run: the mid MLP (batch 256 per GPU) on 1, 2 and 4 GPUs (as
-# many as exist). Usage: scripts/bench_ddp.sh [log-dir]   (env: BUILD=build-gpu, PYTHON=python3)
-# Runs $BUILD/bench_ddp --gpus N and bench/peers/ddp.py --gpus N, writes what they print to <log-dir>/ddp.txt and
-# prints, per N, the step times, the scaling efficiency of each (throughput_N / (N * throughput_1)) and the ratio
-# torch/deft of the step times (> 1: deft is faster), also as `ddp.mid.gpus<N>.<name> <value> <unit>` lines.
+# Data parallel training, deft beside PyTorch DDP in one run, on 1, 2 and 4 GPUs (as many as exist): the mid MLP
+# (batch 256 per GPU), ResNet-18 in f32 (batch 128 per GPU) and, with BENCH_BF16=1, ResNet-18 under bf16 autocast.
+# Usage: scripts/bench_ddp.sh [log-dir]
+#   env: BUILD=build-gpu, PYTHON=python3, BENCH_BF16=1 (add resnet bf16), BENCH_TF32=1 (--tf32 to both sides),
+#        BUDGET_S=240 (the whole script's wall-clock budget; each run is capped by `timeout` at the smaller of its own
+#        cap and what is left, and a run that no longer fits is skipped and said so)
+# Runs $BUILD/bench_ddp --model M --gpus N and bench/peers/ddp.py --model M --gpus N, writes what they print to
+# <log-dir>/ddp.txt and prints a table per model (mid, resnet_f32, resnet_bf16): per N, the step times, the scaling
+# efficiency of each (throughput_N / (N * throughput_1)) and the ratio torch/deft of the step times (> 1: deft is
+# faster), also as `ddp.<model>.gpus<N>.<name> <value> <unit>` lines.
 set -uo pipefail
 log=${1:-gpu-logs}
 build=${BUILD:-build-gpu}
 python=${PYTHON:-python3}
+budget=${BUDGET_S:-240}
+extra=()
+[ "${BENCH_TF32:-0}" = 1 ] && extra=(--tf32)
 export NCCL_NVLS_ENABLE=0
 mkdir -p "$log"
 out="$log/ddp.txt"
 gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
-echo "# scripts/bench_ddp.sh, $(date -u '+%Y-%m-%d %H:%M UTC'), $gpus GPU(s)" > "$out"
+echo "# scripts/bench_ddp.sh, $(date -u '+%Y-%m-%d %H:%M UTC'), $gpus GPU(s), budget ${budget} s ${extra[*]}" > "$out"
+start=$SECONDS
 rc=0
-for n in 1 2 4; do
-  [ "$n" -le "$gpus" ] || continue
-  echo "== $n GPU(s): $build/bench_ddp --gpus $n; $python bench/peers/ddp.py --gpus $n" >&2
-  timeout 120 "$build/bench_ddp" --gpus "$n" >> "$out" 2>&1 || { echo "bench_ddp --gpus $n failed" >&2; rc=1; }
-  timeout 150 "$python" bench/peers/ddp.py --gpus "$n" --port $((29517 + n)) >> "$out" 2>&1 \
-    || { echo "ddp.py --gpus $n failed" >&2; rc=1; }
+
+# run CAP NAME CMD...: CMD under `timeout` (CAP, or less if the budget says so), its output appended to $out.
+run() {
+  local cap=$1 name=$2; shift 2
+  local left=$((budget - (SECONDS - start)))
+  [ "$left" -lt "$cap" ] && cap=$left
+  if [ "$cap" -lt 15 ]; then
+    echo "# $name: skipped, ${left} s left of the ${budget} s budget" | tee -a "$out" >&2; rc=1; return
+  fi
+  echo "== $name (cap ${cap} s): $*" >&2
+  timeout "$cap" "$@" >> "$out" 2>&1
+  local s=$?
+  [ "$s" -eq 124 ] && echo "# $name: timed out after ${cap} s" | tee -a "$out" >&2
+  [ "$s" -ne 0 ] && { echo "$name failed (status $s)" >&2; rc=1; }
+}
+
+configs=("mlp f32 mid 29517" "resnet f32 resnet_f32 29527")
+[ "${BENCH_BF16:-0}" = 1 ] && configs+=("resnet bf16 resnet_bf16 29537")
+for c in "${configs[@]}"; do
+  read -r model prec key port <<< "$c"
+  for n in 1 2 4; do
+    [ "$n" -le "$gpus" ] || continue
+    run 60 "bench_ddp $key gpus $n" "$build/bench_ddp" --model "$model" --precision "$prec" --gpus "$n" "${extra[@]}"
+    run 90 "ddp.py $key gpus $n" "$python" bench/peers/ddp.py --model "$model" --precision "$prec" --gpus "$n" \
+      --port $((port + n)) "${extra[@]}"
+  done
 done
+echo "# scripts/bench_ddp.sh: $((SECONDS - start)) s" >> "$out"
+
 awk '
-  $1 ~ /^ddp\.mid\.gpus[0-9]+\.(deft|torch)_(step_ms|images_per_s)$/ {
-    split($1, k, "."); n = substr(k[3], 5); v[n, k[4]] = $2; if (!(n in seen)) { seen[n] = 1; order[++m] = n } }
+  $1 ~ /^ddp\.[a-z0-9_]+\.gpus[0-9]+\.(deft|torch)_(step_ms|images_per_s)$/ && NF == 3 {
+    split($1, k, "."); n = substr(k[3], 5); m = k[2]; v[m, n, k[4]] = $2
+    if (!(m in seen)) { seen[m] = 1; models[++nm] = m }
+    if (!((m, n) in has)) { has[m, n] = 1; order[m, ++cnt[m]] = n } }
   END {
-    printf "%-5s %12s %12s %10s %10s %12s\n", "gpus", "deft ms", "torch ms", "deft eff", "torch eff", "torch/deft"
-    for (i = 1; i <= m; i++) {
-      n = order[i]; de = ""; te = ""; r = ""
-      if (v[1, "deft_images_per_s"] > 0 && v[n, "deft_images_per_s"] > 0) de = v[n, "deft_images_per_s"] / (n * v[1, "deft_images_per_s"])
-      if (v[1, "torch_images_per_s"] > 0 && v[n, "torch_images_per_s"] > 0) te = v[n, "torch_images_per_s"] / (n * v[1, "torch_images_per_s"])
-      if (v[n, "deft_step_ms"] > 0 && v[n, "torch_step_ms"] > 0) r = v[n, "torch_step_ms"] / v[n, "deft_step_ms"]
-      printf "%-5s %12s %12s %10s %10s %12s\n", n, v[n, "deft_step_ms"], v[n, "torch_step_ms"], de, te, r
-      if (de != "") lines = lines sprintf("ddp.mid.gpus%s.deft_scaling_efficiency %.4f x\n", n, de)
-      if (te != "") lines = lines sprintf("ddp.mid.gpus%s.torch_scaling_efficiency %.4f x\n", n, te)
-      if (r != "") lines = lines sprintf("ddp.mid.gpus%s.speedup_vs_torch_ddp %.4f x\n", n, r)
+    for (j = 1; j <= nm; j++) {
+      m = models[j]
+      printf "%s%s\n", (j > 1 ? "\n" : ""), m
+      printf "%-5s %12s %12s %10s %10s %12s\n", "gpus", "deft ms", "torch ms", "deft eff", "torch eff", "torch/deft"
+      for (i = 1; i <= cnt[m]; i++) {
+        n = order[m, i]; de = ""; te = ""; r = ""
+        if (v[m, 1, "deft_images_per_s"] > 0 && v[m, n, "deft_images_per_s"] > 0)
+          de = v[m, n, "deft_images_per_s"] / (n * v[m, 1, "deft_images_per_s"])
+        if (v[m, 1, "torch_images_per_s"] > 0 && v[m, n, "torch_images_per_s"] > 0)
+          te = v[m, n, "torch_images_per_s"] / (n * v[m, 1, "torch_images_per_s"])
+        if (v[m, n, "deft_step_ms"] > 0 && v[m, n, "torch_step_ms"] > 0) r = v[m, n, "torch_step_ms"] / v[m, n, "deft_step_ms"]
+        printf "%-5s %12s %12s %10s %10s %12s\n", n, v[m, n, "deft_step_ms"], v[m, n, "torch_step_ms"], de, te, r
+        if (de != "") lines = lines sprintf("ddp.%s.gpus%s.deft_scaling_efficiency %.4f x\n", m, n, de)
+        if (te != "") lines = lines sprintf("ddp.%s.gpus%s.torch_scaling_efficiency %.4f x\n", m, n, te)
+        if (r != "") lines = lines sprintf("ddp.%s.gpus%s.speedup_vs_torch_ddp %.4f x\n", m, n, r)
+      }
     }
     printf "%s", lines
   }' "$out" | tee -a "$out"

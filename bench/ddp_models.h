@@ -1,0 +1,95 @@
+/* The networks bench_ddp trains, one replica per GPU: each builder makes replica k's training graph on its device
+ * and feeds rank k's share of the global batch. Include after bench_util.h (die, CHECK, the hash). Header-only, as
+ * bench_util.h: bench_ddp is one executable.
+ *
+ *   mid MLP    Linear(1024,1024)+ReLU x7, Linear(1024,10); batch 256 per GPU; SGD lr 0.01 momentum 0.9; weights
+ *              from the hash (bench_set_linear), so the peer starts from the same ones
+ *   ResNet-18  examples/resnet18.h (torchvision's layout, 10 classes, 32x32 images); batch 128 per GPU; SGD lr 0.01
+ *              momentum 0.9 weight decay 5e-4, as bench_resnet; f32 NCHW, or NHWC for bf16 autocast (the layout
+ *              is chosen here, the autocast is a compile option). Its weights are resnet18.h's draws (torch
+ *              draws its own), so the peer's losses are alike, not equal.
+ *
+ * Rank k's batch is rows k * batch .. (k + 1) * batch - 1 of the hashed streams (1: inputs, 2: labels), so the
+ * global batch of N GPUs is the first N * batch rows and differs per rank. */
+#ifndef DEFT_BENCH_DDP_MODELS_H
+#define DEFT_BENCH_DDP_MODELS_H
+
+#include "../examples/resnet18.h"
+
+#define DDP_MLP_LAYERS 8
+#define DDP_MLP_WIDTH 1024
+#define DDP_CLASSES 10
+#define DDP_MLP_BATCH 256
+#define DDP_RESNET_BATCH 128
+#define DDP_RESNET_IMAGE 32
+
+typedef struct ddp_replica {
+    deft_graph *g;
+    deft_tensor *x, *y, *loss, *step;
+    deft_program *p;
+} ddp_replica;
+
+static void ddp_build_mlp(ddp_replica *r, deft_device dev) {
+    r->g = deft_graph_new();
+    r->x = deft_input(r->g, "x", DEFT_F32, 2, (int64_t[]){DDP_MLP_BATCH, DDP_MLP_WIDTH}, dev);
+    r->y = deft_input(r->g, "y", DEFT_I32, 1, (int64_t[]){DDP_MLP_BATCH}, dev);
+    deft_tensor *h = r->x;
+    for (int l = 0; l < DDP_MLP_LAYERS; l++) {
+        char name[16];
+        snprintf(name, sizeof name, "fc%d", l);
+        h = deft_linear(h, l == DDP_MLP_LAYERS - 1 ? DDP_CLASSES : DDP_MLP_WIDTH, name, NULL);
+        if (l < DDP_MLP_LAYERS - 1) h = deft_relu(h);
+    }
+    r->loss = deft_cross_entropy(h, r->y);
+    if (!r->loss) die("building the MLP");
+    CHECK(deft_backward(r->loss));
+    for (int l = 0; l < DDP_MLP_LAYERS; l++)
+        bench_set_linear(r->g, l, DDP_MLP_WIDTH, l == DDP_MLP_LAYERS - 1 ? DDP_CLASSES : DDP_MLP_WIDTH);
+    r->step = deft_optimizer_step(deft_sgd(r->g, &(deft_sgd_options){.lr = 0.01, .momentum = 0.9}, NULL));
+    if (!r->step) die("building the MLP's optimizer");
+}
+
+static void ddp_feed_mlp(ddp_replica *r, int k) {
+    const int64_t n = (int64_t)DDP_MLP_BATCH * DDP_MLP_WIDTH, first = (int64_t)k * n;
+    float *x = xmalloc((size_t)n * sizeof *x);
+    int32_t *y = xmalloc((size_t)DDP_MLP_BATCH * sizeof *y);
+    for (int64_t i = 0; i < n; i++) x[i] = hash_uniform(1, (uint64_t)(first + i), 1.0);
+    for (int64_t i = 0; i < DDP_MLP_BATCH; i++)
+        y[i] = (int32_t)(hash32(2, (uint64_t)((int64_t)k * DDP_MLP_BATCH + i)) % DDP_CLASSES);
+    CHECK(deft_program_feed(r->p, r->x, x, (size_t)n * sizeof *x));
+    CHECK(deft_program_feed(r->p, r->y, y, (size_t)DDP_MLP_BATCH * sizeof *y));
+    free(x);
+    free(y);
+}
+
+static deft_layout ddp_resnet_layout(int bf16) { return bf16 ? DEFT_NHWC : DEFT_NCHW; }
+
+static void ddp_build_resnet(ddp_replica *r, deft_device dev, int bf16) {
+    const resnet_config rc = resnet18_config(DDP_CLASSES, ddp_resnet_layout(bf16));
+    const deft_sgd_options sgd = {.lr = 0.01, .momentum = 0.9, .weight_decay = 5e-4};
+    resnet_train t = {0};
+    if (resnet_train_build(&t, &rc, DDP_RESNET_BATCH, 0, DDP_RESNET_IMAGE, dev, &sgd, 1) != DEFT_OK)
+        die("building ResNet-18");
+    *r = (ddp_replica){t.g, t.x, t.y, t.loss, t.step, NULL};
+}
+
+/* As bench_resnet's feed (x uniform in [-1, 1) indexed in NCHW order whatever the layout), from rank k's rows. */
+static void ddp_feed_resnet(ddp_replica *r, int k, int bf16) {
+    const int64_t image = 3 * DDP_RESNET_IMAGE * DDP_RESNET_IMAGE, plane = DDP_RESNET_IMAGE * DDP_RESNET_IMAGE;
+    const int64_t n = (int64_t)DDP_RESNET_BATCH * image, first = (int64_t)k * n;
+    float *x = xmalloc((size_t)n * sizeof *x);
+    int32_t *y = xmalloc((size_t)DDP_RESNET_BATCH * sizeof *y);
+    for (int64_t i = 0; i < n; i++) {   /* i is the NCHW index within the replica's batch */
+        const int64_t img = i / image, c = i / plane % 3, pix = i % plane;
+        const int64_t at = ddp_resnet_layout(bf16) == DEFT_NHWC ? img * image + pix * 3 + c : i;
+        x[at] = hash_uniform(1, (uint64_t)(first + i), 1.0);
+    }
+    for (int64_t i = 0; i < DDP_RESNET_BATCH; i++)
+        y[i] = (int32_t)(hash32(2, (uint64_t)((int64_t)k * DDP_RESNET_BATCH + i)) % DDP_CLASSES);
+    CHECK(deft_program_feed(r->p, r->x, x, (size_t)n * sizeof *x));
+    CHECK(deft_program_feed(r->p, r->y, y, (size_t)DDP_RESNET_BATCH * sizeof *y));
+    free(x);
+    free(y);
+}
+
+#endif
