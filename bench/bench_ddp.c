@@ -1,5 +1,5 @@
 /* bench_ddp: data parallel training over N GPUs of one process (deft_dist_init_local, deft_dist_run; the gradients
- * all-reduced in 25 MiB buckets inside each replica's CUDA Graph), every replica built on its own GPU. bench/peers/ddp.py
+ * all-reduced in 8 MiB buckets inside each replica's CUDA Graph), every replica built on its own GPU. bench/peers/ddp.py
  * runs the same with PyTorch DDP; scripts/bench_ddp.sh runs both for N = 1, 2, 4 and prints the scaling efficiencies
  * and ratios.
  *

@@ -241,7 +241,7 @@ typedef struct deft_compile_options {
     /* Data parallel (deft_dist, below): a replica of a training step on one of `dist`'s ranks, NULL: none. */
     struct deft_dist *dist;
     int dist_local;            /* which of dist's communicators (0 .. deft_dist_local_count - 1) it uses */
-    size_t bucket_bytes;       /* gradients all-reduced together, at most this many bytes per bucket; 0: 25 MiB */
+    size_t bucket_bytes;       /* gradients all-reduced together, at most this many bytes per bucket; 0: 8 MiB */
 } deft_compile_options;
 #define DEFT_HAS_OPTIMIZER_IN_BACKWARD 1
 #define DEFT_HAS_AUTOCAST_OPTION 1

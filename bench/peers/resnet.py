@@ -5,10 +5,10 @@ weight decay 5e-4) in eager mode and as a whole-step CUDA Graph replay, printing
 `<name> <value> <unit>` with "torch_eager_" / "torch_graph_" where the C bench prints "deft_".
 
     python3 bench/peers/resnet.py [--batch N] [--precision f32|bf16] [--device cuda:N|cpu] [--tf32]
-                                  [--no-cudnn-tf32]
+                                  [--no-cudnn-tf32] [--nhwc]
 
 Configurations, named "b<batch>_<precision>": batch 128 and 512 (or --batch), each in
-    f32    NCHW (contiguous), no autocast. Convolutions follow torch's default torch.backends.cudnn.allow_tf32 = True
+    f32    NCHW (contiguous; channels_last with --nhwc, as bench_resnet's --nhwc), no autocast. Convolutions follow torch's default torch.backends.cudnn.allow_tf32 = True
            (--no-cudnn-tf32 turns it off); matmuls TF32 only with --tf32.
     bf16   the model and the batch in channels_last, forward and loss under torch.autocast(dtype=torch.bfloat16).
 When torchvision is not installed, the same network is built here from torch.nn (class ResNet18 below: the layout,
@@ -36,6 +36,7 @@ import sys
 import peer_common
 from peer_common import Timer, fresh, hash32
 
+F32_CHANNELS_LAST = False   # --nhwc
 WARMUP_STEPS = 20
 CALIBRATE_STEPS = 10
 REPEATS = 7
@@ -144,8 +145,9 @@ class Setup:
 
     def __init__(self, torch, batch, bf16, device):
         import contextlib
-        self.model = make_model(torch, device, bf16)
-        self.x, self.y = make_batch(torch, batch, device, bf16)
+        channels_last = bf16 or F32_CHANNELS_LAST
+        self.model = make_model(torch, device, channels_last)
+        self.x, self.y = make_batch(torch, batch, device, channels_last)
         self.loss_fn = torch.nn.CrossEntropyLoss()
         self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4)
         self.autocast = (lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16)) if bf16 \
@@ -216,7 +218,10 @@ def main(argv=None):
     ap.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (cpu: eager only, batch 16)")
     ap.add_argument("--tf32", action="store_true", help="let f32 matmuls use TF32")
     ap.add_argument("--no-cudnn-tf32", action="store_true", help="f32 convolutions without TF32 (torch's default: on)")
+    ap.add_argument("--nhwc", action="store_true", help="the f32 model and batch in channels_last too")
     args = ap.parse_args(argv)
+    global F32_CHANNELS_LAST
+    F32_CHANNELS_LAST = args.nhwc
 
     try:
         import torch
@@ -243,7 +248,8 @@ def main(argv=None):
         source = "torch.nn (torchvision is not installed)"
     where = f"{device} ({torch.cuda.get_device_name(device)})" if cuda else "cpu"
     print(f"# resnet.py: torch {torch.__version__} on {where}, resnet18 from {source}, cudnn.benchmark on, "
-          f"matmul TF32 {'on' if args.tf32 else 'off'}, cuDNN TF32 {'off' if args.no_cudnn_tf32 else 'on'}")
+          f"matmul TF32 {'on' if args.tf32 else 'off'}, cuDNN TF32 {'off' if args.no_cudnn_tf32 else 'on'}, "
+          f"f32 {'channels_last' if args.nhwc else 'NCHW'}")
     sys.stdout.flush()
 
     batches = (args.batch,) if args.batch else BATCHES if cuda else (16,)
