@@ -61,16 +61,18 @@ static deft_status deft_conv_add_bias(const deft_tensor *n, void *y, const void 
 
 /* ---- one cuDNN handle per device, never destroyed (as the cuBLAS handles); the workspace is the stream's ---- */
 static cudnnHandle_t deft_cudnn_handles[DEFT_CUDNN_MAX_DEVICES];
-/* Guards the handles, workspaces and cache, held across a whole call: a handle holds one stream at a time. */
-static std::mutex deft_cudnn_lock;
+/* Per device, guards its handle and its cache, held across a whole call: a handle holds one stream at a time.
+ * Per device rather than one for all, so that the replicas of a data parallel step, one host thread per GPU, never
+ * wait on one another's cuDNN calls: one stuck behind another GPU's collective would leave its own unqueued. */
+static std::mutex deft_cudnn_locks[DEFT_CUDNN_MAX_DEVICES];
 
 static deft_status deft_cudnn_error(const deft_tensor *n, const char *what, cudnnStatus_t s) {
     return deft_set_error(DEFT_ERR_RUNTIME, "cuda %s (%s): %s failed: %s", deft_op_name(n->op),
                           deft_dtype_name(n->dtype), what, cudnnGetErrorString(s));
 }
 
-/* The current device's handle bound to `st`, and its workspace; the caller holds deft_cudnn_lock. */
-static deft_status deft_cudnn_handle(const deft_tensor *n, cudaStream_t st, int *dev, cudnnHandle_t *h, void **ws) {
+/* The current device, checked against DEFT_CUDNN_MAX_DEVICES. */
+static deft_status deft_cudnn_device(const deft_tensor *n, int *dev) {
     cudaError_t e = cudaGetDevice(dev);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
@@ -80,19 +82,24 @@ static deft_status deft_cudnn_handle(const deft_tensor *n, cudaStream_t st, int 
     if (*dev < 0 || *dev >= DEFT_CUDNN_MAX_DEVICES)
         return deft_set_error(DEFT_ERR_DEVICE, "cuda %s: cuda:%d is past the %d devices deft supports",
                               deft_op_name(n->op), *dev, DEFT_CUDNN_MAX_DEVICES);
-    deft_status ws_status = deft_stream_workspace(*dev, st, DEFT_WORKSPACE_CUDNN, ws);
+    return DEFT_OK;
+}
+
+/* The current device's handle bound to `st`, and its workspace; the caller holds the device's lock. */
+static deft_status deft_cudnn_handle(const deft_tensor *n, cudaStream_t st, int dev, cudnnHandle_t *h, void **ws) {
+    deft_status ws_status = deft_stream_workspace(dev, st, DEFT_WORKSPACE_CUDNN, ws);
     if (ws_status != DEFT_OK) return ws_status;
     cudnnStatus_t cs;
-    if (!deft_cudnn_handles[*dev]) {
-        cs = cudnnCreate(&deft_cudnn_handles[*dev]);
+    if (!deft_cudnn_handles[dev]) {
+        cs = cudnnCreate(&deft_cudnn_handles[dev]);
         if (cs != CUDNN_STATUS_SUCCESS) {
-            deft_cudnn_handles[*dev] = NULL;
+            deft_cudnn_handles[dev] = NULL;
             return deft_cudnn_error(n, "cudnnCreate", cs);
         }
     }
-    cs = cudnnSetStream(deft_cudnn_handles[*dev], st);
+    cs = cudnnSetStream(deft_cudnn_handles[dev], st);
     if (cs != CUDNN_STATUS_SUCCESS) return deft_cudnn_error(n, "cudnnSetStream", cs);
-    *h = deft_cudnn_handles[*dev];
+    *h = deft_cudnn_handles[dev];
     return DEFT_OK;
 }
 
@@ -113,7 +120,7 @@ typedef struct deft_conv_entry {
     size_t ws_bytes;
 } deft_conv_entry;
 
-static std::vector<deft_conv_entry> deft_conv_cache;
+static std::vector<deft_conv_entry> deft_conv_caches[DEFT_CUDNN_MAX_DEVICES];
 
 /* The largest power of two dividing p, up to 256 bytes: algorithms may depend on it. */
 static unsigned deft_conv_align(const void *p) {
@@ -325,7 +332,7 @@ static cudnnStatus_t deft_conv_launch(cudnnHandle_t h, const deft_conv_entry *e,
 }
 
 static deft_conv_entry *deft_conv_find_cached(const deft_conv_key &k) {
-    for (deft_conv_entry &e : deft_conv_cache)
+    for (deft_conv_entry &e : deft_conv_caches[k.dev])
         if (memcmp(&e.key, &k, sizeof k) == 0) return &e;
     return NULL;
 }
@@ -362,21 +369,23 @@ static deft_status deft_conv_entry_for(const deft_tensor *n, cudnnHandle_t h, co
         deft_conv_entry_free(&e);
         return s;
     }
-    deft_conv_cache.push_back(e);
-    *out = &deft_conv_cache.back();
+    deft_conv_caches[k.dev].push_back(e);
+    *out = &deft_conv_caches[k.dev].back();
     return DEFT_OK;
 }
 
 static deft_status deft_conv_run(const deft_tensor *n, const deft_conv_ptrs &p, cudaStream_t st, unsigned flags) {
-    std::lock_guard<std::mutex> guard(deft_cudnn_lock);
     int dev = 0;
+    deft_status s = deft_cudnn_device(n, &dev);
+    if (s != DEFT_OK) return s;
+    std::lock_guard<std::mutex> guard(deft_cudnn_locks[dev]);
     cudnnHandle_t h = NULL;
     void *ws = NULL;
-    deft_status s = deft_cudnn_handle(n, st, &dev, &h, &ws);
+    s = deft_cudnn_handle(n, st, dev, &h, &ws);
     if (s != DEFT_OK) return s;
     deft_conv_key k;
     if ((s = deft_conv_key_of(n, p, dev, flags, &k)) != DEFT_OK) return s;
-    if (!deft_conv_find_cached(k) && (deft_conv_capturing(st) || deft_conv_cache.size() >= DEFT_CONV_CACHE_MAX))
+    if (!deft_conv_find_cached(k) && (deft_conv_capturing(st) || deft_conv_caches[dev].size() >= DEFT_CONV_CACHE_MAX))
         return deft_conv_run_uncached(n, h, k, p, ws);
     deft_conv_entry *e = NULL;
     if ((s = deft_conv_entry_for(n, h, k, p, ws, &e)) != DEFT_OK) return s;
