@@ -517,9 +517,10 @@ static void run_captured(const deft_tensor *n, void *out, const void *const *in,
     cudaStreamDestroy(st);
 }
 
-/* A problem first met inside a capture takes the heuristic's algorithm (nothing may be measured there) and still
- * computes the convolution; met again outside, it is measured and cached, and agrees. The shape is used nowhere
- * else in this test, so neither the cache nor a measurement can have seen it. */
+/* A problem first met inside a capture, on a stream that never ran eagerly and so has no cuDNN workspace yet, takes
+ * the heuristic's algorithm among those that need none (nothing may be measured or allocated there) and still
+ * computes the convolution; met again outside, it is chosen and cached, and agrees. The shape is used nowhere else
+ * in this test, so the cache cannot have seen it. */
 static void test_conv_first_met_in_capture(void) {
     const conv_case k = {3, 5, 11, 13, 7, 3, 3, 2, 1, 1, 2, 1, 2, 1, 0};
     const int64_t oh = out_len(k.h, k.ph, k.kh, k.dh, k.sh), ow = out_len(k.w, k.pw, k.kw, k.dw, k.sw);

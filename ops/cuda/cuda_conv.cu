@@ -85,9 +85,11 @@ static deft_status deft_cudnn_device(const deft_tensor *n, int *dev) {
     return DEFT_OK;
 }
 
-/* The current device's handle bound to `st`, and its workspace; the caller holds the device's lock. */
-static deft_status deft_cudnn_handle(const deft_tensor *n, cudaStream_t st, int dev, cudnnHandle_t *h, void **ws) {
-    deft_status ws_status = deft_stream_workspace(dev, st, DEFT_WORKSPACE_CUDNN, ws);
+/* The current device's handle bound to `st`, and the stream's workspace (none for a new stream met in a capture,
+ * which then takes an algorithm that needs none); the caller holds the device's lock. */
+static deft_status deft_cudnn_handle(const deft_tensor *n, cudaStream_t st, int dev, cudnnHandle_t *h, void **ws,
+                                     size_t *ws_bytes) {
+    deft_status ws_status = deft_stream_workspace_sized(dev, st, DEFT_WORKSPACE_CUDNN, ws, ws_bytes);
     if (ws_status != DEFT_OK) return ws_status;
     cudnnStatus_t cs;
     if (!deft_cudnn_handles[dev]) {
@@ -132,13 +134,15 @@ static unsigned deft_conv_align(const void *p) {
 typedef struct deft_conv_ptrs {
     const deft_tensor *x, *w, *y;
     void *px, *pw, *py;
+    size_t ws_bytes;   /* the stream's scratch: DEFT_CUDNN_WORKSPACE_BYTES, or 0 for a new stream met in a capture */
 } deft_conv_ptrs;
 
 static deft_conv_ptrs deft_conv_operands(const deft_tensor *n, void *out, const void *const *in) {
     switch (n->op) {
-    case DEFT_OP_CONV2D: return deft_conv_ptrs{n->src[0], n->src[1], n, (void *)in[0], (void *)in[1], out};
-    case DEFT_OP_CONV2D_INPUT_GRAD: return deft_conv_ptrs{n, n->src[1], n->src[0], out, (void *)in[1], (void *)in[0]};
-    default: return deft_conv_ptrs{n->src[1], n, n->src[0], (void *)in[1], out, (void *)in[0]};
+    case DEFT_OP_CONV2D: return deft_conv_ptrs{n->src[0], n->src[1], n, (void *)in[0], (void *)in[1], out, 0};
+    case DEFT_OP_CONV2D_INPUT_GRAD:
+        return deft_conv_ptrs{n, n->src[1], n->src[0], out, (void *)in[1], (void *)in[0], 0};
+    default: return deft_conv_ptrs{n->src[1], n, n->src[0], (void *)in[1], out, (void *)in[0], 0};
     }
 }
 
@@ -230,7 +234,7 @@ template <class P> static int deft_conv_perfs(const P *r, int got, deft_conv_per
 /* The measured (find) or estimated algorithms of e's problem, best first. */
 static cudnnStatus_t deft_conv_rank(cudnnHandle_t h, deft_conv_entry *e, const deft_conv_ptrs &p, void *ws,
                                     bool find, deft_conv_perf *perf, int *got) {
-    const size_t wsb = DEFT_CUDNN_WORKSPACE_BYTES;
+    const size_t wsb = p.ws_bytes;
     cudnnStatus_t s;
     *got = 0;
     if (e->key.op == DEFT_OP_CONV2D) {
@@ -259,8 +263,8 @@ static cudnnStatus_t deft_conv_rank(cudnnHandle_t h, deft_conv_entry *e, const d
 
 /* Whether an algorithm may be used: it ran (or would run) and fits the workspace; strictly, it also reports the
  * math asked for (FMA_MATH, f32 without TF32, takes only FMA kernels; torch asserts the same of cuDNN's answers). */
-static bool deft_conv_usable(const deft_conv_entry *e, const deft_conv_perf &r, bool strict) {
-    if (r.status != CUDNN_STATUS_SUCCESS || r.memory > DEFT_CUDNN_WORKSPACE_BYTES) return false;
+static bool deft_conv_usable(const deft_conv_entry *e, const deft_conv_perf &r, size_t ws_bytes, bool strict) {
+    if (r.status != CUDNN_STATUS_SUCCESS || r.memory > ws_bytes) return false;
     return !strict || e->key.math != (int)CUDNN_FMA_MATH || r.math == CUDNN_FMA_MATH;
 }
 
@@ -276,7 +280,7 @@ static deft_status deft_conv_choose(const deft_tensor *n, cudnnHandle_t h, deft_
      * but leaves the descriptor at FMA_MATH, so it still runs without TF32. */
     for (int strict = 1; strict >= 0; strict--) {
         for (int i = 0; i < got; i++) {
-            if (!deft_conv_usable(e, perf[i], strict)) continue;
+            if (!deft_conv_usable(e, perf[i], p.ws_bytes, strict)) continue;
             /* the math type the algorithm was measured with is the one it must run with */
             const cudnnMathType_t math = strict ? perf[i].math : (cudnnMathType_t)e->key.math;
             s = cudnnSetConvolutionMathType(e->conv, math);
@@ -290,7 +294,7 @@ static deft_status deft_conv_choose(const deft_tensor *n, cudnnHandle_t h, deft_
     return deft_set_error(DEFT_ERR_RUNTIME, "cuda %s: cuDNN has no algorithm for %s %s x [%d, %d, %d, %d] with "
                           "%d x %d filters, %d groups, within its %zu MiB workspace%s", deft_op_name(n->op),
                           deft_dtype_name(n->dtype), k.nhwc ? "NHWC" : "NCHW", k.N, k.C, k.H, k.W, k.KH, k.KW, k.G,
-                          DEFT_CUDNN_WORKSPACE_BYTES >> 20,
+                          p.ws_bytes >> 20,
                           k.math == (int)CUDNN_FMA_MATH && n->dtype == DEFT_F32 ? " without TF32" : "");
 }
 
@@ -374,18 +378,20 @@ static deft_status deft_conv_entry_for(const deft_tensor *n, cudnnHandle_t h, co
     return DEFT_OK;
 }
 
-static deft_status deft_conv_run(const deft_tensor *n, const deft_conv_ptrs &p, cudaStream_t st, unsigned flags) {
+static deft_status deft_conv_run(const deft_tensor *n, deft_conv_ptrs p, cudaStream_t st, unsigned flags) {
     int dev = 0;
     deft_status s = deft_cudnn_device(n, &dev);
     if (s != DEFT_OK) return s;
     std::lock_guard<std::mutex> guard(deft_cudnn_locks[dev]);
     cudnnHandle_t h = NULL;
     void *ws = NULL;
-    s = deft_cudnn_handle(n, st, dev, &h, &ws);
+    s = deft_cudnn_handle(n, st, dev, &h, &ws, &p.ws_bytes);
     if (s != DEFT_OK) return s;
     deft_conv_key k;
     if ((s = deft_conv_key_of(n, p, dev, flags, &k)) != DEFT_OK) return s;
-    if (!deft_conv_find_cached(k) && (deft_conv_capturing(st) || deft_conv_caches[dev].size() >= DEFT_CONV_CACHE_MAX))
+    const deft_conv_entry *cached = deft_conv_find_cached(k);
+    if ((!cached && (deft_conv_capturing(st) || deft_conv_caches[dev].size() >= DEFT_CONV_CACHE_MAX)) ||
+        (cached && cached->ws_bytes > p.ws_bytes))
         return deft_conv_run_uncached(n, h, k, p, ws);
     deft_conv_entry *e = NULL;
     if ((s = deft_conv_entry_for(n, h, k, p, ws, &e)) != DEFT_OK) return s;

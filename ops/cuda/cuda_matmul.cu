@@ -52,7 +52,8 @@ static deft_status deft_cublas_handle(cudaStream_t st, cublasHandle_t *out) {
     deft_status ds = deft_matmul_device(&dev);
     if (ds != DEFT_OK) return ds;
     void *ws = NULL;
-    ds = deft_stream_workspace(dev, st, DEFT_WORKSPACE_CUBLAS, &ws);
+    size_t ws_bytes = 0;
+    ds = deft_stream_workspace_sized(dev, st, DEFT_WORKSPACE_CUBLAS, &ws, &ws_bytes);
     if (ds != DEFT_OK) return ds;
     cublasStatus_t s;
     if (!deft_cublas_handles[dev]) {
@@ -70,7 +71,7 @@ static deft_status deft_cublas_handle(cudaStream_t st, cublasHandle_t *out) {
     s = cublasSetStream(deft_cublas_handles[dev], st);
     if (s != CUBLAS_STATUS_SUCCESS) return deft_cublas_error("cublasSetStream", s);
     /* Setting the stream drops a user workspace, so it is set again after every stream change. */
-    s = cublasSetWorkspace(deft_cublas_handles[dev], ws, DEFT_CUBLAS_WORKSPACE_BYTES);
+    s = cublasSetWorkspace(deft_cublas_handles[dev], ws, ws_bytes);
     if (s != CUBLAS_STATUS_SUCCESS) return deft_cublas_error("cublasSetWorkspace", s);
     *out = deft_cublas_handles[dev];
     return DEFT_OK;

@@ -230,10 +230,12 @@ static deft_status deft_lt_run(deft_lt_call &c, cudaStream_t st, bool *done) {
     std::lock_guard<std::mutex> guard(deft_lt_lock);
     cublasLtHandle_t h = NULL;
     void *ws = NULL;
+    size_t ws_bytes = 0;
     if (capturing && !deft_lt_handles[c.key.dev]) return DEFT_OK;   /* creating one is no capture's business */
     if ((s = deft_lt_handle(c.key.dev, &h)) != DEFT_OK ||
-        (s = deft_stream_workspace(c.key.dev, st, DEFT_WORKSPACE_CUBLAS, &ws)) != DEFT_OK)
+        (s = deft_stream_workspace_sized(c.key.dev, st, DEFT_WORKSPACE_CUBLAS, &ws, &ws_bytes)) != DEFT_OK)
         return s;
+    if (ws_bytes < DEFT_CUBLAS_WORKSPACE_BYTES) return DEFT_OK;   /* a new stream met in a capture: the fallback */
     deft_lt_entry *e = deft_lt_entry_for(h, c.key, c.bias, capturing, &s);
     if (!e || !e->found) return s;
     cublasStatus_t cs = CUBLAS_STATUS_SUCCESS;

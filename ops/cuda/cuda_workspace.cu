@@ -67,6 +67,24 @@ deft_status deft_stream_workspace(int dev, void *stream, deft_workspace_kind kin
     return DEFT_OK;
 }
 
+deft_status deft_stream_workspace_sized(int dev, void *stream, deft_workspace_kind kind, void **out, size_t *bytes) {
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing((cudaStream_t)stream, &cs) != cudaSuccess) {
+        (void)cudaGetLastError();
+        cs = cudaStreamCaptureStatusActive;   /* a stream that cannot be asked is treated as capturing */
+    }
+    *out = NULL;
+    *bytes = 0;
+    if (cs != cudaStreamCaptureStatusNone) {
+        *out = deft_stream_workspace_existing(dev, stream, kind);
+        *bytes = *out ? deft_workspace_size[kind] : 0;
+        return DEFT_OK;
+    }
+    deft_status s = deft_stream_workspace(dev, stream, kind, out);
+    if (s == DEFT_OK) *bytes = deft_workspace_size[kind];
+    return s;
+}
+
 void *deft_stream_workspace_existing(int dev, void *stream, deft_workspace_kind kind) {
     std::lock_guard<std::mutex> guard(deft_scratch_lock);
     for (int i = 0; i < deft_n_scratch; i++)

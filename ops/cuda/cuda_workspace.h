@@ -27,6 +27,9 @@ typedef enum deft_workspace_kind {
 
 /* The scratch of `kind` for work queued on `stream` (a cudaStream_t; NULL for the legacy stream) of cuda:dev. */
 deft_status deft_stream_workspace(int dev, void *stream, deft_workspace_kind kind, void **out);
+/* As deft_stream_workspace, but a stream capturing into a CUDA Graph that has no scratch yet (never run eagerly)
+ * gets none, NULL and *bytes = 0, rather than an allocation no capture may make: the call then runs without. */
+deft_status deft_stream_workspace_sized(int dev, void *stream, deft_workspace_kind kind, void **out, size_t *bytes);
 /* The scratch if the stream already has it, else NULL: nothing is allocated (for use inside a stream capture). */
 void *deft_stream_workspace_existing(int dev, void *stream, deft_workspace_kind kind);
 /* Gives back the stream's scratch; the caller has waited for the stream's work. */
