@@ -4,9 +4,12 @@
  * chunks, and a mean far from zero so that a variance from unshifted sums would cancel), many channels, a 2-d
  * input, both layouts. Batch norm runs three times per program (eager, captured, replayed), so the running
  * statistics are checked against the textbook update after three steps and a launch that left a count behind would
- * show. Halves run with f32 statistics and parameters and are compared with the CPU's f32 result. Max pooling is
- * checked exactly, on inputs full of ties (and a NaN). Skips (exit 77) where no GPU works; DEFT_TEST_GPU_AS_CPU=1
- * runs it with the CPU in the GPU's place. */
+ * show; the GPU's outputs after the replay must equal those of the first (eager) run bit for bit. Halves run with
+ * f32 statistics and parameters and are compared with the CPU's f32 result. ResNet-18's NHWC shapes (128 to 8192
+ * rows of 64 to 512 channels, and its max pool's [128, 16, 16, 64]) run in f32, f16 and bf16, through the row
+ * walk's vector loads and its scalar path. Max pooling is checked exactly against the plain kernels, on inputs
+ * full of ties (and a NaN). Skips (exit 77) where no GPU works; DEFT_TEST_GPU_AS_CPU=1 runs it with the CPU in the
+ * GPU's place. */
 #define _POSIX_C_SOURCE 200112L /* setenv */
 #include <stdlib.h>
 
@@ -108,8 +111,20 @@ static void bn_data_free(bn_data *d) {
 
 static void bn_out_free(bn_out *o) { free(o->y), free(o->dx), free(o->dw), free(o->db), free(o->rm), free(o->rv); }
 
+/* The GPU's outputs of the replay against those of the first, eager, run: the sums are added in a fixed order. */
+static void bn_check_replay(const char *name, deft_program *p, deft_tensor *const *outs, double *const *first) {
+    static const char *const what[4] = {"y", "dx", "dweight", "dbias"};
+    for (int i = 0; i < 4; i++) {
+        double *last = read_out(p, outs[i]);
+        char label[96];
+        snprintf(label, sizeof label, "%s (replay vs eager, exactly)", what[i]);
+        compare(name, label, last, first[i], deft_tensor_numel(outs[i]), 0.0);
+        free(last);
+    }
+}
+
 /* Trains (or evaluates) BN_RUNS times on dev; the CPU runs halves in f32. */
-static bn_out bn_run(deft_device dev, const bn_case *k, const bn_data *d) {
+static bn_out bn_run(const char *name, deft_device dev, const bn_case *k, const bn_data *d) {
     bn_out r = {0};
     const deft_dtype dt = dev.type == DEFT_CPU && is_half(k->dt) ? DEFT_F32 : k->dt;
     const deft_dtype pdt = is_half(dt) ? DEFT_F32 : dt;
@@ -131,10 +146,14 @@ static bn_out bn_run(deft_device dev, const bn_case *k, const bn_data *d) {
     deft_program *p = y ? deft_compile(g, outs, 4, NULL) : NULL;
     CHECK_MSG(p != NULL, "compile: %s", deft_errmsg());
     int ok = p != NULL;
+    double *first[4] = {0};
     for (int run = 0; ok && run < BN_RUNS; run++) {
         ok = deft_program_run(p) == DEFT_OK;
         CHECK_MSG(ok, "batch norm run %d failed: %s", run, deft_errmsg());
+        for (int i = 0; ok && run == 0 && dev.type != DEFT_CPU && i < 4; i++) first[i] = read_out(p, outs[i]);
     }
+    if (ok && dev.type != DEFT_CPU) bn_check_replay(name, p, outs, first);
+    for (int i = 0; i < 4; i++) free(first[i]);
     if (ok) {
         r.y = read_out(p, y), r.dx = read_out(p, outs[1]), r.dw = read_out(p, outs[2]), r.db = read_out(p, outs[3]);
         r.rm = param_values(rm), r.rv = param_values(rv);
@@ -175,11 +194,11 @@ static void bn_check(const bn_case *k) {
     char name[200], s[64];
     snprintf(name, sizeof name, "batch_norm %s %s %s x%s in [%g, %g)", k->eval ? "eval" : "train", dt_names[k->dt],
              k->layout == DEFT_NHWC ? "NHWC" : "NCHW", ref_shape_str(k->ndim, k->shape, s, sizeof s), k->lo, k->hi);
-    bn_out cpu = bn_run(CPU, k, &d);
+    bn_out cpu = bn_run(name, CPU, k, &d);
     use_reference(0);
-    bn_out fast = bn_run(GPU, k, &d);
+    bn_out fast = bn_run(name, GPU, k, &d);
     use_reference(1);
-    bn_out plain = bn_run(GPU, k, &d);
+    bn_out plain = bn_run(name, GPU, k, &d);
     use_reference(0);
     const double tol = bn_tol(k->dt), ptol = is_half(k->dt) ? 1e-5 : bn_tol(k->dt);
     const double *want[6] = {cpu.y, cpu.dx, cpu.dw, cpu.db, cpu.rm, cpu.rv};
@@ -225,8 +244,21 @@ static void test_batch_norm(void) {
         {4, {16, 8, 8, 64}, NHWC, DEFT_BF16, -2, 3, 0},
         {4, {5, 37, 6, 6}, NCHW, DEFT_F16, -2, 3, 0},
         {4, {5, 6, 6, 37}, NHWC, DEFT_F16, -2, 3, 1},
+        {4, {32, 4, 4, 72}, NHWC, DEFT_F32, -2, 3, 0},       /* vector loads, the last column part empty */
+        {4, {32, 4, 4, 70}, NHWC, DEFT_F64, -2, 3, 0},       /* f64 in pairs */
+        {4, {128, 8, 8, 36}, NHWC, DEFT_BF16, -2, 3, 0},     /* 36 halves: the scalar path, many rows */
+        {4, {128, 8, 8, 64}, NHWC, DEFT_F32, 100, 101, 0},   /* many chunks, a mean far from zero */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) bn_check(&cases[i]);
+    /* ResNet-18's batch norms in NHWC at batch 128 (CIFAR): 8192 rows of 64 channels to 128 rows of 512 */
+    static const int64_t resnet[4][4] = {{128, 8, 8, 64}, {128, 4, 4, 128}, {128, 2, 2, 256}, {128, 1, 1, 512}};
+    static const deft_dtype dts[3] = {DEFT_F32, DEFT_F16, DEFT_BF16};
+    for (int d = 0; d < 3; d++) {
+        for (int i = 0; i < 4; i++) {
+            const bn_case k = {4, {resnet[i][0], resnet[i][1], resnet[i][2], resnet[i][3]}, NHWC, dts[d], -2, 3, 0};
+            bn_check(&k);
+        }
+    }
 }
 
 /* ---------------------------------------------------------------- pooling */
@@ -234,6 +266,7 @@ typedef struct pool_case {
     int kind;   /* 0: max, 1: avg, 2: adaptive avg */
     int64_t n, c, h, w, kh, kw, sh, sw, ph, pw;   /* adaptive: kh, kw are the output size */
     int nhwc, ties;   /* ties 0: random; 1: every value equal; 2: three values, -inf among them, and a NaN */
+    deft_dtype dt;    /* the GPU's; the CPU runs halves in f32 */
 } pool_case;
 
 typedef struct pool_out {
@@ -243,9 +276,10 @@ typedef struct pool_out {
 static pool_out pool_run(deft_device dev, const pool_case *k, const ref_tensor *x, const ref_tensor *dy) {
     pool_out r = {0};
     const deft_layout layout = k->nhwc ? DEFT_NHWC : DEFT_NCHW;
+    const deft_dtype dt = dev.type == DEFT_CPU ? DEFT_F32 : k->dt;
     deft_graph *g = deft_graph_new();
-    deft_tensor *xp = param_from(g, "x", x->v, 4, x->shape, dev, DEFT_F32);
-    deft_tensor *dyp = param_from(g, "dy", dy->v, 4, dy->shape, dev, DEFT_F32);
+    deft_tensor *xp = param_from(g, "x", x->v, 4, x->shape, dev, dt);
+    deft_tensor *dyp = param_from(g, "dy", dy->v, 4, dy->shape, dev, dt);
     CHECK_OK(deft_param_set_requires_grad(dyp, 0));
     const deft_pool2d_options o = {.kernel = {k->kh, k->kw}, .stride = {k->sh, k->sw}, .padding = {k->ph, k->pw},
                                    .layout = layout};
@@ -271,7 +305,7 @@ static void pool_check(const pool_case *k) {
     const int64_t ow = k->kind == 2 ? k->kw : (k->w + 2 * k->pw - k->kw) / k->sw + 1;
     const int64_t xs[4] = {k->n, k->nhwc ? k->h : k->c, k->nhwc ? k->w : k->h, k->nhwc ? k->c : k->w};
     const int64_t ys[4] = {k->n, k->nhwc ? oh : k->c, k->nhwc ? ow : oh, k->nhwc ? k->c : ow};
-    ref_tensor x = ref_random(&rng, DEFT_F32, 4, xs, -1.0, 1.0), dy = ref_random(&rng, DEFT_F32, 4, ys, -1.0, 1.0);
+    ref_tensor x = ref_random(&rng, k->dt, 4, xs, -1.0, 1.0), dy = ref_random(&rng, k->dt, 4, ys, -1.0, 1.0);
     for (int64_t i = 0; k->ties && i < x.n; i++) {
         const double v = k->ties == 1 ? 0.25 : (double)(ref_next(&rng) % 3) - 1.0;
         ref_set(&x, i, k->ties == 2 && v < 0 ? -INFINITY : v);
@@ -279,17 +313,18 @@ static void pool_check(const pool_case *k) {
     if (k->ties == 2) ref_set(&x, x.n / 2, NAN);
     static const char *const kinds[] = {"max_pool2d", "avg_pool2d", "adaptive_avg_pool2d"};
     char name[200];
-    snprintf(name, sizeof name, "%s %s x[%lld,%lld,%lld,%lld] k%lldx%lld s%lld p%lld ties %d", kinds[k->kind],
-             k->nhwc ? "NHWC" : "NCHW", (long long)k->n, (long long)k->c, (long long)k->h, (long long)k->w,
-             (long long)k->kh, (long long)k->kw, (long long)k->sh, (long long)k->ph, k->ties);
+    snprintf(name, sizeof name, "%s %s %s x[%lld,%lld,%lld,%lld] k%lldx%lld s%lld p%lld ties %d", kinds[k->kind],
+             dt_names[k->dt], k->nhwc ? "NHWC" : "NCHW", (long long)k->n, (long long)k->c, (long long)k->h,
+             (long long)k->w, (long long)k->kh, (long long)k->kw, (long long)k->sh, (long long)k->ph, k->ties);
     pool_out cpu = pool_run(CPU, k, &x, &dy);
     use_reference(0);
     pool_out fast = pool_run(GPU, k, &x, &dy);
     use_reference(1);
     pool_out plain = pool_run(GPU, k, &x, &dy);
     use_reference(0);
-    const double tol = k->kind == 0 ? 0.0 : 1e-6;   /* max pooling picks values and adds in the CPU's order */
-    compare(name, "y (fast vs cpu)", fast.y, cpu.y, dy.n, tol);
+    /* max pooling picks values and adds in the CPU's order; halves round the sums the CPU keeps in f32 */
+    const double tol = is_half(k->dt) ? ref_tol(k->dt) : k->kind == 0 ? 0.0 : 1e-6;
+    compare(name, "y (fast vs cpu)", fast.y, cpu.y, dy.n, k->kind == 0 ? 0.0 : tol);
     compare(name, "dx (fast vs cpu)", fast.dx, cpu.dx, x.n, tol);
     compare(name, "y (fast vs plain)", fast.y, plain.y, dy.n, 0.0);
     compare(name, "dx (fast vs plain)", fast.dx, plain.dx, x.n, 0.0);
@@ -299,22 +334,33 @@ static void pool_check(const pool_case *k) {
 
 static void test_pool(void) {
     const pool_case cases[] = {
-        {0, 4, 64, 16, 16, 3, 3, 2, 2, 1, 1, 0, 0},   /* ResNet's max pool */
-        {0, 4, 64, 16, 16, 3, 3, 2, 2, 1, 1, 1, 0},
-        {0, 2, 5, 16, 16, 3, 3, 2, 2, 1, 1, 0, 1},    /* all equal: each window's first element */
-        {0, 2, 5, 16, 16, 3, 3, 2, 2, 1, 1, 1, 1},
-        {0, 3, 7, 13, 11, 3, 3, 2, 2, 1, 1, 0, 2},    /* -inf, ties and a NaN */
-        {0, 3, 7, 13, 11, 3, 3, 2, 2, 1, 1, 1, 2},
-        {0, 2, 3, 9, 8, 2, 2, 2, 2, 0, 0, 0, 2},
-        {0, 1, 4, 7, 9, 3, 2, 1, 1, 1, 0, 1, 2},      /* stride 1: every input in many windows */
-        {1, 2, 6, 11, 9, 3, 3, 1, 1, 1, 1, 0, 0},
-        {1, 2, 6, 11, 9, 3, 3, 2, 2, 1, 1, 1, 0},
-        {2, 8, 512, 4, 4, 1, 1, 0, 0, 0, 0, 0, 0},    /* ResNet's global average, CIFAR's size */
-        {2, 8, 512, 4, 4, 1, 1, 0, 0, 0, 0, 1, 0},
-        {2, 2, 5, 7, 7, 3, 3, 0, 0, 0, 0, 0, 0},      /* uneven windows */
-        {2, 2, 5, 3, 3, 4, 5, 0, 0, 0, 0, 1, 0},      /* more outputs than inputs */
+        {0, 4, 64, 16, 16, 3, 3, 2, 2, 1, 1, 0, 0, DEFT_F32},   /* ResNet's max pool */
+        {0, 4, 64, 16, 16, 3, 3, 2, 2, 1, 1, 1, 0, DEFT_F32},
+        {0, 2, 5, 16, 16, 3, 3, 2, 2, 1, 1, 0, 1, DEFT_F32},    /* all equal: each window's first element */
+        {0, 2, 5, 16, 16, 3, 3, 2, 2, 1, 1, 1, 1, DEFT_F32},
+        {0, 3, 7, 13, 11, 3, 3, 2, 2, 1, 1, 0, 2, DEFT_F32},    /* -inf, ties and a NaN */
+        {0, 3, 7, 13, 11, 3, 3, 2, 2, 1, 1, 1, 2, DEFT_F32},
+        {0, 2, 3, 9, 8, 2, 2, 2, 2, 0, 0, 0, 2, DEFT_F32},
+        {0, 1, 4, 7, 9, 3, 2, 1, 1, 1, 0, 1, 2, DEFT_F32},      /* stride 1: every input in many windows */
+        {1, 2, 6, 11, 9, 3, 3, 1, 1, 1, 1, 0, 0, DEFT_F32},
+        {1, 2, 6, 11, 9, 3, 3, 2, 2, 1, 1, 1, 0, DEFT_F32},
+        {2, 8, 512, 4, 4, 1, 1, 0, 0, 0, 0, 0, 0, DEFT_F32},    /* ResNet's global average, CIFAR's size */
+        {2, 8, 512, 4, 4, 1, 1, 0, 0, 0, 0, 1, 0, DEFT_F32},
+        {2, 2, 5, 7, 7, 3, 3, 0, 0, 0, 0, 0, 0, DEFT_F32},      /* uneven windows */
+        {2, 2, 5, 3, 3, 4, 5, 0, 0, 0, 0, 1, 0, DEFT_F32},      /* more outputs than inputs */
+        {0, 2, 6, 9, 8, 3, 3, 2, 2, 1, 1, 1, 2, DEFT_F32},      /* NHWC, C not a multiple of 4 */
+        {0, 2, 12, 9, 8, 3, 3, 2, 2, 1, 1, 1, 2, DEFT_F16},   /* 12 halves: one channel per thread */
+        {0, 1, 8, 7, 9, 3, 2, 1, 1, 1, 0, 1, 2, DEFT_BF16},   /* stride 1, 8 halves per thread */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) pool_check(&cases[i]);
+    /* ResNet-18's max pool at batch 128 (CIFAR, NHWC): [128, 16, 16, 64] to [128, 8, 8, 64] */
+    static const deft_dtype dts[3] = {DEFT_F32, DEFT_F16, DEFT_BF16};
+    for (int d = 0; d < 3; d++) {
+        for (int ties = 0; ties < 3; ties++) {
+            const pool_case k = {0, 128, 64, 16, 16, 3, 3, 2, 2, 1, 1, 1, ties, dts[d]};
+            pool_check(&k);
+        }
+    }
 }
 
 int main(void) {

@@ -3,11 +3,14 @@
  *
  * The two per-channel reductions (the statistics: sums of x - K and (x - K)^2, shifted by the channel's first
  * element K so that the variance does not cancel; the gradient sums: of dy and dy (x - mean)) run over a grid of
- * channel x chunk: each block sums its chunk (threads accumulate in the compute type, the block in double), writes a
- * partial, and the last block of a channel to finish (an atomic count) adds the partials in chunk order, in double,
- * and writes the channel's results, so the result does not depend on which block ran last. NCHW walks each
- * channel's planes; NHWC (and any input whose channel is its innermost axis) walks whole rows, a warp over 32
- * neighbouring channels, so every load is coalesced. The elementwise passes (y, dx) read per-channel values and
+ * column x chunk: each block sums its chunk (threads accumulate in the compute type, the block in double), writes a
+ * partial per channel, and the last block of a column to finish (an atomic count) adds the partials in a fixed
+ * order, in double, and writes the channels' results, so the result does not depend on which block ran last. NCHW
+ * walks each channel's planes (a column is a channel; one thread adds the partials in chunk order). NHWC (and any
+ * input whose channel is its innermost axis) walks rows: a column is 64 bytes of neighbouring channels, read 16
+ * bytes per thread where the channels allow, the grid sized to fill the GPU, and every thread of the last block
+ * takes part in the finish (a tree in shared memory), as ResNet's small NHWC tensors (128 to 8192 rows of 64 to 512
+ * channels) need many blocks and so many partials. The elementwise passes (y, dx) read per-channel values and
  * compute in float (double for f64).
  *
  * The partials and counts live in the stream's workspace (cuda_workspace.cu), taken outside a capture; the last
@@ -15,12 +18,13 @@
 #include "cuda_block_reduce.cuh"
 #include "cuda_norm.cuh"
 
-#define DEFT_BN_COUNTERS DEFT_NORM_COUNTERS        /* columns (channels, or groups of 32 in the row walk) */
+#define DEFT_BN_COUNTERS DEFT_NORM_COUNTERS        /* columns (channels, or 64 bytes of channels in the row walk) */
 #define DEFT_BN_PARTIALS DEFT_NORM_PARTIALS        /* double2 partials: channels x chunks */
 static_assert(sizeof(unsigned) == 4 && sizeof(double2) == 16, "DEFT_NORM_WORKSPACE_BYTES counts 4- and 16-byte items");
 #define DEFT_BN_PLANE_CHUNK 4096                   /* elements of a channel per block in the plane walk */
-#define DEFT_BN_ROW_CHUNK 256                      /* rows per block in the row walk */
-#define DEFT_BN_ROW_WARPS 8                        /* the row walk's block: 32 channels x 8 rows */
+#define DEFT_BN_ROW_THREADS 256                    /* the row walk's block: channel groups x rows */
+#define DEFT_BN_ROW_BYTES 64                       /* of a row per block: two 32-byte sectors */
+#define DEFT_BN_ROW_BLOCKS_PER_SM 4                /* the row walk's grid: enough blocks to keep every SM busy */
 
 /* The stream's workspace (cuda_workspace.cu: its counts zeroed when first taken); *have = false (nothing allocated)
  * when the stream has none yet and is capturing, where allocating and zeroing are not allowed, or when memory is
@@ -49,8 +53,23 @@ static deft_status deft_bn_workspace(const deft_tensor *n, cudaStream_t st, void
 
 /* ---- what is summed per channel, and what the last block does with the sums ---- */
 
+/* V consecutive elements, moved by one load of V sizeof(T) bytes (up to 16) where the caller checked alignment. */
+template <class T, int V> struct alignas(V * sizeof(T)) deft_bn_vec {
+    T e[V];
+};
+
+template <class T, int V>
+__device__ __forceinline__ void deft_bn_load(const T *p, typename deft_ty<T>::C (&out)[V]) {
+    const deft_bn_vec<T, V> v = *reinterpret_cast<const deft_bn_vec<T, V> *>(p);
+#pragma unroll
+    for (int i = 0; i < V; i++) out[i] = deft_ty<T>::load(v.e[i]);
+}
+
+static bool deft_bn_aligned(const void *p, size_t bytes) { return (uintptr_t)p % bytes == 0; }
+
 /* The statistics: sums of d = x - K and d^2, K the channel's first element. rm, rv NULL: no running update. */
 template <class T, class P> struct deft_bn_stats_term {
+    typedef T E;
     typedef typename deft_ty<T>::C A;
     const T *x;
     P *stats, *rm, *rv;
@@ -61,6 +80,18 @@ template <class T, class P> struct deft_bn_stats_term {
         a += d;
         b += d * d;
     }
+    /* Row walk: V channels of one row at off. */
+    template <int V> __device__ void add_vec(int64_t off, const A (&k)[V], A (&a)[V], A (&b)[V]) const {
+        A v[V];
+        deft_bn_load<T, V>(x + off, v);
+#pragma unroll
+        for (int i = 0; i < V; i++) {
+            const A d = v[i] - k[i];
+            a[i] += d;
+            b[i] += d * d;
+        }
+    }
+    bool aligned(size_t bytes) const { return deft_bn_aligned(x, bytes); }
     __device__ void finish(const deft_bn_geom &g, int64_t c, double sa, double sb) const {
         const double m = (double)(g.N * g.S), shifted = sa / m;
         double var = sb / m - shifted * shifted;
@@ -76,6 +107,7 @@ template <class T, class P> struct deft_bn_stats_term {
 
 /* The gradient sums: of dy, and of dy (x - mean), which times invstd is the sum of dy xhat. */
 template <class T, class P> struct deft_bn_grad_term {
+    typedef T E;
     typedef typename deft_ty<T>::C A;
     const T *dy, *x;
     const P *stats;
@@ -86,6 +118,17 @@ template <class T, class P> struct deft_bn_grad_term {
         a += d;
         b += d * (deft_ty<T>::load(x[off]) - mean);
     }
+    template <int V> __device__ void add_vec(int64_t off, const A (&mean)[V], A (&a)[V], A (&b)[V]) const {
+        A d[V], v[V];
+        deft_bn_load<T, V>(dy + off, d);
+        deft_bn_load<T, V>(x + off, v);
+#pragma unroll
+        for (int i = 0; i < V; i++) {
+            a[i] += d[i];
+            b[i] += d[i] * (v[i] - mean[i]);
+        }
+    }
+    bool aligned(size_t bytes) const { return deft_bn_aligned(dy, bytes) && deft_bn_aligned(x, bytes); }
     __device__ void finish(const deft_bn_geom &g, int64_t c, double sa, double sb) const {
         sums[c] = deft_ty<P>::from_f64(sa);
         sums[g.C + c] = deft_ty<P>::from_f64(sb * (double)deft_ty<P>::load(stats[g.C + c]));
@@ -142,62 +185,164 @@ __global__ void deft_bn_plane_sums_kernel(deft_bn_geom g, Term t, int64_t per, d
     t.finish(g, c, s.x, s.y);
 }
 
-/* The channel innermost (S == 1, sN = C): grid (chunks, ceil(C / 32)), blocks 32 x DEFT_BN_ROW_WARPS; thread
- * (tx, ty) sums channel 32 blockIdx.y + tx over rows ty, ty + 8, ... of the block's chunk of `per` rows. */
-template <class Term>
-__global__ void deft_bn_row_sums_kernel(deft_bn_geom g, Term t, int64_t per, double2 *part, unsigned *count) {
-    typedef typename Term::A A;
-    __shared__ double sh[2][DEFT_BN_ROW_WARPS][33];
-    const int64_t c = (int64_t)blockIdx.y * 32 + threadIdx.x, r0 = (int64_t)blockIdx.x * per;
-    const int64_t r1 = r0 + per < g.N ? r0 + per : g.N;
-    A a = 0, b = 0;
+/* The channel innermost (S == 1, sN = C): the row walk. Each block covers W = DEFT_BN_ROW_BYTES / sizeof(T)
+ * neighbouring channels (a column; grid.y) over a chunk of `per` rows (grid.x). Its threads are BX = W / V groups of
+ * V channels (one vector load each) by BY = THREADS / BX rows, so a warp reads 32 / BX rows of 64 bytes. The block
+ * adds its threads' sums in double: shuffles over the rows a warp holds, then the warps in order. */
+template <class Term, int V> struct deft_bn_row_shape {
+    static constexpr int W = DEFT_BN_ROW_BYTES / (int)sizeof(typename Term::E);
+    static constexpr int BX = W / V, BY = DEFT_BN_ROW_THREADS / BX, WARPS = DEFT_BN_ROW_THREADS / 32;
+    static_assert(W % V == 0 && 32 % BX == 0 && WARPS * W <= DEFT_BN_ROW_THREADS, "the row walk's block shape");
+};
+
+/* The last block of a column adds the chunk partials of its W channels with all its threads: thread (s, j) adds
+ * chunks s, s + S, ... of channel c0 + j in order, then a tree over s in shared memory, so the order is fixed. */
+template <class Term, int W>
+__device__ void deft_bn_row_finish(const deft_bn_geom &g, const Term &t, const double2 *part, unsigned chunks,
+                                   int64_t c0, double (&sh)[2][DEFT_BN_ROW_THREADS]) {
+    constexpr int S = DEFT_BN_ROW_THREADS / W;
+    static_assert((S & (S - 1)) == 0, "the finish's tree halves S");
+    const int tid = threadIdx.x, j = tid % W, s = tid / W;
+    const int64_t c = c0 + j;
+    double sa = 0.0, sb = 0.0;
     if (c < g.C) {
-        const A k = t.context(g, c);
-        for (int64_t r = r0 + threadIdx.y; r < r1; r += DEFT_BN_ROW_WARPS) t.add(r * g.sN + c, k, a, b);
+#pragma unroll 4
+        for (unsigned k = s; k < chunks; k += S) {
+            const double2 v = __ldcg(part + (int64_t)k * g.C + c);
+            sa += v.x, sb += v.y;
+        }
     }
-    sh[0][threadIdx.y][threadIdx.x] = (double)a;
-    sh[1][threadIdx.y][threadIdx.x] = (double)b;
+    sh[0][tid] = sa, sh[1][tid] = sb;
     __syncthreads();
-    if (threadIdx.y == 0 && c < g.C) {
+    for (int half = S / 2; half > 0; half >>= 1) {
+        if (s < half) sh[0][tid] += sh[0][tid + half * W], sh[1][tid] += sh[1][tid + half * W];
+        __syncthreads();
+    }
+    if (s == 0 && c < g.C) t.finish(g, c, sh[0][j], sh[1][j]);
+}
+
+/* part[chunk C + c]: the chunk's partial of channel c (the finish reads a chunk's channels side by side). */
+template <class Term, int V>
+__global__ void __launch_bounds__(DEFT_BN_ROW_THREADS)
+    deft_bn_row_sums_kernel(deft_bn_geom g, Term t, int64_t per, double2 *part, unsigned *count) {
+    typedef typename Term::A A;
+    typedef deft_bn_row_shape<Term, V> B;
+    __shared__ double sh[2][DEFT_BN_ROW_THREADS];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, tx = tid % B::BX, ty = tid / B::BX;
+    const int64_t c0 = (int64_t)blockIdx.y * B::W, c = c0 + (int64_t)tx * V, r0 = (int64_t)blockIdx.x * per;
+    const int64_t r1 = r0 + per < g.N ? r0 + per : g.N;
+    A a[V], b[V];
+#pragma unroll
+    for (int i = 0; i < V; i++) a[i] = 0, b[i] = 0;
+    if (c < g.C) {   /* V > 1 only where V divides C: the whole group is in range */
+        A k[V];
+#pragma unroll
+        for (int i = 0; i < V; i++) k[i] = t.context(g, c + i);
+#pragma unroll 4
+        for (int64_t r = r0 + ty; r < r1; r += B::BY) t.template add_vec<V>(r * g.sN + c, k, a, b);
+    }
+    double da[V], db[V];
+#pragma unroll
+    for (int i = 0; i < V; i++) {
+        da[i] = (double)a[i], db[i] = (double)b[i];
+        for (int off = 16; off >= B::BX; off >>= 1) {   /* lane and lane + off hold the same channels */
+            da[i] += __shfl_down_sync(0xffffffffu, da[i], off);
+            db[i] += __shfl_down_sync(0xffffffffu, db[i], off);
+        }
+        if (lane < B::BX) sh[0][warp * B::W + lane * V + i] = da[i], sh[1][warp * B::W + lane * V + i] = db[i];
+    }
+    __syncthreads();
+    if (tid < B::W && c0 + tid < g.C) {
         double sa = 0.0, sb = 0.0;
-        for (int w = 0; w < DEFT_BN_ROW_WARPS; w++) sa += sh[0][w][threadIdx.x], sb += sh[1][w][threadIdx.x];
-        part[c * gridDim.x + blockIdx.x] = make_double2(sa, sb);
+        for (int w = 0; w < B::WARPS; w++) sa += sh[0][w * B::W + tid], sb += sh[1][w * B::W + tid];
+        part[(int64_t)blockIdx.x * g.C + c0 + tid] = make_double2(sa, sb);
         __threadfence();
     }
-    if (!deft_bn_last_of_column(count + blockIdx.y, gridDim.x) || threadIdx.y != 0 || c >= g.C) return;
-    const double2 s = deft_bn_gather(part, c, gridDim.x);
-    t.finish(g, c, s.x, s.y);
+    if (!deft_bn_last_of_column(count + blockIdx.y, gridDim.x)) return;
+    deft_bn_row_finish<Term, B::W>(g, t, part, gridDim.x, c0, sh);
 }
 
 static int64_t deft_ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-/* Runs the sums of `t` over every channel and its finish; *done = false (nothing ran) where the workspace is not
- * to be had or the shape needs more partials or counts than it holds. */
-template <class Term> static deft_status deft_bn_column_sums(const deft_tensor *n, const deft_bn_geom &g, Term t,
-                                                             cudaStream_t st, bool *done) {
-    *done = false;
-    const bool rows = g.S == 1;
-    const int64_t columns = rows ? deft_ceil_div(g.C, 32) : g.C, len = rows ? g.N : g.N * g.S;
-    int64_t chunks = deft_ceil_div(len, rows ? DEFT_BN_ROW_CHUNK : DEFT_BN_PLANE_CHUNK);
+/* The workspace's arrival counts and partials; *have = false where there is none to be had (nothing may run). */
+static deft_status deft_bn_scratch(const deft_tensor *n, cudaStream_t st, unsigned **count, double2 **part,
+                                   bool *have) {
+    void *ws = NULL;
+    const deft_status s = deft_bn_workspace(n, st, &ws, have);
+    if (s != DEFT_OK || !*have) return s;
+    *count = (unsigned *)ws;
+    *part = (double2 *)((char *)ws + (size_t)DEFT_BN_COUNTERS * sizeof(unsigned));
+    return DEFT_OK;
+}
+
+/* NCHW with S > 1: one column per channel, chunks of DEFT_BN_PLANE_CHUNK elements. */
+template <class Term> static deft_status deft_bn_plane_sums(const deft_tensor *n, const deft_bn_geom &g, Term t,
+                                                            cudaStream_t st, bool *done) {
+    const int64_t len = g.N * g.S;
+    int64_t chunks = deft_ceil_div(len, DEFT_BN_PLANE_CHUNK);
     if (chunks > DEFT_BN_PARTIALS / g.C) chunks = DEFT_BN_PARTIALS / g.C;
-    if (chunks < 1 || columns > DEFT_BN_COUNTERS || columns > DEFT_CUDA_MAX_BLOCKS) return DEFT_OK;
+    if (chunks < 1 || g.C > DEFT_BN_COUNTERS || g.C > DEFT_CUDA_MAX_BLOCKS) return DEFT_OK;
     const int64_t per = deft_ceil_div(len, chunks);
     chunks = deft_ceil_div(len, per);   /* no empty chunk */
-    void *ws = NULL;
+    unsigned *count = NULL;
+    double2 *part = NULL;
     bool have = false;
-    const deft_status s = deft_bn_workspace(n, st, &ws, &have);
+    const deft_status s = deft_bn_scratch(n, st, &count, &part, &have);
     if (s != DEFT_OK || !have) return s;
-    unsigned *count = (unsigned *)ws;
-    double2 *part = (double2 *)((char *)ws + (size_t)DEFT_BN_COUNTERS * sizeof(unsigned));
-    const dim3 grid((unsigned)chunks, (unsigned)columns);
-    if (rows) {
-        deft_bn_row_sums_kernel<Term><<<grid, dim3(32, DEFT_BN_ROW_WARPS), 0, st>>>(g, t, per, part, count);
-    } else {
-        deft_bn_plane_sums_kernel<Term><<<grid, deft_reduce_threads(per), 0, st>>>(g, t, per, part, count,
-                                                                                   deft_bn_small(g));
-    }
+    deft_bn_plane_sums_kernel<Term><<<dim3((unsigned)chunks, (unsigned)g.C), deft_reduce_threads(per), 0, st>>>(
+        g, t, per, part, count, deft_bn_small(g));
     *done = true;
-    return deft_cuda_check_launch(n, rows ? "batch norm row sums" : "batch norm plane sums");
+    return deft_cuda_check_launch(n, "batch norm plane sums");
+}
+
+/* The current device's SMs: the row walk sizes its grid to fill them. */
+static deft_status deft_bn_sm_count(const deft_tensor *n, int *sms) {
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, dev);
+    if (e == cudaSuccess) return DEFT_OK;
+    (void)cudaGetLastError();
+    return deft_set_error(DEFT_ERR_RUNTIME, "cuda %s: batch norm: multiprocessor count: %s", deft_op_name(n->op),
+                          cudaGetErrorString(e));
+}
+
+/* The row walk with V channels per load. Chunks: as many as fill DEFT_BN_ROW_BLOCKS_PER_SM blocks per SM, but at
+ * least one row per thread, and no more partials than the workspace holds. The same device and shape always get
+ * the same chunks, so the sums are added in the same order on every run. */
+template <class Term, int V> static deft_status deft_bn_row_launch(const deft_tensor *n, const deft_bn_geom &g,
+                                                                   Term t, cudaStream_t st, bool *done) {
+    typedef deft_bn_row_shape<Term, V> B;
+    const int64_t columns = deft_ceil_div(g.C, B::W);
+    int sms = 0;
+    deft_status s = deft_bn_sm_count(n, &sms);
+    if (s != DEFT_OK) return s;
+    int64_t chunks = deft_ceil_div((int64_t)sms * DEFT_BN_ROW_BLOCKS_PER_SM, columns);
+    if (chunks > deft_ceil_div(g.N, B::BY)) chunks = deft_ceil_div(g.N, B::BY);
+    if (chunks > DEFT_BN_PARTIALS / g.C) chunks = DEFT_BN_PARTIALS / g.C;
+    if (chunks < 1 || columns > DEFT_BN_COUNTERS || columns > DEFT_CUDA_MAX_BLOCKS) return DEFT_OK;
+    const int64_t per = deft_ceil_div(g.N, chunks);
+    chunks = deft_ceil_div(g.N, per);   /* no empty chunk */
+    unsigned *count = NULL;
+    double2 *part = NULL;
+    bool have = false;
+    s = deft_bn_scratch(n, st, &count, &part, &have);
+    if (s != DEFT_OK || !have) return s;
+    deft_bn_row_sums_kernel<Term, V><<<dim3((unsigned)chunks, (unsigned)columns), DEFT_BN_ROW_THREADS, 0, st>>>(
+        g, t, per, part, count);
+    *done = true;
+    return deft_cuda_check_launch(n, "batch norm row sums");
+}
+
+/* Runs the sums of `t` over every channel and its finish; *done = false (nothing ran) where the workspace is not
+ * to be had or the shape needs more partials or counts than it holds. The row walk loads 16 bytes of channels at a
+ * time where the channels divide into them and the data is aligned, one element otherwise. */
+template <class Term> static deft_status deft_bn_column_sums(const deft_tensor *n, const deft_bn_geom &g, Term t,
+                                                             cudaStream_t st, bool *done) {
+    constexpr int V = 16 / (int)sizeof(typename Term::E);
+    *done = false;
+    if (g.S != 1) return deft_bn_plane_sums(n, g, t, st, done);
+    if (g.C % V == 0 && t.aligned(16)) return deft_bn_row_launch<Term, V>(n, g, t, st, done);
+    return deft_bn_row_launch<Term, 1>(n, g, t, st, done);
 }
 
 /* ---- the elementwise passes ---- */

@@ -2,9 +2,11 @@
  * rest, and every tensor with DEFT_POOL_REFERENCE=1). Same walks and the same order of additions as the plain ones
  * (so the same bits): forward one thread per output, backward one thread per input gathering from the windows that
  * cover it, no atomics. What makes them fast: index arithmetic in 32 bits (the plain kernels' 64-bit divisions and
- * window recomputations dominated), and max pooling's backward no longer finds each covering window's maximum: it
- * asks whether this input is the one the window chose, which most inputs answer after a load or two (a window
- * chooses its first maximum in row-major order, or its last NaN, as the CPU does). */
+ * window recomputations dominated); in NCHW, max pooling's backward no longer finds each covering window's maximum:
+ * it asks whether this input is the one the window chose, which most inputs answer after a load or two (a window
+ * chooses its first maximum in row-major order, or its last NaN, as the CPU does); in NHWC it takes 16 bytes of
+ * channels per thread and finds each covering window's choice for all of them at once, every lane of a warp doing
+ * the same loads (asking per channel let the slowest lane set the pace of the warp). */
 #include "cuda_pool.cuh"
 
 struct deft_pool_geom32 {
@@ -131,6 +133,65 @@ __global__ void deft_pool_fast_backward_kernel(deft_pool_geom32 g, const T *dy, 
     }
 }
 
+/* V consecutive elements, moved by one load or store of V sizeof(T) bytes (up to 16); the caller checked alignment. */
+template <class T, int V> struct alignas(V * sizeof(T)) deft_pool_vec {
+    T e[V];
+};
+
+/* Max pooling's backward in NHWC, V channels per thread (C / V threads per input position, neighbours in c, so a warp
+ * reads whole rows of channels). For each window covering the input, in the plain kernel's order, the thread finds
+ * the window's choice for each of its channels as the plain kernel does (the first maximum in row-major order, or
+ * the last NaN), reading every element with no early exit so a warp's lanes stay together, and adds dy where the
+ * choice is this input: the same additions in the same order, so the same bits. */
+template <class T, int V>
+__global__ void deft_pool_fast_max_backward_nhwc_kernel(deft_pool_geom32 g, const T *dy, const T *x, T *dx,
+                                                        unsigned total) {
+    typedef typename deft_ty<T>::C C;
+    typedef deft_pool_vec<T, V> Vec;
+    const unsigned groups = (unsigned)(g.C / V);
+    for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+        const unsigned r = i / groups, rh = r / g.W;
+        const int c = (int)(i - r * groups) * V, iw = (int)(r - rh * g.W), ih = (int)(rh % g.H), n = (int)(rh / g.H);
+        int oh0, oh1, ow0, ow1;
+        deft_pool32_covering(g, 0, ih, &oh0, &oh1);
+        deft_pool32_covering(g, 1, iw, &ow0, &ow1);
+        const int self = ih * g.W + iw;
+        C acc[V];
+#pragma unroll
+        for (int v = 0; v < V; v++) acc[v] = 0;
+        for (int oh = oh0; oh <= oh1; oh++) {
+            const deft_pool_win32 wh = deft_pool32_window(g, 0, oh);
+            if (ih < wh.lo || ih >= wh.hi) continue;
+            for (int ow = ow0; ow <= ow1; ow++) {
+                const deft_pool_win32 ww = deft_pool32_window(g, 1, ow);
+                if (iw < ww.lo || iw >= ww.hi) continue;
+                C best[V];
+                int at[V];
+#pragma unroll
+                for (int v = 0; v < V; v++) best[v] = -(C)INFINITY, at[v] = wh.lo * g.W + ww.lo;
+                for (int h = wh.lo; h < wh.hi; h++) {
+                    for (int w = ww.lo; w < ww.hi; w++) {
+                        const Vec e = *reinterpret_cast<const Vec *>(x + deft_pool32_at(g, n, c, h, w, g.H, g.W));
+#pragma unroll
+                        for (int v = 0; v < V; v++) {
+                            const C ev = deft_ty<T>::load(e.e[v]);
+                            if (ev > best[v] || ev != ev) best[v] = ev, at[v] = h * g.W + w;
+                        }
+                    }
+                }
+                const Vec d = *reinterpret_cast<const Vec *>(dy + deft_pool32_at(g, n, c, oh, ow, g.OH, g.OW));
+#pragma unroll
+                for (int v = 0; v < V; v++)
+                    if (at[v] == self) acc[v] += deft_ty<T>::load(d.e[v]);
+            }
+        }
+        Vec out;
+#pragma unroll
+        for (int v = 0; v < V; v++) out.e[v] = deft_ty<T>::store(acc[v]);
+        *reinterpret_cast<Vec *>(dx + deft_pool32_at(g, n, c, ih, iw, g.H, g.W)) = out;
+    }
+}
+
 static bool deft_pool_fits32(const deft_pool_geom &g) {
     const int64_t lim = INT32_MAX;
     const int64_t xs = g.N * g.C * g.H * g.W, ys = g.N * g.C * g.OH * g.OW;
@@ -144,6 +205,25 @@ static deft_pool_geom32 deft_pool_narrow(const deft_pool_geom &g) {
     s.kh = (int)g.kh, s.kw = (int)g.kw, s.sh = (int)g.sh, s.sw = (int)g.sw, s.ph = (int)g.ph, s.pw = (int)g.pw;
     s.adaptive = g.adaptive, s.max = g.max, s.include_pad = g.include_pad, s.nhwc = g.nhwc;
     return s;
+}
+
+static bool deft_pool_aligned(const void *p) { return (uintptr_t)p % 16 == 0; }
+
+/* Max pooling's backward in NHWC: 16 bytes of channels per thread where C divides into them and the tensors are
+ * aligned, one channel otherwise. */
+template <class T>
+static deft_status deft_pool_max_backward_nhwc(const deft_tensor *n, const deft_pool_geom32 &s, const T *dy,
+                                               const T *x, T *dx, cudaStream_t st) {
+    constexpr int V = 16 / (int)sizeof(T);
+    const bool vec = s.C % V == 0 && deft_pool_aligned(dy) && deft_pool_aligned(x) && deft_pool_aligned(dx);
+    const unsigned total = (unsigned)((int64_t)s.N * s.H * s.W * s.C / (vec ? V : 1));
+    const unsigned blocks = deft_cuda_blocks(total, DEFT_CUDA_THREADS);
+    if (vec) {
+        deft_pool_fast_max_backward_nhwc_kernel<T, V><<<blocks, DEFT_CUDA_THREADS, 0, st>>>(s, dy, x, dx, total);
+    } else {
+        deft_pool_fast_max_backward_nhwc_kernel<T, 1><<<blocks, DEFT_CUDA_THREADS, 0, st>>>(s, dy, x, dx, total);
+    }
+    return deft_cuda_check_launch(n, "max pool2d backward (fast, NHWC)");
 }
 
 deft_status deft_cuda_pool2d_fast(const deft_tensor *n, const deft_pool_geom &g, bool grad, void *out,
@@ -162,6 +242,7 @@ deft_status deft_cuda_pool2d_fast(const deft_tensor *n, const deft_pool_geom &g,
             return deft_cuda_check_launch(n, "pool2d forward (fast)");
         }
         const T *x = g.max ? (const T *)in[1] : NULL;
+        if (g.max && g.nhwc) return deft_pool_max_backward_nhwc<T>(n, s, (const T *)in[0], x, (T *)out, st);
         deft_pool_fast_backward_kernel<T><<<blocks, DEFT_CUDA_THREADS, 0, st>>>(s, (const T *)in[0], x, (T *)out,
                                                                                total);
         return deft_cuda_check_launch(n, "pool2d backward (fast)");
