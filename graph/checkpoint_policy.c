@@ -78,15 +78,19 @@ static int deft_ckpt_cuts(const deft_ckpt_graph *a, bool *cut) {
     return n_cuts;
 }
 
+/* The square root of the forward pass's weighted layers: matmuls and convolutions (a convolutional network has one
+ * matmul, its classifier, and would otherwise get a single segment, which drops nothing). */
 static int deft_ckpt_default_segments(const deft_ckpt_graph *a) {
     int layers = 0;
-    for (int id = 0; id < a->n; id++)
-        layers += a->needed[id] && a->forward[id] && a->g->nodes[id]->op == DEFT_OP_MATMUL;
+    for (int id = 0; id < a->n; id++) {
+        const deft_op op = a->g->nodes[id]->op;
+        layers += a->needed[id] && a->forward[id] && (op == DEFT_OP_MATMUL || op == DEFT_OP_CONV2D);
+    }
     int s = (int)lround(sqrt((double)(layers > 0 ? layers : 1)));
     return s > 0 ? s : 1;
 }
 
-/* `segments` runs of the forward pass's boundaries (0: the square root of its matmuls, rounded): every run but the
+/* `segments` runs of the forward pass's boundaries (0: the square root of its weighted layers, rounded): every run but the
  * last keeps only the boundary it ends at; the last keeps everything, as checkpoint_sequential does. */
 void deft_ckpt_drop_segments(const deft_ckpt_graph *a, int segments, bool *drop) {
     bool *cut = calloc((size_t)(a->n ? a->n : 1), sizeof *cut);

@@ -215,7 +215,7 @@ typedef struct deft_compile_options {
     int no_fusion;             /* 1: every node runs as its own kernel (no fused elementwise chains or matmul
                                 * epilogues), for debugging and for measuring what fusion gives */
     int checkpoint;            /* a deft_checkpoint_policy: which forward values to drop and recompute (below) */
-    int checkpoint_segments;   /* DEFT_CHECKPOINT_SEGMENTS: the number of segments; 0: sqrt(forward matmuls) */
+    int checkpoint_segments;   /* DEFT_CHECKPOINT_SEGMENTS: the number of segments; 0: sqrt(forward matmuls and convs) */
     /* Mixed precision, as torch.autocast: DEFT_BF16 or DEFT_F16; 0 (DEFT_F32) is off and compiles the graph as built.
      * Compiling appends to the graph, once per policy, a rewritten step: matmuls take their f32 inputs cast to the
      * low precision (f32 accumulation) and give a low-precision result; bias adds (a parameter added to a low

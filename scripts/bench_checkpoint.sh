@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # Activation checkpointing, deft beside PyTorch on the same GPU in one run: memory against step time. Run from the
 # repository root after scripts/gpu_suite.sh has built build-gpu.
-# Usage: scripts/bench_checkpoint.sh [log-dir]   (env: BUILD=build-gpu, PYTHON=python3, DEFT_ARGS: more arguments
-# for bench_checkpoint, e.g. --optimizer-in-backward)
+# Usage: scripts/bench_checkpoint.sh [log-dir]   (env: BUILD=build-gpu, PYTHON=python3, MODEL="mlp resnet" (the
+# default: both; MODEL=resnet or MODEL=mlp runs one), DEFT_ARGS: more arguments for bench_checkpoint, e.g.
+# --optimizer-in-backward)
 #
-# Runs bench/peers/checkpoint.py first (torch.utils.checkpoint.checkpoint_sequential over segment counts), then
-# $BUILD/bench_checkpoint over its default budgets plus one budget per PyTorch point (that point's peak less 64 MiB,
-# room for cuBLAS's workspace and the allocator's rounding, which the budget does not count). Writes everything to
-# <log-dir>/checkpoint.txt and prints one table of every point sorted by peak memory: peak, step time and the time
-# added over the same side's run without checkpointing. Then checks the issue's targets:
+# Per model (mlp: the 36-layer MLP; resnet: ResNet-18, batch 256, f32 channels_last with TF32, about a minute):
+# runs bench/peers/checkpoint.py --model <model> first (torch.utils.checkpoint.checkpoint_sequential over segment
+# counts), then $BUILD/bench_checkpoint --model <model> over its default budgets plus one budget per PyTorch point
+# (that point's peak less 64 MiB, room for cuBLAS's and cuDNN's workspaces and the allocator's rounding, which the
+# budget does not count). Writes everything to <log-dir>/checkpoint.txt (the ResNet's to checkpoint_resnet.txt) and
+# prints one table of every point sorted by peak memory: peak, step time and the time added over the same side's run
+# without checkpointing. Then checks the issue's targets (the ResNet's named checkpoint.resnet.target.*):
 #   checkpoint.target.torch_points_met   for how many PyTorch checkpointing points a deft point has the same or a
 #                                        lower peak and at most half of PyTorch's added time (of how many)
 #   checkpoint.target.lowest_peak_ratio  deft's lowest peak / PyTorch's lowest (target: <= 0.6)
@@ -16,35 +19,17 @@ set -uo pipefail
 log=${1:-gpu-logs}
 build=${BUILD:-build-gpu}
 python=${PYTHON:-python3}
+models=${MODEL:-mlp resnet}
+deft_args=${DEFT_ARGS:-}
 mkdir -p "$log"
-out="$log/checkpoint.txt"
 rc=0
 
-{
-  echo "# scripts/bench_checkpoint.sh, $(date -u '+%Y-%m-%d %H:%M UTC')"
-  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw \
-    --format=csv,noheader 2>&1 | sed 's/^/# gpu: /'
-} > "$out"
-
-echo "== torch: $python bench/peers/checkpoint.py" >&2
-"$python" bench/peers/checkpoint.py > "$log/checkpoint_torch.txt" 2>&1 || { echo "checkpoint.py failed" >&2; rc=1; }
-cat "$log/checkpoint_torch.txt" >> "$out"
-
-budgets=$(awk '$1 ~ /^checkpoint\.torch\.s[0-9]+\.peak_bytes$/ { b = $2 - 67108864; if (b > 0) printf "%s%.0f", sep, b; sep = "," }' \
-  "$log/checkpoint_torch.txt")
-deft_args=${DEFT_ARGS:-}
-echo "== deft: $build/bench_checkpoint ${budgets:+--budgets $budgets} $deft_args" >&2
-# shellcheck disable=SC2086   # DEFT_ARGS is a list of words
-"$build/bench_checkpoint" ${budgets:+--budgets "$budgets"} $deft_args > "$log/checkpoint_deft.txt" 2>&1 \
-  || { echo "bench_checkpoint failed" >&2; rc=1; }
-cat "$log/checkpoint_deft.txt" >> "$out"
-
-grep -v '^checkpoint\.' "$out" | grep -v '^# gpu' >&2
-
-awk '
-  $1 ~ /^checkpoint\.(deft|torch)\./ {
-    n = split($1, f, "."); side = f[2]; pt = f[3]; key = f[4]
-    if (n == 4 && (key == "peak_bytes" || key == "step_ms" || key == "loss_warmup" || key == "budget_bytes" || key == "dropped" || key == "segments")) {
+# One table and its targets from the figures in $1 whose names start with $2 ("checkpoint." or "checkpoint.resnet.").
+table() {
+  awk -v pre="$2" '
+  index($1, pre) == 1 && substr($1, length(pre) + 1) ~ /^(deft|torch)\./ {
+    n = split(substr($1, length(pre) + 1), f, "."); side = f[1]; pt = f[2]; key = f[3]
+    if (n == 3 && (key == "peak_bytes" || key == "step_ms" || key == "loss_warmup" || key == "budget_bytes" || key == "dropped" || key == "segments")) {
       v[side, pt, key] = $2
       id = side SUBSEP pt
       if (!(id in seen)) { seen[id] = 1; pts[++np] = id }
@@ -65,6 +50,7 @@ awk '
       added = v[s, p, "step_ms"] - base[s]
       what = "-"
       if (s == "torch") what = "seg " v[s, p, "segments"]
+      else if (p == "sqrt") what = "seg sqrt"
       else if (v[s, p, "budget_bytes"] + 0 > 0) what = sprintf("%.1f", v[s, p, "budget_bytes"] / 1048576)
       dropped = (v[s, p, "dropped"] == "") ? "-" : v[s, p, "dropped"]
       pct = (base[s] > 0) ? 100 * added / base[s] : 0
@@ -91,10 +77,48 @@ awk '
       verdict = ok ? "met: a deft point has the same or a lower peak and at most half the added time" : "NOT MET"
       printf "# torch %s (peak %.1f MiB, +%.2f ms): %s\n", p, pk / 1048576, t_added, verdict
     }
-    printf "checkpoint.target.torch_points_met %d count\n", met
-    printf "checkpoint.target.torch_points %d count\n", total
-    if (low_d > 0 && low_t > 0) printf "checkpoint.target.lowest_peak_ratio %.3f x\n", low_d / low_t
-  }' "$out" | tee "$log/checkpoint_table.txt"
-grep '^checkpoint\.target' "$log/checkpoint_table.txt" >> "$out"
-echo "(figures: $out)"
+    printf "%starget.torch_points_met %d count\n", pre, met
+    printf "%starget.torch_points %d count\n", pre, total
+    if (low_d > 0 && low_t > 0) printf "%starget.lowest_peak_ratio %.3f x\n", pre, low_d / low_t
+  }' "$1"
+}
+
+# bench_one <model> <file stem>: the peer, then deft with the peer's peaks as extra budgets, then the table.
+bench_one() {
+  local model=$1 stem=$2 pre=checkpoint.
+  [ "$model" = resnet ] && pre=checkpoint.resnet.
+  local out="$log/$stem.txt"
+  {
+    echo "# scripts/bench_checkpoint.sh --model $model, $(date -u '+%Y-%m-%d %H:%M UTC')"
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw \
+      --format=csv,noheader 2>&1 | sed 's/^/# gpu: /'
+  } > "$out"
+
+  echo "== torch: $python bench/peers/checkpoint.py --model $model" >&2
+  "$python" bench/peers/checkpoint.py --model "$model" > "$log/${stem}_torch.txt" 2>&1 \
+    || { echo "checkpoint.py --model $model failed" >&2; rc=1; }
+  cat "$log/${stem}_torch.txt" >> "$out"
+
+  local budgets
+  budgets=$(awk -v pre="$pre" 'index($1, pre "torch.s") == 1 && $1 ~ /\.s[0-9]+\.peak_bytes$/ {
+      b = $2 - 67108864; if (b > 0) printf "%s%.0f", sep, b; sep = "," }' "$log/${stem}_torch.txt")
+  echo "== deft: $build/bench_checkpoint --model $model ${budgets:+--budgets $budgets} $deft_args" >&2
+  # shellcheck disable=SC2086   # DEFT_ARGS is a list of words
+  "$build/bench_checkpoint" --model "$model" ${budgets:+--budgets "$budgets"} $deft_args \
+    > "$log/${stem}_deft.txt" 2>&1 || { echo "bench_checkpoint --model $model failed" >&2; rc=1; }
+  cat "$log/${stem}_deft.txt" >> "$out"
+
+  grep -v '^checkpoint\.' "$out" | grep -v '^# gpu' >&2
+  table "$out" "$pre" | tee "$log/${stem}_table.txt"
+  grep -F "${pre}target." "$log/${stem}_table.txt" >> "$out"
+  echo "(figures: $out)"
+}
+
+for model in $models; do
+  case $model in
+    mlp) bench_one mlp checkpoint ;;
+    resnet) bench_one resnet checkpoint_resnet ;;
+    *) echo "MODEL: unknown model $model (mlp or resnet)" >&2; rc=2 ;;
+  esac
+done
 exit $rc

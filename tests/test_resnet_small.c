@@ -2,7 +2,8 @@
  * second with stride 2 and a downsample branch, batch norm, adaptive average pool, fc) trained with SGD and
  * momentum on generated 8x8 colour images whose class is the quadrant holding a bright square; held-out accuracy
  * through the evaluation pass (batch norm on the running statistics the training steps updated) must pass 90%, in
- * NCHW and NHWC. ResNet-18 itself, as the example and the bench build it, has torchvision's parameters. */
+ * NCHW and NHWC. ResNet-18 itself, as the example and the bench build it, has torchvision's parameters. The sqrt(n)
+ * checkpoint segment policy counts its convolutions as layers. */
 #include "check.h"
 #include "ref.h"
 
@@ -124,7 +125,55 @@ static void test_resnet18_layout(deft_layout layout) {
     deft_graph_free(g);
 }
 
+/* Two training steps of a 4-stage small ResNet (13 weighted layers: 12 convolutions and fc) compiled with the policy
+ * and segment count given; the losses into loss[2] and the checkpoint report into *r. */
+static void two_steps(int policy, int segments, float loss[2], deft_checkpoint_report *r) {
+    const resnet_config c = {CLASSES, 8, 4, {1, 1, 1, 1}, 0, DEFT_NHWC};
+    const deft_sgd_options sgd = {.lr = 0.05, .momentum = 0.9};
+    resnet_train t = {0};
+    deft_status s = resnet_train_build(&t, &c, BATCH, 0, S, deft_cpu(), &sgd, 3);
+    CHECK_MSG(s == DEFT_OK, "building: %s", deft_errmsg());
+    const deft_compile_options o = {.checkpoint = policy, .checkpoint_segments = segments};
+    deft_program *p = s == DEFT_OK ? deft_compile(t.g, (deft_tensor *[]){t.loss, t.step}, 2, &o) : NULL;
+    CHECK_MSG(p != NULL, "compile: %s", deft_errmsg());
+    float *x = malloc(sizeof(float) * BATCH * 3 * S * S), *xh = malloc(sizeof(float) * BATCH * 3 * S * S);
+    int32_t y[BATCH];
+    make_dataset(5, BATCH, x, y);
+    to_nhwc(x, xh, BATCH);
+    for (int i = 0; p && i < 2; i++) {
+        CHECK_OK(deft_program_feed(p, t.x, xh, sizeof(float) * BATCH * 3 * S * S));
+        CHECK_OK(deft_program_feed(p, t.y, y, sizeof y));
+        CHECK_OK(deft_program_run(p));
+        CHECK_OK(deft_program_read(p, t.loss, &loss[i], sizeof loss[i]));
+    }
+    if (p) CHECK_OK(deft_program_checkpoint(p, r));
+    free(x);
+    free(xh);
+    deft_program_free(p);
+    deft_graph_free(t.g);
+}
+
+/* checkpoint_segments 0 counts convolutions as layers: a conv net gets sqrt(13) -> 4 segments (one matmul alone
+ * would give one segment, which drops nothing), and the losses are those without checkpointing, bit for bit. */
+static void test_default_segments(void) {
+    float plain[2] = {0}, by_default[2] = {0}, four[2] = {0};
+    deft_checkpoint_report r0 = {0}, rd = {0}, r4 = {0};
+    two_steps(DEFT_CHECKPOINT_NONE, 0, plain, &r0);
+    two_steps(DEFT_CHECKPOINT_SEGMENTS, 0, by_default, &rd);
+    two_steps(DEFT_CHECKPOINT_SEGMENTS, 4, four, &r4);
+    CHECK_MSG(rd.dropped > 0 && rd.peak_bytes < rd.peak_bytes_without, "default segments: dropped %d, peak %zu of %zu",
+              rd.dropped, rd.peak_bytes, rd.peak_bytes_without);
+    CHECK_MSG(rd.dropped == r4.dropped && rd.peak_bytes == r4.peak_bytes,
+              "default segments dropped %d (peak %zu), 4 segments %d (peak %zu)", rd.dropped, rd.peak_bytes,
+              r4.dropped, r4.peak_bytes);
+    for (int i = 0; i < 2; i++)
+        CHECK_MSG(memcmp(&plain[i], &by_default[i], sizeof plain[i]) == 0 && isfinite(plain[i]),
+                  "step %d: loss %.9g without checkpointing, %.9g with the default segments", i, plain[i],
+                  by_default[i]);
+}
+
 int main(void) {
+    test_default_segments();
     test_resnet18_layout(DEFT_NCHW);
     test_resnet18_layout(DEFT_NHWC);
     for (int layout = 0; layout < 2; layout++) {
