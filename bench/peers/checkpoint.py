@@ -21,7 +21,9 @@ but the last keeps only its input and is recomputed in the backward pass). The m
 `layers` blocks (Linear + ReLU, the last a Linear alone), so segments split it at layer boundaries.
 
 Figures per point: checkpoint.torch.<pt>.peak_bytes (torch.cuda.max_memory_allocated over the point, reset before
-its model is made: parameters, gradients, momentum, the batch, activations, cuBLAS's workspace), .step_ms (the median
+its model is made: parameters, gradients, momentum, the batch, activations, cuBLAS's workspace; for the ResNet reset
+again after the first step, whose cudnn.benchmark trials allocate large workspaces; its ReLUs are not in place, which
+checkpoint_sequential's recompute needs), .step_ms (the median
 over repeats, eager mode, between CUDA events; fastest and slowest beside it), .loss_warmup and .loss.
 
 Data and weights come from bench_mlp_train's index hash (hash32 in peer_common.py, the C bench's bit for bit), so the losses
@@ -65,6 +67,9 @@ def make_resnet(torch, batch, device):
     (the parameters are the same objects), so checkpoint_sequential can cut it at their boundaries."""
     import resnet
     net = resnet.make_model(torch, device, True)
+    for m in net.modules():   # an in-place ReLU at a segment's start breaks checkpoint_sequential's recompute
+        if isinstance(m, torch.nn.ReLU):
+            m.inplace = False
     model = torch.nn.Sequential(net.conv1, net.bn1, net.relu, net.maxpool, net.layer1, net.layer2, net.layer3,
                                 net.layer4, net.avgpool, torch.nn.Flatten(1), net.fc)
     x, y = resnet.make_batch(torch, batch, device, True)
@@ -96,7 +101,13 @@ def run_point(torch, name, segments, args, device):
         opt.step()
         last[0] = loss
 
-    for _ in range(WARMUP_STEPS):
+    step()
+    if args.model == "resnet":
+        # cudnn.benchmark tries each convolution's algorithms, with their workspaces, in the first step: that is
+        # tuning, not the step's memory, so the peak is taken from the second step on
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats(device)
+    for _ in range(WARMUP_STEPS - 1):
         step()
     warm = last[0].item()
     per = Timer(torch, True).seconds(step, CALIBRATE_STEPS) / CALIBRATE_STEPS
