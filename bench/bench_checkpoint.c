@@ -235,8 +235,8 @@ static void point(const net_config *c, deft_device dev, const char *pt, deft_com
 
 static void usage(void) {
     fprintf(stderr,
-            "usage: %s [--model mlp|resnet] [--device cuda:N|cpu] [--layers L] [--width W] [--batch B] [--points K] [--budgets b1,b2,...] "
-            "[--plan-only] [--optimizer-in-backward]\n",
+            "usage: %s [--model mlp|resnet] [--device cuda:N|cpu] [--layers L] [--width W] [--batch B] [--points K] "
+            "[--budgets b1,b2,...] [--plan-only] [--optimizer-in-backward]\n",
             prog);
     exit(2);
 }

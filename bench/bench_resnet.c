@@ -23,8 +23,8 @@
  * figures "deft_nographs_". Memory: deft_peak_bytes is the caching allocator's peak of allocated bytes from before
  * the graph was built to the end (parameters, gradients, momentum, the batch, the arena, workspaces), as
  * torch.cuda.max_memory_allocated; the planned arena and persistent bytes beside it, and deft_activation_bytes (of
- * the arena, the peak of forward values kept for the backward pass: deft_device_footprint.activation_bytes). --device cpu runs batch 16
- * with fewer steps (a check that it runs, not a figure to compare). Without a usable GPU (and without --device cpu)
+ * the arena, the peak of forward values kept for the backward pass: deft_device_footprint.activation_bytes).
+ * --device cpu runs batch 16 with fewer steps (a check that it runs, not a figure to compare). Without a usable GPU (and without --device cpu)
  * the bench says so and exits 0. A configuration that fails prints "# <config>: ..." with the reason and the others
  * still run; the exit status is then 1. */
 #define _POSIX_C_SOURCE 200809L

@@ -29,7 +29,8 @@ table() {
   awk -v pre="$2" '
   index($1, pre) == 1 && substr($1, length(pre) + 1) ~ /^(deft|torch)\./ {
     n = split(substr($1, length(pre) + 1), f, "."); side = f[1]; pt = f[2]; key = f[3]
-    if (n == 3 && (key == "peak_bytes" || key == "step_ms" || key == "loss_warmup" || key == "budget_bytes" || key == "dropped" || key == "segments")) {
+    if (n == 3 && (key == "peak_bytes" || key == "step_ms" || key == "loss_warmup" || key == "budget_bytes" ||
+                   key == "dropped" || key == "segments")) {
       v[side, pt, key] = $2
       id = side SUBSEP pt
       if (!(id in seen)) { seen[id] = 1; pts[++np] = id }

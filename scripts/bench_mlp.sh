@@ -6,8 +6,8 @@
 # CUDA Graphs) on every configuration, in f32, TF32 (mid, large) and bf16 and f16 autocast (--amp; every
 # configuration, with a second table of deft's planned arena beside the f32 program's and f16's loss scale and
 # skipped steps, and deft's activation bytes (deft_device_footprint.activation_bytes: forward values kept for the
-# backward pass) over the f32 program's, also as `mlp_train.<cfg>_<amp>.activation_over_f32 <r> x`), writes everything they print to <log-dir>/mlp_train.txt, and prints a table
-# of the per-step times with the ratios torch/deft (> 1: deft is faster), also as
+# backward pass) over the f32 program's, also as `mlp_train.<cfg>_<amp>.activation_over_f32 <r> x`), writes
+# everything they print to <log-dir>/mlp_train.txt, and prints a table of the per-step times with the ratios torch/deft (> 1: deft is faster), also as
 # `mlp_train.<cfg>.speedup_vs_torch_graphs <r> x` and `mlp_train.<cfg>.speedup_vs_torch_eager <r> x` lines (appended
 # to the same file). The loss columns are the losses at step 20 of each: the same data and initial weights go into
 # both, so they should agree to a few digits.

@@ -8,8 +8,9 @@ weight decay 5e-4) in eager mode and as a whole-step CUDA Graph replay, printing
                                   [--no-cudnn-tf32] [--nhwc]
 
 Configurations, named "b<batch>_<precision>": batch 128 and 512 (or --batch), each in
-    f32    NCHW (contiguous; channels_last with --nhwc, as bench_resnet's --nhwc), no autocast. Convolutions follow torch's default torch.backends.cudnn.allow_tf32 = True
-           (--no-cudnn-tf32 turns it off); matmuls TF32 only with --tf32.
+    f32    NCHW (contiguous; channels_last with --nhwc, as bench_resnet's --nhwc), no autocast. Convolutions follow
+           torch's default torch.backends.cudnn.allow_tf32 = True (--no-cudnn-tf32 turns it off); matmuls TF32 only
+           with --tf32.
     bf16   the model and the batch in channels_last, forward and loss under torch.autocast(dtype=torch.bfloat16).
 When torchvision is not installed, the same network is built here from torch.nn (class ResNet18 below: the layout,
 the parameter names and the initialisation of torchvision.models.resnet18), and the header line says so.

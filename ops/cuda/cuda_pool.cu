@@ -1,7 +1,7 @@
 /* Max, average and adaptive average pooling and their gradients on CUDA: the entry point, and plain kernels that
  * mirror the CPU's (ops/cpu/cpu_pool.c) window for window, kept as the reference for the fast ones
- * (cuda_pool_fast.cu; DEFT_POOL_REFERENCE=1 selects these). Forward: one thread per output element. Backward: one thread per input
- * element, which gathers from every window that covers it (in the order the CPU scatters them), so no two threads
+ * (cuda_pool_fast.cu; DEFT_POOL_REFERENCE=1 selects these). Forward: one thread per output element. Backward: one
+ * thread per input element, which gathers from every window that covers it (in the order the CPU scatters them), so no two threads
  * write one element and no atomics are needed. Max pooling's gradient goes to each window's first maximum in
  * row-major order (the last NaN where there is one), found again from x, as the CPU does. f32, f64, f16 and bf16
  * (halves load into float and round once on the store). */
