@@ -3,8 +3,8 @@
  *     -> c2 (conv 3x3, pad 1, 16, no bias) -> bn2 (batch norm, training) -> relu -> p2 (average pool 2x2)
  *     -> c3a (conv 1x1, 16, weight w3) -> relu -> c3b (conv 1x1 with the same weight w3) -> gap (adaptive average
  *     pool to 1x1) -> reshape [B, 16] -> fc (linear to 4 classes) -> cross-entropy; backward; SGD with momentum.
- * Under autocast every kind of image op meets both dtypes: max pooling an L input (after c1), average pooling an f32
- * one (after batch norm), adaptive pooling an L one (after c3b); w3 is read by two convolutions. Each class shifts
+ * Under autocast every image op meets the low dtype L: max pooling after c1, batch norm on c2's L output (with f32
+ * weight and statistics), average pooling after it, adaptive pooling after c3b; w3 is read by two convolutions. Each class shifts
  * the channels' means (acn_make_batch), so the net learns; two nets of one size start from the same parameters and
  * see the same batches. */
 #ifndef DEFT_TEST_AMP_CONV_NET_H
@@ -106,6 +106,37 @@ static inline float acn_step(amp_conv_net *n, deft_program *p, uint64_t k) {
     CHECK_MSG(s == DEFT_OK, "run of batch %llu: %s", (unsigned long long)k, deft_errmsg());
     if (s == DEFT_OK) CHECK_OK(deft_program_read(p, n->loss, &loss, sizeof loss));
     return loss;
+}
+
+/* Two nets on dev from the same start, one in f32 and one under autocast L, trained side by side for `steps` steps:
+ * every loss of L within 0.01 + 1 % of f32's, and falling by a fifth. Prints the largest difference and the loss
+ * scale; returns the autocast program's CUDA Graph replays. */
+static inline int64_t acn_check_follows_f32(deft_device dev, deft_dtype L, int64_t batch, int steps) {
+    amp_conv_net a, b;
+    if (!acn_build(&a, dev, batch, DEFT_NHWC) || !acn_build(&b, dev, batch, DEFT_NHWC)) return 0;
+    deft_program *pa = acn_compile(&a, NULL), *pb = acn_compile(&b, &(deft_compile_options){.autocast = L});
+    CHECK_MSG(pa && pb, "compile: %s", deft_errmsg());
+    float first = NAN, last = NAN, worst = 0;
+    for (int k = 0; pa && pb && k < steps; k++) {
+        const float la = acn_step(&a, pa, (uint64_t)k), lb = acn_step(&b, pb, (uint64_t)k);
+        CHECK_MSG(isfinite(lb) && fabsf(lb - la) <= 0.01f + 0.01f * fabsf(la), "%s step %d: loss %.6g, f32 %.6g",
+                  deft_dtype_name(L), k, lb, la);
+        if (fabsf(lb - la) > worst) worst = fabsf(lb - la);
+        if (k == 0) first = lb;
+        last = lb;
+    }
+    printf("conv net on %s, %s vs f32 over %d steps: largest loss difference %.4g; loss %.4g -> %.4g; %s\n",
+           dev.type == DEFT_CPU ? "cpu" : "cuda", deft_dtype_name(L), steps, worst, first, last,
+           pb && dev.type != DEFT_CPU ? deft_program_graph_status(pb) : "");
+    CHECK_MSG(last < 0.8f * first, "%s did not learn: %.4g -> %.4g", deft_dtype_name(L), first, last);
+    double scale;
+    int64_t skipped;
+    CHECK_OK(deft_optimizer_loss_scale(b.opt, &scale, &skipped));
+    printf("  loss scale %g, %lld steps skipped\n", scale, (long long)skipped);
+    const int64_t replays = pb ? deft_program_graph_replays(pb) : 0;
+    acn_free(&a);
+    acn_free(&b);
+    return replays;
 }
 
 /* w3 (16 x 16 floats) into w. */

@@ -41,30 +41,8 @@ static void test_casts(deft_dtype L, deft_layout layout) {
 }
 
 static void test_follows_f32(deft_dtype L) {
-    amp_conv_net a, b;
-    if (!acn_build(&a, GPU, B, DEFT_NHWC) || !acn_build(&b, GPU, B, DEFT_NHWC)) return;
-    deft_program *pa = acn_compile(&a, NULL), *pb = acn_compile(&b, &(deft_compile_options){.autocast = L});
-    CHECK_MSG(pa && pb, "compile: %s", deft_errmsg());
-    float first = NAN, last = NAN, worst = 0;
-    for (int k = 0; pa && pb && k < STEPS; k++) {
-        const float la = acn_step(&a, pa, (uint64_t)k), lb = acn_step(&b, pb, (uint64_t)k);
-        CHECK_MSG(isfinite(lb) && fabsf(lb - la) <= 0.01f + 0.01f * fabsf(la), "%s step %d: loss %.6g, f32 %.6g",
-                  deft_dtype_name(L), k, lb, la);
-        if (fabsf(lb - la) > worst) worst = fabsf(lb - la);
-        if (k == 0) first = lb;
-        last = lb;
-    }
-    printf("conv net on %s, %s vs f32 over %d steps: largest loss difference %.4g; loss %.4g -> %.4g; %s\n",
-           on_cpu() ? "cpu" : "cuda:0", deft_dtype_name(L), STEPS, worst, first, last,
-           pb ? deft_program_graph_status(pb) : "");
-    CHECK_MSG(last < 0.8f * first, "%s did not learn: %.4g -> %.4g", deft_dtype_name(L), first, last);
-    double scale;
-    int64_t skipped;
-    CHECK_OK(deft_optimizer_loss_scale(b.opt, &scale, &skipped));
-    printf("  loss scale %g, %lld steps skipped\n", scale, (long long)skipped);
-    if (!on_cpu() && pb) CHECK(deft_program_graph_replays(pb) >= STEPS - 2);
-    acn_free(&a);
-    acn_free(&b);
+    const int64_t replays = acn_check_follows_f32(GPU, L, B, STEPS);
+    if (!on_cpu()) CHECK(replays >= STEPS - 2);
 }
 
 static void test_cpu_agrees(deft_dtype L) {

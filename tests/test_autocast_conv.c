@@ -53,30 +53,7 @@ static void test_dot(void) {
     acn_free(&n);
 }
 
-static void test_follows_f32(deft_dtype L) {
-    amp_conv_net a, b;
-    if (!acn_build(&a, deft_cpu(), B, DEFT_NHWC) || !acn_build(&b, deft_cpu(), B, DEFT_NHWC)) return;
-    deft_program *pa = acn_compile(&a, NULL), *pb = acn_compile(&b, &(deft_compile_options){.autocast = L});
-    CHECK_MSG(pa && pb, "compile: %s", deft_errmsg());
-    float first = NAN, last = NAN, worst = 0;
-    for (int k = 0; pa && pb && k < STEPS; k++) {
-        const float la = acn_step(&a, pa, (uint64_t)k), lb = acn_step(&b, pb, (uint64_t)k);
-        CHECK_MSG(isfinite(lb) && fabsf(lb - la) <= 0.01f + 0.01f * fabsf(la), "%s step %d: loss %.6g, f32 %.6g",
-                  deft_dtype_name(L), k, lb, la);
-        if (fabsf(lb - la) > worst) worst = fabsf(lb - la);
-        if (k == 0) first = lb;
-        last = lb;
-    }
-    printf("conv net, %s vs f32 over %d steps: largest loss difference %.4g; loss %.4g -> %.4g\n",
-           deft_dtype_name(L), STEPS, worst, first, last);
-    CHECK_MSG(last < 0.8f * first, "%s did not learn: %.4g -> %.4g", deft_dtype_name(L), first, last);
-    double scale;
-    int64_t skipped;
-    CHECK_OK(deft_optimizer_loss_scale(b.opt, &scale, &skipped));
-    printf("  loss scale %g, %lld steps skipped\n", scale, (long long)skipped);
-    acn_free(&a);
-    acn_free(&b);
-}
+static void test_follows_f32(deft_dtype L) { (void)acn_check_follows_f32(deft_cpu(), L, B, STEPS); }
 
 static void test_off_is_f32(void) {
     const deft_compile_options off[] = {{0}, {.autocast = DEFT_F32}};
