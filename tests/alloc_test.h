@@ -132,11 +132,46 @@ static const deft_caching_event_hooks fake_hooks = {fake_record, fake_query, fak
 #define THREADS 4
 #define ROUNDS 3000
 
-/* churn(arg) runs ROUNDS allocations on its own and returns NULL when every call succeeded. */
-static inline void alloc_test_threads(const alloc_test_pool *pool, void *(*churn)(void *)) {
+/* What a thread does with the pool: take a block of `bytes` (x: the generator's state, to pick a stream or an extra
+ * check from) and give one back; each returns DEFT_OK when the call and its checks succeeded. */
+typedef struct alloc_test_churn {
+    deft_status (*take)(size_t bytes, uint32_t x, void **out);
+    deft_status (*give)(void *p);
+} alloc_test_churn;
+
+typedef struct alloc_test_thread {
+    const alloc_test_churn *churn;
+    uint32_t seed;
+} alloc_test_thread;
+
+/* ROUNDS random takes and gives over 8 slots, writing the last byte of each block; NULL when every call succeeded. */
+static inline void *alloc_test_churn_run(void *arg) {
+    const alloc_test_thread *th = (const alloc_test_thread *)arg;
+    uint32_t x = th->seed * 2654435761u + 1;
+    void *held[8] = {0};
+    for (int i = 0; i < ROUNDS; i++) {
+        xorshift32(&x);
+        int slot = (int)(x % 8);
+        if (held[slot] && th->churn->give(held[slot]) != DEFT_OK) return (void *)1;
+        held[slot] = NULL;
+        size_t bytes = (x >> 8) % 4 == 0 ? (x >> 12) % (3 * MiB) + 1 : (x >> 12) % (64 * KiB) + 1;
+        if (th->churn->take(bytes, x, &held[slot]) != DEFT_OK) return (void *)1;
+        ((char *)held[slot])[bytes - 1] = 1;
+    }
+    for (int i = 0; i < 8; i++)
+        if (held[i] && th->churn->give(held[i]) != DEFT_OK) return (void *)1;
+    return NULL;
+}
+
+/* THREADS threads churning the pool at once; then the counters add up and the pool is whole and empty. */
+static inline void alloc_test_threads(const alloc_test_pool *pool, const alloc_test_churn *churn) {
     deft_memory_stats s0 = pool->stats();
     pthread_t t[THREADS];
-    for (int i = 0; i < THREADS; i++) CHECK(pthread_create(&t[i], NULL, churn, (void *)(uintptr_t)(i + 1)) == 0);
+    alloc_test_thread args[THREADS];
+    for (int i = 0; i < THREADS; i++) {
+        args[i] = (alloc_test_thread){churn, (uint32_t)(i + 1)};
+        CHECK(pthread_create(&t[i], NULL, alloc_test_churn_run, &args[i]) == 0);
+    }
     for (int i = 0; i < THREADS; i++) {
         void *r = (void *)1;
         CHECK(pthread_join(t[i], &r) == 0 && r == NULL);

@@ -296,24 +296,13 @@ static void test_summary(void) {
 }
 
 /* Many threads on one pool (alloc_test_threads runs them). */
-static void *churn(void *arg) {
-    uint32_t x = (uint32_t)(uintptr_t)arg * 2654435761u + 1;
-    void *held[8] = {0};
-    for (int i = 0; i < ROUNDS; i++) {
-        xorshift32(&x);
-        int slot = (int)(x % 8);
-        if (held[slot] && deft_caching_free(cpu, held[slot]) != DEFT_OK) return (void *)1;
-        size_t bytes = (x >> 8) % 4 == 0 ? (x >> 12) % (3 * MiB) + 1 : (x >> 12) % (64 * KiB) + 1;
-        if (deft_caching_alloc(cpu, bytes, (x >> 10) % 3 == 0 ? S1 : NULL, "thread", &held[slot]) != DEFT_OK)
-            return (void *)1;
-        ((char *)held[slot])[bytes - 1] = 1;
-    }
-    for (int i = 0; i < 8; i++)
-        if (deft_caching_free(cpu, held[i]) != DEFT_OK) return (void *)1;
-    return NULL;
+static deft_status churn_take(size_t bytes, uint32_t x, void **out) {
+    return deft_caching_alloc(cpu, bytes, (x >> 10) % 3 == 0 ? S1 : NULL, "thread", out);
 }
 
-static void test_threads(void) { alloc_test_threads(&pool, churn); }
+static deft_status churn_give(void *p) { return deft_caching_free(cpu, p); }
+
+static void test_threads(void) { alloc_test_threads(&pool, &(alloc_test_churn){churn_take, churn_give}); }
 
 /* A long random sequence, checked against every invariant as it goes; some blocks on another stream. */
 static void *random_alloc(size_t bytes, uint32_t x) { return alloc_on(bytes, (x & 0x400) ? S2 : NULL, "random"); }

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "indexed_dataset.h"
 #include "dist.h"
 
 typedef struct rank_job {
@@ -101,11 +102,7 @@ static void test_shard(int shuffle, int world) {
     enum { N = 23, F = 2, B = 3 };
     float images[N * F];
     int32_t labels[N];
-    for (int i = 0; i < N; i++) {
-        for (int f = 0; f < F; f++) images[i * F + f] = (float)(i * 10 + f);
-        labels[i] = i;
-    }
-    deft_dataset d = {.n = N, .features = F, .n_classes = N, .images = images, .labels = labels};
+    deft_dataset d = indexed_dataset(images, labels, N, F);
     deft_graph *g = deft_graph_new();
     deft_tensor *x = deft_input(g, "x", DEFT_F32, 2, (int64_t[]){B, F}, deft_cpu());
     deft_tensor *y = deft_input(g, "y", DEFT_I32, 1, (int64_t[]){B}, deft_cpu());

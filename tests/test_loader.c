@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "check.h"
+#include "indexed_dataset.h"
 #include "xorshift.h"
 
 #define ROWS 4
@@ -202,11 +203,7 @@ static void test_dataset_loader(int shuffle) {
     enum { N = 10, F = 3, B = 4 };
     float images[N * F];
     int32_t labels[N];
-    for (int i = 0; i < N; i++) {
-        for (int f = 0; f < F; f++) images[i * F + f] = (float)(i * 10 + f);
-        labels[i] = i;
-    }
-    deft_dataset d = {.n = N, .features = F, .n_classes = N, .images = images, .labels = labels};
+    deft_dataset d = indexed_dataset(images, labels, N, F);
     deft_graph *g = deft_graph_new();
     deft_tensor *x = deft_input(g, "x", DEFT_F32, 2, (int64_t[]){B, F}, deft_cpu());
     deft_tensor *y = deft_input(g, "y", DEFT_I32, 1, (int64_t[]){B}, deft_cpu());

@@ -316,26 +316,17 @@ static void test_record_stream(void) {
 }
 
 /* Many threads on the pool (alloc_test_threads runs them). */
-static void *churn(void *arg) {
-    uint32_t x = (uint32_t)(uintptr_t)arg * 2654435761u + 1;
-    void *held[8] = {0};
-    for (int i = 0; i < ROUNDS; i++) {
-        xorshift32(&x);
-        int slot = (int)(x % 8);
-        if (held[slot] && deft_pinned_free(held[slot]) != DEFT_OK) return (void *)1;
-        size_t bytes = (x >> 8) % 4 == 0 ? (x >> 12) % (3 * MiB) + 1 : (x >> 12) % (64 * KiB) + 1;
-        if (deft_pinned_alloc(bytes, &held[slot]) != DEFT_OK) return (void *)1;
-        ((char *)held[slot])[bytes - 1] = 1;
-        if ((x >> 10) % 3 == 0 && deft_pinned_record_stream(held[slot], NULL) != DEFT_OK) return (void *)1;
-        if ((x >> 10) % 7 == 0 && deft_pinned_is_page_locked((char *)held[slot] + bytes - 1) != page_locked)
-            return (void *)1;
-    }
-    for (int i = 0; i < 8; i++)
-        if (deft_pinned_free(held[i]) != DEFT_OK) return (void *)1;
-    return NULL;
+static deft_status churn_take(size_t bytes, uint32_t x, void **out) {
+    deft_status s = deft_pinned_alloc(bytes, out);
+    if (s == DEFT_OK && (x >> 10) % 3 == 0) s = deft_pinned_record_stream(*out, NULL);
+    if (s == DEFT_OK && (x >> 10) % 7 == 0 && deft_pinned_is_page_locked((char *)*out + bytes - 1) != page_locked)
+        s = DEFT_ERR_RUNTIME;
+    return s;
 }
 
-static void test_threads(void) { alloc_test_threads(&pool, churn); }
+static deft_status churn_give(void *p) { return deft_pinned_free(p); }
+
+static void test_threads(void) { alloc_test_threads(&pool, &(alloc_test_churn){churn_take, churn_give}); }
 
 /* A long random sequence, checked against every invariant as it goes. */
 static void *random_alloc(size_t bytes, uint32_t x) {
