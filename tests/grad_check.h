@@ -64,4 +64,30 @@ static inline double grad_check_worst(deft_program *p, deft_tensor *loss, deft_t
     return worst;
 }
 
+#define GRAD_CHECK_MAX_PARAMS 8
+
+/* The whole check of one case: the loss of f, its backward pass, one program for the loss and every parameter's
+ * gradient, the inputs fed (input_data[i] holds inputs[i]'s values), and each gradient within tol of the finite
+ * differences. */
+static inline void grad_check_case(const char *name, deft_graph *g, uint64_t *seed, deft_tensor *f,
+                                   deft_tensor *const *params, int n_params, deft_tensor *const *inputs,
+                                   double *const *input_data, int n_inputs, double tol) {
+    CHECK_MSG(n_params <= GRAD_CHECK_MAX_PARAMS, "%s: %d parameters, at most %d", name, n_params,
+              GRAD_CHECK_MAX_PARAMS);
+    deft_tensor *loss = grad_check_loss(g, seed, f);
+    CHECK_OK(deft_backward(loss));
+    deft_tensor *outs[1 + GRAD_CHECK_MAX_PARAMS] = {loss};
+    for (int i = 0; i < n_params && i < GRAD_CHECK_MAX_PARAMS; i++) outs[1 + i] = deft_grad(params[i]);
+    deft_program *p = deft_compile(g, outs, 1 + n_params, NULL);
+    CHECK_MSG(p != NULL, "%s: compile: %s", name, deft_errmsg());
+    if (!p) return;
+    for (int i = 0; i < n_inputs; i++)
+        CHECK_OK(deft_program_feed(p, inputs[i], input_data[i], deft_tensor_nbytes(inputs[i])));
+    grad_check_run(p, loss);
+    for (int i = 0; i < n_params; i++) {
+        double worst = grad_check_worst(p, loss, outs[1 + i], params[i]);
+        CHECK_MSG(worst <= tol, "%s: gradient of p%d off by %.3g (tol %g)", name, i, worst, tol);
+    }
+}
+
 #endif

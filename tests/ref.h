@@ -206,6 +206,23 @@ static inline int64_t ref_bcast_offset(int ndim, const int64_t *shape, int ondim
     return off;
 }
 
+/* The reference of a broadcasting binary op c = a (op) b: f(x, y, k) at every element of c's shape (malloc'd,
+ * deft_tensor_numel(c) doubles); k is passed through to f, to pick the op. */
+static inline double *ref_binary_want(const deft_tensor *c, const ref_tensor *a, const ref_tensor *b,
+                                      double (*f)(double x, double y, int k), int k) {
+    const int nd = deft_tensor_ndim(c);
+    int64_t oshape[DEFT_MAX_DIMS], idx[DEFT_MAX_DIMS];
+    for (int d = 0; d < nd; d++) oshape[d] = deft_tensor_dim(c, d);
+    const int64_t n = deft_tensor_numel(c);
+    double *want = malloc((size_t)(n > 0 ? n : 1) * sizeof(double));
+    for (int64_t i = 0; want && i < n; i++) {
+        ref_unravel(nd, oshape, i, idx);
+        want[i] = f(a->v[ref_bcast_offset(a->ndim, a->shape, nd, idx)],
+                    b->v[ref_bcast_offset(b->ndim, b->shape, nd, idx)], k);
+    }
+    return want;
+}
+
 static inline const char *ref_shape_str(int ndim, const int64_t *shape, char *buf, size_t n) {
     size_t used = (size_t)snprintf(buf, n, "[");
     for (int i = 0; i < ndim && used < n; i++)

@@ -30,20 +30,7 @@ static deft_tensor *param(gcase *c, int ndim, const int64_t *shape, double lo, d
 }
 
 static void check_case(gcase *c, deft_tensor *f, double tol) {
-    deft_tensor *loss = grad_check_loss(c->g, &c->seed, f);
-    CHECK_OK(deft_backward(loss));
-    deft_tensor *outs[1 + MAXP] = {loss};
-    for (int i = 0; i < c->n_params; i++) outs[1 + i] = deft_grad(c->params[i]);
-    deft_program *p = deft_compile(c->g, outs, 1 + c->n_params, NULL);
-    CHECK_MSG(p != NULL, "%s: compile: %s", c->name, deft_errmsg());
-    if (!p) return;
-    for (int i = 0; i < c->n_inputs; i++)
-        CHECK_OK(deft_program_feed(p, c->inputs[i], c->input_data[i], deft_tensor_nbytes(c->inputs[i])));
-    grad_check_run(p, loss);
-    for (int i = 0; i < c->n_params; i++) {
-        double worst = grad_check_worst(p, loss, outs[1 + i], c->params[i]);
-        CHECK_MSG(worst <= tol, "%s: gradient of p%d off by %.3g (tol %g)", c->name, i, worst, tol);
-    }
+    grad_check_case(c->name, c->g, &c->seed, f, c->params, c->n_params, c->inputs, c->input_data, c->n_inputs, tol);
 }
 
 static gcase start(const char *name) {

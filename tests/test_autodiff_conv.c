@@ -39,19 +39,7 @@ static deft_tensor *image_param(gcase *c, int nhwc, int64_t n, int64_t ch, int64
 
 static void check_case(gcase *c, deft_tensor *f) {
     CHECK_MSG(f != NULL, "%s: build: %s", c->name, deft_errmsg());
-    deft_tensor *loss = grad_check_loss(c->g, &c->seed, f);
-    CHECK_OK(deft_backward(loss));
-    deft_tensor *outs[1 + MAXP] = {loss};
-    for (int i = 0; i < c->n_params; i++) outs[1 + i] = deft_grad(c->params[i]);
-    deft_program *p = deft_compile(c->g, outs, 1 + c->n_params, NULL);
-    CHECK_MSG(p != NULL, "%s: compile: %s", c->name, deft_errmsg());
-    if (p) {
-        grad_check_run(p, loss);
-        for (int i = 0; i < c->n_params; i++) {
-            double worst = grad_check_worst(p, loss, outs[1 + i], c->params[i]);
-            CHECK_MSG(worst <= 1e-6, "%s: gradient of p%d off by %.3g", c->name, i, worst);
-        }
-    }
+    grad_check_case(c->name, c->g, &c->seed, f, c->params, c->n_params, NULL, NULL, 0, 1e-6);
     CHECK_MSG(deft_graph_error(c->g) == DEFT_OK, "%s: %s", c->name, deft_graph_errmsg(c->g));
     deft_graph_free(c->g);
 }

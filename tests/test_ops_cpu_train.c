@@ -30,6 +30,11 @@ static const ref_bshape cmp_shapes[] = {
     {4, {2, 3, 1, 5}, 3, {3, 4, 1}},
 };
 
+/* eq, gt, ge (k = 0, 1, 2): 1 where true. */
+static double compare_want(double x, double y, int k) {
+    return (k == 0 ? x == y : k == 1 ? x > y : x >= y) ? 1.0 : 0.0;
+}
+
 static void test_compare(void) {
     static const deft_dtype dts[] = REF_ALL_DTYPES;
     static const char *const names[] = {"eq", "gt", "ge"};
@@ -54,17 +59,8 @@ static void test_compare(void) {
                     continue;
                 }
                 CHECK(deft_tensor_dtype(c) == dt);
-                const int nd = deft_tensor_ndim(c);
-                int64_t oshape[DEFT_MAX_DIMS], idx[DEFT_MAX_DIMS];
-                for (int d = 0; d < nd; d++) oshape[d] = deft_tensor_dim(c, d);
                 const int64_t n = deft_tensor_numel(c);
-                double *want = malloc((size_t)n * sizeof(double));
-                for (int64_t i = 0; i < n; i++) {
-                    ref_unravel(nd, oshape, i, idx);
-                    const double x = a.v[ref_bcast_offset(a.ndim, a.shape, nd, idx)];
-                    const double y = b.v[ref_bcast_offset(b.ndim, b.shape, nd, idx)];
-                    want[i] = (k == 0 ? x == y : k == 1 ? x > y : x >= y) ? 1.0 : 0.0;
-                }
+                double *want = ref_binary_want(c, &a, &b, compare_want, k);
                 char what[160], sa[64], sb[64];
                 snprintf(what, sizeof what, "%s %s %s %s", names[k], deft_dtype_name(dt),
                          ref_shape_str(a.ndim, a.shape, sa, sizeof sa), ref_shape_str(b.ndim, b.shape, sb, sizeof sb));
