@@ -107,15 +107,11 @@ static void build(net *n, const net_config *c, deft_device dev) {
 static void feed_resnet(const net *n, deft_program *p, const net_config *c) {
     const size_t xn = (size_t)c->batch * 3 * 32 * 32;
     float *x = xmalloc(xn * sizeof *x);
-    for (size_t i = 0; i < xn; i++) {
-        size_t img = i / 3072, ch = i / 1024 % 3, pix = i % 1024;   /* i is the NCHW index */
-        x[img * 3072 + pix * 3 + ch] = hash_uniform(1, i, 1.0);
-    }
-    CHECK(deft_program_feed(p, n->x, x, xn * sizeof *x));
-    free(x);
     int32_t *y = xmalloc((size_t)c->batch * sizeof *y);
-    for (int64_t i = 0; i < c->batch; i++) y[i] = (int32_t)(hash32(2, (uint64_t)i) % CLASSES);
+    bench_image_batch(c->batch, 0, DEFT_NHWC, CLASSES, x, y);
+    CHECK(deft_program_feed(p, n->x, x, xn * sizeof *x));
     CHECK(deft_program_feed(p, n->y, y, (size_t)c->batch * sizeof *y));
+    free(x);
     free(y);
 }
 

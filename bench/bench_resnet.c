@@ -49,19 +49,13 @@ typedef struct timing {
     int warmup, calibrate;
 } timing;
 
-/* The data, as resnet.py makes it (bench_util.h's hash): stream 1 gives x (uniform in [-1, 1), in the NCHW order
- * whatever the layout), stream 2 the labels (h mod 10). */
+/* The data, as resnet.py makes it (bench_util.h's bench_image_batch). */
 static deft_status feed_batch(deft_program *p, const resnet_train *t, int64_t batch, deft_layout layout) {
     const size_t n = (size_t)batch * 3 * 32 * 32;
     float *x = malloc(n * sizeof *x);
     int32_t *y = malloc((size_t)batch * sizeof *y);
     deft_status s = x && y ? DEFT_OK : DEFT_ERR_OOM;
-    for (size_t i = 0; s == DEFT_OK && i < n; i++) {
-        size_t img = i / 3072, c = i / 1024 % 3, pix = i % 1024;   /* i is the NCHW index */
-        size_t at = layout == DEFT_NHWC ? img * 3072 + pix * 3 + c : i;
-        x[at] = (float)(((double)hash32(1, i) / 4294967296.0) * 2.0 - 1.0);
-    }
-    for (int64_t i = 0; s == DEFT_OK && i < batch; i++) y[i] = (int32_t)(hash32(2, (uint64_t)i) % 10);
+    if (s == DEFT_OK) bench_image_batch(batch, 0, layout, 10, x, y);
     if (s == DEFT_OK) s = deft_program_feed(p, t->x, x, n * sizeof *x);
     if (s == DEFT_OK) s = deft_program_feed(p, t->y, y, (size_t)batch * sizeof *y);
     free(x);

@@ -67,6 +67,20 @@ static inline float hash_uniform(uint64_t stream, uint64_t i, double scale) {
     return (float)((((double)hash32(stream, i) / 4294967296.0) * 2.0 - 1.0) * scale);
 }
 
+/* The ResNet benches' batch of 32x32 RGB images, the same values as bench/peers/resnet.py's: image i of the batch is
+ * image first + i of the hashed streams, x uniform in [-1, 1) by its NCHW index (stored NHWC when asked), its label
+ * hash32(2, first + i) % classes. x holds batch * 3072 floats, y batch labels. */
+static inline void bench_image_batch(int64_t batch, int64_t first, deft_layout layout, int classes, float *x,
+                                     int32_t *y) {
+    const int64_t image = 3 * 32 * 32, plane = 32 * 32, n = batch * image;
+    for (int64_t i = 0; i < n; i++) {   /* i is the NCHW index within the batch */
+        const int64_t img = i / image, c = i / plane % 3, pix = i % plane;
+        const int64_t at = layout == DEFT_NHWC ? img * image + pix * 3 + c : i;
+        x[at] = hash_uniform(1, (uint64_t)(first * image + i), 1.0);
+    }
+    for (int64_t i = 0; i < batch; i++) y[i] = (int32_t)(hash32(2, (uint64_t)(first + i)) % (uint32_t)classes);
+}
+
 /* Sets layer l ("fc<l>.weight" [in, out] and "fc<l>.bias" [out]) of an MLP built with deft_linear to the hashed
  * values, indexed as torch stores the weight ([out, in], so deft's is filled transposed), scaled by 1 / sqrt(in):
  * the bound of torch.nn.Linear's default initialisation. */

@@ -75,17 +75,10 @@ static void ddp_build_resnet(ddp_replica *r, deft_device dev, int bf16) {
 
 /* As bench_resnet's feed (x uniform in [-1, 1) indexed in NCHW order whatever the layout), from rank k's rows. */
 static void ddp_feed_resnet(ddp_replica *r, int k, int bf16) {
-    const int64_t image = 3 * DDP_RESNET_IMAGE * DDP_RESNET_IMAGE, plane = DDP_RESNET_IMAGE * DDP_RESNET_IMAGE;
-    const int64_t n = (int64_t)DDP_RESNET_BATCH * image, first = (int64_t)k * n;
+    const int64_t n = (int64_t)DDP_RESNET_BATCH * 3 * DDP_RESNET_IMAGE * DDP_RESNET_IMAGE;
     float *x = xmalloc((size_t)n * sizeof *x);
     int32_t *y = xmalloc((size_t)DDP_RESNET_BATCH * sizeof *y);
-    for (int64_t i = 0; i < n; i++) {   /* i is the NCHW index within the replica's batch */
-        const int64_t img = i / image, c = i / plane % 3, pix = i % plane;
-        const int64_t at = ddp_resnet_layout(bf16) == DEFT_NHWC ? img * image + pix * 3 + c : i;
-        x[at] = hash_uniform(1, (uint64_t)(first + i), 1.0);
-    }
-    for (int64_t i = 0; i < DDP_RESNET_BATCH; i++)
-        y[i] = (int32_t)(hash32(2, (uint64_t)((int64_t)k * DDP_RESNET_BATCH + i)) % DDP_CLASSES);
+    bench_image_batch(DDP_RESNET_BATCH, (int64_t)k * DDP_RESNET_BATCH, ddp_resnet_layout(bf16), DDP_CLASSES, x, y);
     CHECK(deft_program_feed(r->p, r->x, x, (size_t)n * sizeof *x));
     CHECK(deft_program_feed(r->p, r->y, y, (size_t)DDP_RESNET_BATCH * sizeof *y));
     free(x);
