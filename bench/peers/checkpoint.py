@@ -34,6 +34,7 @@ import gc
 import math
 import sys
 
+import peer_common
 from peer_common import Timer, hash32, hash_uniform
 
 WARMUP_STEPS = 5
@@ -143,18 +144,13 @@ def main(argv=None):
         args.batch = 256 if resnet else 4096
     if args.segments is None:
         args.segments = "1,2,3,4,6" if resnet else "2,3,4,6,9,12,18"
-    try:
-        import torch
-    except ImportError as e:
-        print(f"checkpoint.py: skipped: PyTorch is not installed ({e})")
+    opened = peer_common.open_device("checkpoint.py", args.device, "it runs on a GPU only")
+    if opened is None:
         return 0
-    device = torch.device(args.device)
-    if device.type != "cuda" or not torch.cuda.is_available():
-        print("checkpoint.py: skipped: needs a usable CUDA device")
+    torch, device, cuda = opened
+    if not cuda:
+        print("checkpoint.py: skipped: needs a CUDA device")
         return 0
-    if device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    torch.cuda.set_device(device)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = resnet   # torch's default for convolutions, as resnet.py runs them
     torch.backends.cudnn.benchmark = resnet

@@ -230,20 +230,10 @@ def main(argv=None):
     ap.add_argument("--amp", choices=("bf16", "f16"), help="torch.autocast in bf16 or f16 (f16 with a GradScaler)")
     args = ap.parse_args(argv)
 
-    try:
-        import torch
-    except ImportError as e:
-        print(f"mlp_train.py: skipped: PyTorch is not installed ({e})")
+    opened = peer_common.open_device("mlp_train.py", args.device, "--device cpu runs tiny and small on the CPU")
+    if opened is None:
         return 0
-    device = torch.device(args.device)
-    cuda = device.type == "cuda"
-    if cuda and not torch.cuda.is_available():
-        print("mlp_train.py: skipped: no usable CUDA device (--device cpu runs tiny and small on the CPU)")
-        return 0
-    if cuda:
-        if device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
-        torch.cuda.set_device(device)
+    torch, device, cuda = opened
     torch.backends.cuda.matmul.allow_tf32 = args.tf32
     torch.backends.cudnn.allow_tf32 = args.tf32
     torch.manual_seed(0)

@@ -53,6 +53,26 @@ def measure(timer, fn, read_loss, calibrate, repeats, target_s):
     return us, n, read_loss()
 
 
+def open_device(prog, device_arg, no_cuda_hint):
+    """torch, the device (a CUDA one with its index, made current) and whether it is CUDA; None after printing why the
+    peer is skipped: torch missing, or a CUDA device asked for that cannot be used (no_cuda_hint says what to do)."""
+    try:
+        import torch
+    except ImportError as e:
+        print(f"{prog}: skipped: PyTorch is not installed ({e})")
+        return None
+    device = torch.device(device_arg)
+    cuda = device.type == "cuda"
+    if cuda and not torch.cuda.is_available():
+        print(f"{prog}: skipped: no usable CUDA device ({no_cuda_hint})")
+        return None
+    if cuda:
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        torch.cuda.set_device(device)
+    return torch, device, cuda
+
+
 def fresh(torch, cuda):
     """Frees what the previous configuration left and restarts the peak memory statistics."""
     gc.collect()

@@ -224,20 +224,10 @@ def main(argv=None):
     global F32_CHANNELS_LAST
     F32_CHANNELS_LAST = args.nhwc
 
-    try:
-        import torch
-    except ImportError as e:
-        print(f"resnet.py: skipped: PyTorch is not installed ({e})")
+    opened = peer_common.open_device("resnet.py", args.device, "--device cpu runs batch 16 on the CPU")
+    if opened is None:
         return 0
-    device = torch.device(args.device)
-    cuda = device.type == "cuda"
-    if cuda and not torch.cuda.is_available():
-        print("resnet.py: skipped: no usable CUDA device (--device cpu runs batch 16 on the CPU)")
-        return 0
-    if cuda:
-        if device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
-        torch.cuda.set_device(device)
+    torch, device, cuda = opened
     torch.backends.cuda.matmul.allow_tf32 = args.tf32
     torch.backends.cudnn.allow_tf32 = not args.no_cudnn_tf32
     torch.backends.cudnn.benchmark = True
