@@ -10,9 +10,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "deft.h"
+#include "example_util.h"
 
 typedef struct config {
     const char *dir;
@@ -25,12 +25,6 @@ typedef struct model {
     deft_tensor *x, *y, *logits, *loss, *step;
     deft_program *train, *eval;
 } model;
-
-static double seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static int parse(int argc, char **argv, config *c) {
     *c = (config){NULL, 5, 64, 0, 0.05};
@@ -128,13 +122,6 @@ static deft_status train_epoch(model *m, const deft_dataset *d, int batch, int e
     free(x);
     free(y);
     return s;
-}
-
-static int argmax10(const float *row) {
-    int best = 0;
-    for (int k = 1; k < 10; k++)
-        if (row[k] > row[best]) best = k;
-    return best;
 }
 
 /* Every test sample, the last partial batch padded with copies of its first sample (whose answers are ignored). */

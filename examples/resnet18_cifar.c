@@ -16,9 +16,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "deft.h"
+#include "example_util.h"
 #include "resnet18.h"
 
 typedef struct config {
@@ -28,12 +28,6 @@ typedef struct config {
     double lr;
     deft_dtype amp;
 } config;
-
-static double seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static int parse(int argc, char **argv, config *c) {
     *c = (config){.dir = getenv("DEFT_CIFAR_DIR"), .epochs = 30, .batch = 128, .augment = 1, .lr = 0.1};
@@ -138,13 +132,6 @@ static deft_status train_epoch(run *r, deft_loader *l, const config *c, int epoc
     /* A shortened epoch leaves batches in the loader: take them so the next epoch starts at its own first batch. */
     for (deft_loader_batch lb = {0}; s == DEFT_OK && !lb.end;) s = deft_loader_next(l, r->train, &lb);
     return s;
-}
-
-static int argmax10(const float *row) {
-    int best = 0;
-    for (int k = 1; k < 10; k++)
-        if (row[k] > row[best]) best = k;
-    return best;
 }
 
 /* Every test image in batches of eval_batch, the last padded with copies of its first image (answers ignored). */
