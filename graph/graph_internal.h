@@ -250,6 +250,11 @@ static inline bool deft_op_is_leaf(deft_op op) {
     return op == DEFT_OP_INPUT || op == DEFT_OP_PARAM || op == DEFT_OP_CONSTANT;
 }
 
+/* The convolution and its two gradients (cuDNN's on a GPU). */
+static inline bool deft_op_is_conv(deft_op op) {
+    return op == DEFT_OP_CONV2D || op == DEFT_OP_CONV2D_INPUT_GRAD || op == DEFT_OP_CONV2D_WEIGHT_GRAD;
+}
+
 /* ---- graph bookkeeping shared with runtime/ ---- */
 deft_status deft_graph_add_program(deft_graph *g, struct deft_program *p);
 void deft_graph_remove_program(deft_graph *g, struct deft_program *p);

@@ -133,16 +133,8 @@ static int deft_footprint_slot(deft_device_footprint *fp, int *n, int max, deft_
 }
 
 /* cuBLAS keeps one workspace per GPU that runs a matmul (ops/cuda/cuda_matmul.cu). */
-static bool deft_is_conv(deft_op op) {
-    return op == DEFT_OP_CONV2D || op == DEFT_OP_CONV2D_INPUT_GRAD || op == DEFT_OP_CONV2D_WEIGHT_GRAD;
-}
-
-static bool deft_is_batch_norm(deft_op op) {
-    return op == DEFT_OP_BATCH_NORM || op == DEFT_OP_BATCH_NORM_GRAD || op == DEFT_OP_BATCH_NORM_WEIGHT_GRAD;
-}
-
 /* The scratch of the program's stream on d: cuBLAS's if it multiplies matrices there, cuDNN's if it convolves,
- * batch norm's if it normalises (ops/cuda/cuda_workspace.cu). */
+ * batch norm's if it sums per channel there (batch statistics, gradient sums) (ops/cuda/cuda_workspace.cu). */
 static size_t deft_workspaces_used(const deft_program *p, deft_device d) {
     if (d.type != DEFT_CUDA || !deft_has_cuda_build()) return 0;
     bool cublas = false, cudnn = false, norm = false;
@@ -150,8 +142,8 @@ static size_t deft_workspaces_used(const deft_program *p, deft_device d) {
         const deft_tensor *t = p->graph->nodes[id];
         if (!p->nodes[id].needed || !deft_device_equal(t->device, d)) continue;
         cublas = cublas || t->op == DEFT_OP_MATMUL;
-        cudnn = cudnn || deft_is_conv(t->op);
-        norm = norm || deft_is_batch_norm(t->op);
+        cudnn = cudnn || deft_op_is_conv(t->op);
+        norm = norm || (t->op == DEFT_OP_BN_STATS && t->p.bn.batch) || t->op == DEFT_OP_BATCH_NORM_WEIGHT_GRAD;
     }
     return (cublas ? DEFT_CUBLAS_WORKSPACE_BYTES : 0) + (cudnn ? DEFT_CUDNN_WORKSPACE_BYTES : 0) +
            (norm ? DEFT_NORM_WORKSPACE_BYTES : 0);
@@ -183,6 +175,7 @@ deft_status deft_program_footprint(const deft_program *p, deft_device_footprint 
         out[i].workspace_bytes = deft_workspaces_used(p, out[i].device);
         out[i].total_bytes = out[i].persistent_bytes + out[i].arena_bytes + out[i].workspace_bytes;
     }
-    if (full) return deft_set_error(DEFT_ERR_INVALID, "program_footprint: the program touches more than %d devices", max);
+    if (full)
+        return deft_set_error(DEFT_ERR_INVALID, "program_footprint: the program touches more than %d devices", max);
     return DEFT_OK;
 }
