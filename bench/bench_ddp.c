@@ -73,8 +73,11 @@ static bench_args parse(int argc, char **argv) {
         if (strcmp(argv[i], "--gpus") == 0 && i + 1 < argc) a.n = atoi(argv[++i]);
         else if (strcmp(argv[i], "--no-graphs") == 0) a.graphs = 0;
         else if (strcmp(argv[i], "--tf32") == 0) a.tf32 = 1;
-        else if (strcmp(argv[i], "--bucket-mib") == 0 && i + 1 < argc)
-            a.bucket_bytes = (size_t)(atof(argv[++i]) * 1048576);
+        else if (strcmp(argv[i], "--bucket-mib") == 0 && i + 1 < argc) {
+            const double mib = atof(argv[++i]);
+            if (!(mib > 0 && mib <= 65536)) fprintf(stderr, "%s: --bucket-mib in (0, 65536]\n", prog), exit(2);
+            a.bucket_bytes = (size_t)(mib * 1048576);
+        }
         else if (strcmp(argv[i], "--model") == 0 && i + 1 < argc) {
             const char *m = argv[++i];
             if (strcmp(m, "mlp") && strcmp(m, "resnet")) usage();
