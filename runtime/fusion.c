@@ -3,6 +3,7 @@
  *   matmul groups   a matmul and the bias add (and ReLU) after it, as one cuBLASLt call with an epilogue; or a
  *                   matmul and the sum over the rows of its second operand (a bias gradient), which cuBLASLt computes
  *                   while it reads that operand
+ *   batch norm      a normalisation and the add and ReLU after it (runtime/fusion_norm.c)
  *   elementwise     a chain of same-shape f32 elementwise nodes (ops/fused.h): one pass over memory instead of one
  *                   per node, and the members read only inside the chain never get a buffer; a sum or mean over
  *                   every element of the chain may end it (a loss's mean: one launch fewer in a small step)
@@ -17,20 +18,11 @@
 #include "cuda_kernels.h"
 #include "cuda_matmul.h"
 #include "fused.h"
-#include "program_state.h"
-
-typedef struct deft_fusion {
-    deft_program *p;
-    int *pos;          /* per node: its step, or for a node that runs no kernel the first step reading it */
-    int *cons_start;   /* consumers of node id: cons[cons_start[id] .. cons_start[id + 1]) */
-    int *cons;
-    int *group_of;     /* per node: index in p->groups, -1 */
-    int cap_groups;
-} deft_fusion;
+#include "fusion_internal.h"
 
 static const deft_tensor *deft_node(const deft_fusion *f, int id) { return f->p->graph->nodes[id]; }
 
-static bool deft_is_step(const deft_fusion *f, int id) {
+bool deft_is_step(const deft_fusion *f, int id) {
     const deft_node_state *s = &f->p->nodes[id];
     return s->needed && !deft_op_is_leaf(deft_node(f, id)->op) && !deft_node(f, id)->is_view;
 }
@@ -75,7 +67,7 @@ static deft_status deft_fusion_index(deft_fusion *f) {
     return DEFT_OK;
 }
 
-static deft_group *deft_group_add(deft_fusion *f, deft_group_kind kind) {
+deft_group *deft_group_add(deft_fusion *f, deft_group_kind kind) {
     deft_program *p = f->p;
     if (p->n_groups == f->cap_groups) {
         int cap = f->cap_groups ? 2 * f->cap_groups : 16;
@@ -96,7 +88,7 @@ static deft_group *deft_group_add(deft_fusion *f, deft_group_kind kind) {
     return g;
 }
 
-static void deft_group_join(deft_fusion *f, int gi, int id) {
+void deft_group_join(deft_fusion *f, int gi, int id) {
     deft_group *g = &f->p->groups[gi];
     g->members[g->n_members++] = id;
     f->group_of[id] = gi;
@@ -399,7 +391,7 @@ static deft_status deft_finish_group(deft_fusion *f, int gi) {
         if (g->members[m] != g->reduce && deft_read_outside(f, gi, g->members[m]))
             g->stores[g->n_stores++] = g->members[m];
     if (g->reduce >= 0) g->stores[g->n_stores++] = g->reduce;
-    if (g->kind == DEFT_GROUP_MATMUL) return DEFT_OK;
+    if (g->kind != DEFT_GROUP_ELEMENTWISE) return DEFT_OK;
     for (int m = 0; m < g->n_members; m++) {
         const deft_tensor *t = deft_node(f, g->members[m]);
         for (int k = 0; k < t->nsrc; k++)
@@ -450,6 +442,7 @@ deft_status deft_program_fuse(deft_program *p) {
     deft_fusion f = {p, NULL, NULL, NULL, NULL, 0};
     deft_status s = deft_fusion_index(&f);
     if (s == DEFT_OK) s = deft_fuse_matmuls(&f);
+    if (s == DEFT_OK) s = deft_fuse_norm_epilogues(&f);
     if (s == DEFT_OK) s = deft_fuse_elementwise(&f);
     if (s == DEFT_OK) s = deft_fusion_commit(&f);
     free(f.pos);

@@ -29,13 +29,27 @@ static deft_status deft_run_matmul(deft_program *p, const deft_group *g, void *s
     return deft_cuda_matmul_fused(mm, out, deft_program_data(p, mm->src[0]->id), deft_program_data(p, mm->src[1]->id),
                                   &ep, stream, p->cuda_flags);
 }
+
+/* The normalisation's inputs as its own step would pass them, its output stored in the group's one store. */
+static deft_status deft_run_norm(deft_program *p, const deft_group *g, void *stream) {
+    const deft_tensor *bn = p->graph->nodes[g->norm];
+    const void *in[8];   /* batch norm reads x, its statistics, and its weight and bias when it has them */
+    if (bn->nsrc > 8) return deft_set_error(DEFT_ERR_INVALID, "%s: batch norm with %d inputs", bn->name, bn->nsrc);
+    for (int k = 0; k < bn->nsrc; k++) in[k] = deft_program_data(p, bn->src[k]->id);
+    const void *residual = g->residual >= 0 ? deft_program_data(p, g->residual) : NULL;
+    return deft_cuda_batch_norm_epilogue(bn, deft_program_data(p, g->root), in, residual, g->relu, stream);
+}
 #endif
 
 deft_status deft_group_run(deft_program *p, const deft_group *g, void *stream) {
 #ifdef DEFT_HAVE_CUDA
     deft_status s = deft_cuda_set_device(p->graph->nodes[g->root]->device.index);
     if (s != DEFT_OK) return s;
-    return g->kind == DEFT_GROUP_ELEMENTWISE ? deft_run_elementwise(p, g, stream) : deft_run_matmul(p, g, stream);
+    switch (g->kind) {
+    case DEFT_GROUP_ELEMENTWISE: return deft_run_elementwise(p, g, stream);
+    case DEFT_GROUP_NORM: return deft_run_norm(p, g, stream);
+    default: return deft_run_matmul(p, g, stream);
+    }
 #else
     (void)p;
     (void)g;

@@ -44,7 +44,8 @@ typedef struct deft_buffer {
  * never reach memory. */
 typedef enum deft_group_kind {
     DEFT_GROUP_ELEMENTWISE,   /* a chain of same-shape f32 elementwise ops: ops/fused.h */
-    DEFT_GROUP_MATMUL         /* a matmul with a cuBLASLt epilogue: ops/cuda/cuda_matmul.h */
+    DEFT_GROUP_MATMUL,        /* a matmul with a cuBLASLt epilogue: ops/cuda/cuda_matmul.h */
+    DEFT_GROUP_NORM           /* a batch norm and the add and ReLU after it: runtime/fusion_norm.c */
 } deft_group_kind;
 
 typedef struct deft_group {
@@ -60,6 +61,8 @@ typedef struct deft_group {
     int matmul, bias;         /* matmul: the matmul node; the bias added by the epilogue (-1 if none) */
     int epilogue;             /* matmul: a deft_mm_epilogue_kind */
     int reduce;               /* elementwise: the full sum or mean ending the chain (the last store), -1 if none */
+    int norm, residual;       /* norm: the batch norm node; the node its output is added to (-1 if none) */
+    int relu;                 /* norm: 1 when a ReLU ends the group */
 } deft_group;
 
 struct deft_program {

@@ -16,6 +16,12 @@ extern "C" {
  * cuBLAS error string on failure. */
 deft_status deft_cuda_run_node(const deft_tensor *n, void *out, const void *const *in, void *stream, unsigned flags);
 
+/* Batch norm node n (DEFT_OP_BATCH_NORM) followed by the add of `residual` (n's shape and dtype, contiguous; NULL for
+ * none) and a ReLU (relu != 0), stored once in `out`: each step rounded as its own kernel would round it, so the
+ * result is that of the three kernels bit for bit. Runs a fused group of runtime/fusion_norm.c. */
+deft_status deft_cuda_batch_norm_epilogue(const deft_tensor *n, void *out, const void *const *in, const void *residual,
+                                          int relu, void *stream);
+
 /* DEFT_CUBLAS_WORKSPACE_BYTES and DEFT_CUDNN_WORKSPACE_BYTES: the scratch a stream's cuBLAS and cuDNN calls get
  * from the caching allocator (shown in memory footprints). */
 #include "cuda_workspace.h"

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "cuda_block_reduce.cuh"
+#include "cuda_kernels.h"
 #include "cuda_norm.cuh"
 
 __device__ __forceinline__ int64_t deft_bn_at(const deft_bn_geom &g, int64_t c, int64_t j) {
@@ -58,14 +59,14 @@ template <class P> __global__ void deft_bn_eval_stats_kernel(int64_t C, const P 
 
 /* y = (x - mean) invstd weight + bias; w and b may be NULL. */
 template <class T, class P>
-__global__ void deft_bn_forward_kernel(deft_bn_geom g, const T *x, const P *stats, const P *w, const P *b, T *y,
-                                       int64_t total) {
+__global__ void deft_bn_forward_kernel(deft_bn_geom g, const T *x, const P *stats, const P *w, const P *b,
+                                       const T *r, bool relu, T *y, int64_t total) {
     for (int64_t i = deft_tid(); i < total; i += deft_nthreads()) {
         const int64_t c = (i / g.sC) % g.C;
         double v = (deft_bn_ld(x, i) - deft_bn_ld(stats, c)) * deft_bn_ld(stats, g.C + c);
         if (w) v *= deft_bn_ld(w, c);
         if (b) v += deft_bn_ld(b, c);
-        y[i] = deft_ty<T>::from_f64(v);
+        y[i] = deft_bn_epilogue(deft_ty<T>::from_f64(v), r, i, relu);
     }
 }
 
@@ -124,15 +125,16 @@ template <class T, class P> static deft_status deft_bn_stats(const deft_tensor *
     return deft_cuda_check_launch(n, "batch norm stats");
 }
 
-/* src (x, stats[, weight][, bias]). */
+/* src (x, stats[, weight][, bias]); then the add of r (NULL: none) and a ReLU when relu. */
 template <class T, class P> static deft_status deft_bn_forward(const deft_tensor *n, void *out,
-                                                               const void *const *in, cudaStream_t st) {
+                                                               const void *const *in, const void *r, bool relu,
+                                                               cudaStream_t st) {
     const deft_bn_geom g = deft_bn_geometry(n, n->p.bn.layout);
     const P *w = n->p.bn.has_weight ? (const P *)in[2] : NULL;
     const P *b = n->p.bn.has_bias ? (const P *)in[2 + n->p.bn.has_weight] : NULL;
     const int64_t total = g.N * g.C * g.S;
     deft_bn_forward_kernel<T, P><<<deft_cuda_blocks(total, DEFT_CUDA_THREADS), DEFT_CUDA_THREADS, 0, st>>>(
-        g, (const T *)in[0], (const P *)in[1], w, b, (T *)out, total);
+        g, (const T *)in[0], (const P *)in[1], w, b, (const T *)r, relu, (T *)out, total);
     return deft_cuda_check_launch(n, "batch norm");
 }
 
@@ -175,9 +177,23 @@ deft_status deft_cuda_batch_norm(const deft_tensor *n, void *out, const void *co
         typedef typename decltype(param)::type P;
         switch (n->op) {
         case DEFT_OP_BN_STATS: return deft_bn_stats<T, P>(n, out, in, st);
-        case DEFT_OP_BATCH_NORM: return deft_bn_forward<T, P>(n, out, in, st);
+        case DEFT_OP_BATCH_NORM: return deft_bn_forward<T, P>(n, out, in, NULL, false, st);
         case DEFT_OP_BATCH_NORM_GRAD: return deft_bn_input_grad<T, P>(n, out, in, st);
         default: return deft_bn_grad_sums<T, P>(n, out, in, st);
         }
+    });
+}
+
+deft_status deft_cuda_batch_norm_epilogue(const deft_tensor *n, void *out, const void *const *in, const void *residual,
+                                          int relu, void *stream) {
+    cudaStream_t st = (cudaStream_t)stream;
+    if (n->op != DEFT_OP_BATCH_NORM)
+        return deft_set_error(DEFT_ERR_INVALID, "%s: a batch norm epilogue follows a normalisation, not %s", n->name,
+                              deft_op_name(n->op));
+    if (!deft_bn_reference_requested()) return deft_cuda_batch_norm_fast_epilogue(n, out, in, residual, relu != 0, st);
+    return deft_bn_with_dtypes(n, [&](auto data, auto param) -> deft_status {
+        typedef typename decltype(data)::type T;
+        typedef typename decltype(param)::type P;
+        return deft_bn_forward<T, P>(n, out, in, residual, relu != 0, st);
     });
 }

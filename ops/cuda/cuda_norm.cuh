@@ -4,6 +4,7 @@
 #ifndef DEFT_CUDA_NORM_CUH
 #define DEFT_CUDA_NORM_CUH
 
+#include "cuda_elementwise_fn.cuh"
 #include "cuda_image.cuh"
 
 /* x seen as [N, C, S] (as bn_geom in cpu_norm.c): element (n, c, s) at n sN + c sC + s; NCHW has S = H W, NHWC
@@ -62,6 +63,17 @@ template <class F> static inline deft_status deft_bn_with_dtypes(const deft_tens
                           deft_dtype_name(p));
 }
 
+/* What an add of r and a ReLU after the normalisation store, from the normalised value y already rounded to T: each
+ * step rounded to T as its own one-op kernel rounds it (cuda_elementwise.cu), so that a fused group
+ * (runtime/fusion_norm.c) stores what the three kernels would, bit for bit. r NULL: no add. */
+template <class T>
+__device__ __forceinline__ T deft_bn_epilogue(T y, const T *r, int64_t i, bool relu) {
+    typedef typename deft_ty<T>::C A;
+    if (r) y = deft_ty<T>::store(deft_f_add()(deft_ty<T>::load(y), deft_ty<T>::load(r[i])));
+    if (relu) y = deft_ty<T>::store(deft_m_relu<A>()(deft_ty<T>::load(y)));
+    return y;
+}
+
 /* Whether DEFT_BN_REFERENCE=1 sends batch norm through the plain kernels (cuda_norm.cu). */
 bool deft_bn_reference_requested(void);
 
@@ -70,5 +82,9 @@ bool deft_bn_reference_requested(void);
  * the caller takes the plain path. */
 deft_status deft_cuda_batch_norm_fast(const deft_tensor *n, void *out, const void *const *in, cudaStream_t st,
                                       bool *done);
+/* The fast normalisation (DEFT_OP_BATCH_NORM) followed by the add of `residual` (n's shape and dtype; NULL for none)
+ * and a ReLU when `relu`: always runs. */
+deft_status deft_cuda_batch_norm_fast_epilogue(const deft_tensor *n, void *out, const void *const *in,
+                                               const void *residual, bool relu, cudaStream_t st);
 
 #endif

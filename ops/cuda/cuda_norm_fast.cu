@@ -15,6 +15,8 @@
  *
  * The partials and counts live in the stream's workspace (cuda_workspace.cu), taken outside a capture; the last
  * block sets its count back to zero, so every launch is capturable and a replay starts clean. */
+#include <initializer_list>
+
 #include "cuda_block_reduce.cuh"
 #include "cuda_norm.cuh"
 
@@ -347,10 +349,10 @@ template <class Term> static deft_status deft_bn_column_sums(const deft_tensor *
 
 /* ---- the elementwise passes ---- */
 
-/* y = (x - mean) invstd w + b, in the compute type; w and b may be NULL. */
+/* y = (x - mean) invstd w + b, in the compute type; w and b may be NULL; then the epilogue (r NULL: no add). */
 template <class T, class P>
 __global__ void deft_bn_fast_forward_kernel(deft_bn_geom g, const T *x, const P *stats, const P *w, const P *b,
-                                            T *y, int64_t total, bool small) {
+                                            const T *r, bool relu, T *y, int64_t total, bool small) {
     typedef typename deft_ty<T>::C A;
     for (int64_t i = deft_tid(); i < total; i += deft_nthreads()) {
         const int64_t c = deft_bn_channel_of(g, i, small);
@@ -358,7 +360,7 @@ __global__ void deft_bn_fast_forward_kernel(deft_bn_geom g, const T *x, const P 
         if (w) scale *= (A)deft_ty<P>::load(w[c]);
         A v = (deft_ty<T>::load(x[i]) - (A)deft_ty<P>::load(stats[c])) * scale;
         if (b) v += (A)deft_ty<P>::load(b[c]);
-        y[i] = deft_ty<T>::store(v);
+        y[i] = deft_bn_epilogue(deft_ty<T>::store(v), r, i, relu);
     }
 }
 
@@ -379,6 +381,113 @@ __global__ void deft_bn_fast_input_grad_kernel(deft_bn_geom g, const T *dy, cons
         }
         dx[i] = deft_ty<T>::store(v * scale);
     }
+}
+
+/* The same two passes over NHWC rows whose channels come in whole 16-byte vectors (V of them): one load moves V
+ * channels of a row, and the per-channel values, computed once per block into shared memory (`per` arrays of C),
+ * are read from there instead of from four or five arrays per element. The arithmetic is the scalar kernels', in the
+ * same order, so both give the same values. */
+#define DEFT_BN_VEC_SHARED_BYTES (40 * 1024)
+
+template <class T, int V>
+__device__ __forceinline__ void deft_bn_load_vec(const T *p, int64_t i, typename deft_ty<T>::C (&out)[V]) {
+    deft_bn_load<T, V>(p + i * V, out);
+}
+
+template <class T, int V>
+__device__ __forceinline__ void deft_bn_store_vec(T *p, int64_t i, const T (&v)[V]) {
+    deft_bn_vec<T, V> o;
+#pragma unroll
+    for (int k = 0; k < V; k++) o.e[k] = v[k];
+    *reinterpret_cast<deft_bn_vec<T, V> *>(p + i * V) = o;
+}
+
+/* The channel of vector i's first element: vectors never straddle rows, as V divides C. */
+__device__ __forceinline__ int deft_bn_vec_channel(int64_t i, int64_t vecs_per_row, int V, bool small) {
+    if (small) return (int)((uint32_t)i % (uint32_t)vecs_per_row) * V;
+    return (int)(i % vecs_per_row) * V;
+}
+
+template <class T, class P, int V>
+__global__ void deft_bn_vec_forward_kernel(deft_bn_geom g, const T *x, const P *stats, const P *w, const P *b,
+                                           const T *r, bool relu, T *y, int64_t n_vec, bool small) {
+    typedef typename deft_ty<T>::C A;
+    extern __shared__ __align__(16) unsigned char deft_bn_shared[];
+    A *mean = reinterpret_cast<A *>(deft_bn_shared), *scale = mean + g.C, *bias = scale + g.C;
+    for (int64_t c = threadIdx.x; c < g.C; c += blockDim.x) {
+        A s = (A)deft_ty<P>::load(stats[g.C + c]);
+        if (w) s *= (A)deft_ty<P>::load(w[c]);
+        mean[c] = (A)deft_ty<P>::load(stats[c]), scale[c] = s, bias[c] = b ? (A)deft_ty<P>::load(b[c]) : A(0);
+    }
+    __syncthreads();
+    const int64_t per_row = g.C / V;
+    for (int64_t i = deft_tid(); i < n_vec; i += deft_nthreads()) {
+        const int c0 = deft_bn_vec_channel(i, per_row, V, small);
+        A xv[V], rv[V];
+        deft_bn_load_vec<T, V>(x, i, xv);
+        if (r) deft_bn_load_vec<T, V>(r, i, rv);
+        T out[V];
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+            A v = (xv[k] - mean[c0 + k]) * scale[c0 + k];
+            if (b) v += bias[c0 + k];
+            T o = deft_ty<T>::store(v);
+            if (r) o = deft_ty<T>::store(deft_f_add()(deft_ty<T>::load(o), rv[k]));
+            if (relu) o = deft_ty<T>::store(deft_m_relu<A>()(deft_ty<T>::load(o)));
+            out[k] = o;
+        }
+        deft_bn_store_vec<T, V>(y, i, out);
+    }
+}
+
+template <class T, class P, int V>
+__global__ void deft_bn_vec_input_grad_kernel(deft_bn_geom g, const T *dy, const T *x, const P *stats,
+                                              const P *sums, const P *w, T *dx, int64_t n_vec, bool small) {
+    typedef typename deft_ty<T>::C A;
+    extern __shared__ __align__(16) unsigned char deft_bn_shared[];
+    A *mean = reinterpret_cast<A *>(deft_bn_shared), *invstd = mean + g.C, *scale = invstd + g.C;
+    A *sum_dy = scale + g.C, *sum_dy_xhat = sum_dy + g.C;
+    const A inv_m = (A)(1.0 / (double)(g.N * g.S));
+    for (int64_t c = threadIdx.x; c < g.C; c += blockDim.x) {
+        const A is = (A)deft_ty<P>::load(stats[g.C + c]);
+        mean[c] = (A)deft_ty<P>::load(stats[c]), invstd[c] = is;
+        scale[c] = w ? is * (A)deft_ty<P>::load(w[c]) : is;
+        sum_dy[c] = x ? (A)deft_ty<P>::load(sums[c]) * inv_m : A(0);
+        sum_dy_xhat[c] = x ? (A)deft_ty<P>::load(sums[g.C + c]) * inv_m : A(0);
+    }
+    __syncthreads();
+    const int64_t per_row = g.C / V;
+    for (int64_t i = deft_tid(); i < n_vec; i += deft_nthreads()) {
+        const int c0 = deft_bn_vec_channel(i, per_row, V, small);
+        A dv[V], xv[V];
+        deft_bn_load_vec<T, V>(dy, i, dv);
+        if (x) deft_bn_load_vec<T, V>(x, i, xv);
+        T out[V];
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+            const int c = c0 + k;
+            A v = dv[k];
+            if (x) {
+                const A xhat = (xv[k] - mean[c]) * invstd[c];
+                v -= sum_dy[c] + xhat * sum_dy_xhat[c];
+            }
+            out[k] = deft_ty<T>::store(v * scale[c]);
+        }
+        deft_bn_store_vec<T, V>(dx, i, out);
+    }
+}
+
+/* Whether the vector kernels take an elementwise pass over g with these tensors: NHWC, V dividing C, 16-byte
+ * aligned data, and `arrays` per-channel arrays of the compute type fitting the shared memory set aside. */
+template <class T>
+static bool deft_bn_vec_fits(const deft_bn_geom &g, int arrays, std::initializer_list<const void *> data) {
+    constexpr int V = 16 / (int)sizeof(T);
+    if (g.S != 1 || g.C % V != 0 || (size_t)arrays * (size_t)g.C * sizeof(typename deft_ty<T>::C) >
+                                        DEFT_BN_VEC_SHARED_BYTES)
+        return false;
+    for (const void *p : data)
+        if (p && !deft_bn_aligned(p, 16)) return false;
+    return true;
 }
 
 /* ---- per op ---- */
@@ -404,13 +513,23 @@ template <class T, class P> static deft_status deft_bn_fast_grad_sums(const deft
 }
 
 template <class T, class P> static deft_status deft_bn_fast_forward(const deft_tensor *n, void *out,
-                                                                    const void *const *in, cudaStream_t st) {
+                                                                    const void *const *in, const void *residual,
+                                                                    bool relu, cudaStream_t st) {
     const deft_bn_geom g = deft_bn_geometry(n, n->p.bn.layout);
     const P *w = n->p.bn.has_weight ? (const P *)in[2] : NULL;
     const P *b = n->p.bn.has_bias ? (const P *)in[2 + n->p.bn.has_weight] : NULL;
+    const T *x = (const T *)in[0], *r = (const T *)residual;
     const int64_t total = g.N * g.C * g.S;
+    constexpr int V = 16 / (int)sizeof(T);
+    if (deft_bn_vec_fits<T>(g, 3, {x, r, out})) {
+        const int64_t n_vec = total / V;
+        deft_bn_vec_forward_kernel<T, P, V>
+            <<<deft_cuda_blocks(n_vec, DEFT_CUDA_THREADS), DEFT_CUDA_THREADS, 3 * g.C * sizeof(typename deft_ty<T>::C),
+               st>>>(g, x, (const P *)in[1], w, b, r, relu, (T *)out, n_vec, n_vec < ((int64_t)1 << 32));
+        return deft_cuda_check_launch(n, "batch norm (vector)");
+    }
     deft_bn_fast_forward_kernel<T, P><<<deft_cuda_blocks(total, DEFT_CUDA_THREADS), DEFT_CUDA_THREADS, 0, st>>>(
-        g, (const T *)in[0], (const P *)in[1], w, b, (T *)out, total, deft_bn_small(g));
+        g, x, (const P *)in[1], w, b, r, relu, (T *)out, total, deft_bn_small(g));
     return deft_cuda_check_launch(n, "batch norm (fast)");
 }
 
@@ -423,6 +542,14 @@ template <class T, class P> static deft_status deft_bn_fast_input_grad(const def
     const P *stats = (const P *)in[1 + batch], *sums = batch ? (const P *)in[3] : NULL;
     const P *w = n->p.bn.has_weight ? (const P *)in[batch ? 4 : 2] : NULL;
     const int64_t total = g.N * g.C * g.S;
+    constexpr int V = 16 / (int)sizeof(T);
+    if (deft_bn_vec_fits<T>(g, 5, {in[0], x, out})) {
+        const int64_t n_vec = total / V;
+        deft_bn_vec_input_grad_kernel<T, P, V>
+            <<<deft_cuda_blocks(n_vec, DEFT_CUDA_THREADS), DEFT_CUDA_THREADS, 5 * g.C * sizeof(typename deft_ty<T>::C),
+               st>>>(g, (const T *)in[0], x, stats, sums, w, (T *)out, n_vec, n_vec < ((int64_t)1 << 32));
+        return deft_cuda_check_launch(n, "batch norm grad (vector)");
+    }
     deft_bn_fast_input_grad_kernel<T, P><<<deft_cuda_blocks(total, DEFT_CUDA_THREADS), DEFT_CUDA_THREADS, 0, st>>>(
         g, (const T *)in[0], x, stats, sums, w, (T *)out, total, deft_bn_small(g));
     return deft_cuda_check_launch(n, "batch norm grad (fast)");
@@ -438,8 +565,17 @@ deft_status deft_cuda_batch_norm_fast(const deft_tensor *n, void *out, const voi
         switch (n->op) {
         case DEFT_OP_BN_STATS: return deft_bn_fast_stats<T, P>(n, out, in, st, done);
         case DEFT_OP_BATCH_NORM_WEIGHT_GRAD: return deft_bn_fast_grad_sums<T, P>(n, out, in, st, done);
-        case DEFT_OP_BATCH_NORM: *done = true; return deft_bn_fast_forward<T, P>(n, out, in, st);
+        case DEFT_OP_BATCH_NORM: *done = true; return deft_bn_fast_forward<T, P>(n, out, in, NULL, false, st);
         default: *done = true; return deft_bn_fast_input_grad<T, P>(n, out, in, st);
         }
+    });
+}
+
+deft_status deft_cuda_batch_norm_fast_epilogue(const deft_tensor *n, void *out, const void *const *in,
+                                               const void *residual, bool relu, cudaStream_t st) {
+    return deft_bn_with_dtypes(n, [&](auto data, auto param) -> deft_status {
+        typedef typename decltype(data)::type T;
+        typedef typename decltype(param)::type P;
+        return deft_bn_fast_forward<T, P>(n, out, in, residual, relu, st);
     });
 }

@@ -1,0 +1,28 @@
+/* What the fusion pass's files share (runtime/fusion.c builds the groups; runtime/fusion_norm.c adds batch norm's). */
+#ifndef DEFT_FUSION_INTERNAL_H
+#define DEFT_FUSION_INTERNAL_H
+
+#include <stdbool.h>
+
+#include "program_state.h"
+
+typedef struct deft_fusion {
+    deft_program *p;
+    int *pos;          /* per node: its step, or for a node that runs no kernel the first step reading it */
+    int *cons_start;   /* consumers of node id: cons[cons_start[id] .. cons_start[id + 1]) */
+    int *cons;
+    int *group_of;     /* per node: index in p->groups, -1 */
+    int cap_groups;
+} deft_fusion;
+
+/* Whether node id runs a kernel of its own (needed, not a leaf, not a view). */
+bool deft_is_step(const deft_fusion *f, int id);
+/* A new empty group of `kind` at the end of p->groups (NULL when out of host memory); its members array holds
+ * DEFT_FUSED_MAX_OPS. */
+deft_group *deft_group_add(deft_fusion *f, deft_group_kind kind);
+void deft_group_join(deft_fusion *f, int gi, int id);
+
+/* Batch norm groups (runtime/fusion_norm.c), formed before the elementwise chains so that these take what is left. */
+deft_status deft_fuse_norm_epilogues(deft_fusion *f);
+
+#endif
