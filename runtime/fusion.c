@@ -4,13 +4,15 @@
  *                   matmul and the sum over the rows of its second operand (a bias gradient), which cuBLASLt computes
  *                   while it reads that operand
  *   batch norm      a normalisation and the add and ReLU after it (runtime/fusion_norm.c)
+ *   casts           the casts of parameters and constants to one dtype (autocast's weights), in one launch
+ *                   (runtime/fusion_casts.c)
  *   elementwise     a chain of same-shape f32 elementwise nodes (ops/fused.h): one pass over memory instead of one
  *                   per node, and the members read only inside the chain never get a buffer; a sum or mean over
  *                   every element of the chain may end it (a loss's mean: one launch fewer in a small step)
  *
- * A group runs at the position of its last member in the schedule, so every reader outside the group of any member
- * must come later than that; a node joins a group only if this holds (which also rules out cycles through nodes
- * outside the group). Fused kernels compute what the one-op kernels would, bit for bit; the compile option
+ * A group runs at the position of its last member in the schedule (a group of casts at its first's), so every
+ * reader outside the group of any member must come later than that; a node joins a group only if this holds (which
+ * also rules out cycles through nodes outside the group). Fused kernels compute what the one-op kernels would, bit for bit; the compile option
  * no_fusion turns the pass off. CPU steps are never fused. */
 #include <stdlib.h>
 #include <string.h>
@@ -381,9 +383,13 @@ static int deft_cmp_int(const void *a, const void *b) { return *(const int *)a -
 static deft_status deft_finish_group(deft_fusion *f, int gi) {
     deft_group *g = &f->p->groups[gi];
     qsort(g->members, (size_t)g->n_members, sizeof *g->members, deft_cmp_int);
+    /* A group runs where its last member would; casts of leaves, whose inputs exist before any step, where the
+     * first would, so that every member's readers still come after it. */
+    const bool at_first = g->kind == DEFT_GROUP_CASTS;
     g->root = g->members[0];
     for (int m = 1; m < g->n_members; m++)
-        if (f->pos[g->members[m]] > f->pos[g->root]) g->root = g->members[m];
+        if (at_first ? f->pos[g->members[m]] < f->pos[g->root] : f->pos[g->members[m]] > f->pos[g->root])
+            g->root = g->members[m];
     g->stores = malloc((size_t)g->n_members * sizeof *g->stores);
     g->inputs = malloc((size_t)(DEFT_FUSED_MAX_INPUTS + 2) * sizeof *g->inputs);
     if (!g->stores || !g->inputs) return deft_set_error(DEFT_ERR_OOM, "compile: out of host memory");
@@ -443,6 +449,7 @@ deft_status deft_program_fuse(deft_program *p) {
     deft_status s = deft_fusion_index(&f);
     if (s == DEFT_OK) s = deft_fuse_matmuls(&f);
     if (s == DEFT_OK) s = deft_fuse_norm_epilogues(&f);
+    if (s == DEFT_OK) s = deft_fuse_leaf_casts(&f);
     if (s == DEFT_OK) s = deft_fuse_elementwise(&f);
     if (s == DEFT_OK) s = deft_fusion_commit(&f);
     free(f.pos);
