@@ -7,8 +7,8 @@
 
 #ifdef DEFT_HAVE_CUDA
 static deft_status deft_run_elementwise(deft_program *p, const deft_group *g, void *stream) {
-    const float *in[DEFT_FUSED_MAX_INPUTS];
-    float *out[DEFT_FUSED_MAX_STORES + 1];   /* a reduction ending the chain is the last */
+    const void *in[DEFT_FUSED_MAX_INPUTS];
+    void *out[DEFT_FUSED_MAX_STORES + 1];   /* a reduction ending the chain is the last */
     for (int j = 0; j < g->n_inputs; j++) in[j] = deft_program_data(p, g->inputs[j]);
     for (int s = 0; s < g->n_stores; s++) out[s] = deft_program_data(p, g->stores[s]);
     return deft_cuda_fused_run(g->kernel, out, in, stream);
