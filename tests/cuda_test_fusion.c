@@ -90,7 +90,8 @@ static void test_random_chains(deft_dtype dt) {
         for (int i = 0; i < ROWS * COLS; i++) a[i] = (float)ref_unif(&rng, -3, 3);
         for (int i = 0; i < COLS; i++) b[i] = (float)ref_unif(&rng, -3, 3);
         for (int i = 0; i < ROWS; i++) cc[i] = (float)ref_unif(&rng, -3, 3);
-        static char ha[ROWS * COLS * sizeof(float)], hb[COLS * sizeof(float)], hc[ROWS * sizeof(float)];
+        /* room for any dtype ref_store writes: the compiler cannot tell that dt is never f64 here */
+        static char ha[ROWS * COLS * sizeof(double)], hb[COLS * sizeof(double)], hc[ROWS * sizeof(double)];
         for (int i = 0; i < ROWS * COLS; i++) ref_store(ha, dt, i, a[i]);
         for (int i = 0; i < COLS; i++) ref_store(hb, dt, i, b[i]);
         for (int i = 0; i < ROWS; i++) ref_store(hc, dt, i, cc[i]);
