@@ -154,4 +154,26 @@ static inline int amp_ref_compare(amp_net *net, deft_program *p, deft_device dev
     return deft_check_failures - before;
 }
 
+/* The optimizer nodes p schedules, and how many of their sources are in dtype dt. */
+static inline int amp_step_sources(const deft_program *p, const deft_graph *g, deft_dtype dt, int *steps) {
+    int n = 0;
+    *steps = 0;
+    for (int id = 0; id < g->n_nodes; id++) {
+        const deft_tensor *t = g->nodes[id];
+        if (t->op != DEFT_OP_OPTIMIZER || !deft_program_schedules(p, t)) continue;
+        ++*steps;
+        for (int k = 0; k < t->nsrc; k++) n += t->src[k]->dtype == dt;
+    }
+    return n;
+}
+
+/* The cast to f32 of a low-precision gradient the step reads (the node it read before), or NULL. */
+static inline const deft_tensor *amp_cast_back(const deft_graph *g, const deft_tensor *low) {
+    for (int id = low->id + 1; id < g->n_nodes; id++) {
+        const deft_tensor *t = g->nodes[id];
+        if (t->op == DEFT_OP_CAST && t->dtype == DEFT_F32 && t->src[0] == low) return t;
+    }
+    return NULL;
+}
+
 #endif

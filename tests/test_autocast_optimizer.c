@@ -44,28 +44,6 @@ static void test_same_as_f32_gradients(void) {
     reference_case("bf16 adamw, optimizer in backward", (amp_optim){1, NULL}, &split, 6);
 }
 
-/* The optimizer nodes p schedules, and how many of their sources are in dtype dt. */
-static int step_sources(const deft_program *p, const deft_graph *g, deft_dtype dt, int *steps) {
-    int n = 0;
-    *steps = 0;
-    for (int id = 0; id < g->n_nodes; id++) {
-        const deft_tensor *t = g->nodes[id];
-        if (t->op != DEFT_OP_OPTIMIZER || !deft_program_schedules(p, t)) continue;
-        ++*steps;
-        for (int k = 0; k < t->nsrc; k++) n += t->src[k]->dtype == dt;
-    }
-    return n;
-}
-
-/* The cast to f32 of a low-precision gradient the step reads (the node it read before), or NULL. */
-static const deft_tensor *cast_back(const deft_graph *g, const deft_tensor *low) {
-    for (int id = low->id + 1; id < g->n_nodes; id++) {
-        const deft_tensor *t = g->nodes[id];
-        if (t->op == DEFT_OP_CAST && t->dtype == DEFT_F32 && t->src[0] == low) return t;
-    }
-    return NULL;
-}
-
 static void test_casts_gone(void) {
     amp_net n;
     if (!amp_build(&n, deft_cpu(), B, IN, HID, CLS)) return;
@@ -74,7 +52,7 @@ static void test_casts_gone(void) {
     if (!p) return;
     const deft_graph *g = n.g;
     int steps = 0;
-    const int low = step_sources(p, g, DEFT_BF16, &steps);
+    const int low = amp_step_sources(p, g, DEFT_BF16, &steps);
     CHECK_MSG(steps == 1 && low >= 3, "%d step nodes read %d bf16 gradients (the three weights at least)", steps, low);
     const deft_tensor *twin = NULL;
     for (int id = 0; id < g->n_nodes && !twin; id++)
@@ -86,7 +64,7 @@ static void test_casts_gone(void) {
         CHECK_MSG(!weight || src->dtype == DEFT_BF16, "the step reads %s's gradient in %s", param->name,
                   deft_dtype_name(src->dtype));
         CHECK(src->dtype == DEFT_BF16 || src->dtype == DEFT_F32);
-        const deft_tensor *cast = src->dtype == DEFT_BF16 ? cast_back(g, src) : NULL;
+        const deft_tensor *cast = src->dtype == DEFT_BF16 ? amp_cast_back(g, src) : NULL;
         if (cast && !deft_program_schedules(p, cast)) gone++;
     }
     CHECK_MSG(gone == low, "%d of the %d casts back to f32 are not computed", gone, low);
@@ -103,7 +81,7 @@ static void test_casts_gone(void) {
                   deft_program_step_count(p), low);
     amp_step(&n, p, 0, 1.0f);
     for (int k = 0; twin && k < twin->nsrc; k++) {
-        const deft_tensor *cast = twin->src[k]->dtype == DEFT_BF16 ? cast_back(g, twin->src[k]) : NULL;
+        const deft_tensor *cast = twin->src[k]->dtype == DEFT_BF16 ? amp_cast_back(g, twin->src[k]) : NULL;
         if (cast) CHECK_MSG(deft_program_node_runs(p, cast) == 0, "%s ran", cast->name);
     }
 
@@ -111,7 +89,7 @@ static void test_casts_gone(void) {
     deft_program *split = amp_compile(&n, &(deft_compile_options){.autocast = DEFT_BF16, .optimizer_in_backward = 1});
     CHECK_MSG(split != NULL, "compile, optimizer in backward: %s", deft_errmsg());
     int parts = 0;
-    const int split_low = split ? step_sources(split, g, DEFT_BF16, &parts) : -1;
+    const int split_low = split ? amp_step_sources(split, g, DEFT_BF16, &parts) : -1;
     CHECK_MSG(split_low == low && parts >= 2, "%d parts read %d bf16 gradients", parts, split_low);
 
     /* f16 with loss scaling: the scaled twin reads f16 gradients. */
@@ -120,7 +98,7 @@ static void test_casts_gone(void) {
     deft_program_free(p);
     deft_program *f16 = amp_compile(&n, &(deft_compile_options){.autocast = DEFT_F16});
     CHECK_MSG(f16 != NULL, "compile, f16: %s", deft_errmsg());
-    if (f16) CHECK(step_sources(f16, g, DEFT_F16, &steps) == low && steps == 1);
+    if (f16) CHECK(amp_step_sources(f16, g, DEFT_F16, &steps) == low && steps == 1);
     amp_free(&n);
 }
 
