@@ -62,7 +62,7 @@ deft_status deft_autocast_outputs(deft_graph *g, const deft_compile_options *o, 
     deft_status s = deft_autocast_policy(o, &on, &scaled, &ls);
     if (s != DEFT_OK || !on) return s;
     deft_autocast *ac;
-    s = deft_autocast_get(g, o->autocast, scaled, &ac);
+    s = deft_autocast_get(g, o->autocast, scaled, o->dist != NULL, &ac);
     if (s != DEFT_OK) return s;
     deft_tensor **m = malloc((size_t)n * sizeof *m);
     if (!m) return deft_set_error(DEFT_ERR_OOM, "compile: out of host memory");
