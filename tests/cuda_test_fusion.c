@@ -457,6 +457,7 @@ int main(void) {
         return 77;
     }
     test_random_chains(DEFT_F32);
+    setenv("DEFT_FUSE_LOW_PRECISION", "1", 1);   /* bf16 and f16 chains fuse only when asked (runtime/fusion.c) */
     test_random_chains(DEFT_BF16);
     test_random_chains(DEFT_F16);
     test_fusion_lowp();
