@@ -76,7 +76,7 @@ void deft_ckpt_truncate(deft_graph *g, int n);
 void deft_ckpt_drop_marked(const deft_ckpt_graph *a, bool *drop);
 void deft_ckpt_drop_segments(const deft_ckpt_graph *a, int segments, bool *drop);
 /* Under autocast, every policy (DEFT_CHECKPOINT_NONE included) drops the casts the rewrite inserted of inputs
- * (through views) that the backward pass reads: recasting the input where the backward pass reads it costs one
+ * (through views and other such casts) that the backward pass reads: recasting the input where the backward pass reads it costs one
  * cast kernel, while keeping the cast holds a copy of the batch through the whole forward pass (an input itself
  * lives in persistent storage, not in the arena). Sets recast[id] for them and returns their number. */
 int deft_ckpt_input_casts(const deft_ckpt_graph *a, bool *recast);

@@ -124,8 +124,8 @@ int deft_ckpt_input_casts(const deft_ckpt_graph *a, bool *recast) {
     for (int i = 0; i < a->n_cands; i++) {
         const deft_tensor *t = a->g->nodes[a->cands[i]];
         if (t->op != DEFT_OP_CAST || t->autocast != DEFT_AUTOCAST_CAST) continue;
-        const deft_tensor *s = t->src[0];
-        while (s->is_view) s = s->src[0];
+        const deft_tensor *s = t->src[0];   /* through views, and casts (the CPU widens a low-type batch again) */
+        while (s->is_view || (s->op == DEFT_OP_CAST && s->autocast == DEFT_AUTOCAST_CAST)) s = s->src[0];
         if (s->op != DEFT_OP_INPUT) continue;
         recast[t->id] = true;
         n++;

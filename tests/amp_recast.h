@@ -8,6 +8,7 @@
 
 #include <string.h>
 
+#include "amp_conv_net.h"
 #include "amp_net.h"
 #include "autocast.h"
 #include "graph_internal.h"
@@ -60,7 +61,7 @@ static inline void rc_reference(deft_device dev, const deft_compile_options *opt
     deft_program *p = amp_compile(&n, opts);
     CHECK_MSG(p != NULL, "reference compile: %s", deft_errmsg());
     if (p) {
-        CHECK(!rc_drops_input_cast(p, &n));
+        if (opts->checkpoint == DEFT_CHECKPOINT_NONE) CHECK(!rc_drops_input_cast(p, &n));
         rc_train(&n, p, ref);
     }
     amp_free(&n);
@@ -109,6 +110,33 @@ static inline void rc_check_no_policy(deft_device dev, deft_dtype dt) {
               r.dropped_bytes, r.recomputed, r.recompute_bytes);
     CHECK_MSG(r.peak_bytes <= r.peak_bytes_without, "%s: peak %zu bytes, %zu keeping x's cast", what, r.peak_bytes,
               r.peak_bytes_without);
+}
+
+/* The conv net (tests/amp_conv_net.h) under bf16 in `layout`, recasting x and keeping its cast: 4 losses bit-identical,
+ * and the program recasting drops the cast the first convolution reads (on the CPU the f32 copy widened from x's
+ * bf16 cast, recomputed from x through both casts). Returns the number of nodes recomputed. */
+static inline int rc_check_conv(deft_device dev, deft_layout layout) {
+    const deft_compile_options o = {.autocast = DEFT_BF16};
+    float loss[2][4];
+    int recomputed = 0;
+    for (int keep = 0; keep < 2; keep++) {
+        amp_conv_net n;
+        if (!acn_build(&n, dev, 8, layout)) return 0;
+        n.g->keep_input_casts = keep;
+        deft_program *p = acn_compile(&n, &o);
+        CHECK_MSG(p != NULL, "conv net compile: %s", deft_errmsg());
+        for (int k = 0; k < 4; k++) loss[keep][k] = p ? acn_step(&n, p, (uint64_t)k) : NAN;
+        deft_checkpoint_report r = {0};
+        if (p) CHECK_OK(deft_program_checkpoint(p, &r));
+        if (!keep) CHECK_MSG(r.dropped == 1, "conv net: %d casts of x dropped", r.dropped);
+        if (!keep) recomputed = r.recomputed;
+        else CHECK_MSG(r.dropped == 0, "conv net keeping x's cast: %d dropped", r.dropped);
+        acn_free(&n);
+    }
+    CHECK_MSG(memcmp(loss[0], loss[1], sizeof loss[0]) == 0, "conv net (%s): losses %.9g %.9g %.9g %.9g recasting x, "
+              "%.9g %.9g %.9g %.9g keeping its cast", layout == DEFT_NHWC ? "NHWC" : "NCHW", loss[0][0], loss[0][1],
+              loss[0][2], loss[0][3], loss[1][0], loss[1][1], loss[1][2], loss[1][3]);
+    return recomputed;
 }
 
 #endif

@@ -2,7 +2,8 @@
  * is test_autocast_recast.c):
  *  1. bf16, and f16 with loss scaling, replayed as CUDA Graphs: losses and weights bit-identical to the program that
  *     keeps x's cast, and the report counts the one recast value;
- *  2. the same with fusion off (each node its own kernel), and with two checkpoint segments.
+ *  2. the same with fusion off (each node its own kernel), and with two checkpoint segments;
+ *  3. the conv net (cuDNN, NCHW and NHWC) recasting x: losses bit-identical to keeping its cast.
  * Skips (exit 77) where no GPU works; DEFT_TEST_GPU_AS_CPU=1 runs it with the CPU standing in for cuda:0. */
 #include "amp_recast.h"
 
@@ -27,5 +28,9 @@ int main(void) {
     test_variant(&(deft_compile_options){.autocast = DEFT_BF16, .checkpoint = DEFT_CHECKPOINT_SEGMENTS,
                                          .checkpoint_segments = 2},
                  "bf16, two segments");
+    /* cuDNN reads x's bf16 cast itself: one recomputation (the CPU standing in widens it too: two) */
+    const int want = GPU.type == DEFT_CPU ? 2 : 1;
+    CHECK(rc_check_conv(GPU, DEFT_NCHW) == want);
+    CHECK(rc_check_conv(GPU, DEFT_NHWC) == want);
     return deft_check_finish();
 }

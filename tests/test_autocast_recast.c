@@ -6,7 +6,9 @@
  *     from it dropped (a budget the recast plan meets drops nothing else), and tighter budgets keep it dropped;
  *  3. a second compile while the first program (and its copies) lives reuses the autocast rewrite; the plan table
  *     says what was recast; an inference program recasts nothing;
- *  4. bad budgets under autocast are errors with messages. */
+ *  4. bad budgets under autocast are errors with messages;
+ *  5. the conv net (NCHW and NHWC) recasts x and its f32 widening (what its first convolution reads),
+ *     bit-identically. */
 #include "amp_recast.h"
 
 static deft_checkpoint_report rc_report(amp_net *n, const deft_compile_options *o) {
@@ -153,5 +155,8 @@ int main(void) {
     test_policies();
     test_sharing_and_inference();
     test_errors();
+    /* The CPU runs convolutions in f32 on x's bf16 values widened again: both casts are recomputed. */
+    CHECK(rc_check_conv(deft_cpu(), DEFT_NCHW) == 2);
+    CHECK(rc_check_conv(deft_cpu(), DEFT_NHWC) == 2);
     return deft_check_finish();
 }
