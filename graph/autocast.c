@@ -199,11 +199,12 @@ static deft_status deft_autocast_build(deft_autocast *ac, deft_graph *g) {
     return s;
 }
 
-/* A rewrite still holds while every node added after it was made by a rewrite (this one or another policy's): the
- * user has built nothing since, neither forward nodes nor another backward pass. */
+/* A rewrite still holds while every node added after it was made by a rewrite (this one or another policy's) or by
+ * a program for itself (checkpoint copies, optimizer pieces, which no user node reads): the user has built nothing
+ * since, neither forward nodes nor another backward pass. */
 static bool deft_autocast_current(const deft_autocast *ac, const deft_graph *g) {
     for (int id = ac->n_user; id < g->n_nodes; id++)
-        if (g->nodes[id]->autocast == DEFT_AUTOCAST_NONE) return false;
+        if (g->nodes[id]->autocast == DEFT_AUTOCAST_NONE && g->nodes[id]->ckpt_role == DEFT_CKPT_USER) return false;
     return true;
 }
 
@@ -251,6 +252,7 @@ deft_status deft_autocast_output(deft_autocast *ac, deft_tensor *t, deft_tensor 
 }
 
 bool deft_autocast_step_scaled(const deft_graph *g, const deft_tensor *step) {
+    while (step->ckpt_origin) step = step->ckpt_origin;   /* a program's copy of a twin steps as the twin does */
     if (step->autocast == DEFT_AUTOCAST_NONE) return false;
     for (const deft_autocast *ac = g->autocasts; ac; ac = ac->next) {
         if (!ac->scaled) continue;
