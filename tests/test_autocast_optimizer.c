@@ -64,8 +64,11 @@ static void test_casts_gone(void) {
         CHECK_MSG(!weight || src->dtype == DEFT_BF16, "the step reads %s's gradient in %s", param->name,
                   deft_dtype_name(src->dtype));
         CHECK(src->dtype == DEFT_BF16 || src->dtype == DEFT_F32);
-        const deft_tensor *cast = src->dtype == DEFT_BF16 ? amp_cast_back(g, src) : NULL;
-        if (cast && !deft_program_schedules(p, cast)) gone++;
+        if (src->dtype != DEFT_BF16) continue;
+        /* A gradient the checkpoint rewrite copied (the first layer's, which reads the recast input) has no cast
+         * back at all; the others have one that is not computed. */
+        const deft_tensor *cast = amp_cast_back(g, src);
+        if (!cast || !deft_program_schedules(p, cast)) gone++;
     }
     CHECK_MSG(gone == low, "%d of the %d casts back to f32 are not computed", gone, low);
 
