@@ -134,6 +134,16 @@ static deft_status deft_map_grads(deft_autocast *ac, deft_graph *g, const bool *
     return DEFT_OK;
 }
 
+/* What the twin of a step reads for the gradient gr (f32, the weight's dtype, from step 3): a weight used through a
+ * cast to the low dtype has as gradient the cast back to f32 of a bf16/f16 value; the optimizer reads that value
+ * itself and widens it on load (exact), so the cast has no reader and is not computed. Kept f32 for a rewrite whose
+ * gradients must stay f32 (data parallel averages them: graph/autocast.h). */
+static deft_tensor *deft_step_grad(const deft_autocast *ac, const deft_optimizer *opt, deft_tensor *gr) {
+    if (ac->f32_grads || gr->id < ac->n_user || gr->op != DEFT_OP_CAST || gr->dtype != DEFT_F32) return gr;
+    deft_tensor *low = gr->src[0];
+    return low->dtype == ac->dtype && deft_optimizer_grad_dtype_ok(opt->dtype, low->dtype) ? low : gr;
+}
+
 /* Step 4: a twin of each optimizer step node reading the new gradients; it updates the same flat storage. */
 static deft_status deft_rewrite_steps(deft_autocast *ac, deft_graph *g) {
     for (int id = 0; id < ac->n_user; id++) {
@@ -143,10 +153,13 @@ static deft_status deft_rewrite_steps(deft_autocast *ac, deft_graph *g) {
         if (!src) return deft_set_error(DEFT_ERR_OOM, "autocast: out of host memory");
         bool mapped = true;
         for (int k = 0; k < t->nsrc; k++) mapped &= (src[k] = ac->map[t->src[k]->id]) != NULL;
-        deft_tensor *twin = mapped ? deft_node_new(g, DEFT_OP_OPTIMIZER, t->dtype, t->device, t->ndim, t->shape,
-                                                   t->nsrc, src)
-                                   : NULL;
+        for (int k = 0; mapped && k < t->nsrc; k++) src[k] = deft_step_grad(ac, t->p.optimizer, src[k]);
+        deft_status s = mapped ? deft_optimizer_check_grads(t->p.optimizer, t->name, src, t->nsrc) : DEFT_OK;
+        deft_tensor *twin = mapped && s == DEFT_OK ? deft_node_new(g, DEFT_OP_OPTIMIZER, t->dtype, t->device, t->ndim,
+                                                                   t->shape, t->nsrc, src)
+                                                   : NULL;
         free(src);
+        if (s != DEFT_OK) return s;
         if (!mapped) continue;
         if (!twin) return deft_rewrite_failed(g, t->name);
         twin->p.optimizer = t->p.optimizer;
@@ -186,18 +199,19 @@ static deft_status deft_autocast_build(deft_autocast *ac, deft_graph *g) {
     return s;
 }
 
-/* A rewrite still holds while every node added after it was made by a rewrite (this one or another policy's): the
- * user has built nothing since, neither forward nodes nor another backward pass. */
+/* A rewrite still holds while every node added after it was made by a rewrite (this one or another policy's) or by
+ * a program for itself (checkpoint copies, optimizer pieces, which no user node reads): the user has built nothing
+ * since, neither forward nodes nor another backward pass. */
 static bool deft_autocast_current(const deft_autocast *ac, const deft_graph *g) {
     for (int id = ac->n_user; id < g->n_nodes; id++)
-        if (g->nodes[id]->autocast == DEFT_AUTOCAST_NONE) return false;
+        if (g->nodes[id]->autocast == DEFT_AUTOCAST_NONE && g->nodes[id]->ckpt_role == DEFT_CKPT_USER) return false;
     return true;
 }
 
-deft_status deft_autocast_get(deft_graph *g, deft_dtype dtype, int scaled, deft_autocast **out) {
+deft_status deft_autocast_get(deft_graph *g, deft_dtype dtype, int scaled, int f32_grads, deft_autocast **out) {
     *out = NULL;
     for (deft_autocast *ac = g->autocasts; ac; ac = ac->next) {
-        if (ac->dtype == dtype && ac->scaled == scaled && deft_autocast_current(ac, g)) {
+        if (ac->dtype == dtype && ac->scaled == scaled && ac->f32_grads == f32_grads && deft_autocast_current(ac, g)) {
             *out = ac;
             return DEFT_OK;
         }
@@ -206,6 +220,7 @@ deft_status deft_autocast_get(deft_graph *g, deft_dtype dtype, int scaled, deft_
     if (!ac) return deft_set_error(DEFT_ERR_OOM, "autocast: out of host memory");
     ac->dtype = dtype;
     ac->scaled = scaled;
+    ac->f32_grads = f32_grads;
     ac->n_user = g->n_nodes;
     deft_status s = deft_autocast_build(ac, g);
     if (s != DEFT_OK) {
@@ -237,6 +252,7 @@ deft_status deft_autocast_output(deft_autocast *ac, deft_tensor *t, deft_tensor 
 }
 
 bool deft_autocast_step_scaled(const deft_graph *g, const deft_tensor *step) {
+    while (step->ckpt_origin) step = step->ckpt_origin;   /* a program's copy of a twin steps as the twin does */
     if (step->autocast == DEFT_AUTOCAST_NONE) return false;
     for (const deft_autocast *ac = g->autocasts; ac; ac = ac->next) {
         if (!ac->scaled) continue;

@@ -8,8 +8,11 @@
  *      re-built but shared (leaves always are: inputs, f32 master weights, constants);
  *   2. the backward pass derived again from the re-built loss of each deft_backward call (graph/autodiff.c), started
  *      from the optimizer's loss scale under f16 with loss scaling, from 1 otherwise;
- *   3. for each optimizer step node, a twin reading the new gradients (f32, as the weights), updating the same flat
- *      storage.
+ *   3. for each optimizer step node, a twin reading the new gradients, updating the same flat storage. A weight's
+ *      gradient is the cast back to f32 of the gradient of its cast to the low dtype: the twin reads that bf16/f16
+ *      value itself and the optimizer widens it on load (exact, so the update is the same bit for bit), which saves
+ *      the cast's kernel and half the optimizer's gradient reads. A rewrite for data parallel training keeps the f32
+ *      gradients (f32_grads): the replicas average what the optimizer reads, as PyTorch's DDP averages f32 ones.
  * Every node of the graph as built then has a counterpart (itself when shared) or none (the inner nodes of the
  * original backward pass, which nothing replaces one for one): the program compiles the counterparts of the outputs
  * it is asked for, and reads through the user's tensors (runtime/program.c's alias). Every node a rewrite adds is
@@ -31,6 +34,7 @@ typedef enum deft_autocast_mark {
 typedef struct deft_autocast {
     deft_dtype dtype;         /* DEFT_BF16 or DEFT_F16 */
     int scaled;               /* the backward passes start from the loss scale of the graph's optimizer */
+    int f32_grads;            /* the step twins read f32 gradients, never the low-precision ones (3. above) */
     int n_user;               /* the graph's node count when the rewrite was made: what `map` covers */
     deft_tensor **map;        /* n_user counterparts (NULL: none) */
     deft_tensor **to_low, **to_f32;   /* casts made so far, by source node id (cap entries) */
@@ -38,9 +42,9 @@ typedef struct deft_autocast {
     struct deft_autocast *next;
 } deft_autocast;
 
-/* The rewrite of g under (dtype, scaled): the one kept from before when the user has added no node since, else a new
- * one (which leaves the nodes of earlier rewrites alone). */
-deft_status deft_autocast_get(deft_graph *g, deft_dtype dtype, int scaled, deft_autocast **out);
+/* The rewrite of g under (dtype, scaled, f32_grads): the one kept from before when the user has added no node since,
+ * else a new one (which leaves the nodes of earlier rewrites alone). */
+deft_status deft_autocast_get(deft_graph *g, deft_dtype dtype, int scaled, int f32_grads, deft_autocast **out);
 /* The node a program under the rewrite computes for the user's tensor t, in t's dtype (a cast appended when the
  * counterpart has another); DEFT_ERR_INVALID naming t when it has none. */
 deft_status deft_autocast_output(deft_autocast *ac, deft_tensor *t, deft_tensor **out);

@@ -24,6 +24,7 @@ typedef deft_status (*deft_ckpt_measure)(void *ctx, const int *redirect, int ful
 
 typedef struct deft_ckpt_plan {
     int policy;              /* a deft_checkpoint_policy */
+    int n_recast;            /* of the dropped values, autocast's casts of inputs (deft_ckpt_input_casts) */
     int n_orig;              /* the graph's nodes before the rewrite; the program's copies follow */
     int n_total;             /* the graph's nodes after it */
     int *redirect;           /* per original node: the id of its backward copy, or -1 */
@@ -70,8 +71,14 @@ deft_status deft_ckpt_apply(const deft_ckpt_graph *a, const bool *drop, const st
 /* Removes every node from id n on (copies made by a trial). */
 void deft_ckpt_truncate(deft_graph *g, int n);
 
-/* The drop sets of the fixed policies (graph/checkpoint_policy.c). */
+/* The drop sets of the fixed policies (graph/checkpoint_policy.c): each sets drop[id] for what it drops and leaves
+ * the rest of drop as it was. */
 void deft_ckpt_drop_marked(const deft_ckpt_graph *a, bool *drop);
 void deft_ckpt_drop_segments(const deft_ckpt_graph *a, int segments, bool *drop);
+/* Under autocast, every policy (DEFT_CHECKPOINT_NONE included) drops the casts the rewrite inserted of inputs
+ * (through views and other such casts) that the backward pass reads: recasting the input where the backward pass reads it costs one
+ * cast kernel, while keeping the cast holds a copy of the batch through the whole forward pass (an input itself
+ * lives in persistent storage, not in the arena). Sets recast[id] for them and returns their number. */
+int deft_ckpt_input_casts(const deft_ckpt_graph *a, bool *recast);
 
 #endif

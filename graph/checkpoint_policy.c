@@ -1,8 +1,9 @@
-/* The fixed checkpoint policies: spans the user marked (torch.utils.checkpoint.checkpoint), and segments of the
- * forward pass (torch.utils.checkpoint.checkpoint_sequential). */
+/* The fixed checkpoint policies: spans the user marked (torch.utils.checkpoint.checkpoint), segments of the forward
+ * pass (torch.utils.checkpoint.checkpoint_sequential), and autocast's casts of inputs, which every policy drops. */
 #include <math.h>
 #include <stdlib.h>
 
+#include "autocast.h"
 #include "checkpoint.h"
 #include "node.h"
 
@@ -49,7 +50,8 @@ deft_status deft_checkpoint_span(deft_tensor *from, deft_tensor *to) {
 }
 
 void deft_ckpt_drop_marked(const deft_ckpt_graph *a, bool *drop) {
-    for (int i = 0; i < a->n_cands; i++) drop[a->cands[i]] = a->g->nodes[a->cands[i]]->ckpt_marked;
+    for (int i = 0; i < a->n_cands; i++)
+        if (a->g->nodes[a->cands[i]]->ckpt_marked) drop[a->cands[i]] = true;
 }
 
 /* Positions in the forward steps (id order) after which nothing earlier is read later in the forward pass: the
@@ -111,7 +113,22 @@ void deft_ckpt_drop_segments(const deft_ckpt_graph *a, int segments, bool *drop)
         last_boundary = ids[(int)((int64_t)s * m / segments) - 1];
         cut[last_boundary] = true;
     }
-    for (int i = 0; i < a->n_cands; i++) drop[a->cands[i]] = !cut[a->cands[i]] && a->cands[i] < last_boundary;
+    for (int i = 0; i < a->n_cands; i++)
+        if (!cut[a->cands[i]] && a->cands[i] < last_boundary) drop[a->cands[i]] = true;
     free(ids);
     free(cut);
+}
+
+int deft_ckpt_input_casts(const deft_ckpt_graph *a, bool *recast) {
+    int n = 0;
+    for (int i = 0; i < a->n_cands; i++) {
+        const deft_tensor *t = a->g->nodes[a->cands[i]];
+        if (t->op != DEFT_OP_CAST || t->autocast != DEFT_AUTOCAST_CAST) continue;
+        const deft_tensor *s = t->src[0];   /* through views, and casts (the CPU widens a low-type batch again) */
+        while (s->is_view || (s->op == DEFT_OP_CAST && s->autocast == DEFT_AUTOCAST_CAST)) s = s->src[0];
+        if (s->op != DEFT_OP_INPUT) continue;
+        recast[t->id] = true;
+        n++;
+    }
+    return n;
 }

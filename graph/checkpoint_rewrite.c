@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "autocast.h"
 #include "checkpoint.h"
 #include "node.h"
 
@@ -21,8 +22,14 @@ static void deft_ckpt_mark_needed(const deft_ckpt_graph *a, deft_tensor *const *
 }
 
 /* The forward pass: every node a gradient was computed for (deft_backward gives each node on the loss's path one),
- * and what those nodes read. */
+ * the counterparts of those nodes in the autocast rewrites (whose backward passes are derived again without giving
+ * gradients to nodes), and what all these nodes read. */
 static void deft_ckpt_mark_forward(const deft_ckpt_graph *a) {
+    for (const deft_autocast *ac = a->g->autocasts; ac; ac = ac->next)
+        for (int id = 0; id < ac->n_user && id < a->n; id++) {
+            const deft_tensor *m = ac->map[id];
+            if (m && a->g->nodes[id]->grad && m->id < a->n) a->forward[m->id] = true;
+        }
     for (int id = a->n - 1; id >= 0; id--) {
         const deft_tensor *t = a->g->nodes[id];
         if (t->grad) a->forward[id] = true;

@@ -22,6 +22,7 @@ typedef struct deft_ckpt_search {
     void *ctx;
     int *redirect;
     bool *drop;
+    const bool *recast;      /* dropped whatever the policy (deft_ckpt_input_casts) */
 } deft_ckpt_search;
 
 /* Seconds, on a device that does 50 TFLOP/s and moves 2 TB/s (the ratio matters, not the scale). */
@@ -110,7 +111,7 @@ static deft_status deft_ckpt_pick(deft_ckpt_search *s, deft_ckpt_rank *r, size_t
 static deft_status deft_ckpt_prune(deft_ckpt_search *s, size_t budget) {
     for (int i = s->a->n_cands - 1; i >= 0; i--) {
         int id = s->a->cands[i];
-        if (!s->drop[id]) continue;
+        if (!s->drop[id] || s->recast[id]) continue;
         s->drop[id] = false;
         size_t total;
         deft_status st = deft_ckpt_trial(s, 1, &total, NULL, NULL);
@@ -158,13 +159,24 @@ static deft_status deft_ckpt_search_budget(deft_ckpt_search *s, size_t budget, s
     return st;
 }
 
-static deft_status deft_ckpt_choose(deft_ckpt_search *s, const deft_compile_options *opts, size_t without) {
+/* The budget search starts from the input casts dropped, measured. */
+static deft_status deft_ckpt_search_from_recast(deft_ckpt_search *s, size_t budget, size_t without, int n_recast) {
+    size_t from = without;
+    deft_status st = n_recast > 0 ? deft_ckpt_trial(s, 1, &from, NULL, NULL) : DEFT_OK;
+    return st == DEFT_OK ? deft_ckpt_search_budget(s, budget, from) : st;
+}
+
+/* drop starts as recast; the policy adds to it. */
+static deft_status deft_ckpt_choose(deft_ckpt_search *s, const deft_compile_options *opts, size_t without,
+                                    int n_recast) {
+    memcpy(s->drop, s->recast, (size_t)s->a->n * sizeof *s->drop);
     switch (opts->checkpoint) {
+    case DEFT_CHECKPOINT_NONE: return DEFT_OK;
     case DEFT_CHECKPOINT_BUDGET:
         if (opts->memory_budget == 0)
             return deft_set_error(DEFT_ERR_INVALID,
                                   "compile: checkpointing by budget (DEFT_CHECKPOINT_BUDGET) needs a memory_budget");
-        return deft_ckpt_search_budget(s, opts->memory_budget, without);
+        return deft_ckpt_search_from_recast(s, opts->memory_budget, without, n_recast);
     case DEFT_CHECKPOINT_MARKED: deft_ckpt_drop_marked(s->a, s->drop); return DEFT_OK;
     case DEFT_CHECKPOINT_SEGMENTS:
         if (opts->checkpoint_segments < 0)
@@ -192,9 +204,16 @@ static deft_status deft_ckpt_finish(deft_ckpt_search *s, deft_ckpt_plan *plan) {
         int id = s->a->cands[i];
         plan->dropped[id] = s->drop[id];
         plan->n_dropped += s->drop[id];
+        plan->n_recast += s->recast[id];
         if (s->drop[id]) plan->dropped_bytes += deft_tensor_bytes(s->a->g->nodes[id]);
     }
     return DEFT_OK;
+}
+
+/* Autocast's casts of inputs, unless the graph asks to keep them (tests compare against that). */
+static int deft_ckpt_recast(const deft_ckpt_graph *a, const deft_compile_options *opts, bool *recast) {
+    if (opts->autocast == DEFT_F32 || a->g->keep_input_casts) return 0;
+    return deft_ckpt_input_casts(a, recast);
 }
 
 deft_status deft_checkpoint_rewrite(deft_graph *g, deft_tensor *const *outputs, int n_outputs,
@@ -206,23 +225,27 @@ deft_status deft_checkpoint_rewrite(deft_graph *g, deft_tensor *const *outputs, 
     if (st != DEFT_OK) return st;
     size_t n = (size_t)(a.n ? a.n : 1);
     deft_ckpt_plan *plan = calloc(1, sizeof *plan);
-    bool *drop = calloc(n, sizeof *drop);
+    bool *drop = calloc(n, sizeof *drop), *recast = calloc(n, sizeof *recast);
     if (plan) {
         plan->redirect = malloc(n * sizeof *plan->redirect);
         plan->dropped = calloc(n, sizeof *plan->dropped);
     }
-    if (!plan || !drop || !plan->redirect || !plan->dropped) st = deft_set_error(DEFT_ERR_OOM, "compile: out of host memory");
-    deft_ckpt_search s = {&a, owner, measure, ctx, plan ? plan->redirect : NULL, drop};
-    if (st == DEFT_OK) {
+    if (!plan || !drop || !recast || !plan->redirect || !plan->dropped)
+        st = deft_set_error(DEFT_ERR_OOM, "compile: out of host memory");
+    deft_ckpt_search s = {&a, owner, measure, ctx, plan ? plan->redirect : NULL, drop, recast};
+    const int n_recast = st == DEFT_OK ? deft_ckpt_recast(&a, opts, recast) : 0;
+    const bool nothing = st == DEFT_OK && opts->checkpoint == DEFT_CHECKPOINT_NONE && n_recast == 0;
+    if (st == DEFT_OK && !nothing) {
         plan->policy = opts->checkpoint;
         plan->n_orig = a.n;
         st = deft_ckpt_trial(&s, 1, &plan->total_without, NULL, NULL);
+        if (st == DEFT_OK) st = deft_ckpt_choose(&s, opts, plan->total_without, n_recast);
+        if (st == DEFT_OK) st = deft_ckpt_finish(&s, plan);
     }
-    if (st == DEFT_OK) st = deft_ckpt_choose(&s, opts, plan->total_without);
-    if (st == DEFT_OK) st = deft_ckpt_finish(&s, plan);
     free(drop);
+    free(recast);
     deft_ckpt_graph_free(&a);
-    if (st != DEFT_OK) {
+    if (st != DEFT_OK || nothing) {
         deft_ckpt_plan_free(g, plan);
         return st;
     }

@@ -208,6 +208,7 @@ struct deft_graph {
     struct deft_backward_call *backward_calls;
     int n_backward_calls;
     struct deft_autocast *autocasts;      /* the autocast rewrites made so far (graph/autocast.c), freed with it */
+    bool keep_input_casts;   /* tests only: autocast keeps the casts of inputs for the backward pass (graph/checkpoint.h) */
 };
 
 /* ---- errors (graph/error.c) ---- */

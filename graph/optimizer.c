@@ -222,6 +222,26 @@ deft_tensor *deft_optimizer_step(deft_optimizer *opt) {
     return t;
 }
 
+deft_status deft_optimizer_check_grads(const deft_optimizer *opt, const char *step_name, deft_tensor *const *srcs,
+                                       int n) {
+    if (n != opt->n_params)
+        return deft_set_error(DEFT_ERR_INVALID, "optimizer %s: %d gradients for %d parameters", step_name, n,
+                              opt->n_params);
+    for (int i = 0; i < n; i++) {
+        const deft_tensor *p = opt->params[i], *gr = srcs[i];
+        if (deft_shape_numel(gr->ndim, gr->shape) != deft_shape_numel(p->ndim, p->shape))
+            return deft_set_error(DEFT_ERR_INVALID, "optimizer %s: the gradient %s has %lld elements, the parameter "
+                                  "%s %lld", step_name, gr->name, (long long)deft_shape_numel(gr->ndim, gr->shape),
+                                  p->name, (long long)deft_shape_numel(p->ndim, p->shape));
+        if (!deft_optimizer_grad_dtype_ok(opt->dtype, gr->dtype))
+            return deft_set_error(DEFT_ERR_DTYPE, "optimizer %s: the gradient %s is %s for the %s parameter %s; it must "
+                                  "be %s%s", step_name, gr->name, deft_dtype_name(gr->dtype),
+                                  deft_dtype_name(opt->dtype), p->name, deft_dtype_name(opt->dtype),
+                                  opt->dtype == DEFT_F32 ? " (or bf16 or f16, widened on load)" : "");
+    }
+    return DEFT_OK;
+}
+
 deft_status deft_optimizer_set_lr(deft_optimizer *opt, double lr) {
     if (!opt) return deft_set_error(DEFT_ERR_INVALID, "optimizer_set_lr: optimizer is NULL");
     if (!deft_valid_lr(lr))
@@ -354,6 +374,7 @@ void deft_optimizer_destroy(deft_optimizer *opt) {
     for (int i = 0; i < opt->n_gathers; i++) {
         deft_mem_free(d, opt->gathers[i].table);
         free(opt->gathers[i].grads);
+        free(opt->gathers[i].dtypes);
     }
     free(opt->params);
     free(opt->offsets);

@@ -40,16 +40,20 @@ typedef struct deft_optimizer_dev {
     double partial[DEFT_OPTIMIZER_NORM_BLOCKS];   /* the norm's first-stage sums of squares */
 } deft_optimizer_dev;
 
-/* One parameter's gradient in the gather table of a GPU optimizer: count elements at src go to flat_grads + offset. */
+/* One parameter's gradient in the gather table of a GPU optimizer: count elements at src go to flat_grads + offset.
+ * src holds them in dtype (a deft_dtype: the parameters' own, or bf16/f16 under f32 weights), widened on load; the
+ * kernels choose the load per segment, so the common case (the parameters' dtype) runs as before. */
 typedef struct deft_optimizer_segment {
     const void *src;
     int64_t offset, count;
+    int32_t dtype, pad;
 } deft_optimizer_segment;
 
-/* A gather table on the device, built for one set of gradient addresses (a compiled program's arena places the
- * gradients at fixed addresses, so each program needs one table, built on its first run). */
+/* A gather table on the device, built for one set of gradient addresses and dtypes (a compiled program's arena places
+ * the gradients at fixed addresses, so each program needs one table, built on its first run). */
 typedef struct deft_optimizer_gather {
     const void **grads;                  /* host copy of the addresses the table was built for (n_params) */
+    deft_dtype *dtypes;                  /* and of their dtypes (n_params) */
     deft_optimizer_segment *table;       /* device memory, n_params entries */
     uint64_t last_used;
 } deft_optimizer_gather;
@@ -181,19 +185,36 @@ static inline size_t deft_optimizer_state_bytes(const struct deft_optimizer *opt
     return (size_t)opt->total * deft_dtype_size(opt->dtype) * arrays;
 }
 
-/* Runs the optimizer's node: grads[i] is parameter i's gradient for this run; out (one f32) receives the norm.
- * `stream` (a cudaStream_t; NULL for the legacy stream) is where a GPU optimizer queues its kernels; the CPU ignores
- * it. */
-deft_status deft_optimizer_run(struct deft_optimizer *opt, const void *const *grads, void *out, void *stream);
+/* Whether a gradient in dtype `grad` can feed a parameter in dtype `param`: its own dtype, or for f32 weights a bf16
+ * or f16 gradient. The autocast step reads the low-precision gradient of a weight itself rather than its cast back to
+ * f32 (graph/autocast.c); widening on load is exact, so the update is the same bit for bit. */
+static inline bool deft_optimizer_grad_dtype_ok(deft_dtype param, deft_dtype grad) {
+    return grad == param || (param == DEFT_F32 && (grad == DEFT_BF16 || grad == DEFT_F16));
+}
+
+/* Checks the n sources of a step node of opt (a whole step or a piece; a finisher's sources are the pieces' sums, not
+ * checked here): one per parameter, each with the parameter's element count and a dtype deft_optimizer_grad_dtype_ok
+ * accepts. DEFT_ERR_DTYPE or DEFT_ERR_INVALID naming the step node `step_name` and the parameter otherwise. */
+deft_status deft_optimizer_check_grads(const struct deft_optimizer *opt, const char *step_name,
+                                       deft_tensor *const *srcs, int n);
+
+/* Runs the optimizer's node: grads[i] is the value of srcs[i], parameter i's gradient for this run, in srcs[i]'s dtype
+ * (checked by deft_optimizer_check_grads); out (one f32) receives the norm. `stream` (a cudaStream_t; NULL for the
+ * legacy stream) is where a GPU optimizer queues its kernels; the CPU ignores it. */
+deft_status deft_optimizer_run(struct deft_optimizer *opt, deft_tensor *const *srcs, const void *const *grads,
+                               void *out, void *stream);
 
 
 /* The GPU side (ops/cuda/cuda_optimizer.cu, built only with CUDA): the same step as deft_optimizer_run's, queued on
  * `stream` without synchronising the host, allocating or reading per-run state on the host, except on the first run
- * with a new set of gradient addresses (which builds a gather table, outside any capture). */
-deft_status deft_cuda_optimizer_run(struct deft_optimizer *opt, const void *const *grads, void *out, void *stream);
+ * with a new set of gradient addresses or dtypes (which builds a gather table, outside any capture); grads[i] is the
+ * value of srcs[i], in its dtype. */
+deft_status deft_cuda_optimizer_run(struct deft_optimizer *opt, deft_tensor *const *srcs, const void *const *grads,
+                                    void *out, void *stream);
 /* A part's run on a GPU (piece: grads are its parameters' gradients, out its block sums; finisher: grads are the
- * pieces' sums, out the norm). */
-deft_status deft_cuda_optimizer_part_run(struct deft_optimizer *part, const void *const *grads, void *out, void *stream);
+ * pieces' sums, f64, out the norm). */
+deft_status deft_cuda_optimizer_part_run(struct deft_optimizer *part, deft_tensor *const *srcs,
+                                         const void *const *grads, void *out, void *stream);
 /* The device's copy of the blocks, and their sums, of an optimizer on a GPU (made with its counters). */
 deft_status deft_cuda_optimizer_blocks_new(struct deft_optimizer *opt);
 

@@ -108,6 +108,7 @@ void deft_optimizer_parts_free(deft_optimizer *whole) {
         for (int k = 0; k < o->n_gathers; k++) {
             deft_mem_free(o->device, o->gathers[k].table);
             free(o->gathers[k].grads);
+            free(o->gathers[k].dtypes);
         }
         free(o->part->piece_first_param);
         free(o->part->piece_n_params);

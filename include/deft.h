@@ -277,7 +277,10 @@ typedef struct deft_checkpoint_report {
     size_t peak_bytes;         /* arena + persistent: what memory_budget bounds */
     size_t peak_bytes_without; /* the same without checkpointing */
 } deft_checkpoint_report;
-/* What checkpointing did in p (zeros but for the arena and peak when it was not asked for). */
+/* What checkpointing did in p (zeros but for the arena and peak when nothing was dropped). Under autocast the casts
+ * of inputs that the backward pass reads are always dropped and recast there (one cast kernel of the batch rather
+ * than the cast held through the forward pass), whatever the policy, DEFT_CHECKPOINT_NONE included: they count
+ * here as dropped and recomputed, and the budget search plans with them dropped. */
 deft_status deft_program_checkpoint(const deft_program *p, deft_checkpoint_report *out);
 #define DEFT_HAS_TF32_OPTION 1
 #define DEFT_HAS_NO_CUDA_GRAPHS_OPTION 1

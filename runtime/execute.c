@@ -46,7 +46,7 @@ static deft_status deft_run_step(deft_program *p, int id, void *stream) {
     for (int k = 0; k < t->nsrc; k++) in[k] = deft_program_data(p, t->src[k]->id);
     deft_status s;
     if (t->op == DEFT_OP_OPTIMIZER) {
-        s = deft_optimizer_run(t->p.optimizer, in, out, stream);
+        s = deft_optimizer_run(t->p.optimizer, t->src, in, out, stream);
     } else if (t->device.type == DEFT_CPU) {
         s = deft_cpu_run_node(t, out, in);
     } else {

@@ -4,14 +4,18 @@
  *                   matmul and the sum over the rows of its second operand (a bias gradient), which cuBLASLt computes
  *                   while it reads that operand
  *   batch norm      a normalisation and the add and ReLU after it (runtime/fusion_norm.c)
- *   elementwise     a chain of same-shape f32 elementwise nodes (ops/fused.h): one pass over memory instead of one
- *                   per node, and the members read only inside the chain never get a buffer; a sum or mean over
- *                   every element of the chain may end it (a loss's mean: one launch fewer in a small step)
+ *   casts           the casts of parameters and constants to one dtype (autocast's weights), in one launch
+ *                   (runtime/fusion_casts.c)
+ *   elementwise     a chain of same-shape elementwise nodes in f32, bf16 or f16, casts between them included
+ *                   (ops/fused.h): one pass over memory instead of one per node, and the members read only inside
+ *                   the chain never get a buffer; a sum or mean over every element of the chain may end it (a loss's
+ *                   mean: one launch fewer in a small step). Under bf16 autocast this joins, in a ResNet's
+ *                   backward pass, the sum of two branches' gradients and the ReLU's gradient.
  *
- * A group runs at the position of its last member in the schedule, so every reader outside the group of any member
- * must come later than that; a node joins a group only if this holds (which also rules out cycles through nodes
- * outside the group). Fused kernels compute what the one-op kernels would, bit for bit; the compile option
- * no_fusion turns the pass off. CPU steps are never fused. */
+ * A group runs at the position of its last member in the schedule (a group of casts at its first's), so every
+ * reader outside the group of any member must come later than that; a node joins a group only if this holds (which
+ * also rules out cycles through nodes outside the group). Fused kernels compute what the one-op kernels would, bit
+ * for bit; the compile option no_fusion turns the pass off. CPU steps are never fused. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -215,13 +219,22 @@ static bool deft_act_fusable(deft_op act) {
            act == DEFT_OP_SIGMOID;
 }
 
+/* bf16 and f16 chains fuse only with DEFT_FUSE_LOW_PRECISION=1: on the H200 the fused kernel, whose register file
+ * for eight elements of every member lives in local memory, ran bf16 ResNet-18 steps slower than the one-op kernels
+ * (bench/RESULTS.md, fifth round); f32 chains gained. */
+static bool deft_fusion_dtype(deft_dtype dt) {
+    if (dt == DEFT_F32) return true;
+    const char *v = getenv("DEFT_FUSE_LOW_PRECISION");
+    return deft_fused_dtype_ok(dt) && v && *v && strcmp(v, "0") != 0;
+}
+
 static bool deft_elementwise_fusable(const deft_fusion *f, int id) {
     const deft_tensor *t = deft_node(f, id);
-    if (!deft_is_step(f, id) || f->group_of[id] >= 0 || t->device.type != DEFT_CUDA || t->dtype != DEFT_F32 ||
+    if (!deft_is_step(f, id) || f->group_of[id] >= 0 || t->device.type != DEFT_CUDA || !deft_fusion_dtype(t->dtype) ||
         !deft_fused_supports(t->op) || (t->op == DEFT_OP_ACT_GRAD && !deft_act_fusable(t->p.act)))
         return false;
     for (int k = 0; k < t->nsrc; k++)
-        if (t->src[k]->dtype != DEFT_F32) return false;
+        if (!deft_fusion_dtype(t->src[k]->dtype)) return false;
     return true;
 }
 
@@ -274,12 +287,13 @@ static bool deft_can_join(const deft_fusion *f, int gi, int id) {
            deft_count_stores(f, gi, id) <= DEFT_FUSED_MAX_STORES;
 }
 
-/* A sum or mean of every element of a chain's member, small enough for the one-block fused kernel. */
+/* A sum or mean of every element of a chain's member, small enough for the one-block fused kernel; of the
+ * member's own dtype, as the one-op reduction is. */
 static bool deft_is_chain_reduction(const deft_fusion *f, int id, int *gi) {
     const deft_tensor *t = deft_node(f, id);
     *gi = -1;
     if ((t->op != DEFT_OP_SUM && t->op != DEFT_OP_MEAN) || !deft_is_step(f, id) || f->group_of[id] >= 0 ||
-        t->device.type != DEFT_CUDA || t->dtype != DEFT_F32 || t->src[0]->dtype != DEFT_F32 ||
+        t->device.type != DEFT_CUDA || !deft_fusion_dtype(t->dtype) || t->src[0]->dtype != t->dtype ||
         deft_shape_numel(t->ndim, t->shape) != 1)
         return false;
     const deft_tensor *src = t->src[0];
@@ -336,6 +350,7 @@ static void deft_fused_input(deft_fused_kernel *k, int j, const deft_tensor *in)
     deft_broadcast_strides(in->ndim, in->shape, k->ndim, k->shape, k->strides[j]);
     const int64_t n = deft_shape_numel(in->ndim, in->shape);
     k->input_kind[j] = n == 1 ? DEFT_FUSED_IN_ONE : n == k->numel ? DEFT_FUSED_IN_SAME : DEFT_FUSED_IN_STRIDED;
+    k->input_dtype[j] = (int32_t)in->dtype;
 }
 
 static deft_status deft_build_kernel(deft_fusion *f, deft_group *g) {
@@ -358,9 +373,11 @@ static deft_status deft_build_kernel(deft_fusion *f, deft_group *g) {
         in->act = t->op == DEFT_OP_ACT_GRAD ? (int32_t)t->p.act : 0;
         in->a = deft_register_of(g, t->src[0]->id);
         in->b = t->nsrc > 1 ? deft_register_of(g, t->src[1]->id) : in->a;
+        in->dtype = (int32_t)t->dtype;
         in->scalar = deft_op_info_of(t->op)->kind == DEFT_KIND_SCALAR ? t->p.scalar : 0.0;
     }
     k->n_stores = g->n_stores - (g->reduce >= 0);   /* the reduction is the last store, written by its own path */
+    for (int s = 0; s < g->n_stores; s++) k->store_dtype[s] = (int32_t)deft_node(f, g->stores[s])->dtype;
     for (int s = 0; s < k->n_stores; s++) k->store_reg[s] = deft_register_of(g, g->stores[s]);
     if (g->reduce >= 0) {
         k->reduce_op = (int32_t)deft_node(f, g->reduce)->op;
@@ -381,9 +398,13 @@ static int deft_cmp_int(const void *a, const void *b) { return *(const int *)a -
 static deft_status deft_finish_group(deft_fusion *f, int gi) {
     deft_group *g = &f->p->groups[gi];
     qsort(g->members, (size_t)g->n_members, sizeof *g->members, deft_cmp_int);
+    /* A group runs where its last member would; casts of leaves, whose inputs exist before any step, where the
+     * first would, so that every member's readers still come after it. */
+    const bool at_first = g->kind == DEFT_GROUP_CASTS;
     g->root = g->members[0];
     for (int m = 1; m < g->n_members; m++)
-        if (f->pos[g->members[m]] > f->pos[g->root]) g->root = g->members[m];
+        if (at_first ? f->pos[g->members[m]] < f->pos[g->root] : f->pos[g->members[m]] > f->pos[g->root])
+            g->root = g->members[m];
     g->stores = malloc((size_t)g->n_members * sizeof *g->stores);
     g->inputs = malloc((size_t)(DEFT_FUSED_MAX_INPUTS + 2) * sizeof *g->inputs);
     if (!g->stores || !g->inputs) return deft_set_error(DEFT_ERR_OOM, "compile: out of host memory");
@@ -443,6 +464,7 @@ deft_status deft_program_fuse(deft_program *p) {
     deft_status s = deft_fusion_index(&f);
     if (s == DEFT_OK) s = deft_fuse_matmuls(&f);
     if (s == DEFT_OK) s = deft_fuse_norm_epilogues(&f);
+    if (s == DEFT_OK) s = deft_fuse_leaf_casts(&f);
     if (s == DEFT_OK) s = deft_fuse_elementwise(&f);
     if (s == DEFT_OK) s = deft_fusion_commit(&f);
     free(f.pos);

@@ -25,4 +25,7 @@ void deft_group_join(deft_fusion *f, int gi, int id);
 /* Batch norm groups (runtime/fusion_norm.c), formed before the elementwise chains so that these take what is left. */
 deft_status deft_fuse_norm_epilogues(deft_fusion *f);
 
+/* Groups of casts of parameters and constants (runtime/fusion_casts.c). */
+deft_status deft_fuse_leaf_casts(deft_fusion *f);
+
 #endif

@@ -7,8 +7,8 @@
 
 #ifdef DEFT_HAVE_CUDA
 static deft_status deft_run_elementwise(deft_program *p, const deft_group *g, void *stream) {
-    const float *in[DEFT_FUSED_MAX_INPUTS];
-    float *out[DEFT_FUSED_MAX_STORES + 1];   /* a reduction ending the chain is the last */
+    const void *in[DEFT_FUSED_MAX_INPUTS];
+    void *out[DEFT_FUSED_MAX_STORES + 1];   /* a reduction ending the chain is the last */
     for (int j = 0; j < g->n_inputs; j++) in[j] = deft_program_data(p, g->inputs[j]);
     for (int s = 0; s < g->n_stores; s++) out[s] = deft_program_data(p, g->stores[s]);
     return deft_cuda_fused_run(g->kernel, out, in, stream);
@@ -39,6 +39,20 @@ static deft_status deft_run_norm(deft_program *p, const deft_group *g, void *str
     const void *residual = g->residual >= 0 ? deft_program_data(p, g->residual) : NULL;
     return deft_cuda_batch_norm_epilogue(bn, deft_program_data(p, g->root), in, residual, g->relu, stream);
 }
+
+static deft_status deft_run_casts(deft_program *p, const deft_group *g, void *stream) {
+    const deft_tensor *casts[DEFT_CASTS_MAX];
+    void *out[DEFT_CASTS_MAX];
+    const void *in[DEFT_CASTS_MAX];
+    if (g->n_members > DEFT_CASTS_MAX)
+        return deft_set_error(DEFT_ERR_INVALID, "a group of %d casts (at most %d)", g->n_members, DEFT_CASTS_MAX);
+    for (int m = 0; m < g->n_members; m++) {
+        casts[m] = p->graph->nodes[g->members[m]];
+        out[m] = deft_program_data(p, g->members[m]);
+        in[m] = deft_program_data(p, casts[m]->src[0]->id);
+    }
+    return deft_cuda_casts_run(casts, out, in, g->n_members, stream);
+}
 #endif
 
 deft_status deft_group_run(deft_program *p, const deft_group *g, void *stream) {
@@ -48,6 +62,7 @@ deft_status deft_group_run(deft_program *p, const deft_group *g, void *stream) {
     switch (g->kind) {
     case DEFT_GROUP_ELEMENTWISE: return deft_run_elementwise(p, g, stream);
     case DEFT_GROUP_NORM: return deft_run_norm(p, g, stream);
+    case DEFT_GROUP_CASTS: return deft_run_casts(p, g, stream);
     default: return deft_run_matmul(p, g, stream);
     }
 #else

@@ -2,19 +2,32 @@
  * one update over the whole flat storage in a single pass. The formulas are torch.optim.SGD's and AdamW's; the CUDA
  * kernels (ops/cuda/cuda_optimizer.cu) follow this file line by line. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "half.h"
 #include "optimizer.h"
 
-/* Sums (or, on the first micro-batch, copies) each parameter's gradient into its slot of the flat gradients. */
+/* A bf16 or f16 gradient of an f32 weight (the autocast step's, graph/autocast.h) widened into dst: stored, or added
+ * to what dst holds. Widening is exact, so this is what the cast back to f32 and an f32 gradient gave. */
+static void deft_widen(float *dst, const uint16_t *src, deft_dtype dt, int64_t n, bool add) {
+    for (int64_t j = 0; j < n; j++) {
+        const float x = dt == DEFT_BF16 ? deft_bf16_unpack(src[j]) : deft_half_unpack(src[j]);
+        dst[j] = add ? dst[j] + x : x;
+    }
+}
+
+/* Sums (or, on the first micro-batch, copies) each parameter's gradient into its slot of the flat gradients; a
+ * gradient in another dtype than T (bf16/f16 under f32 weights) is widened on the way. */
 #define DEFT_GATHER(T)                                                                                               \
-    static void deft_gather_##T(deft_optimizer *o, const void *const *grads) {                                       \
+    static void deft_gather_##T(deft_optimizer *o, deft_tensor *const *srcs, const void *const *grads) {             \
         T *flat = o->flat_grads;                                                                                     \
         for (int i = 0; i < o->n_params; i++) {                                                                      \
             const T *g = grads[i];                                                                                   \
             T *dst = flat + o->offsets[i];                                                                           \
             int64_t n = deft_shape_numel(o->params[i]->ndim, o->params[i]->shape);                                   \
-            if (o->micro == 0) memcpy(dst, g, (size_t)n * sizeof(T));                                                \
+            if (srcs[i]->dtype != o->dtype) deft_widen((float *)dst, grads[i], srcs[i]->dtype, n, o->micro != 0);    \
+            else if (o->micro == 0) memcpy(dst, g, (size_t)n * sizeof(T));                                           \
             else                                                                                                     \
                 for (int64_t j = 0; j < n; j++) dst[j] += g[j];                                                      \
         }                                                                                                            \
@@ -82,7 +95,8 @@
     }
 
 /* One piece of a split step (graph/optimizer.h): per parameter, its blocks' sums into sums, then its update, with
- * the whole step's formulas and counters (a scale of 1: one micro-batch, no clipping). */
+ * the whole step's formulas and counters (a scale of 1: one micro-batch, no clipping). grads are in T (a low-precision
+ * gradient was widened by deft_piece_run). */
 #define DEFT_PIECE(T)                                                                                                \
     static void deft_piece_##T(const deft_optimizer *piece, const void *const *grads, double *sums) {                \
         const deft_optimizer *w = piece->part->whole;                                                                \
@@ -176,29 +190,73 @@ static void deft_finish(deft_optimizer *f, const void *const *sums, float *out) 
     *out = (float)w->last_norm;
 }
 
-static deft_status deft_part_run(deft_optimizer *o, const void *const *grads, void *out, void *stream) {
+/* A piece on the CPU: its low-precision gradients widened into one f32 buffer first (the piece's formulas read T). */
+static deft_status deft_piece_run(deft_optimizer *o, deft_tensor *const *srcs, const void *const *grads,
+                                  double *sums) {
+    if (o->dtype != DEFT_F32) {
+        deft_piece_double(o, grads, sums);
+        return DEFT_OK;
+    }
+    int64_t low = 0;
+    for (int k = 0; k < o->n_params; k++)
+        if (srcs[k]->dtype != DEFT_F32) low += deft_shape_numel(srcs[k]->ndim, srcs[k]->shape);
+    if (low == 0) {
+        deft_piece_float(o, grads, sums);
+        return DEFT_OK;
+    }
+    const void **wide = malloc((size_t)o->n_params * sizeof *wide);
+    float *buf = malloc((size_t)low * sizeof *buf);
+    if (!wide || !buf) {
+        free(wide);
+        free(buf);
+        return deft_set_error(DEFT_ERR_OOM, "optimizer %s: out of host memory widening %lld gradient elements",
+                              o->step_node->name, (long long)low);
+    }
+    float *at = buf;
+    for (int k = 0; k < o->n_params; k++) {
+        wide[k] = grads[k];
+        if (srcs[k]->dtype == DEFT_F32) continue;
+        const int64_t n = deft_shape_numel(srcs[k]->ndim, srcs[k]->shape);
+        deft_widen(at, grads[k], srcs[k]->dtype, n, false);
+        wide[k] = at;
+        at += n;
+    }
+    deft_piece_float(o, wide, sums);
+    free(wide);
+    free(buf);
+    return DEFT_OK;
+}
+
+static deft_status deft_part_run(deft_optimizer *o, deft_tensor *const *srcs, const void *const *grads, void *out,
+                                 void *stream) {
     if (o->device.type != DEFT_CPU) {
 #ifdef DEFT_HAVE_CUDA
-        return deft_cuda_optimizer_part_run(o, grads, out, stream);
+        return deft_cuda_optimizer_part_run(o, srcs, grads, out, stream);
 #else
         (void)stream;
         return deft_set_error(DEFT_ERR_NO_CUDA, "optimizer: the parameters are on a GPU, but deft was built without CUDA");
 #endif
     }
     (void)stream;
-    if (o->part->finisher) deft_finish(o, grads, out);
-    else if (o->dtype == DEFT_F32) deft_piece_float(o, grads, out);
-    else deft_piece_double(o, grads, out);
-    return DEFT_OK;
+    if (o->part->finisher) {
+        deft_finish(o, grads, out);
+        return DEFT_OK;
+    }
+    return deft_piece_run(o, srcs, grads, out);
 }
 
 /* The CPU runs the step here, between the steps around it; a GPU queues it on `stream` (ops/cuda/cuda_optimizer.cu),
  * with the per-run state on the device. */
-deft_status deft_optimizer_run(deft_optimizer *o, const void *const *grads, void *out, void *stream) {
-    if (o->part) return deft_part_run(o, grads, out, stream);
+deft_status deft_optimizer_run(deft_optimizer *o, deft_tensor *const *srcs, const void *const *grads, void *out,
+                               void *stream) {
+    if (!(o->part && o->part->finisher)) {
+        deft_status s = deft_optimizer_check_grads(o, o->step_node->name, srcs, o->n_params);
+        if (s != DEFT_OK) return s;
+    }
+    if (o->part) return deft_part_run(o, srcs, grads, out, stream);
     if (o->device.type != DEFT_CPU) {
 #ifdef DEFT_HAVE_CUDA
-        return deft_cuda_optimizer_run(o, grads, out, stream);
+        return deft_cuda_optimizer_run(o, srcs, grads, out, stream);
 #else
         char d[32];
         (void)stream;
@@ -207,8 +265,8 @@ deft_status deft_optimizer_run(deft_optimizer *o, const void *const *grads, void
 #endif
     }
     (void)stream;
-    if (o->dtype == DEFT_F32) deft_gather_float(o, grads);
-    else deft_gather_double(o, grads);
+    if (o->dtype == DEFT_F32) deft_gather_float(o, srcs, grads);
+    else deft_gather_double(o, srcs, grads);
     if (++o->micro == o->accumulate_steps) {
         o->micro = 0;
         deft_update(o);

@@ -71,7 +71,7 @@ static const char *deft_policy_name(int policy) {
     case DEFT_CHECKPOINT_BUDGET: return "least recompute within the budget";
     case DEFT_CHECKPOINT_MARKED: return "marked spans";
     case DEFT_CHECKPOINT_SEGMENTS: return "segments";
-    default: return "none";
+    default: return "none; autocast recasts its inputs";
     }
 }
 
@@ -80,10 +80,10 @@ static void deft_print_checkpoint(const deft_program *p, FILE *f) {
     deft_checkpoint_report r;
     deft_program_checkpoint(p, &r);
     const deft_ckpt_plan *c = p->ckpt;
-    fprintf(f, "  checkpointing (%s): %d activations dropped (%zu bytes), %d nodes recomputed (%.4g GFLOP, %.4g GB "
-               "moved); peak %zu bytes, %zu without\n",
-            deft_policy_name(r.policy), r.dropped, r.dropped_bytes, r.recomputed, r.recompute_flops / 1e9,
-            r.recompute_bytes / 1e9, r.peak_bytes, r.peak_bytes_without);
+    fprintf(f, "  checkpointing (%s): %d activations dropped (%zu bytes; %d autocast casts of inputs), %d nodes "
+               "recomputed (%.4g GFLOP, %.4g GB moved); peak %zu bytes, %zu without\n",
+            deft_policy_name(r.policy), r.dropped, r.dropped_bytes, c->n_recast, r.recomputed,
+            r.recompute_flops / 1e9, r.recompute_bytes / 1e9, r.peak_bytes, r.peak_bytes_without);
     for (int id = 0; id < c->n_orig; id++)
         if (c->dropped[id])
             fprintf(f, "    dropped    %-24s %-10s %12zu bytes\n", p->graph->nodes[id]->name,

@@ -441,12 +441,13 @@ static void deft_link_copies(deft_program *p) {
         if (p->split->redirect[id] >= 0) p->nodes[id].redirect = p->split->redirect[id];
 }
 
-/* Checkpointing (when asked) rewrites the step that autocast (when asked) made: outputs are what the program
- * computes, user the tensors it was asked for. */
+/* Checkpointing (when asked, and under autocast for the casts of inputs: graph/checkpoint.h) rewrites the step that
+ * autocast (when asked) made: outputs are what the program computes, user the tensors it was asked for. */
 static deft_status deft_build(deft_program *p, deft_tensor *const *outputs, deft_tensor *const *user, int n_outputs,
                               const deft_compile_options *opts, bool allocate) {
     deft_status s = DEFT_OK;
-    if (opts && opts->checkpoint != DEFT_CHECKPOINT_NONE) s = deft_checkpoint(p, outputs, n_outputs, opts);
+    if (opts && (opts->checkpoint != DEFT_CHECKPOINT_NONE || opts->autocast != DEFT_F32))
+        s = deft_checkpoint(p, outputs, n_outputs, opts);
     if (s == DEFT_OK)
         s = deft_split_steps(p->graph, outputs, n_outputs, opts, p->ckpt ? p->ckpt->redirect : NULL, p, &p->split);
     if (s == DEFT_OK) p->n_nodes = p->graph->n_nodes;

@@ -43,9 +43,10 @@ typedef struct deft_buffer {
 /* Nodes that run as one kernel (runtime/fusion.c). The group runs at its root's step; members other than the stores
  * never reach memory. */
 typedef enum deft_group_kind {
-    DEFT_GROUP_ELEMENTWISE,   /* a chain of same-shape f32 elementwise ops: ops/fused.h */
+    DEFT_GROUP_ELEMENTWISE,   /* a chain of same-shape f32, bf16 or f16 elementwise ops: ops/fused.h */
     DEFT_GROUP_MATMUL,        /* a matmul with a cuBLASLt epilogue: ops/cuda/cuda_matmul.h */
-    DEFT_GROUP_NORM           /* a batch norm and the add and ReLU after it: runtime/fusion_norm.c */
+    DEFT_GROUP_NORM,          /* a batch norm and the add and ReLU after it: runtime/fusion_norm.c */
+    DEFT_GROUP_CASTS          /* casts of parameters, run together at the first one's step: runtime/fusion_casts.c */
 } deft_group_kind;
 
 typedef struct deft_group {

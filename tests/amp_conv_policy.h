@@ -54,13 +54,15 @@ static inline int acp_check_image_nodes(const deft_program *p, const amp_conv_ne
     return bad + (convs != 4) + (bns != 1) + (pools != 3);
 }
 
-/* The casts the program runs with source `src`, and the one of them into dtype `to` (NULL when none or several). */
+/* The casts of the rewrite the program runs with source `src`, and the one of them into dtype `to` (NULL when none or
+ * several). The program's recomputations of x's cast in the backward pass (graph/checkpoint.h) are not the rewrite's. */
 static inline int acp_casts_of(const deft_program *p, const deft_tensor *src, deft_dtype to, deft_tensor **one) {
     int count = 0, into = 0;
     *one = NULL;
     for (int id = 0; id < deft_graph_node_count(src->graph); id++) {
         deft_tensor *t = src->graph->nodes[id];
         if (t->op != DEFT_OP_CAST || t->src[0] != src || !deft_program_schedules(p, t)) continue;
+        if (t->ckpt_role == DEFT_CKPT_RECOMPUTE) continue;
         count++;
         if (t->dtype == to) into++, *one = t;
     }

@@ -20,7 +20,15 @@ typedef struct amp_net {
     int32_t *hy;
 } amp_net;
 
-static inline int amp_build(amp_net *n, deft_device dev, int64_t batch, int64_t in, int64_t hidden, int64_t classes) {
+/* The optimizer of a net: SGD with momentum (lr 0.3, momentum 0.9), or AdamW (lr 0.01, torch's other defaults), with
+ * these step options (NULL: one micro-batch per update, no clipping). */
+typedef struct amp_optim {
+    int adamw;
+    const deft_step_options *step;
+} amp_optim;
+
+static inline int amp_build_with(amp_net *n, deft_device dev, int64_t batch, int64_t in, int64_t hidden,
+                                 int64_t classes, amp_optim o) {
     *n = (amp_net){.batch = batch, .in = in, .hidden = hidden, .classes = classes};
     n->g = deft_graph_new();
     deft_graph_set_seed(n->g, 4321);
@@ -31,7 +39,10 @@ static inline int amp_build(amp_net *n, deft_device dev, int64_t batch, int64_t 
     n->logits = deft_set_name(deft_linear(h, classes, "fc3", NULL), "logits");
     n->loss = deft_set_name(deft_cross_entropy(n->logits, n->y), "loss");
     CHECK_OK(deft_backward(n->loss));
-    n->opt = deft_sgd(n->g, &(deft_sgd_options){.lr = 0.3, .momentum = 0.9}, NULL);
+    deft_adamw_options aw = deft_adamw_defaults();
+    aw.lr = 0.01;
+    n->opt = o.adamw ? deft_adamw(n->g, &aw, o.step)
+                     : deft_sgd(n->g, &(deft_sgd_options){.lr = 0.3, .momentum = 0.9}, o.step);
     n->step = deft_optimizer_step(n->opt);
     n->w2 = deft_graph_find(n->g, "fc2.weight");
     n->hx = malloc((size_t)(batch * in) * sizeof *n->hx);
@@ -39,6 +50,10 @@ static inline int amp_build(amp_net *n, deft_device dev, int64_t batch, int64_t 
     int ok = n->step && n->w2 && n->hx && n->hy && deft_graph_error(n->g) == DEFT_OK;
     CHECK_MSG(ok, "building the net: %s", deft_graph_errmsg(n->g));
     return ok;
+}
+
+static inline int amp_build(amp_net *n, deft_device dev, int64_t batch, int64_t in, int64_t hidden, int64_t classes) {
+    return amp_build_with(n, dev, batch, in, hidden, classes, (amp_optim){0, NULL});
 }
 
 static inline void amp_free(amp_net *n) {

@@ -1,9 +1,13 @@
-/* Fusion on a GPU: chains of elementwise nodes run as one kernel and store exactly what the one-op kernels store;
- * matmuls with a bias (and ReLU) or a bias gradient run as one cuBLASLt call; a fused program trains like the same
- * program compiled with no_fusion, and the DOT dump shows what was fused. */
+/* Fusion on a GPU: chains of elementwise nodes (f32, bf16, f16, casts between them) run as one kernel and store
+ * exactly what the one-op kernels store; matmuls with a bias (and ReLU) or a bias gradient run as one cuBLASLt call;
+ * a fused program trains like the same program compiled with no_fusion, and the DOT dump shows what was fused. */
+#define _POSIX_C_SOURCE 200112L /* setenv */
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "check.h"
+#include "build_grad_ops.h"
+#include "fused.h"
 #include "ref.h"
 
 #define GPU deft_cuda(0)
@@ -13,6 +17,7 @@
 /* ---- random elementwise chains: fused and unfused outputs equal bit for bit ---- */
 typedef struct chain {
     deft_graph *g;
+    deft_dtype dt;
     deft_tensor *in[3];
     deft_tensor *outs[4];
     int n_outs;
@@ -38,12 +43,13 @@ static deft_tensor *chain_op(deft_tensor *x, deft_tensor *y, uint64_t *rng) {
 }
 
 /* Inputs [R, C], [C] and [R, 1] (broadcast), a chain of n ops over them, some members read outside the chain. */
-static void chain_build(chain *c, uint64_t seed, int n) {
+static void chain_build(chain *c, uint64_t seed, int n, deft_dtype dt) {
     uint64_t rng = seed;
     c->g = deft_graph_new();
-    c->in[0] = deft_input(c->g, "a", DEFT_F32, 2, (int64_t[]){ROWS, COLS}, GPU);
-    c->in[1] = deft_input(c->g, "b", DEFT_F32, 1, (int64_t[]){COLS}, GPU);
-    c->in[2] = deft_input(c->g, "c", DEFT_F32, 2, (int64_t[]){ROWS, 1}, GPU);
+    c->dt = dt;
+    c->in[0] = deft_input(c->g, "a", dt, 2, (int64_t[]){ROWS, COLS}, GPU);
+    c->in[1] = deft_input(c->g, "b", dt, 1, (int64_t[]){COLS}, GPU);
+    c->in[2] = deft_input(c->g, "c", dt, 2, (int64_t[]){ROWS, 1}, GPU);
     deft_tensor *vals[64] = {c->in[0], deft_mul(c->in[0], c->in[1]), c->in[2]};
     int nv = 3;
     c->n_outs = 0;
@@ -60,30 +66,38 @@ static void chain_build(chain *c, uint64_t seed, int n) {
     CHECK_MSG(deft_graph_error(c->g) == DEFT_OK, "%s", deft_graph_errmsg(c->g));
 }
 
-static void chain_run(chain *c, deft_program *p, const float *const *host, float *out, size_t n_out) {
+/* host[i] holds input i in the chain's dtype; out receives every output's bytes, one after the other. */
+static void chain_run(chain *c, deft_program *p, const void *const *host, char *out, size_t out_bytes) {
     const size_t sizes[3] = {ROWS * COLS, COLS, ROWS};
-    for (int i = 0; i < 3; i++) CHECK_OK(deft_program_feed(p, c->in[i], host[i], sizes[i] * sizeof(float)));
+    for (int i = 0; i < 3; i++) CHECK_OK(deft_program_feed(p, c->in[i], host[i], sizes[i] * deft_dtype_size(c->dt)));
     CHECK_OK(deft_program_run(p));
     size_t at = 0;
     for (int o = 0; o < c->n_outs; o++) {
         size_t bytes = deft_tensor_nbytes(c->outs[o]);
-        CHECK(at + bytes / sizeof(float) <= n_out);
+        CHECK(at + bytes <= out_bytes);
+        if (at + bytes > out_bytes) return;
         CHECK_OK(deft_program_read(p, c->outs[o], out + at, bytes));
-        at += bytes / sizeof(float);
+        at += bytes;
     }
 }
 
-static void test_random_chains(void) {
-    static float a[ROWS * COLS], b[COLS], cc[ROWS], fused[4 * ROWS * COLS + 1], plain[4 * ROWS * COLS + 1];
+static void test_random_chains(deft_dtype dt) {
+    static float a[ROWS * COLS], b[COLS], cc[ROWS];
+    static char fused[4 * ROWS * COLS * sizeof(float) + 8], plain[sizeof fused];
     int fewer = 0;
     for (uint64_t seed = 1; seed <= 40; seed++) {
         uint64_t rng = seed * 7919;
         for (int i = 0; i < ROWS * COLS; i++) a[i] = (float)ref_unif(&rng, -3, 3);
         for (int i = 0; i < COLS; i++) b[i] = (float)ref_unif(&rng, -3, 3);
         for (int i = 0; i < ROWS; i++) cc[i] = (float)ref_unif(&rng, -3, 3);
-        const float *host[3] = {a, b, cc};
+        /* room for any dtype ref_store writes: the compiler cannot tell that dt is never f64 here */
+        static char ha[ROWS * COLS * sizeof(double)], hb[COLS * sizeof(double)], hc[ROWS * sizeof(double)];
+        for (int i = 0; i < ROWS * COLS; i++) ref_store(ha, dt, i, a[i]);
+        for (int i = 0; i < COLS; i++) ref_store(hb, dt, i, b[i]);
+        for (int i = 0; i < ROWS; i++) ref_store(hc, dt, i, cc[i]);
+        const void *host[3] = {ha, hb, hc};
         chain c;
-        chain_build(&c, seed, 3 + (int)(seed % 20));
+        chain_build(&c, seed, 3 + (int)(seed % 20), dt);
         deft_program *pf = deft_compile(c.g, c.outs, c.n_outs, NULL);
         deft_program *pu = deft_compile(c.g, c.outs, c.n_outs, &(deft_compile_options){.no_fusion = 1});
         CHECK_MSG(pf && pu, "compile: %s", deft_errmsg());
@@ -91,18 +105,18 @@ static void test_random_chains(void) {
             memset(fused, 0xff, sizeof fused);
             memset(plain, 0x7f, sizeof plain);
             for (int run = 0; run < 4; run++) {   /* eager, eager, capture, replay */
-                chain_run(&c, pf, host, fused, sizeof fused / sizeof fused[0]);
-                chain_run(&c, pu, host, plain, sizeof plain / sizeof plain[0]);
+                chain_run(&c, pf, host, fused, sizeof fused);
+                chain_run(&c, pu, host, plain, sizeof plain);
                 size_t n = 0;
-                for (int o = 0; o < c.n_outs; o++) n += deft_tensor_nbytes(c.outs[o]) / sizeof(float);
-                CHECK_MSG(memcmp(fused, plain, n * sizeof(float)) == 0, "seed %llu run %d: fused != unfused",
+                for (int o = 0; o < c.n_outs; o++) n += deft_tensor_nbytes(c.outs[o]);
+                CHECK_MSG(memcmp(fused, plain, n) == 0, "%s seed %llu run %d: fused != unfused", deft_dtype_name(dt),
                           (unsigned long long)seed, run);
             }
             fewer += deft_program_step_count(pf) < deft_program_step_count(pu);
         }
         deft_graph_free(c.g);
     }
-    CHECK_MSG(fewer >= 30, "only %d of 40 chains ran fewer kernels fused", fewer);
+    CHECK_MSG(fewer >= 30, "%s: only %d of 40 chains ran fewer kernels fused", deft_dtype_name(dt), fewer);
 }
 
 /* ---- a chain ending in a sum or mean over every element (a loss): one kernel, the unfused value bit for bit ---- */
@@ -232,12 +246,225 @@ static void test_mlp(int mse, int tf32, double tol) {
     deft_graph_free(plain.g);
 }
 
+/* ---- bf16 and f16 chains: one kernel, rounding after every op, storing what the one-op kernels store ---- */
+typedef struct lowp {
+    deft_graph *g;
+    deft_tensor *in[4], *feed[4];   /* feed[j]: the leaf fed for in[j] (in[j] may be a view of it) */
+    deft_tensor *out[3];
+    int n_in, n_out;
+} lowp;
+
+static deft_tensor *lowp_input(lowp *c, deft_dtype dt, int ndim, const int64_t *shape) {
+    static const char *names[4] = {"x0", "x1", "x2", "x3"};
+    deft_tensor *t = deft_input(c->g, names[c->n_in], dt, ndim, shape, GPU);
+    c->in[c->n_in] = c->feed[c->n_in] = t;
+    c->n_in++;
+    return t;
+}
+
+/* Values in [-3, 3] with exact zeros of both signs among them (the edges of relu and its gradient). */
+static void *lowp_host(const deft_tensor *t, uint64_t *rng) {
+    const int64_t n = (int64_t)(deft_tensor_nbytes(t) / deft_dtype_size(deft_tensor_dtype(t)));
+    void *h = malloc(deft_tensor_nbytes(t));
+    CHECK(h != NULL);
+    for (int64_t i = 0; h && i < n; i++)
+        ref_store(h, deft_tensor_dtype(t), i, i % 17 == 3 ? 0.0 : i % 17 == 5 ? -0.0 : ref_unif(rng, -3, 3));
+    return h;
+}
+
+/* Reads every output of p after a run into bufs (one malloc'd block per output). */
+static void lowp_run(lowp *c, deft_program *p, void *const *host, void **bufs) {
+    for (int j = 0; j < c->n_in; j++)
+        CHECK_OK(deft_program_feed(p, c->feed[j], host[j], deft_tensor_nbytes(c->feed[j])));
+    CHECK_OK(deft_program_run(p));
+    for (int o = 0; o < c->n_out; o++) CHECK_OK(deft_program_read(p, c->out[o], bufs[o], deft_tensor_nbytes(c->out[o])));
+}
+
+/* c compiled with and without fusion: the fused program runs want_steps kernels, and four runs of each (eager,
+ * eager, capture, replay) give the same bytes in every output. Frees c's graph. */
+static void lowp_check(const char *name, lowp *c, int want_steps) {
+    CHECK_MSG(deft_graph_error(c->g) == DEFT_OK, "%s: %s", name, deft_graph_errmsg(c->g));
+    deft_program *pf = deft_compile(c->g, c->out, c->n_out, NULL);
+    deft_program *pu = deft_compile(c->g, c->out, c->n_out, &(deft_compile_options){.no_fusion = 1});
+    CHECK_MSG(pf && pu, "%s: compile: %s", name, deft_errmsg());
+    if (pf && pu) {
+        CHECK_MSG(deft_program_step_count(pf) == want_steps, "%s: %d fused steps (%d unfused), want %d", name,
+                  deft_program_step_count(pf), deft_program_step_count(pu), want_steps);
+        uint64_t rng = 0x5eed;
+        void *host[4] = {0}, *bf[3] = {0}, *bu[3] = {0};
+        for (int j = 0; j < c->n_in; j++) host[j] = lowp_host(c->feed[j], &rng);
+        for (int o = 0; o < c->n_out; o++) {
+            bf[o] = malloc(deft_tensor_nbytes(c->out[o]));
+            bu[o] = malloc(deft_tensor_nbytes(c->out[o]));
+            CHECK(bf[o] && bu[o]);
+        }
+        for (int run = 0; run < 4; run++) {
+            lowp_run(c, pf, host, bf);
+            lowp_run(c, pu, host, bu);
+            for (int o = 0; o < c->n_out; o++)
+                CHECK_MSG(memcmp(bf[o], bu[o], deft_tensor_nbytes(c->out[o])) == 0, "%s run %d: output %d fused != unfused",
+                          name, run, o);
+        }
+        for (int j = 0; j < c->n_in; j++) free(host[j]);
+        for (int o = 0; o < c->n_out; o++) {
+            free(bf[o]);
+            free(bu[o]);
+        }
+    }
+    deft_graph_free(c->g);
+}
+
+/* A residual block's end: relu(x + y), the sum also read outside (two stores). rows x cols picks the path: a size
+ * that is a multiple of 8 runs 16 bytes per load, any other size also runs its tail element by element. */
+static void test_add_relu(deft_dtype dt, int64_t rows, int64_t cols) {
+    lowp c = {.g = deft_graph_new()};
+    const int64_t shape[2] = {rows, cols};
+    deft_tensor *s = deft_add(lowp_input(&c, dt, 2, shape), lowp_input(&c, dt, 2, shape));
+    c.out[c.n_out++] = deft_relu(s);
+    c.out[c.n_out++] = s;
+    char name[64];
+    snprintf(name, sizeof name, "%s add->relu %lldx%lld", deft_dtype_name(dt), (long long)rows, (long long)cols);
+    lowp_check(name, &c, 1);
+}
+
+/* Two branches' gradients summed, then the ReLU's gradient. */
+static void test_add_act_grad(deft_dtype dt, int64_t n) {
+    lowp c = {.g = deft_graph_new()};
+    deft_tensor *dy = deft_add(lowp_input(&c, dt, 1, &n), lowp_input(&c, dt, 1, &n));
+    c.out[c.n_out++] = deft_act_grad(DEFT_OP_RELU, dy, lowp_input(&c, dt, 1, &n));
+    char name[64];
+    snprintf(name, sizeof name, "%s add->act_grad(relu) %lld", deft_dtype_name(dt), (long long)n);
+    lowp_check(name, &c, 1);
+}
+
+/* sigmoid(0.3 x + b), b of the chain's shape or broadcast along rows (a strided load). */
+static void test_scale_add_sigmoid(deft_dtype dt, int broadcast) {
+    lowp c = {.g = deft_graph_new()};
+    deft_tensor *x = lowp_input(&c, dt, 2, (int64_t[]){ROWS, COLS});
+    deft_tensor *b = broadcast ? lowp_input(&c, dt, 1, (int64_t[]){COLS}) : lowp_input(&c, dt, 2, (int64_t[]){ROWS, COLS});
+    c.out[c.n_out++] = deft_sigmoid(deft_add(deft_mul_scalar(x, 0.3), b));
+    char name[64];
+    snprintf(name, sizeof name, "%s mul_scalar->add->sigmoid%s", deft_dtype_name(dt), broadcast ? ", broadcast" : "");
+    lowp_check(name, &c, 1);
+}
+
+/* relu(x * row + col + one): inputs broadcast along either axis, and one of a single element. */
+static void test_broadcasts(deft_dtype dt) {
+    lowp c = {.g = deft_graph_new()};
+    deft_tensor *x = lowp_input(&c, dt, 2, (int64_t[]){ROWS, COLS});
+    deft_tensor *row = lowp_input(&c, dt, 1, (int64_t[]){COLS}), *col = lowp_input(&c, dt, 2, (int64_t[]){ROWS, 1});
+    deft_tensor *one = lowp_input(&c, dt, 1, (int64_t[]){1});
+    c.out[c.n_out++] = deft_relu(deft_add(deft_add(deft_mul(x, row), col), one));
+    char name[64];
+    snprintf(name, sizeof name, "%s broadcast inputs", deft_dtype_name(dt));
+    lowp_check(name, &c, 1);
+}
+
+/* mean (or sum) of 0.5 (a - b)^2, with a - b stored beside it: one kernel, the reduction in the chain's dtype. */
+static void test_lowp_reduction(deft_dtype dt, int mean) {
+    lowp c = {.g = deft_graph_new()};
+    const int64_t shape[2] = {ROWS, COLS};
+    deft_tensor *d = deft_sub(lowp_input(&c, dt, 2, shape), lowp_input(&c, dt, 2, shape));
+    deft_tensor *sq = deft_mul_scalar(deft_mul(d, d), 0.5);
+    c.out[c.n_out++] = mean ? deft_mean(sq, 0, NULL, 0) : deft_sum(sq, 0, NULL, 0);
+    c.out[c.n_out++] = d;
+    char name[64];
+    snprintf(name, sizeof name, "%s chain ending in a %s", deft_dtype_name(dt), mean ? "mean" : "sum");
+    lowp_check(name, &c, 1);
+}
+
+/* bf16 -> f32 -> (+ f32, relu) -> bf16: casts join the chain, and the f32 sum is stored as f32. */
+static void test_casts(int64_t n) {
+    lowp c = {.g = deft_graph_new()};
+    deft_tensor *x = deft_cast(lowp_input(&c, DEFT_BF16, 1, &n), DEFT_F32);
+    deft_tensor *s = deft_add(x, lowp_input(&c, DEFT_F32, 1, &n));
+    c.out[c.n_out++] = deft_cast(deft_relu(s), DEFT_BF16);
+    c.out[c.n_out++] = s;
+    c.out[c.n_out++] = deft_cast(deft_mul_scalar(s, 1.0 / 3.0), DEFT_F16);
+    lowp_check("casts bf16 -> f32 -> bf16, f16", &c, 1);
+}
+
+/* Inputs that are views into a leaf at `start` elements: at 1 the view is not 16-byte aligned and the chain runs
+ * element by element; at 8 (16 bytes of bf16) it may take 16 bytes at a time. */
+static void test_views(deft_dtype dt, int64_t start) {
+    lowp c = {.g = deft_graph_new()};
+    const int64_t n = 1000, whole = n + 8;
+    deft_tensor *src = lowp_input(&c, dt, 1, &whole);
+    c.in[0] = deft_slice(src, 0, start, start + n, 1);
+    deft_tensor *y = lowp_input(&c, dt, 1, &n);
+    c.out[c.n_out++] = deft_relu(deft_add(c.in[0], y));
+    char name[64];
+    snprintf(name, sizeof name, "%s view at %lld", deft_dtype_name(dt), (long long)start);
+    lowp_check(name, &c, 1);
+}
+
+/* f64 and i32 chains are not fused: two kernels, as before. */
+static void test_unfused_dtypes(void) {
+    const deft_dtype dts[2] = {DEFT_F64, DEFT_I32};
+    for (int k = 0; k < 2; k++) {
+        lowp c = {.g = deft_graph_new()};
+        const int64_t n = 100;
+        c.out[c.n_out++] = deft_relu(deft_add(lowp_input(&c, dts[k], 1, &n), lowp_input(&c, dts[k], 1, &n)));
+        lowp_check(deft_dtype_name(dts[k]), &c, 2);
+    }
+}
+
+/* A kernel description with a dtype the fused kernel does not load is refused before anything runs. */
+static void test_bad_kernel(void) {
+#ifdef DEFT_HAVE_CUDA
+    deft_fused_kernel k;
+    memset(&k, 0, sizeof k);
+    k.n_inputs = 1;
+    k.n_ops = 1;
+    k.n_stores = 1;
+    k.ndim = 1;
+    k.numel = k.shape[0] = 4;
+    k.input_dtype[0] = DEFT_F64;
+    k.ops[0] = (deft_fused_instr){.op = DEFT_OP_RELU, .a = 0, .b = 0, .dtype = DEFT_F32};
+    k.store_reg[0] = 1;
+    k.store_dtype[0] = DEFT_F32;
+    void *out[1] = {NULL};
+    const void *in[1] = {NULL};
+    CHECK_ERR(deft_cuda_fused_run(&k, out, in, NULL), DEFT_ERR_DTYPE, "other than f32, bf16 or f16");
+#endif
+}
+
+static void test_fusion_lowp(void) {
+    const deft_dtype dts[2] = {DEFT_BF16, DEFT_F16};
+    for (int k = 0; k < 2; k++) {
+        test_add_relu(dts[k], ROWS, COLS);    /* 1073 elements: vector steps and a tail of 1 */
+        test_add_relu(dts[k], 64, 128);       /* whole 16-byte steps only */
+        test_add_relu(dts[k], 1, 7);          /* fewer elements than one vector step */
+        test_add_act_grad(dts[k], 4099);
+        test_add_act_grad(dts[k], 4096);
+        test_scale_add_sigmoid(dts[k], 0);
+        test_scale_add_sigmoid(dts[k], 1);
+        test_broadcasts(dts[k]);
+        test_lowp_reduction(dts[k], 1);
+        test_lowp_reduction(dts[k], 0);
+        test_views(dts[k], 1);
+        test_views(dts[k], 8);
+    }
+    test_casts(1001);
+    test_casts(1024);
+    test_unfused_dtypes();
+    test_bad_kernel();
+}
+
 int main(void) {
     if (deft_cuda_device_count() == 0) {
         printf("no usable CUDA GPU: skipped\n");
         return 77;
     }
-    test_random_chains();
+    test_random_chains(DEFT_F32);
+    setenv("DEFT_FUSE_LOW_PRECISION", "1", 1);   /* bf16 and f16 chains fuse only when asked (runtime/fusion.c) */
+    test_random_chains(DEFT_BF16);
+    test_random_chains(DEFT_F16);
+    test_fusion_lowp();
+    setenv("DEFT_FUSED_REFERENCE", "1", 1);   /* the one-element kernel on the same chains */
+    test_fusion_lowp();
+    test_random_chains(DEFT_BF16);
+    setenv("DEFT_FUSED_REFERENCE", "0", 1);
     test_chain_reduction(1, 32, 1, 1);      /* the tiny MLP's MSE */
     test_chain_reduction(0, 37, 29, 1);
     test_chain_reduction(1, 256, 256, 1);   /* the largest chain one block reduces */

@@ -69,6 +69,11 @@ template <> struct deft_ty<int32_t> {
     static __device__ __forceinline__ int32_t from_f64(double v) { return deft_f64_to_i32(v); }
 };
 
+/* A cast of one element, through double, which holds every value of every dtype exactly, so only the store rounds. */
+template <class TI, class TO> __device__ __forceinline__ TO deft_cast_one(TI x) {
+    return deft_ty<TO>::from_f64((double)deft_ty<TI>::load(x));
+}
+
 /* MAXIMUM and MAX propagate NaN from either side, as torch does (x != x is false for integers). */
 template <class C> __device__ __forceinline__ C deft_max_nan(C x, C y) { return (x > y || x != x) ? x : y; }
 

@@ -189,10 +189,7 @@ deft_status deft_cuda_unary(const deft_tensor *n, void *out, const void *a, cuda
     }
 }
 
-/* ---- casts: through double, which holds every value of every dtype exactly, so only the store rounds ---- */
-template <class TI, class TO> __device__ __forceinline__ TO deft_cast_one(TI x) {
-    return deft_ty<TO>::from_f64((double)deft_ty<TI>::load(x));
-}
+/* ---- casts (deft_cast_one, cuda_common.cuh) ---- */
 
 /* Four loads in flight per thread before their stores (the casts of weights and gradients under autocast move
  * hundreds of megabytes a step: one element at a time ran at half the memory's rate). */

@@ -22,6 +22,12 @@ deft_status deft_cuda_run_node(const deft_tensor *n, void *out, const void *cons
 deft_status deft_cuda_batch_norm_epilogue(const deft_tensor *n, void *out, const void *const *in, const void *residual,
                                           int relu, void *stream);
 
+/* Casts casts[0..n) (DEFT_OP_CAST nodes of one source and one destination dtype) in one launch: in[i] the source of
+ * casts[i], out[i] its value; the same values as n separate casts. Runs a fused group of runtime/fusion_casts.c. */
+#define DEFT_CASTS_MAX 24   /* casts per launch: a fused group's members (DEFT_FUSED_MAX_OPS) */
+deft_status deft_cuda_casts_run(const deft_tensor *const *casts, void *const *out, const void *const *in, int n,
+                                void *stream);
+
 /* DEFT_CUBLAS_WORKSPACE_BYTES and DEFT_CUDNN_WORKSPACE_BYTES: the scratch a stream's cuBLAS and cuDNN calls get
  * from the caching allocator (shown in memory footprints). */
 #include "cuda_workspace.h"

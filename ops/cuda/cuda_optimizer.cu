@@ -21,7 +21,12 @@
  * soon as their gradients exist, and a finisher; both paths sum the norm over the same blocks in the same order.
  *
  * The host compares this run's gradient addresses with those of the tables it built before (no synchronisation);
- * only a new set of addresses (a program's first run) builds a table, which must not happen inside a capture. */
+ * only a new set of addresses (a program's first run) builds a table, which must not happen inside a capture.
+ *
+ * Under autocast an f32 weight's gradient may come in bf16 or f16 (graph/autocast.h): each table row carries its
+ * gradient's dtype and the kernels pick the load per segment (per norm block in the one-launch step), never per
+ * element, so an f32 gradient is read exactly as before; widening is exact, so the results are bit for bit those of
+ * the f32 gradients the cast back would have given. */
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,10 +53,40 @@ struct deft_opt_hyper {
 /* Elements one gather block covers at least (it walks the segments that overlap its range). */
 #define DEFT_OPT_GATHER_CHUNK 2048
 
+/* ---------------------------------------------------------------- gradients in another dtype
+ * A gradient element of type G as the parameters' type T: bf16 and f16 widen exactly (only f32 weights take them,
+ * deft_optimizer_grad_dtype_ok); G == T is the plain load. */
+template <class T, class G> __device__ __forceinline__ T deft_opt_widen(G x) { return (T)deft_ty<G>::load(x); }
+
+/* Calls f.template run<G>() with G the C type of a segment's gradients: T itself, or bf16 / f16 for f32 weights. The
+ * switch is taken once per segment or block; the call inside runs the loop over its elements. */
+template <class T, class F> __device__ __forceinline__ auto deft_opt_by_dtype(int dtype, const F &f) {
+    if constexpr (sizeof(T) == sizeof(float)) {
+        if (dtype == DEFT_BF16) return f.template run<__nv_bfloat16>();
+        if (dtype == DEFT_F16) return f.template run<__half>();
+    }
+    return f.template run<T>();
+}
+
 /* ---------------------------------------------------------------- gather */
 /* Block b covers elements [b * per_block, (b + 1) * per_block) of the flat gradients: it finds the segment holding
  * its first element by bisection, then walks the segments that overlap its range. On the first micro-batch of an
  * update it copies, afterwards it adds (micro is read before the prepare kernel of this run advances it). */
+template <class T> struct deft_opt_gather_run {
+    T *flat;
+    const void *src;
+    int64_t off, s0, s1;
+    bool add;
+    template <class G> __device__ __forceinline__ int run() const {
+        const G *g = (const G *)src;
+        for (int64_t j = s0 + threadIdx.x; j < s1; j += blockDim.x) {
+            const T x = deft_opt_widen<T, G>(g[j - off]);
+            flat[j] = add ? flat[j] + x : x;
+        }
+        return 0;
+    }
+};
+
 template <class T>
 __global__ void deft_k_opt_gather(T *flat, const deft_optimizer_segment *seg, int nseg, int64_t total,
                                   int64_t per_block, const deft_optimizer_dev *dev) {
@@ -67,12 +102,8 @@ __global__ void deft_k_opt_gather(T *flat, const deft_optimizer_segment *seg, in
     }
     for (int s = a; s < nseg && seg[s].offset < hi; s++) {
         const int64_t off = seg[s].offset, end = off + seg[s].count;
-        const int64_t s0 = lo > off ? lo : off, s1 = hi < end ? hi : end;
-        const T *src = (const T *)seg[s].src;
-        for (int64_t j = s0 + threadIdx.x; j < s1; j += blockDim.x) {
-            const T x = src[j - off];
-            flat[j] = add ? flat[j] + x : x;
-        }
+        deft_opt_gather_run<T> r = {flat, seg[s].src, off, lo > off ? lo : off, hi < end ? hi : end, add};
+        deft_opt_by_dtype<T>(seg[s].dtype, r);
     }
 }
 
@@ -250,9 +281,9 @@ __global__ void deft_k_opt_update(T *p, const T *g, T *s0, T *s1, int64_t total,
  * run at the memory's rate; one element at a time the step ran at half of it. Returns the thread's running sum of
  * squares: acc, then this range's squares added in element order, as the one-at-a-time loop added them. */
 #define DEFT_OPT_UNROLL 4
-template <class T>
+template <class T, class G>
 __device__ double deft_opt_fused_range(T *__restrict__ p, T *__restrict__ s0, T *__restrict__ s1,
-                                       const T *__restrict__ g, int64_t lo, int64_t hi, const deft_opt_hyper &h,
+                                       const G *__restrict__ g, int64_t lo, int64_t hi, const deft_opt_hyper &h,
                                        const deft_opt_coef<T> &c, double acc) {
     const int64_t bd = blockDim.x;
     const bool sgd = h.kind == DEFT_OPTIM_SGD, moments = sgd ? h.momentum != 0.0 : true;
@@ -263,7 +294,7 @@ __device__ double deft_opt_fused_range(T *__restrict__ p, T *__restrict__ s0, T 
 #pragma unroll
         for (int u = 0; u < DEFT_OPT_UNROLL; u++) {
             const int64_t k = j + u * bd;
-            gv[u] = g[k];
+            gv[u] = deft_opt_widen<T, G>(g[k]);
             pv[u] = p[k];
             av[u] = moments && !c.first ? s0[k] : T(0);
             bv[u] = !sgd && !c.first ? s1[k] : T(0);
@@ -283,7 +314,7 @@ __device__ double deft_opt_fused_range(T *__restrict__ p, T *__restrict__ s0, T 
         }
     }
     for (; j < hi; j += bd) {
-        const T gj = g[j];
+        const T gj = deft_opt_widen<T, G>(g[j]);
         sum += (double)gj * (double)gj;
         if (sgd) deft_opt_sgd_one<T>(p, s0, j, gj, h, c);
         else deft_opt_adamw_one<T>(p, s0, s1, j, gj, h, c);
@@ -314,12 +345,25 @@ __device__ __forceinline__ deft_opt_coef<T> deft_opt_coef_now(const deft_optimiz
     return c;
 }
 
-/* Updates the elements of one norm block and returns this thread's sum of squares of their gradients. */
+/* Updates the elements of one norm block and returns this thread's sum of squares of their gradients (read in the
+ * segment's dtype: one choice per block). */
+template <class T> struct deft_opt_block_run {
+    T *p, *s0, *s1;
+    const deft_optimizer_block &bk;
+    const deft_optimizer_segment &seg;
+    const deft_opt_hyper &h;
+    const deft_opt_coef<T> &c;
+    template <class G> __device__ __forceinline__ double run() const {
+        return deft_opt_fused_range<T, G>(p, s0, s1, (const G *)seg.src - seg.offset, bk.lo, bk.hi, h, c, 0.0);
+    }
+};
+
 template <class T>
 __device__ __forceinline__ double deft_opt_block_step(T *p, T *s0, T *s1, const deft_optimizer_block &bk,
                                                       const deft_optimizer_segment &seg, const deft_opt_hyper &h,
                                                       const deft_opt_coef<T> &c) {
-    return deft_opt_fused_range<T>(p, s0, s1, (const T *)seg.src - seg.offset, bk.lo, bk.hi, h, c, 0.0);
+    deft_opt_block_run<T> r = {p, s0, s1, bk, seg, h, c};
+    return deft_opt_by_dtype<T>(seg.dtype, r);
 }
 
 /* Thread 0 closes an update whose gradients' sum of squares is total_sq. */
@@ -389,6 +433,16 @@ __global__ void deft_k_opt_fused_one(T *p, T *s0, T *s1, const deft_optimizer_se
  * zeros in their rounds over 128, 64 and 32 (exact) and then pair lanes as the shuffles below do, so the norm is the
  * same bit for bit; so is the final tree over the blocks' sums. */
 #define DEFT_OPT_WARP 32
+/* Element i of a segment's gradients as T (one element per lane here, so the dtype is looked at per element; the
+ * branch is the same in every lane). */
+template <class T> __device__ __forceinline__ T deft_opt_grad_at(const deft_optimizer_segment &s, int64_t i) {
+    if constexpr (sizeof(T) == sizeof(float)) {
+        if (s.dtype == DEFT_BF16) return deft_opt_widen<T, __nv_bfloat16>(((const __nv_bfloat16 *)s.src)[i]);
+        if (s.dtype == DEFT_F16) return deft_opt_widen<T, __half>(((const __half *)s.src)[i]);
+    }
+    return ((const T *)s.src)[i];
+}
+
 template <class T>
 __global__ void deft_k_opt_fused_warp(T *p, T *s0, T *s1, const deft_optimizer_segment *seg,
                                       const deft_optimizer_block *blocks, int n_blocks, deft_optimizer_dev *dev,
@@ -401,7 +455,7 @@ __global__ void deft_k_opt_fused_warp(T *p, T *s0, T *s1, const deft_optimizer_s
         const int64_t j = bk.lo + lane;
         double sum = 0.0;
         if (j < bk.hi) {
-            const T g = ((const T *)seg[bk.param].src)[j - seg[bk.param].offset];
+            const T g = deft_opt_grad_at<T>(seg[bk.param], j - seg[bk.param].offset);
             sum += (double)g * (double)g;
             if (h.kind == DEFT_OPTIM_SGD) deft_opt_sgd_one<T>(p, s0, j, g, h, c);
             else deft_opt_adamw_one<T>(p, s0, s1, j, g, h, c);
@@ -478,10 +532,12 @@ static int deft_opt_entries(const deft_optimizer *o) {
     return o->part && o->part->finisher ? o->part->n_pieces : o->n_params;
 }
 
-/* Row i of o's gather table for source address src. */
-static deft_optimizer_segment deft_opt_row(const deft_optimizer *o, int i, const void *src) {
+/* Row i of o's gather table for source address src, holding dtype dt. */
+static deft_optimizer_segment deft_opt_row(const deft_optimizer *o, int i, const void *src, deft_dtype dt) {
     deft_optimizer_segment r;
     r.src = src;
+    r.dtype = (int32_t)dt;
+    r.pad = 0;
     if (o->part && o->part->finisher) {
         const deft_optimizer *w = o->part->whole;
         const int first = o->part->piece_first_param[i];
@@ -494,12 +550,14 @@ static deft_optimizer_segment deft_opt_row(const deft_optimizer *o, int i, const
     return r;
 }
 
-/* The table built before for these gradient addresses (a compare on the host, no device call), or NULL. */
-static const deft_optimizer_segment *deft_opt_known_table(deft_optimizer *o, const void *const *grads) {
+/* The table built before for these gradient addresses and dtypes (a compare on the host, no device call), or NULL. */
+static const deft_optimizer_segment *deft_opt_known_table(deft_optimizer *o, const void *const *grads,
+                                                          const deft_dtype *dts) {
     const size_t ptr_bytes = (size_t)deft_opt_entries(o) * sizeof *grads;
+    const size_t dt_bytes = (size_t)deft_opt_entries(o) * sizeof *dts;
     for (int i = 0; i < o->n_gathers; i++) {
         deft_optimizer_gather *e = &o->gathers[i];
-        if (memcmp(e->grads, grads, ptr_bytes) == 0) {
+        if (memcmp(e->grads, grads, ptr_bytes) == 0 && memcmp(e->dtypes, dts, dt_bytes) == 0) {
             e->last_used = ++o->gather_clock;
             return e->table;
         }
@@ -509,11 +567,11 @@ static const deft_optimizer_segment *deft_opt_known_table(deft_optimizer *o, con
 
 /* Copies the table for `grads` into e->table and waits for the copy (the host rows are freed at once). */
 static deft_status deft_opt_fill_table(deft_optimizer *o, deft_optimizer_gather *e, const void *const *grads,
-                                       cudaStream_t st) {
+                                       const deft_dtype *dts, cudaStream_t st) {
     const size_t table_bytes = (size_t)deft_opt_entries(o) * sizeof(deft_optimizer_segment);
     deft_optimizer_segment *host = (deft_optimizer_segment *)malloc(table_bytes ? table_bytes : 1);
     if (!host) return deft_set_error(DEFT_ERR_OOM, "optimizer: out of host memory");
-    for (int i = 0; i < deft_opt_entries(o); i++) host[i] = deft_opt_row(o, i, grads[i]);
+    for (int i = 0; i < deft_opt_entries(o); i++) host[i] = deft_opt_row(o, i, grads[i], dts[i]);
     cudaError_t ce = cudaMemcpyAsync(e->table, host, table_bytes, cudaMemcpyHostToDevice, st);
     if (ce == cudaSuccess) ce = cudaStreamSynchronize(st);
     free(host);
@@ -522,24 +580,32 @@ static deft_status deft_opt_fill_table(deft_optimizer *o, deft_optimizer_gather 
 
 /* A new entry: registered only once its table is on the device, so that a failure (out of memory under a limit,
  * say) leaves the cache as it was and the next run simply tries again. */
-static deft_status deft_opt_new_table(deft_optimizer *o, const void *const *grads, cudaStream_t st,
-                                      const deft_optimizer_segment **out) {
+static deft_status deft_opt_new_table(deft_optimizer *o, const void *const *grads, const deft_dtype *dts,
+                                      cudaStream_t st, const deft_optimizer_segment **out) {
     const size_t ptr_bytes = (size_t)deft_opt_entries(o) * sizeof *grads;
+    const size_t dt_bytes = (size_t)deft_opt_entries(o) * sizeof *dts;
     deft_optimizer_gather e;
     memset(&e, 0, sizeof e);
     e.grads = (const void **)malloc(ptr_bytes ? ptr_bytes : 1);
-    if (!e.grads) return deft_set_error(DEFT_ERR_OOM, "optimizer: out of host memory");
+    e.dtypes = (deft_dtype *)malloc(dt_bytes ? dt_bytes : 1);
+    if (!e.grads || !e.dtypes) {
+        free(e.grads);
+        free(e.dtypes);
+        return deft_set_error(DEFT_ERR_OOM, "optimizer: out of host memory");
+    }
     void *table = NULL;
     deft_status s = deft_caching_alloc(o->device, (size_t)deft_opt_entries(o) * sizeof(deft_optimizer_segment), st,
                                        "optimizer.gather", &table);
     e.table = (deft_optimizer_segment *)table;
-    if (s == DEFT_OK) s = deft_opt_fill_table(o, &e, grads, st);
+    if (s == DEFT_OK) s = deft_opt_fill_table(o, &e, grads, dts, st);
     if (s != DEFT_OK) {
         (void)deft_caching_free(o->device, table);
         free(e.grads);
+        free(e.dtypes);
         return s;
     }
     memcpy(e.grads, grads, ptr_bytes);
+    memcpy(e.dtypes, dts, dt_bytes);
     e.last_used = ++o->gather_clock;
     o->gathers[o->n_gathers++] = e;
     *out = e.table;
@@ -548,8 +614,8 @@ static deft_status deft_opt_new_table(deft_optimizer *o, const void *const *grad
 
 /* Refills the least recently used table; another program's queued step may still read it, hence the device wait.
  * Until the copy is done the entry matches no addresses, so a failure leaves nothing half built. */
-static deft_status deft_opt_reuse_table(deft_optimizer *o, const void *const *grads, cudaStream_t st,
-                                        const deft_optimizer_segment **out) {
+static deft_status deft_opt_reuse_table(deft_optimizer *o, const void *const *grads, const deft_dtype *dts,
+                                        cudaStream_t st, const deft_optimizer_segment **out) {
     deft_optimizer_gather *e = &o->gathers[0];
     for (int i = 1; i < o->n_gathers; i++)
         if (o->gathers[i].last_used < e->last_used) e = &o->gathers[i];
@@ -557,9 +623,10 @@ static deft_status deft_opt_reuse_table(deft_optimizer *o, const void *const *gr
     if (s != DEFT_OK) return s;
     const size_t ptr_bytes = (size_t)deft_opt_entries(o) * sizeof *grads;
     memset(e->grads, 0, ptr_bytes);
-    s = deft_opt_fill_table(o, e, grads, st);
+    s = deft_opt_fill_table(o, e, grads, dts, st);
     if (s != DEFT_OK) return s;
     memcpy(e->grads, grads, ptr_bytes);
+    memcpy(e->dtypes, dts, (size_t)deft_opt_entries(o) * sizeof *dts);
     e->last_used = ++o->gather_clock;
     *out = e->table;
     return DEFT_OK;
@@ -567,15 +634,15 @@ static deft_status deft_opt_reuse_table(deft_optimizer *o, const void *const *gr
 
 /* The device gather table for these gradient addresses: one built before, or a new one. Building waits for the
  * stream: it happens on a program's first run, never during a capture. */
-static deft_status deft_opt_gather_table(deft_optimizer *o, const void *const *grads, cudaStream_t st,
-                                         const deft_optimizer_segment **out) {
-    *out = deft_opt_known_table(o, grads);
+static deft_status deft_opt_gather_table(deft_optimizer *o, const void *const *grads, const deft_dtype *dts,
+                                         cudaStream_t st, const deft_optimizer_segment **out) {
+    *out = deft_opt_known_table(o, grads, dts);
     if (*out) return DEFT_OK;
     if (deft_opt_capturing(st))
         return deft_set_error(DEFT_ERR_STATE, "optimizer: the gradients sit at addresses this optimizer has not seen "
                               "while its stream is capturing a CUDA Graph; run the step once eagerly first");
-    deft_status s = o->n_gathers < DEFT_OPTIMIZER_GATHER_CACHE ? deft_opt_new_table(o, grads, st, out)
-                                                                : deft_opt_reuse_table(o, grads, st, out);
+    deft_status s = o->n_gathers < DEFT_OPTIMIZER_GATHER_CACHE ? deft_opt_new_table(o, grads, dts, st, out)
+                                                                : deft_opt_reuse_table(o, grads, dts, st, out);
     if (s == DEFT_OK) return DEFT_OK;
     char msg[768];
     snprintf(msg, sizeof msg, "%s", deft_errmsg());
@@ -646,8 +713,28 @@ static deft_status deft_opt_launch(deft_optimizer *o, const deft_optimizer_segme
     return deft_cuda_check_launch(n, o->kind == DEFT_OPTIM_SGD ? "optimizer sgd" : "optimizer adamw");
 }
 
-extern "C" deft_status deft_cuda_optimizer_run(struct deft_optimizer *o, const void *const *grads, void *out,
-                                               void *stream) {
+/* The dtypes of a node's sources (n of them), for the gather table's rows: a finisher's are the pieces' f64 sums. Small
+ * steps use `small`; *out is to be freed when it is not `small`. */
+#define DEFT_OPT_SMALL 64
+static deft_status deft_opt_src_dtypes(deft_tensor *const *srcs, int n, deft_dtype *small, deft_dtype **out) {
+    *out = n <= DEFT_OPT_SMALL ? small : (deft_dtype *)malloc((size_t)n * sizeof **out);
+    if (!*out) return deft_set_error(DEFT_ERR_OOM, "optimizer: out of host memory");
+    for (int i = 0; i < n; i++) (*out)[i] = srcs[i]->dtype;
+    return DEFT_OK;
+}
+
+/* The gather table for this run's gradients, at grads in their sources' dtypes. */
+static deft_status deft_opt_table_for(deft_optimizer *o, deft_tensor *const *srcs, const void *const *grads,
+                                      cudaStream_t st, const deft_optimizer_segment **table) {
+    deft_dtype small[DEFT_OPT_SMALL], *dts = NULL;
+    deft_status s = deft_opt_src_dtypes(srcs, deft_opt_entries(o), small, &dts);
+    if (s == DEFT_OK) s = deft_opt_gather_table(o, grads, dts, st, table);
+    if (dts != small) free(dts);
+    return s;
+}
+
+extern "C" deft_status deft_cuda_optimizer_run(struct deft_optimizer *o, deft_tensor *const *srcs,
+                                               const void *const *grads, void *out, void *stream) {
     if (!o || !o->step_node)
         return deft_set_error(DEFT_ERR_STATE, "optimizer: run before its step node was built");
     if (!o->dev)
@@ -662,7 +749,7 @@ extern "C" deft_status deft_cuda_optimizer_run(struct deft_optimizer *o, const v
     if (s != DEFT_OK) return s;
     cudaStream_t st = (cudaStream_t)stream;
     const deft_optimizer_segment *table = NULL;
-    s = deft_opt_gather_table(o, grads, st, &table);
+    s = deft_opt_table_for(o, srcs, grads, st, &table);
     if (s != DEFT_OK) return s;
     switch (o->dtype) {
     case DEFT_F32: return deft_opt_launch<float>(o, table, (float *)out, st);
@@ -708,8 +795,8 @@ static deft_status deft_opt_piece_launch(deft_optimizer *o, const deft_optimizer
     return deft_cuda_check_launch(w->step_node, "optimizer piece");
 }
 
-extern "C" deft_status deft_cuda_optimizer_part_run(struct deft_optimizer *o, const void *const *grads, void *out,
-                                                    void *stream) {
+extern "C" deft_status deft_cuda_optimizer_part_run(struct deft_optimizer *o, deft_tensor *const *srcs,
+                                                    const void *const *grads, void *out, void *stream) {
     deft_optimizer *w = o->part->whole;
     if (!w->dev || !w->dev_blocks || !w->step_node)
         return deft_set_error(DEFT_ERR_STATE, "optimizer: a part of a step run before the step's device state");
@@ -722,7 +809,7 @@ extern "C" deft_status deft_cuda_optimizer_part_run(struct deft_optimizer *o, co
     if (s != DEFT_OK) return s;
     cudaStream_t st = (cudaStream_t)stream;
     const deft_optimizer_segment *table = NULL;
-    s = deft_opt_gather_table(o, grads, st, &table);
+    s = deft_opt_table_for(o, srcs, grads, st, &table);
     if (s != DEFT_OK) return s;
     if (o->part->finisher) {
         deft_k_opt_finish<<<1, DEFT_OPT_THREADS, 0, st>>>(table, o->part->n_pieces, w->n_blocks, w->dev, (float *)out);
