@@ -4,7 +4,7 @@
  * resnet18, eager and CUDA Graphs) and prints the same names with "torch_eager_" / "torch_graph_" in place of
  * "deft_"; scripts/bench_resnet.sh runs both and prints the ratios. One figure per line: `<name> <value> <unit>`.
  *
- *   ./bench_resnet [--batch N] [--precision f32|bf16] [--device cuda:N|cpu] [--no-graphs] [--tf32] [--nhwc]
+ *   ./bench_resnet [--batch N] [--precision f32|bf16|f16] [--device cuda:N|cpu] [--no-graphs] [--tf32] [--nhwc]
  *
  * The configurations, named "b<batch>_<precision>": batch 128 and 512 (or --batch), each in
  *   f32    NCHW (NHWC with --nhwc), every op in f32 (--tf32 compiles with deft_compile_options.tf32, and the peer's
@@ -13,6 +13,8 @@
  *   bf16   NHWC, compiled with deft_compile_options.autocast = DEFT_BF16 (the peer: channels_last and
  *          torch.autocast(dtype=torch.bfloat16)): convolutions and fc in bf16, batch norm on bf16 x with f32
  *          weight and statistics, pooling in its input's dtype (graph/autocast_image.c)
+ *   f16    as bf16 with DEFT_F16 and its dynamic loss scaling on the device (the peer: a GradScaler); the scale and
+ *          the skipped steps are printed
  * The batch is generated (x uniform in [-1, 1) and labels from an integer hash of each element's index, the same
  * values as the peer's), fed once and kept on the device: the per-step feed is not measured.
  *
@@ -42,7 +44,7 @@
 
 typedef struct bench_config {
     int64_t batch;
-    int bf16;
+    deft_dtype precision;   /* DEFT_F32, or the autocast dtype */
 } bench_config;
 
 typedef struct timing {
@@ -95,8 +97,8 @@ static deft_status measure(deft_program *p, const resnet_train *t, const timing 
     return s;
 }
 
-static deft_status report(deft_program *p, deft_device dev, const char *k, const char *tag, int64_t batch,
-                          const result *r) {
+static deft_status report(deft_program *p, const resnet_train *t, deft_device dev, const char *k, const char *tag,
+                          int64_t batch, const result *r) {
     deft_memory_report mr;
     deft_memory_stats ms;
     deft_device_footprint fp[4];
@@ -122,6 +124,12 @@ static deft_status report(deft_program *p, deft_device dev, const char *k, const
     printf("resnet.%s.%s_loss_first %.6f loss\n", k, tag, (double)r->loss_first);
     printf("resnet.%s.%s_loss_warmup %.6f loss\n", k, tag, (double)r->loss_warmup);
     printf("resnet.%s.%s_loss %.6f loss\n", k, tag, (double)r->loss);
+    double scale = 0;
+    int64_t skipped = 0;
+    if (deft_optimizer_loss_scale(t->opt, &scale, &skipped) == DEFT_OK && scale != 1.0) {
+        printf("resnet.%s.%s_loss_scale %.1f scale\n", k, tag, scale);
+        printf("resnet.%s.%s_skipped_steps %lld count\n", k, tag, (long long)skipped);
+    }
     printf("resnet.%s.%s_loss_steps %lld count\n", k, tag, (long long)r->steps);
     fflush(stdout);
     return DEFT_OK;
@@ -132,11 +140,11 @@ static int f32_nhwc;   /* --nhwc */
 
 static deft_status bench(const bench_config *c, deft_device dev, const deft_compile_options *base, const timing *tm) {
     char k[32], tag[32];
-    snprintf(k, sizeof k, "b%lld_%s", (long long)c->batch, c->bf16 ? "bf16" : "f32");
+    snprintf(k, sizeof k, "b%lld_%s", (long long)c->batch, deft_dtype_name(c->precision));
     snprintf(tag, sizeof tag, "%s", base->no_cuda_graphs ? "deft_nographs" : "deft");
     deft_compile_options co = *base;
-    if (c->bf16) co.autocast = DEFT_BF16;
-    const resnet_config rc = resnet18_config(10, c->bf16 || f32_nhwc ? DEFT_NHWC : DEFT_NCHW);
+    if (c->precision != DEFT_F32) co.autocast = c->precision;
+    const resnet_config rc = resnet18_config(10, c->precision != DEFT_F32 || f32_nhwc ? DEFT_NHWC : DEFT_NCHW);
     const deft_sgd_options sgd = {.lr = 0.01, .momentum = 0.9, .weight_decay = 5e-4};
     resnet_train t = {0};
     deft_program *p = NULL;
@@ -146,7 +154,7 @@ static deft_status bench(const bench_config *c, deft_device dev, const deft_comp
     if (s == DEFT_OK && !(p = deft_compile(t.g, (deft_tensor *[]){t.loss, t.step}, 2, &co))) s = DEFT_ERR_INVALID;
     if (s == DEFT_OK) s = feed_batch(p, &t, c->batch, rc.layout);
     if (s == DEFT_OK) s = measure(p, &t, tm, &r);
-    if (s == DEFT_OK) s = report(p, dev, k, tag, c->batch, &r);
+    if (s == DEFT_OK) s = report(p, &t, dev, k, tag, c->batch, &r);
     if (s != DEFT_OK) {
         printf("# resnet.%s: %s failed: %s: %s\n", k, tag, deft_status_name(s), deft_errmsg());
         fflush(stdout);
@@ -156,8 +164,8 @@ static deft_status bench(const bench_config *c, deft_device dev, const deft_comp
 }
 
 static void usage(void) {
-    fprintf(stderr, "usage: %s [--batch N] [--precision f32|bf16] [--device cuda:N|cpu] [--no-graphs] [--tf32] "
-            "[--nhwc]\n",
+    fprintf(stderr,
+            "usage: %s [--batch N] [--precision f32|bf16|f16] [--device cuda:N|cpu] [--no-graphs] [--tf32] [--nhwc]\n",
             prog);
     exit(2);
 }
@@ -175,7 +183,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--nhwc")) f32_nhwc = 1;
         else usage();
     }
-    if (only_batch < 0 || (precision && strcmp(precision, "f32") && strcmp(precision, "bf16"))) usage();
+    if (only_batch < 0 ||
+        (precision && strcmp(precision, "f32") && strcmp(precision, "bf16") && strcmp(precision, "f16")))
+        usage();
     deft_device dev;
     if (device) {
         deft_status s = deft_device_parse(device, &dev);
@@ -204,12 +214,13 @@ int main(int argc, char **argv) {
 
     const int64_t batches[2] = {128, 512};
     int failed = 0;
-    for (int bf16 = 0; bf16 < 2; bf16++) {
-        if (precision && strcmp(precision, bf16 ? "bf16" : "f32")) continue;
+    const deft_dtype precisions[3] = {DEFT_F32, DEFT_BF16, DEFT_F16};
+    for (int pi = 0; pi < 3; pi++) {
+        if (precision && strcmp(precision, deft_dtype_name(precisions[pi]))) continue;
         for (int b = 0; b < 2; b++) {
             int64_t batch = only_batch ? only_batch : cpu ? 16 : batches[b];
             if ((only_batch || cpu) && b) continue;
-            failed |= bench(&(bench_config){batch, bf16}, dev, &co, &tm) != DEFT_OK;
+            failed |= bench(&(bench_config){batch, precisions[pi]}, dev, &co, &tm) != DEFT_OK;
         }
     }
     return failed;

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # ResNet-18 training steps, deft beside PyTorch on the same GPU in one run: batch 128 and 512, f32 (NCHW) and bf16
-# (NHWC / channels_last, autocast). Run from the repository root after the build is built.
+# (NHWC / channels_last, autocast), f16 (the same with loss scaling: deft's on the device, PyTorch's GradScaler).
+# Run from the repository root after the build is built.
 # Usage: scripts/bench_resnet.sh [log-dir]   (env: BUILD=build-gpu, PYTHON=python3; BENCH_ARGS are given to both,
 # e.g. "--batch 256" or "--precision bf16"; DEFT_ARGS to the deft side only, e.g. "--tf32")
 #
@@ -9,8 +10,9 @@
 # second of each, deft over PyTorch's best (the faster of eager and graphs; issue 8 asks for >= 1.3x) and deft's peak
 # memory over that of PyTorch's best mode (asked: <= 1). The ratios are appended to the file as
 # `resnet.<cfg>.deft_over_torch_best <r> x` and `resnet.<cfg>.peak_over_torch_best <r> x`. A second table gives deft's
-# activation bytes (forward values kept for the backward pass, from the plan) of each bf16 configuration over those of
-# the f32 one of the same batch (issue 7 asks about half), appended as `resnet.<cfg>.activation_over_f32 <r> x`.
+# activation bytes (forward values kept for the backward pass, from the plan) of each bf16 and f16 configuration
+# over those of the f32 one of the same batch (issue 7 asks about half), appended as
+# `resnet.<cfg>.activation_over_f32 <r> x`.
 set -uo pipefail
 log=${1:-gpu-logs}
 build=${BUILD:-build-gpu}
@@ -49,7 +51,7 @@ awk '
   END {
     printf "%-10s %10s %10s %10s %10s %10s %9s   %9s %9s %9s\n", "config", "deft_img/s", "deft_nogr", "torch_eag", \
       "torch_gr", "best", "deft/best", "deft_MiB", "torch_MiB", "mem/torch"
-    n = split("b128_f32 b512_f32 b128_bf16 b512_bf16", order, " ")
+    n = split("b128_f32 b512_f32 b128_bf16 b512_bf16 b128_f16 b512_f16", order, " ")
     for (c in cfg) { known = 0; for (i = 1; i <= n; i++) if (order[i] == c) known = 1; if (!known) order[++n] = c }
     for (i = 1; i <= n; i++) {
       c = order[i]; p = "resnet." c "."
@@ -70,8 +72,8 @@ awk '
     printf "%s", lines
     printf "\n%-10s %14s %14s %9s\n", "config", "deft_act", "f32_act", "act/f32"
     for (i = 1; i <= n; i++) {
-      c = order[i]; if (c !~ /_bf16$/) continue
-      base = c; sub(/_bf16$/, "_f32", base)
+      c = order[i]; if (c !~ /_b?f16$/) continue
+      base = c; sub(/_b?f16$/, "_f32", base)
       a = get("resnet." c ".deft_activation_bytes"); a32 = get("resnet." base ".deft_activation_bytes")
       if (a == "") continue
       r = (a32 != "" && a32 + 0 > 0) ? sprintf("%.3f", a / a32) : ""

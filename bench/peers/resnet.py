@@ -4,7 +4,7 @@ resnet18(num_classes=10) on 32x32 images; forward, nn.CrossEntropyLoss, backward
 weight decay 5e-4) in eager mode and as a whole-step CUDA Graph replay, printing one figure per line as
 `<name> <value> <unit>` with "torch_eager_" / "torch_graph_" where the C bench prints "deft_".
 
-    python3 bench/peers/resnet.py [--batch N] [--precision f32|bf16] [--device cuda:N|cpu] [--tf32]
+    python3 bench/peers/resnet.py [--batch N] [--precision f32|bf16|f16] [--device cuda:N|cpu] [--tf32]
                                   [--no-cudnn-tf32] [--nhwc]
 
 Configurations, named "b<batch>_<precision>": batch 128 and 512 (or --batch), each in
@@ -12,6 +12,7 @@ Configurations, named "b<batch>_<precision>": batch 128 and 512 (or --batch), ea
            torch's default torch.backends.cudnn.allow_tf32 = True (--no-cudnn-tf32 turns it off); matmuls TF32 only
            with --tf32.
     bf16   the model and the batch in channels_last, forward and loss under torch.autocast(dtype=torch.bfloat16).
+    f16    as bf16 with torch.float16, and a GradScaler (see Setup: SGD(fused=True) keeps it on the device).
 When torchvision is not installed, the same network is built here from torch.nn (class ResNet18 below: the layout,
 the parameter names and the initialisation of torchvision.models.resnet18), and the header line says so.
 
@@ -142,30 +143,47 @@ def report(name, tag, batch, us, n, losses, steps, peak):
 
 
 class Setup:
-    """What one configuration trains: the model, the batch, the optimizer and the autocast context."""
+    """What one configuration trains: the model, the batch, the optimizer, the autocast context and, for f16, the
+    GradScaler (GradScaler's defaults, as deft's). f16 uses SGD(fused=True), whose step takes the scale and found_inf
+    on the device, so that the whole step, scaler included, can be one CUDA Graph (GradScaler.step reads found_inf on
+    the host for other optimizers); in both modes, so that eager and graph do the same work."""
 
-    def __init__(self, torch, batch, bf16, device):
+    def __init__(self, torch, batch, precision, device):
         import contextlib
-        channels_last = bf16 or F32_CHANNELS_LAST
+        channels_last = precision != "f32" or F32_CHANNELS_LAST
         self.model = make_model(torch, device, channels_last)
         self.x, self.y = make_batch(torch, batch, device, channels_last)
         self.loss_fn = torch.nn.CrossEntropyLoss()
-        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4)
-        self.autocast = (lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16)) if bf16 \
+        extra = {"fused": True} if precision == "f16" else {}
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4, **extra)
+        dtype = {"bf16": torch.bfloat16, "f16": torch.float16}.get(precision)
+        self.autocast = (lambda: torch.autocast(device_type=device.type, dtype=dtype)) if dtype \
             else contextlib.nullcontext
+        self.scaler = None
+        if precision == "f16":   # torch.amp.GradScaler from torch 2.3; torch.cuda.amp's before
+            grad_scaler = getattr(torch.amp, "GradScaler", None)
+            self.scaler = grad_scaler(device.type) if grad_scaler else torch.cuda.amp.GradScaler()
+
+    def backward_step(self, loss):
+        if self.scaler is None:
+            loss.backward()
+            self.opt.step()
+            return
+        self.scaler.scale(loss).backward()
+        self.scaler.step(self.opt)
+        self.scaler.update()
 
     def step(self):
         self.opt.zero_grad(set_to_none=True)
         with self.autocast():
             loss = self.loss_fn(self.model(self.x), self.y)
-        loss.backward()
-        self.opt.step()
+        self.backward_step(loss)
         return loss
 
 
-def run_eager(torch, name, batch, bf16, device, cuda):
+def run_eager(torch, name, batch, precision, device, cuda):
     fresh(torch, cuda)
-    s = Setup(torch, batch, bf16, device)
+    s = Setup(torch, batch, precision, device)
     last = [s.step()]
     first = last[0].item()
     warmup = WARMUP_STEPS if cuda else 3
@@ -183,9 +201,9 @@ def run_eager(torch, name, batch, bf16, device, cuda):
     del s, last
 
 
-def run_graph(torch, name, batch, bf16, device):
+def run_graph(torch, name, batch, precision, device):
     fresh(torch, True)
-    s = Setup(torch, batch, bf16, device)
+    s = Setup(torch, batch, precision, device)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -201,8 +219,7 @@ def run_graph(torch, name, batch, bf16, device):
     with torch.cuda.graph(graph):
         with s.autocast():
             static_loss = s.loss_fn(s.model(s.x), s.y)
-        static_loss.backward()
-        s.opt.step()
+        s.backward_step(static_loss)
     for _ in range(WARMUP_STEPS - GRAPH_SIDE_WARMUP):
         graph.replay()
     warm = static_loss.item()
@@ -215,7 +232,7 @@ def run_graph(torch, name, batch, bf16, device):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batch", type=int, help="one batch size (default: 128 and 512; 16 on the CPU)")
-    ap.add_argument("--precision", choices=("f32", "bf16"), help="one precision (default: both)")
+    ap.add_argument("--precision", choices=("f32", "bf16", "f16"), help="one precision (default: all three)")
     ap.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (cpu: eager only, batch 16)")
     ap.add_argument("--tf32", action="store_true", help="let f32 matmuls use TF32")
     ap.add_argument("--no-cudnn-tf32", action="store_true", help="f32 convolutions without TF32 (torch's default: on)")
@@ -245,15 +262,15 @@ def main(argv=None):
 
     batches = (args.batch,) if args.batch else BATCHES if cuda else (16,)
     failed = 0
-    for precision in ("f32", "bf16"):
+    for precision in ("f32", "bf16", "f16"):
         if args.precision and precision != args.precision:
             continue
         for batch in batches:
             name = f"b{batch}_{precision}"
-            run_eager(torch, name, batch, precision == "bf16", device, cuda)
+            run_eager(torch, name, batch, precision, device, cuda)
             if cuda:
                 try:
-                    run_graph(torch, name, batch, precision == "bf16", device)
+                    run_graph(torch, name, batch, precision, device)
                 except RuntimeError as e:   # a capture the installed torch refuses: said, not hidden
                     print(f"# resnet.{name}: the CUDA Graph capture failed: {e}")
                     sys.stdout.flush()
