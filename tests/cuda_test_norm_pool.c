@@ -351,6 +351,12 @@ static void test_pool(void) {
         {0, 2, 6, 9, 8, 3, 3, 2, 2, 1, 1, 1, 2, DEFT_F32},      /* NHWC, C not a multiple of 4 */
         {0, 2, 12, 9, 8, 3, 3, 2, 2, 1, 1, 1, 2, DEFT_F16},   /* 12 halves: one channel per thread */
         {0, 1, 8, 7, 9, 3, 2, 1, 1, 1, 0, 1, 2, DEFT_BF16},   /* stride 1, 8 halves per thread */
+        /* NHWC by tiles of 4 x 4 windows: partial last tiles, k = s, k > 2 s, s > k (inputs in no window) */
+        {0, 3, 8, 37, 29, 3, 3, 2, 2, 1, 1, 1, 2, DEFT_F32},
+        {0, 2, 16, 13, 11, 2, 2, 2, 2, 0, 0, 1, 0, DEFT_BF16},
+        {0, 2, 8, 20, 23, 5, 5, 3, 3, 2, 2, 1, 1, DEFT_F16},
+        {0, 2, 8, 10, 11, 2, 2, 3, 3, 0, 0, 1, 2, DEFT_F32},
+        {0, 2, 8, 3, 2, 3, 3, 2, 2, 1, 1, 1, 2, DEFT_BF16},    /* one tile smaller than a window */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) pool_check(&cases[i]);
     /* ResNet-18's max pool at batch 128 (CIFAR, NHWC): [128, 16, 16, 64] to [128, 8, 8, 64] */

@@ -192,6 +192,133 @@ __global__ void deft_pool_fast_max_backward_nhwc_kernel(deft_pool_geom32 g, cons
     }
 }
 
+/* ---- Max pooling's backward in NHWC by tiles of windows ----
+ * The kernel above finds each covering window's choice once per input it covers: with ResNet's 3x3 windows at
+ * stride 2, nine loads four times over for most inputs. Here a block takes the inputs of a tile of DEFT_POOL_TILE x
+ * DEFT_POOL_TILE windows of one image (the rows and columns from its first window's start to the next tile's; the
+ * first and last tiles reach the edges, so the tiles share out every input), first finds the choice of every window
+ * that covers any of them (one search per window and channel, kept in shared memory), then gives each input the sum
+ * of its windows' dy where the choice is that input: the same search, and the same additions in the same order, as
+ * the kernel above, so the same bits. */
+#define DEFT_POOL_TILE 4
+#define DEFT_POOL_TILE_SHARED (40 * 1024)   /* bytes of choices a block may keep */
+
+struct deft_pool_tile {
+    int ih0, ih1, iw0, iw1;   /* the inputs [ih0, ih1) x [iw0, iw1) */
+    int oh0, oh1, ow0, ow1;   /* the windows covering them, [oh0, oh1] x [ow0, ow1] (empty when oh1 < oh0) */
+};
+
+/* deft_pool32_covering for fixed windows, on the host too. */
+__host__ __device__ inline void deft_pool_cover(int i, int k, int s, int p, int out_len, int *first, int *last) {
+    const int num = i + p - k + 1;
+    const int a = num <= 0 ? 0 : (num + s - 1) / s, b = (i + p) / s;
+    *first = a < 0 ? 0 : a;
+    *last = b > out_len - 1 ? out_len - 1 : b;
+}
+
+/* Inputs [*i0, *i1) of tile t of `tiles` along an axis, and the windows [*o0, *o1] covering them. */
+__host__ __device__ inline void deft_pool_tile_axis(int t, int tiles, int in_len, int out_len, int k, int s, int p,
+                                                    int *i0, int *i1, int *o0, int *o1) {
+    int a = t == 0 ? 0 : t * DEFT_POOL_TILE * s - p, b = t == tiles - 1 ? in_len : (t + 1) * DEFT_POOL_TILE * s - p;
+    a = a < 0 ? 0 : a > in_len ? in_len : a;
+    b = b < a ? a : b > in_len ? in_len : b;
+    *i0 = a, *i1 = b;
+    *o0 = 0, *o1 = -1;
+    if (a >= b) return;
+    int unused;
+    deft_pool_cover(a, k, s, p, out_len, o0, &unused);
+    deft_pool_cover(b - 1, k, s, p, out_len, &unused, o1);
+}
+
+__host__ __device__ inline deft_pool_tile deft_pool_tile_of(const deft_pool_geom32 &g, int ty, int tx, int tiles_h,
+                                                            int tiles_w) {
+    deft_pool_tile t;
+    deft_pool_tile_axis(ty, tiles_h, g.H, g.OH, g.kh, g.sh, g.ph, &t.ih0, &t.ih1, &t.oh0, &t.oh1);
+    deft_pool_tile_axis(tx, tiles_w, g.W, g.OW, g.kw, g.sw, g.pw, &t.iw0, &t.iw1, &t.ow0, &t.ow1);
+    return t;
+}
+
+/* Grid (tiles_h tiles_w, N); dynamic shared memory: an int per channel of every window of the largest tile. */
+template <class T, int V>
+__global__ void deft_pool_tiled_max_backward_nhwc_kernel(deft_pool_geom32 g, const T *dy, const T *x, T *dx,
+                                                         int tiles_h, int tiles_w) {
+    typedef typename deft_ty<T>::C C;
+    typedef deft_pool_vec<T, V> Vec;
+    extern __shared__ int deft_pool_choice[];
+    const int n = (int)blockIdx.y, groups = g.C / V;
+    const deft_pool_tile t = deft_pool_tile_of(g, (int)blockIdx.x / tiles_w, (int)blockIdx.x % tiles_w, tiles_h,
+                                               tiles_w);
+    const int nh = t.oh1 - t.oh0 + 1, nw = t.ow1 - t.ow0 + 1;
+    for (int k = (int)threadIdx.x; nh > 0 && nw > 0 && k < nh * nw * groups; k += (int)blockDim.x) {
+        const int c = (k % groups) * V, win = k / groups, oh = t.oh0 + win / nw, ow = t.ow0 + win % nw;
+        const deft_pool_win32 wh = deft_pool32_window(g, 0, oh), ww = deft_pool32_window(g, 1, ow);
+        C best[V];
+        int at[V];
+#pragma unroll
+        for (int v = 0; v < V; v++) best[v] = -(C)INFINITY, at[v] = wh.lo * g.W + ww.lo;
+        for (int h = wh.lo; h < wh.hi; h++) {
+            for (int w = ww.lo; w < ww.hi; w++) {
+                const Vec e = *reinterpret_cast<const Vec *>(x + deft_pool32_at(g, n, c, h, w, g.H, g.W));
+#pragma unroll
+                for (int v = 0; v < V; v++) {
+                    const C ev = deft_ty<T>::load(e.e[v]);
+                    if (ev > best[v] || ev != ev) best[v] = ev, at[v] = h * g.W + w;
+                }
+            }
+        }
+#pragma unroll
+        for (int v = 0; v < V; v++) deft_pool_choice[win * g.C + c + v] = at[v];
+    }
+    __syncthreads();
+    const int cols = t.iw1 - t.iw0, inputs = (t.ih1 - t.ih0) * cols;
+    for (int k = (int)threadIdx.x; k < inputs * groups; k += (int)blockDim.x) {
+        const int c = (k % groups) * V, at = k / groups, ih = t.ih0 + at / cols, iw = t.iw0 + at % cols;
+        int oh0, oh1, ow0, ow1;
+        deft_pool32_covering(g, 0, ih, &oh0, &oh1);
+        deft_pool32_covering(g, 1, iw, &ow0, &ow1);
+        const int self = ih * g.W + iw;
+        C acc[V];
+#pragma unroll
+        for (int v = 0; v < V; v++) acc[v] = 0;
+        for (int oh = oh0; oh <= oh1; oh++) {
+            const deft_pool_win32 wh = deft_pool32_window(g, 0, oh);
+            if (ih < wh.lo || ih >= wh.hi) continue;
+            for (int ow = ow0; ow <= ow1; ow++) {
+                const deft_pool_win32 ww = deft_pool32_window(g, 1, ow);
+                if (iw < ww.lo || iw >= ww.hi) continue;
+                const int *chosen = deft_pool_choice + ((oh - t.oh0) * nw + (ow - t.ow0)) * g.C + c;
+                const Vec d = *reinterpret_cast<const Vec *>(dy + deft_pool32_at(g, n, c, oh, ow, g.OH, g.OW));
+#pragma unroll
+                for (int v = 0; v < V; v++)
+                    if (chosen[v] == self) acc[v] += deft_ty<T>::load(d.e[v]);
+            }
+        }
+        Vec o;
+#pragma unroll
+        for (int v = 0; v < V; v++) o.e[v] = deft_ty<T>::store(acc[v]);
+        *reinterpret_cast<Vec *>(dx + deft_pool32_at(g, n, c, ih, iw, g.H, g.W)) = o;
+    }
+}
+
+/* The shared bytes the tiled kernel needs (0 when it does not take the geometry: adaptive windows, no window,
+ * more images than a grid's second axis, or more choices than DEFT_POOL_TILE_SHARED). */
+static size_t deft_pool_tiled_shared(const deft_pool_geom32 &g, int *tiles_h, int *tiles_w) {
+    if (g.adaptive || g.OH < 1 || g.OW < 1 || g.N > 65535) return 0;
+    *tiles_h = (g.OH + DEFT_POOL_TILE - 1) / DEFT_POOL_TILE, *tiles_w = (g.OW + DEFT_POOL_TILE - 1) / DEFT_POOL_TILE;
+    if ((int64_t)*tiles_h * *tiles_w > INT32_MAX) return 0;
+    int most_h = 0, most_w = 0;
+    for (int ty = 0; ty < *tiles_h; ty++) {
+        const deft_pool_tile t = deft_pool_tile_of(g, ty, 0, *tiles_h, 1);
+        if (t.oh1 - t.oh0 + 1 > most_h) most_h = t.oh1 - t.oh0 + 1;
+    }
+    for (int tx = 0; tx < *tiles_w; tx++) {
+        const deft_pool_tile t = deft_pool_tile_of(g, 0, tx, 1, *tiles_w);
+        if (t.ow1 - t.ow0 + 1 > most_w) most_w = t.ow1 - t.ow0 + 1;
+    }
+    const size_t bytes = (size_t)most_h * (size_t)most_w * (size_t)g.C * sizeof(int);
+    return bytes <= DEFT_POOL_TILE_SHARED ? (bytes ? bytes : sizeof(int)) : 0;
+}
+
 static bool deft_pool_fits32(const deft_pool_geom &g) {
     const int64_t lim = INT32_MAX;
     const int64_t xs = g.N * g.C * g.H * g.W, ys = g.N * g.C * g.OH * g.OW;
@@ -209,8 +336,8 @@ static deft_pool_geom32 deft_pool_narrow(const deft_pool_geom &g) {
 
 static bool deft_pool_aligned(const void *p) { return (uintptr_t)p % 16 == 0; }
 
-/* Max pooling's backward in NHWC: 16 bytes of channels per thread where C divides into them and the tensors are
- * aligned, one channel otherwise. */
+/* Max pooling's backward in NHWC: by tiles (above) where its choices fit shared memory, else 16 bytes of channels
+ * per thread where C divides into them and the tensors are aligned, one channel otherwise. */
 template <class T>
 static deft_status deft_pool_max_backward_nhwc(const deft_tensor *n, const deft_pool_geom32 &s, const T *dy,
                                                const T *x, T *dx, cudaStream_t st) {
@@ -218,7 +345,13 @@ static deft_status deft_pool_max_backward_nhwc(const deft_tensor *n, const deft_
     const bool vec = s.C % V == 0 && deft_pool_aligned(dy) && deft_pool_aligned(x) && deft_pool_aligned(dx);
     const unsigned total = (unsigned)((int64_t)s.N * s.H * s.W * s.C / (vec ? V : 1));
     const unsigned blocks = deft_cuda_blocks(total, DEFT_CUDA_THREADS);
-    if (vec) {
+    int tiles_h = 0, tiles_w = 0;
+    const size_t shared = vec ? deft_pool_tiled_shared(s, &tiles_h, &tiles_w) : 0;
+    if (shared) {
+        deft_pool_tiled_max_backward_nhwc_kernel<T, V>
+            <<<dim3((unsigned)(tiles_h * tiles_w), (unsigned)s.N), DEFT_CUDA_THREADS, shared, st>>>(s, dy, x, dx,
+                                                                                                 tiles_h, tiles_w);
+    } else if (vec) {
         deft_pool_fast_max_backward_nhwc_kernel<T, V><<<blocks, DEFT_CUDA_THREADS, 0, st>>>(s, dy, x, dx, total);
     } else {
         deft_pool_fast_max_backward_nhwc_kernel<T, 1><<<blocks, DEFT_CUDA_THREADS, 0, st>>>(s, dy, x, dx, total);
