@@ -2,9 +2,9 @@
  * f32 master weights, a couple of dozen small launches a step otherwise, each mostly launch latency).
  *
  * The casts' elements are cut into units of four; a thread takes a unit, finds its cast by bisection over the
- * units' prefix sums (passed by value, so a captured graph keeps them) and converts it with deft_cast_one, the one-op
- * kernel's conversion, so the values are those of the separate casts bit for bit. A cast whose source and
- * destination are aligned for four elements moves them in one load and one store; the others, and the tail of
+ * units' prefix sums (passed by value, so a captured graph keeps them) and converts it as the one-op kernels do
+ * (deft_cast_four, deft_cast_one), so the values are those of the separate casts bit for bit. A cast whose source
+ * and destination are aligned for four elements moves them in one load and one store; the others, and the tail of
  * each, one element at a time. */
 #include "cuda_common.cuh"
 #include "cuda_kernels.h"
@@ -18,18 +18,10 @@ struct deft_casts_args {
     int n;
 };
 
-template <class T> struct alignas(4 * sizeof(T)) deft_casts_vec4 {
-    T v[4];
-};
-
 template <class TI, class TO>
 __device__ __forceinline__ void deft_casts_unit(const TI *a, TO *o, int64_t e, int64_t count, bool vec) {
     if (vec && e + 4 <= count) {
-        const deft_casts_vec4<TI> x = *reinterpret_cast<const deft_casts_vec4<TI> *>(a + e);
-        deft_casts_vec4<TO> y;
-#pragma unroll
-        for (int u = 0; u < 4; u++) y.v[u] = deft_cast_one<TI, TO>(x.v[u]);
-        *reinterpret_cast<deft_casts_vec4<TO> *>(o + e) = y;
+        deft_cast_four<TI, TO>(a + e, o + e);
         return;
     }
     for (int64_t i = e; i < e + 4 && i < count; i++) o[i] = deft_cast_one<TI, TO>(a[i]);
@@ -63,7 +55,8 @@ deft_status deft_cuda_casts_run(const deft_tensor *const *casts, void *const *ou
                                   deft_dtype_name(from), deft_dtype_name(to));
         args.src[i] = in[i], args.dst[i] = out[i];
         args.count[i] = deft_shape_numel(c->ndim, c->shape);
-        args.vec[i] = (uintptr_t)in[i] % (4 * deft_dtype_size(from)) == 0 && (uintptr_t)out[i] % (4 * deft_dtype_size(to)) == 0;
+        args.vec[i] = (uintptr_t)in[i] % (4 * deft_dtype_size(from)) == 0 &&
+                      (uintptr_t)out[i] % (4 * deft_dtype_size(to)) == 0;
         args.first_unit[i + 1] = args.first_unit[i] + (args.count[i] + 3) / 4;
     }
     const int64_t units = args.first_unit[n];

@@ -74,6 +74,21 @@ template <class TI, class TO> __device__ __forceinline__ TO deft_cast_one(TI x) 
     return deft_ty<TO>::from_f64((double)deft_ty<TI>::load(x));
 }
 
+/* V neighbouring elements moved by one load or store of V sizeof(T) bytes (up to 16): the callers check that the
+ * address is aligned to that. */
+template <class T, int V> struct alignas(V * sizeof(T)) deft_vec {
+    T e[V];
+};
+
+/* Elements [0, 4) of a cast in one load and one store (both aligned to four elements). */
+template <class TI, class TO> __device__ __forceinline__ void deft_cast_four(const TI *a, TO *o) {
+    const deft_vec<TI, 4> x = *reinterpret_cast<const deft_vec<TI, 4> *>(a);
+    deft_vec<TO, 4> y;
+#pragma unroll
+    for (int u = 0; u < 4; u++) y.e[u] = deft_cast_one<TI, TO>(x.e[u]);
+    *reinterpret_cast<deft_vec<TO, 4> *>(o) = y;
+}
+
 /* MAXIMUM and MAX propagate NaN from either side, as torch does (x != x is false for integers). */
 template <class C> __device__ __forceinline__ C deft_max_nan(C x, C y) { return (x > y || x != x) ? x : y; }
 

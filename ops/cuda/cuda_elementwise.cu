@@ -208,20 +208,10 @@ template <class TI, class TO> __global__ void deft_k_cast(TO *__restrict__ o, co
 
 /* The same with four neighbouring elements per load and store (16 bytes of f32, 8 of a half), for aligned storage;
  * the last n % 4 elements go one by one. */
-template <class T> struct alignas(4 * sizeof(T)) deft_vec4 { T v[4]; };
-
 template <class TI, class TO>
 __global__ void deft_k_cast_vec4(TO *__restrict__ o, const TI *__restrict__ a, int64_t n) {
     const int64_t n4 = n / 4, stride = deft_nthreads();
-    const deft_vec4<TI> *a4 = (const deft_vec4<TI> *)a;
-    deft_vec4<TO> *o4 = (deft_vec4<TO> *)o;
-    for (int64_t i = deft_tid(); i < n4; i += stride) {
-        const deft_vec4<TI> x = a4[i];
-        deft_vec4<TO> y;
-#pragma unroll
-        for (int u = 0; u < 4; u++) y.v[u] = deft_cast_one<TI, TO>(x.v[u]);
-        o4[i] = y;
-    }
+    for (int64_t i = deft_tid(); i < n4; i += stride) deft_cast_four<TI, TO>(a + 4 * i, o + 4 * i);
     for (int64_t i = 4 * n4 + deft_tid(); i < n; i += stride) o[i] = deft_cast_one<TI, TO>(a[i]);
 }
 

@@ -182,32 +182,28 @@ template <bool LOWP> struct deft_fused_width {
     static const int V = LOWP ? 8 : 4;   /* 16 bytes of the narrowest dtype the chain may hold */
 };
 
-template <class T> struct alignas(16) deft_pack16 {
-    T v[16 / sizeof(T)];
-};
-
 /* Elements c*V .. c*V + V-1 of p, as T, in one or more 16-byte loads. */
 template <class T, int V> __device__ __forceinline__ void deft_vec_load_as(const void *p, int64_t c, float *r) {
     constexpr int N = 16 / sizeof(T);
     static_assert(V % N == 0, "a vector step is whole 16-byte packs");
-    const deft_pack16<T> *q = (const deft_pack16<T> *)p + c * (V / N);
+    const deft_vec<T, N> *q = (const deft_vec<T, N> *)p + c * (V / N);
 #pragma unroll
     for (int u = 0; u < V / N; u++) {
-        const deft_pack16<T> pk = q[u];
+        const deft_vec<T, N> pk = q[u];
 #pragma unroll
-        for (int e = 0; e < N; e++) r[u * N + e] = deft_ty<T>::load(pk.v[e]);
+        for (int e = 0; e < N; e++) r[u * N + e] = deft_ty<T>::load(pk.e[e]);
     }
 }
 
 /* Registers already hold values of dtype T, so the conversion is exact. */
 template <class T, int V> __device__ __forceinline__ void deft_vec_store_as(void *p, int64_t c, const float *r) {
     constexpr int N = 16 / sizeof(T);
-    deft_pack16<T> *q = (deft_pack16<T> *)p + c * (V / N);
+    deft_vec<T, N> *q = (deft_vec<T, N> *)p + c * (V / N);
 #pragma unroll
     for (int u = 0; u < V / N; u++) {
-        deft_pack16<T> pk;
+        deft_vec<T, N> pk;
 #pragma unroll
-        for (int e = 0; e < N; e++) pk.v[e] = deft_ty<T>::store(r[u * N + e]);
+        for (int e = 0; e < N; e++) pk.e[e] = deft_ty<T>::store(r[u * N + e]);
         q[u] = pk;
     }
 }

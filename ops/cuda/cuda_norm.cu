@@ -130,11 +130,10 @@ template <class T, class P> static deft_status deft_bn_forward(const deft_tensor
                                                                const void *const *in, const void *r, bool relu,
                                                                cudaStream_t st) {
     const deft_bn_geom g = deft_bn_geometry(n, n->p.bn.layout);
-    const P *w = n->p.bn.has_weight ? (const P *)in[2] : NULL;
-    const P *b = n->p.bn.has_bias ? (const P *)in[2 + n->p.bn.has_weight] : NULL;
+    const deft_bn_pass_inputs<T, P> a = deft_bn_forward_inputs<T, P>(n, in);
     const int64_t total = g.N * g.C * g.S;
     deft_bn_forward_kernel<T, P><<<deft_cuda_blocks(total, DEFT_CUDA_THREADS), DEFT_CUDA_THREADS, 0, st>>>(
-        g, (const T *)in[0], (const P *)in[1], w, b, (const T *)r, relu, (T *)out, total);
+        g, a.x, a.stats, a.w, a.b, (const T *)r, relu, (T *)out, total);
     return deft_cuda_check_launch(n, "batch norm");
 }
 
@@ -142,13 +141,10 @@ template <class T, class P> static deft_status deft_bn_forward(const deft_tensor
 template <class T, class P> static deft_status deft_bn_input_grad(const deft_tensor *n, void *out,
                                                                   const void *const *in, cudaStream_t st) {
     const deft_bn_geom g = deft_bn_geometry(n, n->p.bn.layout);
-    const int batch = n->p.bn.batch;
-    const T *x = batch ? (const T *)in[1] : NULL;
-    const P *stats = (const P *)in[1 + batch], *sums = batch ? (const P *)in[3] : NULL;
-    const P *w = n->p.bn.has_weight ? (const P *)in[batch ? 4 : 2] : NULL;
+    const deft_bn_pass_inputs<T, P> a = deft_bn_input_grad_inputs<T, P>(n, in);
     const int64_t total = g.N * g.C * g.S;
     deft_bn_input_grad_kernel<T, P><<<deft_cuda_blocks(total, DEFT_CUDA_THREADS), DEFT_CUDA_THREADS, 0, st>>>(
-        g, (const T *)in[0], x, stats, sums, w, (T *)out, total);
+        g, a.dy, a.x, a.stats, a.sums, a.w, (T *)out, total);
     return deft_cuda_check_launch(n, "batch norm grad");
 }
 

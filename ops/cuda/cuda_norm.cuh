@@ -74,6 +74,29 @@ __device__ __forceinline__ T deft_bn_epilogue(T y, const T *r, int64_t i, bool r
     return y;
 }
 
+/* The inputs of an elementwise pass, by role, as the graph orders them (graph/build_norm.c): the normalisation reads
+ * (x, stats[, weight][, bias]); dx in training (dy, x, stats, sums[, weight]), in evaluation (dy, stats[, weight]).
+ * What a node lacks is NULL. */
+template <class T, class P> struct deft_bn_pass_inputs {
+    const T *x, *dy;
+    const P *stats, *sums, *w, *b;
+};
+
+template <class T, class P>
+static inline deft_bn_pass_inputs<T, P> deft_bn_forward_inputs(const deft_tensor *n, const void *const *in) {
+    const int has_w = n->p.bn.has_weight;
+    return deft_bn_pass_inputs<T, P>{(const T *)in[0], NULL, (const P *)in[1], NULL, has_w ? (const P *)in[2] : NULL,
+                                      n->p.bn.has_bias ? (const P *)in[2 + has_w] : NULL};
+}
+
+template <class T, class P>
+static inline deft_bn_pass_inputs<T, P> deft_bn_input_grad_inputs(const deft_tensor *n, const void *const *in) {
+    const int batch = n->p.bn.batch;
+    return deft_bn_pass_inputs<T, P>{batch ? (const T *)in[1] : NULL, (const T *)in[0], (const P *)in[1 + batch],
+                                      batch ? (const P *)in[3] : NULL,
+                                      n->p.bn.has_weight ? (const P *)in[batch ? 4 : 2] : NULL, NULL};
+}
+
 /* Whether DEFT_BN_REFERENCE=1 sends batch norm through the plain kernels (cuda_norm.cu). */
 bool deft_bn_reference_requested(void);
 

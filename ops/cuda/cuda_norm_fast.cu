@@ -58,14 +58,9 @@ static deft_status deft_bn_workspace(const deft_tensor *n, cudaStream_t st, void
 
 /* ---- what is summed per channel, and what the last block does with the sums ---- */
 
-/* V consecutive elements, moved by one load of V sizeof(T) bytes (up to 16) where the caller checked alignment. */
-template <class T, int V> struct alignas(V * sizeof(T)) deft_bn_vec {
-    T e[V];
-};
-
 template <class T, int V>
 __device__ __forceinline__ void deft_bn_load(const T *p, typename deft_ty<T>::C (&out)[V]) {
-    const deft_bn_vec<T, V> v = *reinterpret_cast<const deft_bn_vec<T, V> *>(p);
+    const deft_vec<T, V> v = *reinterpret_cast<const deft_vec<T, V> *>(p);
 #pragma unroll
     for (int i = 0; i < V; i++) out[i] = deft_ty<T>::load(v.e[i]);
 }
@@ -399,10 +394,10 @@ __device__ __forceinline__ void deft_bn_load_vec(const T *p, int64_t i, typename
 
 template <class T, int V>
 __device__ __forceinline__ void deft_bn_store_vec(T *p, int64_t i, const T (&v)[V]) {
-    deft_bn_vec<T, V> o;
+    deft_vec<T, V> o;
 #pragma unroll
     for (int k = 0; k < V; k++) o.e[k] = v[k];
-    *reinterpret_cast<deft_bn_vec<T, V> *>(p + i * V) = o;
+    *reinterpret_cast<deft_vec<T, V> *>(p + i * V) = o;
 }
 
 /* The channel of vector i's first element: vectors never straddle rows, as V divides C. */
@@ -519,20 +514,19 @@ template <class T, class P> static deft_status deft_bn_fast_forward(const deft_t
                                                                     const void *const *in, const void *residual,
                                                                     bool relu, cudaStream_t st) {
     const deft_bn_geom g = deft_bn_geometry(n, n->p.bn.layout);
-    const P *w = n->p.bn.has_weight ? (const P *)in[2] : NULL;
-    const P *b = n->p.bn.has_bias ? (const P *)in[2 + n->p.bn.has_weight] : NULL;
-    const T *x = (const T *)in[0], *r = (const T *)residual;
+    const deft_bn_pass_inputs<T, P> a = deft_bn_forward_inputs<T, P>(n, in);
+    const T *r = (const T *)residual;
     const int64_t total = g.N * g.C * g.S;
     constexpr int V = 16 / (int)sizeof(T);
-    if (deft_bn_vec_fits<T>(g, 3, {x, r, out})) {
+    if (deft_bn_vec_fits<T>(g, 3, {a.x, r, out})) {
         const int64_t n_vec = total / V;
         deft_bn_vec_forward_kernel<T, P, V>
             <<<deft_cuda_blocks(n_vec, DEFT_CUDA_THREADS), DEFT_CUDA_THREADS, 3 * g.C * sizeof(typename deft_ty<T>::C),
-               st>>>(g, x, (const P *)in[1], w, b, r, relu, (T *)out, n_vec, n_vec < ((int64_t)1 << 32));
+               st>>>(g, a.x, a.stats, a.w, a.b, r, relu, (T *)out, n_vec, n_vec < ((int64_t)1 << 32));
         return deft_cuda_check_launch(n, "batch norm (vector)");
     }
     deft_bn_fast_forward_kernel<T, P><<<deft_cuda_blocks(total, DEFT_CUDA_THREADS), DEFT_CUDA_THREADS, 0, st>>>(
-        g, x, (const P *)in[1], w, b, r, relu, (T *)out, total, deft_bn_small(g));
+        g, a.x, a.stats, a.w, a.b, r, relu, (T *)out, total, deft_bn_small(g));
     return deft_cuda_check_launch(n, "batch norm (fast)");
 }
 
@@ -540,21 +534,18 @@ template <class T, class P> static deft_status deft_bn_fast_forward(const deft_t
 template <class T, class P> static deft_status deft_bn_fast_input_grad(const deft_tensor *n, void *out,
                                                                        const void *const *in, cudaStream_t st) {
     const deft_bn_geom g = deft_bn_geometry(n, n->p.bn.layout);
-    const int batch = n->p.bn.batch;
-    const T *x = batch ? (const T *)in[1] : NULL;
-    const P *stats = (const P *)in[1 + batch], *sums = batch ? (const P *)in[3] : NULL;
-    const P *w = n->p.bn.has_weight ? (const P *)in[batch ? 4 : 2] : NULL;
+    const deft_bn_pass_inputs<T, P> a = deft_bn_input_grad_inputs<T, P>(n, in);
     const int64_t total = g.N * g.C * g.S;
     constexpr int V = 16 / (int)sizeof(T);
-    if (deft_bn_vec_fits<T>(g, 5, {in[0], x, out})) {
+    if (deft_bn_vec_fits<T>(g, 5, {a.dy, a.x, out})) {
         const int64_t n_vec = total / V;
         deft_bn_vec_input_grad_kernel<T, P, V>
             <<<deft_cuda_blocks(n_vec, DEFT_CUDA_THREADS), DEFT_CUDA_THREADS, 5 * g.C * sizeof(typename deft_ty<T>::C),
-               st>>>(g, (const T *)in[0], x, stats, sums, w, (T *)out, n_vec, n_vec < ((int64_t)1 << 32));
+               st>>>(g, a.dy, a.x, a.stats, a.sums, a.w, (T *)out, n_vec, n_vec < ((int64_t)1 << 32));
         return deft_cuda_check_launch(n, "batch norm grad (vector)");
     }
     deft_bn_fast_input_grad_kernel<T, P><<<deft_cuda_blocks(total, DEFT_CUDA_THREADS), DEFT_CUDA_THREADS, 0, st>>>(
-        g, (const T *)in[0], x, stats, sums, w, (T *)out, total, deft_bn_small(g));
+        g, a.dy, a.x, a.stats, a.sums, a.w, (T *)out, total, deft_bn_small(g));
     return deft_cuda_check_launch(n, "batch norm grad (fast)");
 }
 

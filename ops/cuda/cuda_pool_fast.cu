@@ -133,62 +133,77 @@ __global__ void deft_pool_fast_backward_kernel(deft_pool_geom32 g, const T *dy, 
     }
 }
 
-/* V consecutive elements, moved by one load or store of V sizeof(T) bytes (up to 16); the caller checked alignment. */
-template <class T, int V> struct alignas(V * sizeof(T)) deft_pool_vec {
-    T e[V];
-};
+/* The choice of window (wh, ww) of image n for channels [c, c + V), as the plain kernel makes it (the first maximum
+ * in row-major order, or the last NaN), each as h W + w: every element is read, with no early exit, so a warp's lanes
+ * stay together. */
+template <class T, int V>
+__device__ __forceinline__ void deft_pool_choose(const deft_pool_geom32 &g, const T *x, int n, int c,
+                                                 deft_pool_win32 wh, deft_pool_win32 ww, int (&at)[V]) {
+    typedef typename deft_ty<T>::C C;
+    C best[V];
+#pragma unroll
+    for (int v = 0; v < V; v++) best[v] = -(C)INFINITY, at[v] = wh.lo * g.W + ww.lo;
+    for (int h = wh.lo; h < wh.hi; h++) {
+        for (int w = ww.lo; w < ww.hi; w++) {
+            const unsigned at_x = deft_pool32_at(g, n, c, h, w, g.H, g.W);
+            const deft_vec<T, V> e = *reinterpret_cast<const deft_vec<T, V> *>(x + at_x);
+#pragma unroll
+            for (int v = 0; v < V; v++) {
+                const C ev = deft_ty<T>::load(e.e[v]);
+                if (ev > best[v] || ev != ev) best[v] = ev, at[v] = h * g.W + w;
+            }
+        }
+    }
+}
+
+/* dx of input (ih, iw) of image n, channels [c, c + V): the sum, over the windows covering it in the plain kernel's
+ * order, of dy where the window's choice (choose(oh, ow, wh, ww, at)) is this input: the same additions in the same
+ * order as the plain kernel, so the same bits. */
+template <class T, int V, class Choose>
+__device__ __forceinline__ void deft_pool_gather_nhwc(const deft_pool_geom32 &g, const T *dy, T *dx, int n, int c,
+                                                      int ih, int iw, Choose choose) {
+    typedef typename deft_ty<T>::C C;
+    int oh0, oh1, ow0, ow1;
+    deft_pool32_covering(g, 0, ih, &oh0, &oh1);
+    deft_pool32_covering(g, 1, iw, &ow0, &ow1);
+    const int self = ih * g.W + iw;
+    C acc[V];
+#pragma unroll
+    for (int v = 0; v < V; v++) acc[v] = 0;
+    for (int oh = oh0; oh <= oh1; oh++) {
+        const deft_pool_win32 wh = deft_pool32_window(g, 0, oh);
+        if (ih < wh.lo || ih >= wh.hi) continue;
+        for (int ow = ow0; ow <= ow1; ow++) {
+            const deft_pool_win32 ww = deft_pool32_window(g, 1, ow);
+            if (iw < ww.lo || iw >= ww.hi) continue;
+            int at[V];
+            choose(oh, ow, wh, ww, at);
+            const deft_vec<T, V> d =
+                *reinterpret_cast<const deft_vec<T, V> *>(dy + deft_pool32_at(g, n, c, oh, ow, g.OH, g.OW));
+#pragma unroll
+            for (int v = 0; v < V; v++)
+                if (at[v] == self) acc[v] += deft_ty<T>::load(d.e[v]);
+        }
+    }
+    deft_vec<T, V> out;
+#pragma unroll
+    for (int v = 0; v < V; v++) out.e[v] = deft_ty<T>::store(acc[v]);
+    *reinterpret_cast<deft_vec<T, V> *>(dx + deft_pool32_at(g, n, c, ih, iw, g.H, g.W)) = out;
+}
 
 /* Max pooling's backward in NHWC, V channels per thread (C / V threads per input position, neighbours in c, so a warp
- * reads whole rows of channels). For each window covering the input, in the plain kernel's order, the thread finds
- * the window's choice for each of its channels as the plain kernel does (the first maximum in row-major order, or
- * the last NaN), reading every element with no early exit so a warp's lanes stay together, and adds dy where the
- * choice is this input: the same additions in the same order, so the same bits. */
+ * reads whole rows of channels): each covering window's choice is found for each input it covers. */
 template <class T, int V>
 __global__ void deft_pool_fast_max_backward_nhwc_kernel(deft_pool_geom32 g, const T *dy, const T *x, T *dx,
                                                         unsigned total) {
-    typedef typename deft_ty<T>::C C;
-    typedef deft_pool_vec<T, V> Vec;
     const unsigned groups = (unsigned)(g.C / V);
     for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
         const unsigned r = i / groups, rh = r / g.W;
         const int c = (int)(i - r * groups) * V, iw = (int)(r - rh * g.W), ih = (int)(rh % g.H), n = (int)(rh / g.H);
-        int oh0, oh1, ow0, ow1;
-        deft_pool32_covering(g, 0, ih, &oh0, &oh1);
-        deft_pool32_covering(g, 1, iw, &ow0, &ow1);
-        const int self = ih * g.W + iw;
-        C acc[V];
-#pragma unroll
-        for (int v = 0; v < V; v++) acc[v] = 0;
-        for (int oh = oh0; oh <= oh1; oh++) {
-            const deft_pool_win32 wh = deft_pool32_window(g, 0, oh);
-            if (ih < wh.lo || ih >= wh.hi) continue;
-            for (int ow = ow0; ow <= ow1; ow++) {
-                const deft_pool_win32 ww = deft_pool32_window(g, 1, ow);
-                if (iw < ww.lo || iw >= ww.hi) continue;
-                C best[V];
-                int at[V];
-#pragma unroll
-                for (int v = 0; v < V; v++) best[v] = -(C)INFINITY, at[v] = wh.lo * g.W + ww.lo;
-                for (int h = wh.lo; h < wh.hi; h++) {
-                    for (int w = ww.lo; w < ww.hi; w++) {
-                        const Vec e = *reinterpret_cast<const Vec *>(x + deft_pool32_at(g, n, c, h, w, g.H, g.W));
-#pragma unroll
-                        for (int v = 0; v < V; v++) {
-                            const C ev = deft_ty<T>::load(e.e[v]);
-                            if (ev > best[v] || ev != ev) best[v] = ev, at[v] = h * g.W + w;
-                        }
-                    }
-                }
-                const Vec d = *reinterpret_cast<const Vec *>(dy + deft_pool32_at(g, n, c, oh, ow, g.OH, g.OW));
-#pragma unroll
-                for (int v = 0; v < V; v++)
-                    if (at[v] == self) acc[v] += deft_ty<T>::load(d.e[v]);
-            }
-        }
-        Vec out;
-#pragma unroll
-        for (int v = 0; v < V; v++) out.e[v] = deft_ty<T>::store(acc[v]);
-        *reinterpret_cast<Vec *>(dx + deft_pool32_at(g, n, c, ih, iw, g.H, g.W)) = out;
+        deft_pool_gather_nhwc<T, V>(g, dy, dx, n, c, ih, iw,
+                                    [&](int, int, deft_pool_win32 wh, deft_pool_win32 ww, int (&at)[V]) {
+                                        deft_pool_choose<T, V>(g, x, n, c, wh, ww, at);
+                                    });
     }
 }
 
@@ -197,9 +212,8 @@ __global__ void deft_pool_fast_max_backward_nhwc_kernel(deft_pool_geom32 g, cons
  * stride 2, nine loads four times over for most inputs. Here a block takes the inputs of a tile of DEFT_POOL_TILE x
  * DEFT_POOL_TILE windows of one image (the rows and columns from its first window's start to the next tile's; the
  * first and last tiles reach the edges, so the tiles share out every input), first finds the choice of every window
- * that covers any of them (one search per window and channel, kept in shared memory), then gives each input the sum
- * of its windows' dy where the choice is that input: the same search, and the same additions in the same order, as
- * the kernel above, so the same bits. */
+ * that covers any of them (deft_pool_choose once per window and channel, kept in shared memory), then gathers each
+ * input's dx from them (deft_pool_gather_nhwc): the kernel above's search and additions, so the same bits. */
 #define DEFT_POOL_TILE 4
 #define DEFT_POOL_TILE_SHARED (40 * 1024)   /* bytes of choices a block may keep */
 
@@ -242,8 +256,6 @@ __host__ __device__ inline deft_pool_tile deft_pool_tile_of(const deft_pool_geom
 template <class T, int V>
 __global__ void deft_pool_tiled_max_backward_nhwc_kernel(deft_pool_geom32 g, const T *dy, const T *x, T *dx,
                                                          int tiles_h, int tiles_w) {
-    typedef typename deft_ty<T>::C C;
-    typedef deft_pool_vec<T, V> Vec;
     extern __shared__ int deft_pool_choice[];
     const int n = (int)blockIdx.y, groups = g.C / V;
     const deft_pool_tile t = deft_pool_tile_of(g, (int)blockIdx.x / tiles_w, (int)blockIdx.x % tiles_w, tiles_h,
@@ -251,52 +263,21 @@ __global__ void deft_pool_tiled_max_backward_nhwc_kernel(deft_pool_geom32 g, con
     const int nh = t.oh1 - t.oh0 + 1, nw = t.ow1 - t.ow0 + 1;
     for (int k = (int)threadIdx.x; nh > 0 && nw > 0 && k < nh * nw * groups; k += (int)blockDim.x) {
         const int c = (k % groups) * V, win = k / groups, oh = t.oh0 + win / nw, ow = t.ow0 + win % nw;
-        const deft_pool_win32 wh = deft_pool32_window(g, 0, oh), ww = deft_pool32_window(g, 1, ow);
-        C best[V];
         int at[V];
-#pragma unroll
-        for (int v = 0; v < V; v++) best[v] = -(C)INFINITY, at[v] = wh.lo * g.W + ww.lo;
-        for (int h = wh.lo; h < wh.hi; h++) {
-            for (int w = ww.lo; w < ww.hi; w++) {
-                const Vec e = *reinterpret_cast<const Vec *>(x + deft_pool32_at(g, n, c, h, w, g.H, g.W));
-#pragma unroll
-                for (int v = 0; v < V; v++) {
-                    const C ev = deft_ty<T>::load(e.e[v]);
-                    if (ev > best[v] || ev != ev) best[v] = ev, at[v] = h * g.W + w;
-                }
-            }
-        }
+        deft_pool_choose<T, V>(g, x, n, c, deft_pool32_window(g, 0, oh), deft_pool32_window(g, 1, ow), at);
 #pragma unroll
         for (int v = 0; v < V; v++) deft_pool_choice[win * g.C + c + v] = at[v];
     }
     __syncthreads();
     const int cols = t.iw1 - t.iw0, inputs = (t.ih1 - t.ih0) * cols;
     for (int k = (int)threadIdx.x; k < inputs * groups; k += (int)blockDim.x) {
-        const int c = (k % groups) * V, at = k / groups, ih = t.ih0 + at / cols, iw = t.iw0 + at % cols;
-        int oh0, oh1, ow0, ow1;
-        deft_pool32_covering(g, 0, ih, &oh0, &oh1);
-        deft_pool32_covering(g, 1, iw, &ow0, &ow1);
-        const int self = ih * g.W + iw;
-        C acc[V];
+        const int c = (k % groups) * V, at = k / groups;
+        deft_pool_gather_nhwc<T, V>(g, dy, dx, n, c, t.ih0 + at / cols, t.iw0 + at % cols,
+                                    [&](int oh, int ow, deft_pool_win32, deft_pool_win32, int (&chosen)[V]) {
+                                        const int *s = deft_pool_choice + ((oh - t.oh0) * nw + (ow - t.ow0)) * g.C + c;
 #pragma unroll
-        for (int v = 0; v < V; v++) acc[v] = 0;
-        for (int oh = oh0; oh <= oh1; oh++) {
-            const deft_pool_win32 wh = deft_pool32_window(g, 0, oh);
-            if (ih < wh.lo || ih >= wh.hi) continue;
-            for (int ow = ow0; ow <= ow1; ow++) {
-                const deft_pool_win32 ww = deft_pool32_window(g, 1, ow);
-                if (iw < ww.lo || iw >= ww.hi) continue;
-                const int *chosen = deft_pool_choice + ((oh - t.oh0) * nw + (ow - t.ow0)) * g.C + c;
-                const Vec d = *reinterpret_cast<const Vec *>(dy + deft_pool32_at(g, n, c, oh, ow, g.OH, g.OW));
-#pragma unroll
-                for (int v = 0; v < V; v++)
-                    if (chosen[v] == self) acc[v] += deft_ty<T>::load(d.e[v]);
-            }
-        }
-        Vec o;
-#pragma unroll
-        for (int v = 0; v < V; v++) o.e[v] = deft_ty<T>::store(acc[v]);
-        *reinterpret_cast<Vec *>(dx + deft_pool32_at(g, n, c, ih, iw, g.H, g.W)) = o;
+                                        for (int v = 0; v < V; v++) chosen[v] = s[v];
+                                    });
     }
 }
 
@@ -315,8 +296,8 @@ static size_t deft_pool_tiled_shared(const deft_pool_geom32 &g, int *tiles_h, in
         const deft_pool_tile t = deft_pool_tile_of(g, 0, tx, 1, *tiles_w);
         if (t.ow1 - t.ow0 + 1 > most_w) most_w = t.ow1 - t.ow0 + 1;
     }
-    const size_t bytes = (size_t)most_h * (size_t)most_w * (size_t)g.C * sizeof(int);
-    return bytes <= DEFT_POOL_TILE_SHARED ? (bytes ? bytes : sizeof(int)) : 0;
+    const size_t bytes = (size_t)most_h * (size_t)most_w * (size_t)g.C * sizeof(int);   /* > 0: OH, OW, C >= 1 */
+    return bytes <= DEFT_POOL_TILE_SHARED ? bytes : 0;
 }
 
 static bool deft_pool_fits32(const deft_pool_geom &g) {
