@@ -49,6 +49,23 @@ __device__ __forceinline__ void deft_pool32_covering(const deft_pool_geom32 &g, 
     *last = b > out_len - 1 ? out_len - 1 : b;
 }
 
+/* Calls f(oh, ow, wh, ww) for every window that covers input (ih, iw), rows then columns in increasing order: the
+ * order of the plain kernels' additions. */
+template <class F>
+__device__ __forceinline__ void deft_pool32_each_covering(const deft_pool_geom32 &g, int ih, int iw, F f) {
+    int oh0, oh1, ow0, ow1;
+    deft_pool32_covering(g, 0, ih, &oh0, &oh1);
+    deft_pool32_covering(g, 1, iw, &ow0, &ow1);
+    for (int oh = oh0; oh <= oh1; oh++) {
+        const deft_pool_win32 wh = deft_pool32_window(g, 0, oh);
+        if (ih < wh.lo || ih >= wh.hi) continue;
+        for (int ow = ow0; ow <= ow1; ow++) {
+            const deft_pool_win32 ww = deft_pool32_window(g, 1, ow);
+            if (iw >= ww.lo && iw < ww.hi) f(oh, ow, wh, ww);
+        }
+    }
+}
+
 /* Offset of element (n, c, h, w) of an [N, C, Hn, Wn] tensor in the layout. */
 __device__ __forceinline__ unsigned deft_pool32_at(const deft_pool_geom32 &g, int n, int c, int h, int w, int Hn,
                                                    int Wn) {
@@ -112,23 +129,15 @@ template <class T>
 __global__ void deft_pool_fast_backward_kernel(deft_pool_geom32 g, const T *dy, const T *x, T *dx, unsigned total) {
     typedef typename deft_ty<T>::C C;
     for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
-        int n, c, ih, iw, oh0, oh1, ow0, ow1;
+        int n, c, ih, iw;
         deft_pool32_coords(g, i, g.H, g.W, &n, &c, &ih, &iw);
-        deft_pool32_covering(g, 0, ih, &oh0, &oh1);
-        deft_pool32_covering(g, 1, iw, &ow0, &ow1);
         const C v = g.max ? deft_ty<T>::load(x[i]) : (C)0;
         C acc = 0;
-        for (int oh = oh0; oh <= oh1; oh++) {
-            const deft_pool_win32 wh = deft_pool32_window(g, 0, oh);
-            if (ih < wh.lo || ih >= wh.hi) continue;
-            for (int ow = ow0; ow <= ow1; ow++) {
-                const deft_pool_win32 ww = deft_pool32_window(g, 1, ow);
-                if (iw < ww.lo || iw >= ww.hi) continue;
-                const C d = deft_ty<T>::load(dy[deft_pool32_at(g, n, c, oh, ow, g.OH, g.OW)]);
-                if (!g.max) acc += d / (C)(wh.count * ww.count);
-                else if (deft_pool32_chose(g, x, n, c, wh, ww, ih, iw, v)) acc += d;
-            }
-        }
+        deft_pool32_each_covering(g, ih, iw, [&](int oh, int ow, deft_pool_win32 wh, deft_pool_win32 ww) {
+            const C d = deft_ty<T>::load(dy[deft_pool32_at(g, n, c, oh, ow, g.OH, g.OW)]);
+            if (!g.max) acc += d / (C)(wh.count * ww.count);
+            else if (deft_pool32_chose(g, x, n, c, wh, ww, ih, iw, v)) acc += d;
+        });
         dx[i] = deft_ty<T>::store(acc);
     }
 }
@@ -163,28 +172,19 @@ template <class T, int V, class Choose>
 __device__ __forceinline__ void deft_pool_gather_nhwc(const deft_pool_geom32 &g, const T *dy, T *dx, int n, int c,
                                                       int ih, int iw, Choose choose) {
     typedef typename deft_ty<T>::C C;
-    int oh0, oh1, ow0, ow1;
-    deft_pool32_covering(g, 0, ih, &oh0, &oh1);
-    deft_pool32_covering(g, 1, iw, &ow0, &ow1);
     const int self = ih * g.W + iw;
     C acc[V];
 #pragma unroll
     for (int v = 0; v < V; v++) acc[v] = 0;
-    for (int oh = oh0; oh <= oh1; oh++) {
-        const deft_pool_win32 wh = deft_pool32_window(g, 0, oh);
-        if (ih < wh.lo || ih >= wh.hi) continue;
-        for (int ow = ow0; ow <= ow1; ow++) {
-            const deft_pool_win32 ww = deft_pool32_window(g, 1, ow);
-            if (iw < ww.lo || iw >= ww.hi) continue;
-            int at[V];
-            choose(oh, ow, wh, ww, at);
-            const deft_vec<T, V> d =
-                *reinterpret_cast<const deft_vec<T, V> *>(dy + deft_pool32_at(g, n, c, oh, ow, g.OH, g.OW));
+    deft_pool32_each_covering(g, ih, iw, [&](int oh, int ow, deft_pool_win32 wh, deft_pool_win32 ww) {
+        int at[V];
+        choose(oh, ow, wh, ww, at);
+        const deft_vec<T, V> d =
+            *reinterpret_cast<const deft_vec<T, V> *>(dy + deft_pool32_at(g, n, c, oh, ow, g.OH, g.OW));
 #pragma unroll
-            for (int v = 0; v < V; v++)
-                if (at[v] == self) acc[v] += deft_ty<T>::load(d.e[v]);
-        }
-    }
+        for (int v = 0; v < V; v++)
+            if (at[v] == self) acc[v] += deft_ty<T>::load(d.e[v]);
+    });
     deft_vec<T, V> out;
 #pragma unroll
     for (int v = 0; v < V; v++) out.e[v] = deft_ty<T>::store(acc[v]);
