@@ -192,7 +192,8 @@ static void check_plain(const char *label, deft_dtype dt, int na, const int64_t 
     }
 }
 
-static const int64_t shapes[][3] = {{1, 1, 1}, {3, 7, 5}, {33, 17, 65}, {256, 128, 512}, {64, 1, 300}, {1, 96, 40}};
+static const int64_t shapes[][3] = {{1, 1, 1},   {3, 7, 5},   {33, 17, 65},   {256, 128, 512}, {64, 1, 300},
+                                    {1, 96, 40}, {96, 10, 72}, {130, 72, 10}}; /* the last two: thin halves */
 #define N_SHAPES ((int)(sizeof shapes / sizeof shapes[0]))
 static const deft_dtype dtypes[] = {DEFT_F32, DEFT_F16, DEFT_BF16};
 

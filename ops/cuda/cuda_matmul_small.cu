@@ -1,72 +1,125 @@
-/* Products too small to occupy more than a few warps (a linear layer of a handful of units, such as Linear(10, 1)
- * on a batch of 32): one warp per output element, its lanes splitting K, with the epilogues of cuda_matmul.h in
- * the same launch. cuBLASLt spends a launch on the product and another on a bias gradient, each costing more than
- * the arithmetic here; in a step of a few kernels replayed from a CUDA Graph those launches are the step's time.
- *
- * f32 only, accumulated in f32 (lane partial sums, then a fixed shuffle tree: the same value on every run). The
- * bias is added and the ReLU applied to the rounded product exactly as the separate bias kernel does, so a fused
- * and an unfused program give the same outputs. */
+/* Products too small or too thin for cuBLAS(Lt) to do well, with the epilogues of cuda_matmul.h in the same launch:
+ *  - f32 products of a few warps (a linear layer of a handful of units, such as Linear(10, 1) on a batch of 32).
+ *    cuBLASLt spends a launch on the product and another on a bias gradient, each costing more than the arithmetic
+ *    here; in a step of a few kernels replayed from a CUDA Graph those launches are the step's time.
+ *  - f16 and bf16 products with a side of at most 16 (a classifier's layer and its gradients), below.
+ * One warp per output element, its lanes splitting K (partial sums, then a fixed shuffle tree: the same value on
+ * every run), or for halves with K <= 32 one thread per output summing in k order. Accumulated in f32. */
 #include "cuda_matmul_small.cuh"
 
 #define DEFT_SMALL_WARPS_PER_BLOCK 4
 
-/* Largest product (M * N * K multiply-adds) and K taken here. */
+/* Largest f32 product (M * N * K multiply-adds) and K taken here. */
 #define DEFT_SMALL_MAX_MACS ((int64_t)1 << 15)
 #define DEFT_SMALL_MAX_K 4096
+/* Halves: products with a side of at most DEFT_SKINNY_SIDE (a classifier of 10 classes, or its gradients, where K is
+ * the 10) and up to DEFT_SKINNY_MAX_MACS. cuBLAS(Lt) has no aligned kernel for a leading dimension of 10 halves
+ * (20 bytes) and falls back to ones that took 33 us for ResNet-18's 512 x 512 x 10 classifier on an H200. */
+#define DEFT_SKINNY_SIDE 16
+#define DEFT_SKINNY_MAX_MACS ((int64_t)1 << 24)
+/* K up to which one thread computes an output alone (no lanes to split K over). */
+#define DEFT_SMALL_THREAD_K 32
 
 __device__ __forceinline__ float deft_warp_sum(float v) {
     for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
     return v;
 }
 
+/* The epilogue of one output: the bias is added and the ReLU applied to the rounded product exactly as the
+ * separate bias kernel does, so a fused and an unfused program give the same outputs. */
+template <class T> __device__ __forceinline__ T deft_small_finish(float acc, const T *bias, int64_t n, int relu) {
+    if (!bias) return deft_ty<T>::store(acc);
+    float v = deft_ty<T>::load(deft_ty<T>::store(acc)) + deft_ty<T>::load(bias[n]);
+    if (relu && v < 0.0f) v = 0.0f;   /* NaN stays NaN, as relu does */
+    return deft_ty<T>::store(v);
+}
+
 /* Warps 0 .. M*N-1 compute out[m, n]; with a bias gradient, warps M*N .. M*N+N-1 sum column n of op(b). */
-__global__ void deft_k_matmul_small(float *out, const float *a, const float *b, int64_t M, int64_t N, int64_t K,
-                                    int ta, int tb, const float *bias, int relu, float *bias_grad) {
+template <class T>
+__global__ void deft_k_matmul_small(T *out, const T *a, const T *b, int64_t M, int64_t N, int64_t K, int ta, int tb,
+                                    const T *bias, int relu, T *bias_grad) {
     const int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const int lane = threadIdx.x & 31;
     if (warp < M * N) {
         const int64_t m = warp / N, n = warp % N;
         float acc = 0.0f;
         for (int64_t k = lane; k < K; k += 32)
-            acc += a[ta ? k * M + m : m * K + k] * b[tb ? n * K + k : k * N + n];
+            acc += deft_ty<T>::load(a[ta ? k * M + m : m * K + k]) * deft_ty<T>::load(b[tb ? n * K + k : k * N + n]);
         acc = deft_warp_sum(acc);
-        if (lane == 0) {
-            float v = acc;
-            if (bias) {
-                v = acc + bias[n];
-                if (relu && v < 0.0f) v = 0.0f;   /* NaN stays NaN, as relu does */
-            }
-            out[m * N + n] = v;
-        }
+        if (lane == 0) out[m * N + n] = deft_small_finish<T>(acc, bias, n, relu);
     } else if (bias_grad && warp < M * N + N) {
         const int64_t n = warp - M * N;
         float acc = 0.0f;
-        for (int64_t k = lane; k < K; k += 32) acc += b[tb ? n * K + k : k * N + n];
+        for (int64_t k = lane; k < K; k += 32) acc += deft_ty<T>::load(b[tb ? n * K + k : k * N + n]);
         acc = deft_warp_sum(acc);
-        if (lane == 0) bias_grad[n] = acc;
+        if (lane == 0) bias_grad[n] = deft_ty<T>::store(acc);
     }
 }
 
-bool deft_matmul_small_fits(const deft_tensor *n, const deft_mm &s) {
-    if (n->dtype != DEFT_F32 || s.M <= 0 || s.N <= 0 || s.K <= 0 || s.K > DEFT_SMALL_MAX_K) return false;
+/* Short K: threads 0 .. M*N-1 each compute out[m, n] alone, in k order; threads M*N .. M*N+N-1 the bias gradient. */
+template <class T>
+__global__ void deft_k_matmul_short_k(T *out, const T *a, const T *b, int64_t M, int64_t N, int64_t K, int ta,
+                                      int tb, const T *bias, int relu, T *bias_grad) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < M * N) {
+        const int64_t m = i / N, n = i % N;
+        float acc = 0.0f;
+        for (int64_t k = 0; k < K; k++)
+            acc += deft_ty<T>::load(a[ta ? k * M + m : m * K + k]) * deft_ty<T>::load(b[tb ? n * K + k : k * N + n]);
+        out[i] = deft_small_finish<T>(acc, bias, n, relu);
+    } else if (bias_grad && i < M * N + N) {
+        const int64_t n = i - M * N;
+        float acc = 0.0f;
+        for (int64_t k = 0; k < K; k++) acc += deft_ty<T>::load(b[tb ? n * K + k : k * N + n]);
+        bias_grad[n] = deft_ty<T>::store(acc);
+    }
+}
+
+/* The rows of the product: a batch sharing b, stacked plainly, folds into M. */
+static int64_t deft_small_rows(const deft_mm &s, bool *ok) {
     const bool folded = s.b_mats == 1 && !s.ta && s.a_mats == s.batch;
-    if (!folded && s.batch != 1) return false;
-    const int64_t M = folded ? s.batch * s.M : s.M;
-    return M <= DEFT_SMALL_MAX_MACS && M * s.N <= DEFT_SMALL_MAX_MACS / s.K;
+    *ok = folded || s.batch == 1;
+    return folded ? s.batch * s.M : s.M;
+}
+
+bool deft_matmul_small_fits(const deft_tensor *n, const deft_mm &s) {
+    bool ok = false;
+    const int64_t M = deft_small_rows(s, &ok);
+    if (!ok || M <= 0 || s.N <= 0 || s.K <= 0 || s.K > DEFT_SMALL_MAX_K) return false;
+    if (n->dtype == DEFT_F32) return M <= DEFT_SMALL_MAX_MACS && M * s.N <= DEFT_SMALL_MAX_MACS / s.K;
+    if (n->dtype != DEFT_F16 && n->dtype != DEFT_BF16) return false;
+    const bool skinny = M <= DEFT_SKINNY_SIDE || s.N <= DEFT_SKINNY_SIDE || s.K <= DEFT_SKINNY_SIDE;
+    return skinny && M <= DEFT_SKINNY_MAX_MACS && M * s.N <= DEFT_SKINNY_MAX_MACS / s.K;
+}
+
+template <class T>
+static void deft_small_launch(const deft_mm &s, int64_t M, void *out, const void *a, const void *b,
+                              const deft_mm_epilogue *ep, cudaStream_t st) {
+    const bool grad = ep && ep->kind == DEFT_MM_EPI_BGRAD_B;
+    const bool add_bias = ep && (ep->kind == DEFT_MM_EPI_BIAS || ep->kind == DEFT_MM_EPI_BIAS_RELU);
+    const T *bias = add_bias ? (const T *)ep->bias : NULL;
+    T *bias_grad = grad ? (T *)ep->bias_grad : NULL;
+    const int relu = ep && ep->kind == DEFT_MM_EPI_BIAS_RELU;
+    const int64_t items = M * s.N + (grad ? s.N : 0);
+    /* f32 keeps one warp per output at every K: the products it takes are tiny, and their sums stay as they were */
+    if (s.K <= DEFT_SMALL_THREAD_K && sizeof(T) == 2) {
+        deft_k_matmul_short_k<T><<<deft_cuda_blocks(items, DEFT_CUDA_THREADS), DEFT_CUDA_THREADS, 0, st>>>(
+            (T *)out, (const T *)a, (const T *)b, M, s.N, s.K, s.ta, s.tb, bias, relu, bias_grad);
+        return;
+    }
+    const int threads = 32 * DEFT_SMALL_WARPS_PER_BLOCK;
+    const unsigned blocks = (unsigned)((items + DEFT_SMALL_WARPS_PER_BLOCK - 1) / DEFT_SMALL_WARPS_PER_BLOCK);
+    deft_k_matmul_small<T><<<blocks, threads, 0, st>>>((T *)out, (const T *)a, (const T *)b, M, s.N, s.K, s.ta,
+                                                       s.tb, bias, relu, bias_grad);
 }
 
 deft_status deft_cuda_matmul_small(const deft_tensor *n, const deft_mm &s, void *out, const void *a, const void *b,
                                    const deft_mm_epilogue *ep, cudaStream_t st) {
-    const bool folded = s.b_mats == 1 && !s.ta && s.a_mats == s.batch;
-    const int64_t M = folded ? s.batch * s.M : s.M;
-    const bool grad = ep && ep->kind == DEFT_MM_EPI_BGRAD_B;
-    const bool add_bias = ep && (ep->kind == DEFT_MM_EPI_BIAS || ep->kind == DEFT_MM_EPI_BIAS_RELU);
-    const int64_t warps = M * s.N + (grad ? s.N : 0);
-    const int threads = 32 * DEFT_SMALL_WARPS_PER_BLOCK;
-    const unsigned blocks = (unsigned)((warps + DEFT_SMALL_WARPS_PER_BLOCK - 1) / DEFT_SMALL_WARPS_PER_BLOCK);
-    deft_k_matmul_small<<<blocks, threads, 0, st>>>(
-        (float *)out, (const float *)a, (const float *)b, M, s.N, s.K, s.ta, s.tb,
-        add_bias ? (const float *)ep->bias : NULL, ep && ep->kind == DEFT_MM_EPI_BIAS_RELU,
-        grad ? (float *)ep->bias_grad : NULL);
+    bool ok = false;
+    const int64_t M = deft_small_rows(s, &ok);
+    (void)ok;
+    if (n->dtype == DEFT_F32) deft_small_launch<float>(s, M, out, a, b, ep, st);
+    else if (n->dtype == DEFT_F16) deft_small_launch<__half>(s, M, out, a, b, ep, st);
+    else deft_small_launch<__nv_bfloat16>(s, M, out, a, b, ep, st);
     return deft_cuda_check_launch(n, "matmul (small)");
 }
