@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "caching_allocator.h"
+#include "cuda_conv_gemm.cuh"
 #include "cuda_image.cuh"
 
 #ifndef DEFT_HAVE_CUDNN
@@ -387,6 +388,12 @@ static deft_status deft_conv_run(const deft_tensor *n, deft_conv_ptrs p, cudaStr
     void *ws = NULL;
     s = deft_cudnn_handle(n, st, dev, &h, &ws, &p.ws_bytes);
     if (s != DEFT_OK) return s;
+    if (deft_conv_gemm_takes(n, p.x, p.w)) {
+        bool done = false;
+        s = deft_conv_gemm_run(n, p.x, p.w, p.y, p.px, n->op == DEFT_OP_CONV2D ? p.pw : p.py,
+                               n->op == DEFT_OP_CONV2D ? p.py : p.pw, ws, p.ws_bytes, st, flags, &done);
+        if (s != DEFT_OK || done) return s;
+    }
     deft_conv_key k;
     if ((s = deft_conv_key_of(n, p, dev, flags, &k)) != DEFT_OK) return s;
     const deft_conv_entry *cached = deft_conv_find_cached(k);

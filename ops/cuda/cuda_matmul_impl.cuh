@@ -39,4 +39,21 @@ deft_status deft_cuda_matmul_reference(const deft_tensor *n, const deft_mm &s, v
 deft_status deft_cuda_matmul_lt_plain(const deft_tensor *n, const deft_mm &s, void *out, const void *a,
                                       const void *b, cudaStream_t st, unsigned flags, bool *done);
 
+/* A plain product of row-major matrices for other ops built on products (cuda_conv_gemm.cu): out[M, N] =
+ * op(a)[M, K] op(b)[K, N], or out += that, with a and b of `dtype` and out of out_dtype (dtype, or f32 for halves
+ * summed across several calls); ld of each is its stored row length. */
+typedef struct deft_lt_gemm {
+    deft_dtype dtype, out_dtype;
+    int ta, tb;
+    int64_t M, N, K;
+    const void *a, *b;
+    void *out;
+    bool accumulate;
+} deft_lt_gemm;
+
+/* Runs g through cuBLASLt (TF32 for f32 where flags allow): *done = false, nothing queued, where it cannot (no
+ * algorithm, a problem first met inside a capture, a shape past int). dry: only choose and report whether it
+ * would run, so that a caller can commit to a series of products before queuing the first. */
+deft_status deft_cuda_gemm_lt(const deft_lt_gemm &g, cudaStream_t st, unsigned flags, bool dry, bool *done);
+
 #endif

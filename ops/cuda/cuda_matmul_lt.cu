@@ -45,7 +45,7 @@ static deft_status deft_lt_handle(int dev, cublasLtHandle_t *out) {
 
 /* ---- the problem and its cache entry ---- */
 typedef struct deft_lt_key {
-    int dev, dtype, ta, tb, epilogue, tf32;
+    int dev, dtype, out_dtype, ta, tb, epilogue, tf32;   /* out_dtype: D's, f32 or dtype */
     int64_t M, N, K, count, stride_a, stride_b;   /* count 1: one product; strides in elements, 0 repeats one */
     uint32_t align_a, align_b, align_out, align_bias;
 } deft_lt_key;
@@ -118,7 +118,7 @@ static cublasStatus_t deft_lt_describe(const deft_lt_key &k, deft_lt_entry *e) {
     if ((s = deft_lt_layout(&e->la, dt, k.tb ? k.K : k.N, k.tb ? k.N : k.K, k.count, k.stride_b)) ||
         (s = deft_lt_layout(&e->lb, dt, k.ta ? k.M : k.K, k.ta ? k.K : k.M, k.count, k.stride_a)))
         return s;
-    return deft_lt_layout(&e->ld, dt, k.N, k.M, k.count, k.M * k.N);
+    return deft_lt_layout(&e->ld, deft_lt_data_type(k.out_dtype), k.N, k.M, k.count, k.M * k.N);
 }
 
 /* The heuristic's first choice for the entry's problem: e->found stays false where there is none. Halves may only
@@ -199,22 +199,30 @@ typedef struct deft_lt_call {
     deft_lt_key key;
     const void *a, *b, *bias;   /* bias: the epilogue's vector (bias or bias gradient), NULL for none */
     void *out;
+    bool accumulate;            /* out += product (beta 1) instead of out = product */
+    bool dry;                   /* only make sure the problem would run: choose, launch nothing */
 } deft_lt_call;
 
-static deft_lt_key deft_lt_key_make(const deft_tensor *n, int ta, int tb, int64_t M, int64_t N, int64_t K,
+static deft_lt_key deft_lt_key_init(deft_dtype dtype, int ta, int tb, int64_t M, int64_t N, int64_t K,
                                     unsigned flags) {
     deft_lt_key k;
     memset(&k, 0, sizeof k);   /* the key is compared bytewise, padding included */
-    k.dtype = (int)n->dtype;
+    k.dtype = (int)dtype;
+    k.out_dtype = (int)dtype;
     k.ta = ta;
     k.tb = tb;
     k.epilogue = (int)CUBLASLT_EPILOGUE_DEFAULT;
-    k.tf32 = n->dtype == DEFT_F32 && (flags & DEFT_CUDA_ALLOW_TF32) != 0;
+    k.tf32 = dtype == DEFT_F32 && (flags & DEFT_CUDA_ALLOW_TF32) != 0;
     k.M = M;
     k.N = N;
     k.K = K;
     k.count = 1;
     return k;
+}
+
+static deft_lt_key deft_lt_key_make(const deft_tensor *n, int ta, int tb, int64_t M, int64_t N, int64_t K,
+                                    unsigned flags) {
+    return deft_lt_key_init(n->dtype, ta, tb, M, N, K, flags);
 }
 
 /* Runs c through cuBLASLt: *done = false (nothing enqueued) where the fallback must run instead. */
@@ -238,12 +246,17 @@ static deft_status deft_lt_run(deft_lt_call &c, cudaStream_t st, bool *done) {
     if (ws_bytes < DEFT_CUBLAS_WORKSPACE_BYTES) return DEFT_OK;   /* a new stream met in a capture: the fallback */
     deft_lt_entry *e = deft_lt_entry_for(h, c.key, c.bias, capturing, &s);
     if (!e || !e->found) return s;
+    if (c.dry) {
+        *done = true;
+        return DEFT_OK;
+    }
     cublasStatus_t cs = CUBLAS_STATUS_SUCCESS;
     if (c.bias)
         cs = cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &c.bias, sizeof c.bias);
     const float one = 1.0f, zero = 0.0f;
     if (cs == CUBLAS_STATUS_SUCCESS)
-        cs = cublasLtMatmul(h, e->desc, &one, c.b, e->la, c.a, e->lb, &zero, c.out, e->ld, c.out, e->ld, &e->algo,
+        cs = cublasLtMatmul(h, e->desc, &one, c.b, e->la, c.a, e->lb, c.accumulate ? &one : &zero, c.out, e->ld,
+                            c.out, e->ld, &e->algo,
                             ws, DEFT_CUBLAS_WORKSPACE_BYTES, st);
     if (cs == CUBLAS_STATUS_NOT_SUPPORTED) {
         /* Refused before launching anything: remember it, and let the fallback run now and from here on. */
@@ -262,9 +275,9 @@ deft_status deft_cuda_matmul_lt_plain(const deft_tensor *n, const deft_mm &s, vo
     *done = false;
     if (n->dtype != DEFT_F32 && n->dtype != DEFT_F16 && n->dtype != DEFT_BF16) return DEFT_OK;
     deft_lt_call c;
+    memset(&c, 0, sizeof c);
     c.a = a;
     c.b = b;
-    c.bias = NULL;
     c.out = out;
     /* b shared by every batch and a stacked plainly: one product with the batch folded into M (as the reference). */
     if (s.b_mats == 1 && !s.ta && s.a_mats == s.batch) {
@@ -279,6 +292,24 @@ deft_status deft_cuda_matmul_lt_plain(const deft_tensor *n, const deft_mm &s, vo
         c.key.stride_a = s.a_mats == 1 ? 0 : s.M * s.K;
         c.key.stride_b = s.b_mats == 1 ? 0 : s.K * s.N;
     }
+    return deft_lt_run(c, st, done);
+}
+
+deft_status deft_cuda_gemm_lt(const deft_lt_gemm &g, cudaStream_t st, unsigned flags, bool dry, bool *done) {
+    *done = false;
+    if (g.M <= 0 || g.N <= 0 || g.K <= 0 || g.M > INT32_MAX || g.N > INT32_MAX || g.K > INT32_MAX ||
+        (g.dtype != DEFT_F32 && g.dtype != DEFT_F16 && g.dtype != DEFT_BF16) ||
+        (g.out_dtype != g.dtype && g.out_dtype != DEFT_F32))
+        return DEFT_OK;
+    deft_lt_call c;
+    memset(&c, 0, sizeof c);
+    c.key = deft_lt_key_init(g.dtype, g.ta, g.tb, g.M, g.N, g.K, flags);
+    c.key.out_dtype = (int)g.out_dtype;
+    c.a = g.a;
+    c.b = g.b;
+    c.out = g.out;
+    c.accumulate = g.accumulate;
+    c.dry = dry;
     return deft_lt_run(c, st, done);
 }
 
@@ -385,6 +416,7 @@ extern "C" deft_status deft_cuda_matmul_fused(const deft_tensor *mm, void *out, 
     if (s.M > 0 && s.N > 0 && s.K > 0 && !deft_matmul_reference_requested()) {
         if (deft_matmul_small_fits(mm, s)) return deft_cuda_matmul_small(mm, s, out, a, b, ep, st);
         deft_lt_call c;
+        memset(&c, 0, sizeof c);
         c.key = deft_lt_key_make(mm, s.ta, s.tb, s.M, s.N, s.K, flags);
         c.key.epilogue = (int)deft_lt_epilogue(ep->kind);
         c.a = a;
