@@ -3,13 +3,15 @@
  * runs the same with PyTorch DDP; scripts/bench_ddp.sh runs both for N = 1, 2, 4 and prints the scaling efficiencies
  * and ratios.
  *
- *   ./bench_ddp [--model mlp|resnet] [--precision f32|bf16] [--gpus N] [--no-graphs] [--bucket-mib M] [--tf32]
+ *   ./bench_ddp [--model mlp|resnet] [--precision f32|bf16] [--gpus N] [--no-graphs] [--bucket-mib M]
+ *               [--last-bucket-mib M] [--whole-step] [--tf32]
  *
  * --model (bench/ddp_models.h): mlp, the mid MLP (batch 256 per GPU, the default), or resnet, ResNet-18 of
  * examples/resnet18.h (batch 128 per GPU, 32x32 images, SGD momentum 0.9 and weight decay 5e-4). --precision bf16
  * (resnet only): NHWC compiled with the autocast option DEFT_BF16, as bench_resnet; f32 (the default) is NCHW, every
  * op in f32. --tf32: the compile option tf32 (f32 matmuls and convolutions may use TF32; the peer's --tf32 the same).
- * M: the compile option bucket_bytes, in MiB.
+ * M: the compile options bucket_bytes and last_bucket_bytes, in MiB. --whole-step: the compile option
+ * dist_whole_step (the optimizer's update one node after every bucket, instead of one piece per bucket; for A/B).
  *
  * The batch comes from bench_util.h's hash, rank k's rows offset by k (the global batch differs per rank); it is fed
  * once and stays on the devices. Timing as bench_mlp_train: 10 warm-up steps, N steps calibrated to about 100 ms
@@ -29,8 +31,8 @@
 #define REPEATS 5
 
 typedef struct bench_args {
-    int resnet, bf16, n, graphs, tf32;
-    size_t bucket_bytes;
+    int resnet, bf16, n, graphs, tf32, whole_step;
+    size_t bucket_bytes, last_bucket_bytes;
 } bench_args;
 
 static void build(ddp_replica *r, deft_dist *d, int k, const bench_args *a) {
@@ -41,6 +43,8 @@ static void build(ddp_replica *r, deft_dist *d, int k, const bench_args *a) {
                                     .dist_local = k,
                                     .no_cuda_graphs = !a->graphs,
                                     .bucket_bytes = a->bucket_bytes,
+                                    .last_bucket_bytes = a->last_bucket_bytes,
+                                    .dist_whole_step = a->whole_step,
                                     .tf32 = a->tf32,
                                     .autocast = a->bf16 ? DEFT_BF16 : DEFT_F32};
     r->p = deft_compile(r->g, (deft_tensor *[]){r->loss, r->step}, 2, &o);
@@ -62,7 +66,7 @@ static float run(deft_dist *d, ddp_replica *r, deft_program **ps, int n, int64_t
 static void usage(void) {
     fprintf(stderr,
             "usage: %s [--model mlp|resnet] [--precision f32|bf16] [--gpus N] [--no-graphs] [--bucket-mib M] "
-            "[--tf32]\n",
+            "[--last-bucket-mib M] [--whole-step] [--tf32]\n",
             prog);
     exit(2);
 }
@@ -73,10 +77,12 @@ static bench_args parse(int argc, char **argv) {
         if (strcmp(argv[i], "--gpus") == 0 && i + 1 < argc) a.n = atoi(argv[++i]);
         else if (strcmp(argv[i], "--no-graphs") == 0) a.graphs = 0;
         else if (strcmp(argv[i], "--tf32") == 0) a.tf32 = 1;
-        else if (strcmp(argv[i], "--bucket-mib") == 0 && i + 1 < argc) {
+        else if (strcmp(argv[i], "--whole-step") == 0) a.whole_step = 1;
+        else if ((strcmp(argv[i], "--bucket-mib") == 0 || strcmp(argv[i], "--last-bucket-mib") == 0) && i + 1 < argc) {
+            const int last = strcmp(argv[i], "--last-bucket-mib") == 0;
             const double mib = atof(argv[++i]);
-            if (!(mib > 0 && mib <= 65536)) fprintf(stderr, "%s: --bucket-mib in (0, 65536]\n", prog), exit(2);
-            a.bucket_bytes = (size_t)(mib * 1048576);
+            if (!(mib > 0 && mib <= 65536)) fprintf(stderr, "%s: %s in (0, 65536]\n", prog, argv[i - 1]), exit(2);
+            *(last ? &a.last_bucket_bytes : &a.bucket_bytes) = (size_t)(mib * 1048576);
         }
         else if (strcmp(argv[i], "--model") == 0 && i + 1 < argc) {
             const char *m = argv[++i];

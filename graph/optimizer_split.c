@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "checkpoint.h"
+#include "grad_buckets.h"
 #include "node.h"
 #include "optimizer.h"
 #include "optimizer_split.h"
@@ -19,6 +20,10 @@ typedef struct deft_split_ctx {
     int *stack;
     int *made;              /* per step node: the finisher that stands for it, or -1 */
     int *late_at, *late;    /* per parameter of the step being split: its late nodes (deft_split_ready) */
+    bool per_bucket;        /* data parallel: one piece per gradient bucket, all after the backward pass */
+    const deft_compile_options *opts;
+    int *bucket_of;         /* per bucket: per node made (from n on), its bucket (a piece) or -1 */
+    int n_made;
 } deft_split_ctx;
 
 static int deft_split_base(const deft_tensor *t) {
@@ -61,11 +66,13 @@ static bool deft_split_reaches(deft_split_ctx *c, int from, int to) {
 }
 
 /* A step splits only when each update needs its own gradient alone, and the program reads no parameter of the
- * optimizer after the step and nothing from the step but its value. */
+ * optimizer after the step and nothing from the step but its value. Per bucket (data parallel) the split is not
+ * asked for but chosen: a step that cannot split stays whole, quietly. */
 static deft_status deft_split_check(const deft_split_ctx *c, const deft_tensor *step) {
     const deft_optimizer *opt = step->p.optimizer;
+    const bool quiet = c->per_bucket;
     if (opt->accumulate_steps > 1 || opt->max_grad_norm > 0.0)
-        return deft_set_error(DEFT_ERR_INVALID,
+        return quiet ? DEFT_ERR_INVALID : deft_set_error(DEFT_ERR_INVALID,
                               "compile: optimizer_in_backward needs each update to depend on its own gradient only, "
                               "but %s %s (accumulate_steps %d, max_grad_norm %g)", step->name,
                               opt->accumulate_steps > 1 ? "accumulates micro-batches" : "clips by the global norm",
@@ -75,11 +82,11 @@ static deft_status deft_split_check(const deft_split_ctx *c, const deft_tensor *
         if (!c->needed[id] || t == step) continue;
         for (int k = 0; k < t->nsrc; k++) {
             if (t->src[k] == step)
-                return deft_set_error(DEFT_ERR_INVALID, "compile: optimizer_in_backward: %s reads the value of the "
+                return quiet ? DEFT_ERR_INVALID : deft_set_error(DEFT_ERR_INVALID, "compile: optimizer_in_backward: %s reads the value of the "
                                       "step %s, which is only known once every piece has run", t->name, step->name);
             const int p = c->param_of[deft_split_base(t->src[k])];
             if (id > step->id && p >= 0)
-                return deft_set_error(DEFT_ERR_INVALID, "compile: optimizer_in_backward: %s reads the parameter %s "
+                return quiet ? DEFT_ERR_INVALID : deft_set_error(DEFT_ERR_INVALID, "compile: optimizer_in_backward: %s reads the parameter %s "
                                       "after the step %s", t->name, opt->params[p]->name, step->name);
         }
     }
@@ -160,7 +167,7 @@ static deft_tensor *deft_split_piece_node(deft_split_ctx *c, deft_tensor *step, 
 }
 
 typedef struct deft_split_group {
-    int first, n, ready;
+    int first, n, ready;    /* per bucket, ready is the bucket */
 } deft_split_group;
 
 static int deft_split_by_ready(const void *a, const void *b) {
@@ -182,30 +189,79 @@ static int deft_split_groups(deft_split_ctx *c, const deft_optimizer *opt, deft_
     return n;
 }
 
-/* The pieces, made in the order they become ready (a good order before the schedule places them), then the
- * finisher reading them in flat order. */
+static int deft_split_int_cmp(const void *a, const void *b) {
+    const int x = *(const int *)a, y = *(const int *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Per bucket (graph/grad_buckets.h): each bucket's parameters in runs consecutive in the flat storage (a piece
+ * updates such a run; a model's buckets are one run each when its parameters were made in the order the forward pass
+ * reads them). */
+static deft_status deft_split_bucket_groups(const deft_split_ctx *c, const deft_tensor *step, deft_split_group *groups,
+                                            int *n_groups) {
+    deft_grad_buckets b;
+    deft_status s = deft_grad_buckets_cut(step, c->opts, &b);
+    if (s != DEFT_OK) return s;
+    *n_groups = 0;
+    for (int k = 0; k < b.n_buckets; k++) {
+        int *members = b.order + b.first[k];
+        const int n = b.first[k + 1] - b.first[k];
+        qsort(members, (size_t)n, sizeof *members, deft_split_int_cmp);
+        for (int j = 0; j < n; j++) {
+            deft_split_group *last = *n_groups ? &groups[*n_groups - 1] : NULL;
+            if (j > 0 && members[j] == last->first + last->n) last->n++;
+            else groups[(*n_groups)++] = (deft_split_group){members[j], 1, k};
+        }
+    }
+    deft_grad_buckets_free(&b);
+    return DEFT_OK;
+}
+
+/* The groups of the step's pieces (in any order; ready says when each may run). */
+static deft_status deft_split_plan(deft_split_ctx *c, deft_tensor *step, deft_split_group *groups, int *n_groups) {
+    if (c->per_bucket) return deft_split_bucket_groups(c, step, groups, n_groups);
+    c->late_at = malloc(((size_t)step->p.optimizer->n_params + 1) * sizeof *c->late_at);
+    if (!c->late_at) return deft_set_error(DEFT_ERR_OOM, "compile: out of host memory");
+    deft_status s = deft_split_ready(c, step);
+    if (s == DEFT_OK) *n_groups = deft_split_groups(c, step->p.optimizer, groups);
+    return s;
+}
+
+/* Per bucket, the bucket of each piece made, for the replica's collectives (runtime/dist_program.c). */
+static void deft_split_note(deft_split_ctx *c, const deft_tensor *t, int bucket) {
+    if (!c->bucket_of) return;
+    while (c->n_made <= t->id - c->n) c->bucket_of[c->n_made++] = -1;
+    c->bucket_of[t->id - c->n] = bucket;
+}
+
+/* The pieces, made in the order they become ready (a good order before the schedule places them; per bucket, the
+ * buckets' order, which is the order they run in), then the finisher reading them in flat order. A step that may
+ * not split is an error, or per bucket stays whole. */
 static deft_status deft_split_step(deft_split_ctx *c, deft_tensor *step, deft_opt_split *out) {
     deft_optimizer *opt = step->p.optimizer;
     for (int i = 0; i < opt->n_params; i++) c->param_of[opt->params[i]->id] = i;
     deft_status s = deft_split_check(c, step);
+    if (s != DEFT_OK && c->per_bucket) {
+        for (int i = 0; i < opt->n_params; i++) c->param_of[opt->params[i]->id] = -1;
+        return DEFT_OK;
+    }
     deft_split_group *groups = malloc((size_t)opt->n_params * sizeof *groups);
     deft_tensor **pieces = malloc((size_t)opt->n_params * sizeof *pieces);
     int *firsts = malloc((size_t)opt->n_params * sizeof *firsts);
     if (s == DEFT_OK && (!groups || !pieces || !firsts))
         s = deft_set_error(DEFT_ERR_OOM, "compile: out of host memory for optimizer_in_backward");
     int n_groups = 0;
-    c->late_at = malloc(((size_t)opt->n_params + 1) * sizeof *c->late_at);
-    if (s == DEFT_OK && !c->late_at) s = deft_set_error(DEFT_ERR_OOM, "compile: out of host memory");
-    if (s == DEFT_OK) s = deft_split_ready(c, step);
+    if (s == DEFT_OK) s = deft_split_plan(c, step, groups, &n_groups);
     if (s == DEFT_OK) {
-        n_groups = deft_split_groups(c, opt, groups);
         for (int k = 0; k < n_groups; k++) firsts[k] = groups[k].first;
+        qsort(firsts, (size_t)n_groups, sizeof *firsts, deft_split_int_cmp);
         qsort(groups, (size_t)n_groups, sizeof *groups, deft_split_by_ready);
     }
     for (int k = 0; s == DEFT_OK && k < n_groups; k++) {
         deft_tensor *t = deft_split_piece_node(c, step, groups[k].first, groups[k].n);
         if (!t) s = c->g->first_error != DEFT_OK ? c->g->first_error : DEFT_ERR_OOM;
         else pieces[t->p.optimizer->part->first_param] = t;
+        if (t) deft_split_note(c, t, groups[k].ready);
     }
     for (int k = 0; s == DEFT_OK && k < n_groups; k++) pieces[k] = pieces[firsts[k]];
     deft_optimizer *fin = s == DEFT_OK ? deft_optimizer_finisher(opt, firsts, n_groups) : NULL;
@@ -214,6 +270,7 @@ static deft_status deft_split_step(deft_split_ctx *c, deft_tensor *step, deft_op
     if (s == DEFT_OK && !f) s = c->g->first_error != DEFT_OK ? c->g->first_error : DEFT_ERR_OOM;
     if (s == DEFT_OK) {
         f->p.optimizer = fin;
+        deft_split_note(c, f, -1);
         snprintf(f->name, sizeof f->name, "%.48s.finish", step->name);
         deft_split_own(f, step, c->owner);
         c->made[step->id] = f->id;
@@ -230,12 +287,32 @@ static deft_status deft_split_step(deft_split_ctx *c, deft_tensor *step, deft_op
     return s;
 }
 
+/* The optimizer steps among the outputs, each once. */
+static int deft_split_count_steps(const deft_split_ctx *c, deft_tensor *const *outputs, int n_outputs,
+                                  const int *redirect) {
+    int n = 0;
+    for (int i = 0; i < n_outputs; i++) {
+        const int id = deft_split_target(redirect, outputs[i]);
+        bool seen = false;
+        for (int j = 0; j < i; j++) seen |= deft_split_target(redirect, outputs[j]) == id;
+        n += !seen && c->g->nodes[id]->op == DEFT_OP_OPTIMIZER;
+    }
+    return n;
+}
+
+/* Per bucket, one step at most: two steps may read one gradient, which one bucket must hold (their pieces would
+ * then wait on each other's buckets); with several, every step stays whole. */
 static deft_status deft_split_outputs(deft_split_ctx *c, deft_tensor *const *outputs, int n_outputs,
                                       const int *redirect, const deft_compile_options *opts, deft_opt_split *out) {
     const bool scaled = opts && opts->autocast == DEFT_F16 && !opts->loss_scale.disable;
+    if (c->per_bucket && (scaled || deft_split_count_steps(c, outputs, n_outputs, redirect) != 1)) return DEFT_OK;
     for (int i = 0; i < n_outputs; i++) {
         deft_tensor *step = c->g->nodes[deft_split_target(redirect, outputs[i])];
         if (step->op != DEFT_OP_OPTIMIZER || step->p.optimizer->part || c->made[step->id] >= 0) continue;
+        if (c->per_bucket) {
+            c->bucket_of = malloc(((size_t)step->p.optimizer->n_params + 1) * sizeof *c->bucket_of);
+            if (!c->bucket_of) return deft_set_error(DEFT_ERR_OOM, "compile: out of host memory");
+        }
         if (scaled)
             return deft_set_error(DEFT_ERR_INVALID, "compile: optimizer_in_backward cannot run with f16 loss scaling: "
                                   "the step must see every gradient before it may skip an update (set "
@@ -246,9 +323,12 @@ static deft_status deft_split_outputs(deft_split_ctx *c, deft_tensor *const *out
     return DEFT_OK;
 }
 
-static deft_status deft_split_redirect(const deft_split_ctx *c, deft_tensor *const *outputs, int n_outputs,
+static deft_status deft_split_redirect(deft_split_ctx *c, deft_tensor *const *outputs, int n_outputs,
                                        const int *redirect, deft_opt_split *out) {
     out->n_after = c->g->n_nodes;
+    out->per_bucket = c->per_bucket;
+    out->bucket_of = c->bucket_of;
+    c->bucket_of = NULL;
     out->redirect = malloc((size_t)out->n_after * sizeof *out->redirect);
     if (!out->redirect) return deft_set_error(DEFT_ERR_OOM, "compile: out of host memory for optimizer_in_backward");
     for (int id = 0; id < out->n_after; id++) out->redirect[id] = -1;
@@ -265,7 +345,8 @@ deft_status deft_optimizer_split(deft_graph *g, deft_tensor *const *outputs, int
     *out = NULL;
     const size_t n = (size_t)(g->n_nodes ? g->n_nodes : 1);
     deft_split_ctx c = {g, g->n_nodes, owner, calloc(n, sizeof(bool)), malloc(n * sizeof(int)), malloc(n * sizeof(int)),
-                        calloc(n, sizeof(int)), 0, malloc(n * sizeof(int)), malloc(n * sizeof(int)), NULL, NULL};
+                        calloc(n, sizeof(int)), 0, malloc(n * sizeof(int)), malloc(n * sizeof(int)), NULL, NULL,
+                        deft_optimizer_split_per_bucket(opts), opts, NULL, 0};
     deft_opt_split *sp = calloc(1, sizeof *sp);
     deft_status s = DEFT_OK;
     if (!sp || !c.needed || !c.param_of || !c.ready || !c.seen || !c.stack || !c.made)
@@ -280,6 +361,7 @@ deft_status deft_optimizer_split(deft_graph *g, deft_tensor *const *outputs, int
     if (s != DEFT_OK && sp) deft_ckpt_truncate(g, sp->n_before);
     if (s != DEFT_OK || sp->n_steps == 0) {
         if (sp) free(sp->redirect);
+        if (sp) free(sp->bucket_of);
         free(sp);
         sp = NULL;
     }
@@ -289,6 +371,7 @@ deft_status deft_optimizer_split(deft_graph *g, deft_tensor *const *outputs, int
     free(c.seen);
     free(c.stack);
     free(c.made);
+    free(c.bucket_of);
     *out = sp;
     return s;
 }
@@ -297,5 +380,6 @@ void deft_opt_split_free(deft_graph *g, deft_opt_split *s) {
     if (!s) return;
     if (g && g->n_nodes == s->n_after) deft_ckpt_truncate(g, s->n_before);
     free(s->redirect);
+    free(s->bucket_of);
     free(s);
 }

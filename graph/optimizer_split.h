@@ -12,7 +12,13 @@
  * The schedule then moves each piece to just after the last step that produces one of its gradients or reads one of
  * its parameters (runtime/optimizer_place.c), so each gradient's buffer dies there. Like checkpointing's copies the
  * nodes belong to the program (ckpt_owner, role DEFT_CKPT_OPTIMIZER_PART), no user node reads them, and they leave
- * the graph with the program when they are its last nodes. */
+ * the graph with the program when they are its last nodes.
+ *
+ * Data parallel (the compile option dist, without dist_whole_step) splits too, unasked: one piece per gradient bucket
+ * (graph/grad_buckets.h; a bucket whose parameters are not consecutive in the flat storage gets one piece per run of
+ * them), made in bucket order, and left by the schedule after the backward pass (runtime/optimizer_place.c), where
+ * each piece waits for its own bucket's all-reduce alone (runtime/dist_program.c). There a step that cannot split
+ * stays whole, without an error. */
 #ifndef DEFT_OPTIMIZER_SPLIT_H
 #define DEFT_OPTIMIZER_SPLIT_H
 
@@ -23,7 +29,15 @@ typedef struct deft_opt_split {
     int *redirect;           /* n_after entries: for an output, the node the program computes it by, or -1 */
     int n_steps;             /* step nodes split */
     int n_pieces;            /* pieces made, over all of them */
+    bool per_bucket;         /* data parallel: pieces per gradient bucket, run after the backward pass */
+    int *bucket_of;          /* per_bucket: per node from n_before on, the bucket of a piece, or -1 */
 } deft_opt_split;
+
+/* Whether the options split optimizer steps per gradient bucket (dist, neither dist_whole_step nor
+ * optimizer_in_backward, which dist refuses). */
+static inline bool deft_optimizer_split_per_bucket(const deft_compile_options *o) {
+    return o && o->dist && !o->dist_whole_step && !o->optimizer_in_backward;
+}
 
 /* Splits the optimizer steps among outputs (each read through redirect[id] when redirect, checkpointing's, has an
  * entry >= 0 for it). DEFT_ERR_INVALID with a message when a step cannot be split: it accumulates micro-batches or

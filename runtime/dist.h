@@ -12,10 +12,6 @@
 #define DEFT_DIST_MAX_WORLD 1024          /* ranks in all */
 #define DEFT_DIST_ID_BYTES 128          /* NCCL_UNIQUE_ID_BYTES */
 #define DEFT_DIST_DEFAULT_TIMEOUT 300.0
-/* 8 MiB rather than DDP's 25: deft's steps are short, and the mid MLP's ran faster with 8 MiB buckets on an H200
- * pair and quad (0.646 and 0.690 ms) than with 1, 4 or 25 MiB (25: 0.674 and 0.748 ms), as the first all-reduce
- * starts sooner and the last one left after the backward pass is smaller. */
-#define DEFT_DIST_DEFAULT_BUCKET ((size_t)8 << 20)
 
 struct deft_program;
 
@@ -82,5 +78,9 @@ deft_status deft_ddp_after_step(struct deft_program *p, int step);
 deft_status deft_ddp_end_run(struct deft_program *p);
 /* Waits (with the deadline) for p's queued work. */
 deft_status deft_ddp_wait(struct deft_program *p);
+/* For tests: the replica's buckets in the order they were cut (the last completes last): their bytes and the step
+ * (index in p's steps) each joins back before, into bytes[0 .. max) and joins[0 .. max) (either may be NULL). Returns
+ * the number of buckets, -1 when p is not a replica. */
+int deft_ddp_bucket_layout(const struct deft_program *p, size_t *bytes, int *joins, int max);
 
 #endif

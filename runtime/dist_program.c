@@ -1,7 +1,9 @@
 /* A data parallel replica: the gradients its optimizers read, cut into buckets in the order the backward pass
- * produces them, each all-reduced (averaged over the ranks) on a communication stream right after the step that
- * produces its last gradient, and joined back into the program's stream just before the first step that reads one
- * of them (the optimizer's). Between the two the backward pass goes on: no step there reads or writes a bucket's
+ * produces them (graph/grad_buckets.h), each all-reduced (averaged over the ranks) on a communication stream right
+ * after the step that produces its last gradient, and joined back into the program's stream just before the first
+ * step that reads one of them: the optimizer's piece for that bucket (graph/optimizer_split.h; the pieces run after
+ * the backward pass, in bucket order, so the earlier buckets' updates overlap the last all-reduce), or the whole
+ * step, which then waits for every bucket. Between the two the backward pass goes on: no step there reads or writes a bucket's
  * gradients (the planner keeps each gradient's buffer until its last reader, which comes at or after the join), so
  * the in-place all-reduce overlaps it safely. Fork and join are events, which a CUDA Graph capture records as
  * edges: the whole step, collectives included, is one graph. */
@@ -9,6 +11,9 @@
 #include <string.h>
 
 #include "dist.h"
+#include "grad_buckets.h"
+#include "optimizer.h"
+#include "optimizer_split.h"
 #include "program_state.h"
 
 typedef struct deft_ddp_bucket {
@@ -26,7 +31,8 @@ typedef struct deft_ddp {
     int local, device;
     void *stream;             /* the communication stream */
     int n_grads;
-    int *grads;               /* node ids of the gradients, in the order they become ready */
+    int *grads;               /* node ids of the gradients, bucket by bucket */
+    int *key;                 /* per gradient, its bucket's key (collected: one bucket per run of equal keys) */
     int *ready;               /* per gradient, the step producing it */
     void **data;
     size_t *count;
@@ -47,34 +53,52 @@ static bool deft_ddp_has_grad(const deft_ddp *dd, int id) {
     return false;
 }
 
-/* The gradients every optimizer step of p reads (each once), sorted by the step producing them. */
-static deft_status deft_ddp_collect(deft_program *p, deft_ddp *dd) {
+/* Appends gradient id to the bucket of `key`, unless an earlier bucket holds it (two steps reading one gradient). */
+static void deft_ddp_add(const deft_program *p, deft_ddp *dd, int id, int key) {
+    if (deft_ddp_has_grad(dd, id)) return;
+    dd->grads[dd->n_grads] = id;
+    dd->key[dd->n_grads] = key;
+    dd->ready[dd->n_grads++] = deft_ddp_step_of(p, id);
+}
+
+/* A whole step's gradients, in its buckets (graph/grad_buckets.h); each bucket's key is new and negative. */
+static deft_status deft_ddp_add_whole(const deft_program *p, deft_ddp *dd, const deft_tensor *t,
+                                      const deft_compile_options *o, int *next_key) {
+    deft_grad_buckets gb;
+    deft_status s = deft_grad_buckets_cut(t, o, &gb);
+    for (int b = 0; s == DEFT_OK && b < gb.n_buckets; b++, --*next_key)
+        for (int j = gb.first[b]; j < gb.first[b + 1]; j++) deft_ddp_add(p, dd, t->src[gb.order[j]]->id, *next_key);
+    deft_grad_buckets_free(&gb);
+    return s;
+}
+
+/* The gradients the optimizer steps of p read, bucket by bucket: a piece's (per bucket, graph/optimizer_split.h) in
+ * its bucket, keyed by it (a bucket's pieces run one after another); a whole step's cut as the split would cut it. */
+static deft_status deft_ddp_collect(deft_program *p, deft_ddp *dd, const deft_compile_options *o) {
     int cap = 0;
     for (int i = 0; i < p->n_steps; i++) {
         const deft_tensor *t = p->graph->nodes[p->steps[i]];
-        if (t->op == DEFT_OP_OPTIMIZER) cap += t->nsrc;
+        if (t->op == DEFT_OP_OPTIMIZER && !(t->p.optimizer->part && t->p.optimizer->part->finisher)) cap += t->nsrc;
     }
     if (cap == 0)
         return deft_set_error(DEFT_ERR_INVALID, "data parallel: the program runs no optimizer step; compile the "
                               "optimizer's step (deft_optimizer_step) together with the loss");
     dd->grads = malloc((size_t)cap * sizeof *dd->grads);
+    dd->key = malloc((size_t)cap * sizeof *dd->key);
     dd->ready = malloc((size_t)cap * sizeof *dd->ready);
-    if (!dd->grads || !dd->ready) return deft_set_error(DEFT_ERR_OOM, "data parallel: out of host memory");
-    for (int i = 0; i < p->n_steps; i++) {
+    if (!dd->grads || !dd->key || !dd->ready) return deft_set_error(DEFT_ERR_OOM, "data parallel: out of host memory");
+    int next_key = -1;
+    deft_status s = DEFT_OK;
+    for (int i = 0; s == DEFT_OK && i < p->n_steps; i++) {
         const deft_tensor *t = p->graph->nodes[p->steps[i]];
-        for (int k = 0; t->op == DEFT_OP_OPTIMIZER && k < t->nsrc; k++)
-            if (!deft_ddp_has_grad(dd, t->src[k]->id)) dd->grads[dd->n_grads++] = t->src[k]->id;
+        if (t->op != DEFT_OP_OPTIMIZER) continue;
+        const deft_optimizer_part *part = t->p.optimizer->part;
+        if (!part) s = deft_ddp_add_whole(p, dd, t, o, &next_key);
+        else if (!part->finisher && p->split && p->split->per_bucket)
+            for (int k = 0; k < t->nsrc; k++)
+                deft_ddp_add(p, dd, t->src[k]->id, p->split->bucket_of[t->id - p->split->n_before]);
     }
-    for (int i = 0; i < dd->n_grads; i++) dd->ready[i] = deft_ddp_step_of(p, dd->grads[i]);
-    for (int i = 1; i < dd->n_grads; i++)   /* insertion sort by ready step, stable */
-        for (int j = i; j > 0 && dd->ready[j] < dd->ready[j - 1]; j--) {
-            int r = dd->ready[j], g = dd->grads[j];
-            dd->ready[j] = dd->ready[j - 1];
-            dd->grads[j] = dd->grads[j - 1];
-            dd->ready[j - 1] = r;
-            dd->grads[j - 1] = g;
-        }
-    return DEFT_OK;
+    return s;
 }
 
 /* Whether step i reads a gradient of bucket b (any member of its fused group counts). */
@@ -93,8 +117,9 @@ static bool deft_ddp_step_reads(const deft_program *p, const deft_ddp *dd, const
     return false;
 }
 
-/* Consecutive gradients (in ready order) up to `limit` bytes a bucket; one larger than that is a bucket alone. */
-static deft_status deft_ddp_cut(deft_program *p, deft_ddp *dd, size_t limit) {
+/* One bucket per run of gradients of one key; it is all-reduced after the step producing its last gradient and
+ * joined before the first later step reading one of them. */
+static deft_status deft_ddp_cut(deft_program *p, deft_ddp *dd) {
     dd->buckets = calloc((size_t)dd->n_grads, sizeof *dd->buckets);
     dd->data = malloc((size_t)dd->n_grads * sizeof *dd->data);
     dd->count = malloc((size_t)dd->n_grads * sizeof *dd->count);
@@ -103,15 +128,14 @@ static deft_status deft_ddp_cut(deft_program *p, deft_ddp *dd, size_t limit) {
         return deft_set_error(DEFT_ERR_OOM, "data parallel: out of host memory");
     for (int i = 0; i < dd->n_grads; i++) {
         const deft_tensor *t = p->graph->nodes[dd->grads[i]];
-        const size_t bytes = deft_tensor_bytes(t);
         deft_ddp_bucket *b = dd->n_buckets ? &dd->buckets[dd->n_buckets - 1] : NULL;
-        if (!b || (b->bytes + bytes > limit && b->n > 0)) {
+        if (!b || dd->key[i] != dd->key[i - 1]) {
             b = &dd->buckets[dd->n_buckets++];
-            b->first = i;
+            *b = (deft_ddp_bucket){.ready = -1, .first = i};
         }
         b->n++;
-        b->bytes += bytes;
-        b->ready = dd->ready[i];
+        b->bytes += deft_tensor_bytes(t);
+        if (dd->ready[i] > b->ready) b->ready = dd->ready[i];
         dd->data[i] = deft_program_data(p, dd->grads[i]);
         dd->count[i] = (size_t)deft_shape_numel(t->ndim, t->shape);
         dd->dtype[i] = t->dtype;
@@ -124,6 +148,16 @@ static deft_status deft_ddp_cut(deft_program *p, deft_ddp *dd, size_t limit) {
             if (deft_ddp_step_reads(p, dd, b, i)) b->join = i;
     }
     return DEFT_OK;
+}
+
+int deft_ddp_bucket_layout(const deft_program *p, size_t *bytes, int *joins, int max) {
+    const deft_ddp *dd = p ? p->ddp : NULL;
+    if (!dd) return -1;
+    for (int k = 0; k < dd->n_buckets && k < max; k++) {
+        if (bytes) bytes[k] = dd->buckets[k].bytes;
+        if (joins) joins[k] = dd->buckets[k].join;
+    }
+    return dd->n_buckets;
 }
 
 static deft_status deft_ddp_check(const deft_program *p, const deft_compile_options *o) {
@@ -155,8 +189,8 @@ deft_status deft_ddp_attach(deft_program *p, const deft_compile_options *o) {
     if (!dd) return deft_set_error(DEFT_ERR_OOM, "data parallel: out of host memory");
     *dd = (deft_ddp){.dist = o->dist, .local = o->dist_local, .device = o->dist->device[o->dist_local]};
     p->ddp = dd;
-    s = deft_ddp_collect(p, dd);
-    if (s == DEFT_OK) s = deft_ddp_cut(p, dd, o->bucket_bytes ? o->bucket_bytes : DEFT_DIST_DEFAULT_BUCKET);
+    s = deft_ddp_collect(p, dd, o);
+    if (s == DEFT_OK) s = deft_ddp_cut(p, dd);
     if (s == DEFT_OK) s = deft_nccl_stream_new(dd->device, &dd->stream);
     for (int k = 0; s == DEFT_OK && k < dd->n_buckets; k++) {
         s = deft_nccl_event_new(dd->device, &dd->buckets[k].fork);
@@ -174,6 +208,7 @@ void deft_ddp_free(deft_program *p) {
     }
     deft_nccl_stream_free(dd->device, dd->stream);
     free(dd->grads);
+    free(dd->key);
     free(dd->ready);
     free(dd->data);
     free(dd->count);

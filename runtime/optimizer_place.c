@@ -4,6 +4,7 @@
 
 #include "optimizer.h"
 #include "optimizer_place.h"
+#include "optimizer_split.h"
 #include "program_state.h"
 
 static bool deft_is_piece(const deft_tensor *t) {
@@ -57,8 +58,29 @@ static void deft_reorder(const deft_program *p, const int *anchor, int *head, in
     }
 }
 
+/* Per bucket (data parallel): the pieces and the finisher after every other step, in their order (the buckets'),
+ * so that no step of the backward pass waits behind a piece for its bucket's all-reduce. A piece may move later:
+ * nothing but the finisher reads it, and no other step reads its parameters after the optimizer's step (the split
+ * checks that). */
+static deft_status deft_parts_last(deft_program *p, bool *moved) {
+    int *order = malloc((size_t)(p->n_steps ? p->n_steps : 1) * sizeof *order);
+    if (!order) return deft_set_error(DEFT_ERR_OOM, "compile: out of host memory");
+    int n = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < p->n_steps; i++) {
+            const deft_tensor *t = p->graph->nodes[p->steps[i]];
+            const bool part = t->op == DEFT_OP_OPTIMIZER && t->p.optimizer->part;
+            if (part == (pass == 1)) order[n++] = p->steps[i];
+        }
+    *moved = memcmp(order, p->steps, (size_t)p->n_steps * sizeof *order) != 0;
+    memcpy(p->steps, order, (size_t)p->n_steps * sizeof *order);
+    free(order);
+    return DEFT_OK;
+}
+
 deft_status deft_program_place_parts(deft_program *p, bool *moved) {
     *moved = false;
+    if (p->split && p->split->per_bucket) return deft_parts_last(p, moved);
     const size_t n_steps = (size_t)(p->n_steps ? p->n_steps : 1);
     int *last = malloc((size_t)(p->n_nodes ? p->n_nodes : 1) * sizeof *last);
     int *scratch = malloc(4 * n_steps * sizeof *scratch);

@@ -393,12 +393,13 @@ typedef struct deft_trial_ctx {
     const deft_compile_options *opts;
 } deft_trial_ctx;
 
-/* Optimizer in backward, when asked for: the split of the steps among the outputs (each read through redirect). */
+/* Optimizer in backward, when asked for, or data parallel's pieces per bucket: the split of the steps among the
+ * outputs (each read through redirect). */
 static deft_status deft_split_steps(deft_graph *g, deft_tensor *const *outputs, int n_outputs,
                                     const deft_compile_options *opts, const int *redirect, const deft_program *owner,
                                     deft_opt_split **out) {
     *out = NULL;
-    if (!opts || !opts->optimizer_in_backward) return DEFT_OK;
+    if (!opts || !(opts->optimizer_in_backward || deft_optimizer_split_per_bucket(opts))) return DEFT_OK;
     return deft_optimizer_split(g, outputs, n_outputs, redirect, opts, owner, out);
 }
 

@@ -3,6 +3,10 @@
  *   replicas of batch B each equals the same MLP trained on one GPU with the batch 2B (the two halves), within
  *   tolerance; the two replicas hold bit-identical parameters after every step; the replicas replay a CUDA Graph and
  *   equal eagerly run ones (no_cuda_graphs); small buckets (several per step) give the same parameters as one bucket;
+ * - the optimizer's update in pieces per bucket (the default) gives bit-identical parameters to the one-node step
+ *   (dist_whole_step) after STEPS steps, on one rank (needs one GPU only) and on two, with one bucket and several;
+ *   the bucket layout: the last bucket is one gradient (last_bucket_bytes), each bucket joins at its own piece, the
+ *   pieces after the backward pass in bucket order (with dist_whole_step every bucket joins at the one step);
  * - misuse: a local replica run alone, a replica on the wrong GPU, optimizer_in_backward, dist_local out of range;
  * - two processes (this executable run again with --child) meeting through a file rendezvous train the same way and
  *   end bit-identical and equal to the one-GPU run; when rank 1 dies after joining, rank 0's read fails with
@@ -14,6 +18,9 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "dist.h"             /* deft_ddp_bucket_layout */
+#include "optimizer.h"
+#include "optimizer_split.h"
 #include "program_state.h"   /* deft_compile_into: the status of a compile */
 
 static double now_s(void) {
@@ -170,6 +177,15 @@ static void test_local(const float *ref, size_t n) {
     const double ge = max_rel_diff(graphs, eager, n), gs = max_rel_diff(graphs, small, n);
     printf("graph vs eager: max relative difference %g; one bucket vs 64 KiB buckets: %g\n", ge, gs);
     CHECK(ge < 1e-6 && gs < 1e-6);
+    /* The pieces per bucket against the one-node step: the same bits, with one bucket and with several. */
+    float *whole = malloc(n * sizeof *whole);
+    train_local(d, ref, n, &(deft_compile_options){.dist_whole_step = 1}, "local, whole step", whole);
+    CHECK_MSG(memcmp(graphs, whole, n * sizeof *whole) == 0, "2 ranks: pieces per bucket and the whole step differ");
+    train_local(d, ref, n, &(deft_compile_options){.bucket_bytes = 64 << 10, .dist_whole_step = 1},
+                "local, 64 KiB buckets, whole step", whole);
+    CHECK_MSG(memcmp(small, whole, n * sizeof *whole) == 0,
+              "2 ranks, 64 KiB buckets: pieces per bucket and the whole step differ");
+    free(whole);
     free(graphs);
     free(eager);
     free(small);
@@ -200,6 +216,70 @@ static void test_local(const float *ref, size_t n) {
     o.optimizer_in_backward = 0;
     CHECK_ERR(deft_compile_into(g, &loss, 1, &o, &bad), DEFT_ERR_INVALID, "no optimizer step");
     deft_graph_free(g);
+    deft_dist_free(d);
+}
+
+/* ---- one rank (one GPU) ---- */
+
+/* The buckets of a compiled replica: as many as the split's pieces, the last one fc0's weight alone, each joined at
+ * its own piece (whole: all at the one step), the pieces after every other step. */
+static void check_layout(const mlp *m, bool whole) {
+    size_t bytes[64];
+    int joins[64];
+    const deft_program *p = m->p;
+    const int nb = deft_ddp_bucket_layout(p, bytes, joins, 64);
+    CHECK_MSG(nb >= 3 && nb <= 64, "%d buckets", nb);
+    if (nb < 3 || nb > 64) return;
+    printf("%s: %d buckets, the last %zu bytes\n", whole ? "whole step" : "pieces", nb, bytes[nb - 1]);
+    CHECK_MSG(bytes[nb - 1] == (size_t)WIDTH * WIDTH * sizeof(float), "the last bucket has %zu bytes", bytes[nb - 1]);
+    CHECK(whole == (p->split == NULL));
+    if (whole) {
+        for (int k = 0; k < nb; k++) CHECK(joins[k] == joins[0] && joins[k] < p->n_steps);
+        return;
+    }
+    CHECK(p->split->per_bucket && p->split->n_pieces == nb);
+    int first_piece = p->n_steps;
+    for (int i = p->n_steps - 1; i >= 0; i--)
+        if (p->graph->nodes[p->steps[i]]->op == DEFT_OP_OPTIMIZER) first_piece = i;
+    CHECK_MSG(first_piece == p->n_steps - nb - 1, "the pieces start at step %d of %d", first_piece, p->n_steps);
+    for (int k = 0; k < nb; k++) {
+        const deft_tensor *t = p->graph->nodes[p->steps[joins[k]]];
+        CHECK_MSG(t->op == DEFT_OP_OPTIMIZER && t->p.optimizer->part && !t->p.optimizer->part->finisher &&
+                      p->split->bucket_of[t->id - p->split->n_before] == k && joins[k] == first_piece + k,
+                  "bucket %d joins at step %d (%s)", k, joins[k], t->name);
+    }
+}
+
+/* One rank: pieces per bucket and the whole step train to the same bits (a replica of one rank runs alone). */
+static void test_one_rank(void) {
+    deft_dist *d = NULL;
+    CHECK_OK(deft_dist_init_local(1, 60, &d));
+    if (!d) return;
+    const deft_compile_options small = {.dist = d, .bucket_bytes = 64 << 10, .last_bucket_bytes = 16 << 10};
+    mlp m[2];
+    float *params[2] = {NULL, NULL};
+    for (int w = 0; w < 2; w++) {
+        deft_compile_options o = small;
+        o.dist_whole_step = w;
+        if (!mlp_build(&m[w], deft_dist_device(d, 0), B, &o)) continue;
+        check_layout(&m[w], w);
+        for (int s = 0; s < STEPS; s++) {
+            mlp_feed(&m[w], s, 0, B);
+            CHECK_OK(deft_program_run(m[w].p));
+        }
+        float norm;
+        CHECK_OK(deft_program_read(m[w].p, m[w].step, &norm, sizeof norm));
+        CHECK_MSG(isfinite(norm) && norm > 0, "the step's norm %g", norm);
+        params[w] = malloc(mlp_param_floats(&m[w]) * sizeof(float));
+        mlp_params(&m[w], params[w]);
+    }
+    if (params[0] && params[1])
+        CHECK_MSG(memcmp(params[0], params[1], mlp_param_floats(&m[0]) * sizeof(float)) == 0,
+                  "1 rank: pieces per bucket and the whole step differ after %d steps", STEPS);
+    for (int w = 0; w < 2; w++) {
+        free(params[w]);
+        deft_graph_free(m[w].g);
+    }
     deft_dist_free(d);
 }
 
@@ -295,9 +375,14 @@ static void test_processes(const char *self, const float *ref, size_t n) {
 
 int main(int argc, char **argv) {
     if (argc == 5 && strcmp(argv[1], "--child") == 0) return child_main(atoi(argv[2]), argv[3], argv[4]);
-    if (!deft_has_nccl_build() || deft_cuda_device_count() < 2) {
-        printf("skipped: needs NCCL and 2 GPUs\n");
+    if (!deft_has_nccl_build() || deft_cuda_device_count() < 1) {
+        printf("skipped: needs NCCL and a GPU\n");
         return 77;
+    }
+    test_one_rank();
+    if (deft_cuda_device_count() < 2) {
+        printf("the tests of 2 ranks skipped: needs 2 GPUs\n");
+        return deft_check_finish();
     }
     size_t n = 0;
     float *ref = reference(&n);
