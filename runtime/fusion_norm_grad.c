@@ -11,8 +11,16 @@
  * whoever reads them: dx reads them from memory. y now lives until that step instead of until the ReLU's gradient;
  * a buffer of its size is what the masked gradient no longer takes. */
 #include <stdlib.h>
+#include <string.h>
 
 #include "fusion_internal.h"
+
+/* DEFT_FOLD_RELU_GRAD=0 leaves every ReLU gradient its own kernel: what folding gives can then be measured, and
+ * compared bit for bit, with everything else fused as usual. */
+static bool deft_fold_relu_grad_off(void) {
+    const char *v = getenv("DEFT_FOLD_RELU_GRAD");
+    return v && strcmp(v, "0") == 0;
+}
 
 static const deft_tensor *deft_ng_node(const deft_fusion *f, int id) { return f->p->graph->nodes[id]; }
 
@@ -80,6 +88,7 @@ static deft_status deft_norm_grad_group(deft_fusion *f, int mask) {
 
 deft_status deft_fuse_norm_grads(deft_fusion *f) {
     deft_status s = DEFT_OK;
+    if (deft_fold_relu_grad_off()) return s;
     for (int i = 0; s == DEFT_OK && i < f->p->n_steps; i++) s = deft_norm_grad_group(f, f->p->steps[i]);
     return s;
 }
