@@ -6,7 +6,10 @@
  * fusion and with no_fusion and run three times (eager, captured, replayed): every output and gradient must be the
  * same bytes, with the fast kernels and with the plain ones (DEFT_BN_REFERENCE=1), and the folded ReLU gradients
  * must not be stored. Where the ReLU's gradient has another reader (an output, an op, a residual's gradient) it
- * must not fold, and the results must still match. Skips (exit 77) where no GPU works. */
+ * must not fold, and the results must still match. A small ResNet (examples/resnet18.h) trained a few steps, as
+ * CUDA Graph replays, in f32 (NCHW, NHWC) and under bf16 autocast, ends with the same loss, parameters and running
+ * statistics, byte for byte, with its three foldable ReLU gradients folded and with DEFT_FOLD_RELU_GRAD=0.
+ * Skips (exit 77) where no GPU works. */
 #define _POSIX_C_SOURCE 200112L /* setenv */
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +18,8 @@
 #include "program_internal.h"
 #include "program_state.h"
 #include "ref.h"
+
+#include "../examples/resnet18.h"
 
 static deft_device GPU;
 static uint64_t rng = 0x6e0f1d5b2c93a7ull;
@@ -172,6 +177,88 @@ static void ng_check(const ng_case *k, int reference) {
     ng_free(&plain);
 }
 
+/* ---- a small ResNet, folding against DEFT_FOLD_RELU_GRAD=0 ---- */
+enum { RN_IMAGE = 8, RN_CLASSES = 4, RN_BATCH = 16, RN_STEPS = 4 };
+
+typedef struct rn_run {
+    float loss[RN_STEPS];
+    deft_graph *g;
+    int folded;
+} rn_run;
+
+static void rn_batch(uint64_t seed, float *x, int32_t *y) {
+    uint64_t r = seed;
+    for (int i = 0; i < RN_BATCH * 3 * RN_IMAGE * RN_IMAGE; i++) x[i] = (float)ref_unif(&r, -1.0, 1.0);
+    for (int i = 0; i < RN_BATCH; i++) y[i] = (int32_t)(ref_next(&r) % RN_CLASSES);
+}
+
+/* Trains the small net RN_STEPS steps on cuda:0 (the graph kept in out->g for the parameters). */
+static void rn_train(deft_layout layout, deft_dtype autocast, int fold, rn_run *out) {
+    const resnet_config c = {RN_CLASSES, 8, 2, {1, 1}, 0, layout};
+    const deft_sgd_options sgd = {.lr = 0.05, .momentum = 0.9, .weight_decay = 1e-4};
+    resnet_train t = {0};
+    memset(out, 0, sizeof *out);
+    deft_status s = resnet_train_build(&t, &c, RN_BATCH, 0, RN_IMAGE, GPU, &sgd, 11);
+    out->g = t.g;
+    CHECK_MSG(s == DEFT_OK, "resnet build: %s", deft_errmsg());
+    if (s != DEFT_OK) return;
+    setenv("DEFT_FOLD_RELU_GRAD", fold ? "1" : "0", 1);
+    deft_compile_options co = {0};
+    co.autocast = autocast;
+    deft_program *p = deft_compile(t.g, (deft_tensor *[]){t.loss, t.step}, 2, &co);
+    unsetenv("DEFT_FOLD_RELU_GRAD");
+    CHECK_MSG(p != NULL, "resnet compile: %s", deft_errmsg());
+    if (!p) return;
+    float x[RN_BATCH * 3 * RN_IMAGE * RN_IMAGE];
+    int32_t y[RN_BATCH];
+    for (int step = 0; step < RN_STEPS; step++) {
+        rn_batch(500 + (uint64_t)step, x, y);
+        CHECK_OK(deft_program_feed(p, t.x, x, sizeof x));
+        CHECK_OK(deft_program_feed(p, t.y, y, sizeof y));
+        CHECK_OK(deft_program_run(p));
+        CHECK_OK(deft_program_read(p, t.loss, &out->loss[step], sizeof out->loss[step]));
+    }
+    CHECK_MSG(deft_program_graph_replays(p) >= RN_STEPS - 2, "%lld replays in %d steps: %s",
+              (long long)deft_program_graph_replays(p), RN_STEPS, deft_program_graph_status(p));
+    out->folded = ng_folded(p, t.g);
+}
+
+/* Every parameter (running statistics included) of a and b, built alike, byte for byte. */
+static void rn_same_params(const deft_graph *a, const deft_graph *b, const char *what) {
+    for (int id = 0; id < a->n_nodes && id < b->n_nodes; id++) {
+        const deft_tensor *u = a->nodes[id], *v = b->nodes[id];
+        if (u->op != DEFT_OP_PARAM) continue;
+        const size_t n = deft_tensor_nbytes(u);
+        void *x = malloc(n), *y = malloc(n);
+        CHECK(x && y && v->op == DEFT_OP_PARAM && deft_tensor_nbytes(v) == n);
+        if (x && y && v->op == DEFT_OP_PARAM && deft_tensor_nbytes(v) == n) {
+            CHECK_OK(deft_param_get(u, x, n));
+            CHECK_OK(deft_param_get(v, y, n));
+            CHECK_MSG(!memcmp(x, y, n), "%s: parameter %s differs folded / not folded", what, u->name);
+        }
+        free(x);
+        free(y);
+    }
+}
+
+static void rn_check(deft_layout layout, deft_dtype autocast) {
+    char what[64];
+    snprintf(what, sizeof what, "resnet %s %s", layout == DEFT_NHWC ? "NHWC" : "NCHW",
+             autocast ? deft_dtype_name(autocast) : "f32");
+    rn_run folded, kept;
+    rn_train(layout, autocast, 1, &folded);
+    rn_train(layout, autocast, 0, &kept);
+    /* The stem's ReLU and each block's first: the blocks' last ReLUs also feed the shortcut's gradient. */
+    CHECK_MSG(folded.folded == 3, "%s: %d ReLU gradients folded, want 3", what, folded.folded);
+    CHECK_MSG(kept.folded == 0, "%s: DEFT_FOLD_RELU_GRAD=0 folded %d", what, kept.folded);
+    for (int s = 0; s < RN_STEPS; s++)
+        CHECK_MSG(!memcmp(&folded.loss[s], &kept.loss[s], sizeof(float)), "%s: step %d loss %.9g folded, %.9g not",
+                  what, s, folded.loss[s], kept.loss[s]);
+    if (folded.g && kept.g) rn_same_params(folded.g, kept.g, what);
+    deft_graph_free(folded.g);
+    deft_graph_free(kept.g);
+}
+
 int main(void) {
     if (!deft_test_gpu(&GPU)) return 77;
     if (GPU.type != DEFT_CUDA) {
@@ -205,5 +292,9 @@ int main(void) {
         ng_check(&extra[i], 0);
         ng_check(&extra[i], 1);
     }
+    setenv("DEFT_BN_REFERENCE", "0", 1);
+    rn_check(DEFT_NCHW, DEFT_F32);
+    rn_check(DEFT_NHWC, DEFT_F32);
+    rn_check(DEFT_NHWC, DEFT_BF16);
     return deft_check_finish();
 }
