@@ -212,8 +212,9 @@ typedef struct deft_compile_options {
     int no_cuda_graphs;        /* 1: run every step eagerly, never as a CUDA Graph replay (for debugging) */
     int tf32;                  /* 1: f32 matmuls on a GPU may use TF32 tensor cores (10-bit mantissa products, f32
                                 * accumulation), as torch.backends.cuda.matmul.allow_tf32; the CPU is unaffected */
-    int no_fusion;             /* 1: every node runs as its own kernel (no fused elementwise chains or matmul
-                                * epilogues), for debugging and for measuring what fusion gives */
+    int no_fusion;             /* 1: every node runs as its own kernel (no fused elementwise chains, matmul or batch
+                                * norm epilogues, or ReLU gradients folded into batch norm's backward), for
+                                * debugging and for measuring what fusion gives */
     int checkpoint;            /* a deft_checkpoint_policy: which forward values to drop and recompute (below) */
     int checkpoint_segments;   /* DEFT_CHECKPOINT_SEGMENTS: the number of segments; 0: sqrt(forward matmuls and convs) */
     /* Mixed precision, as torch.autocast: DEFT_BF16 or DEFT_F16; 0 (DEFT_F32) is off and compiles the graph as built.

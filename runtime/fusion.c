@@ -3,7 +3,8 @@
  *   matmul groups   a matmul and the bias add (and ReLU) after it, as one cuBLASLt call with an epilogue; or a
  *                   matmul and the sum over the rows of its second operand (a bias gradient), which cuBLASLt computes
  *                   while it reads that operand
- *   batch norm      a normalisation and the add and ReLU after it (runtime/fusion_norm.c)
+ *   batch norm      a normalisation and the add and ReLU after it (runtime/fusion_norm.c); its backward nodes
+ *                   and the ReLU gradient they read, masked on load (runtime/fusion_norm_grad.c)
  *   casts           the casts of parameters and constants to one dtype (autocast's weights), in one launch
  *                   (runtime/fusion_casts.c)
  *   elementwise     a chain of same-shape elementwise nodes in f32, bf16 or f16, casts between them included
@@ -98,8 +99,7 @@ void deft_group_join(deft_fusion *f, int gi, int id) {
     f->group_of[id] = gi;
 }
 
-/* Whether every reader of group gi's members outside it (`joining` counting as inside) comes after step `at`. */
-static bool deft_readers_after(const deft_fusion *f, int gi, int joining, int at) {
+bool deft_readers_after(const deft_fusion *f, int gi, int joining, int at) {
     const deft_group *g = &f->p->groups[gi];
     for (int m = 0; m < g->n_members; m++) {
         const int u = g->members[m];
@@ -408,8 +408,11 @@ static deft_status deft_finish_group(deft_fusion *f, int gi) {
     g->stores = malloc((size_t)g->n_members * sizeof *g->stores);
     g->inputs = malloc((size_t)(DEFT_FUSED_MAX_INPUTS + 2) * sizeof *g->inputs);
     if (!g->stores || !g->inputs) return deft_set_error(DEFT_ERR_OOM, "compile: out of host memory");
+    /* Batch norm's backward kernels each write their value whoever reads it: dx reads the sums from memory. */
+    const bool all_but_mask = g->kind == DEFT_GROUP_NORM_GRAD;
     for (int m = 0; m < g->n_members; m++)
-        if (g->members[m] != g->reduce && deft_read_outside(f, gi, g->members[m]))
+        if (g->members[m] != g->reduce &&
+            (deft_read_outside(f, gi, g->members[m]) || (all_but_mask && g->members[m] != g->mask)))
             g->stores[g->n_stores++] = g->members[m];
     if (g->reduce >= 0) g->stores[g->n_stores++] = g->reduce;
     if (g->kind != DEFT_GROUP_ELEMENTWISE) return DEFT_OK;
@@ -464,6 +467,7 @@ deft_status deft_program_fuse(deft_program *p) {
     deft_status s = deft_fusion_index(&f);
     if (s == DEFT_OK) s = deft_fuse_matmuls(&f);
     if (s == DEFT_OK) s = deft_fuse_norm_epilogues(&f);
+    if (s == DEFT_OK) s = deft_fuse_norm_grads(&f);
     if (s == DEFT_OK) s = deft_fuse_leaf_casts(&f);
     if (s == DEFT_OK) s = deft_fuse_elementwise(&f);
     if (s == DEFT_OK) s = deft_fusion_commit(&f);

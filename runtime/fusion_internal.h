@@ -21,9 +21,15 @@ bool deft_is_step(const deft_fusion *f, int id);
  * DEFT_FUSED_MAX_OPS. */
 deft_group *deft_group_add(deft_fusion *f, deft_group_kind kind);
 void deft_group_join(deft_fusion *f, int gi, int id);
+/* Whether every reader of group gi's members outside it (`joining` counting as inside; -1 for none) comes after
+ * step `at`. */
+bool deft_readers_after(const deft_fusion *f, int gi, int joining, int at);
 
 /* Batch norm groups (runtime/fusion_norm.c), formed before the elementwise chains so that these take what is left. */
 deft_status deft_fuse_norm_epilogues(deft_fusion *f);
+
+/* Batch norm's backward nodes with the ReLU gradient they read folded in (runtime/fusion_norm_grad.c). */
+deft_status deft_fuse_norm_grads(deft_fusion *f);
 
 /* Groups of casts of parameters and constants (runtime/fusion_casts.c). */
 deft_status deft_fuse_leaf_casts(deft_fusion *f);

@@ -40,6 +40,28 @@ static deft_status deft_run_norm(deft_program *p, const deft_group *g, void *str
     return deft_cuda_batch_norm_epilogue(bn, deft_program_data(p, g->root), in, residual, g->relu, stream);
 }
 
+/* The backward nodes of the batch norm, the sums first (dx reads them), each reading the ReLU's incoming gradient and
+ * output in place of the masked gradient, which is never stored. */
+static deft_status deft_run_norm_grad(deft_program *p, const deft_group *g, void *stream) {
+    const deft_tensor *mask = p->graph->nodes[g->mask];
+    const void *relu_out = deft_program_data(p, mask->src[1]->id);
+    const deft_op order[2] = {DEFT_OP_BATCH_NORM_WEIGHT_GRAD, DEFT_OP_BATCH_NORM_GRAD};
+    deft_status s = DEFT_OK;
+    for (int o = 0; o < 2; o++) {
+        for (int m = 0; s == DEFT_OK && m < g->n_members; m++) {
+            const deft_tensor *n = p->graph->nodes[g->members[m]];
+            const void *in[5];   /* dx reads dy, x, its statistics, the sums and its weight */
+            if (n->op != order[o]) continue;
+            if (n->nsrc > 5)
+                return deft_set_error(DEFT_ERR_INVALID, "%s: batch norm grad with %d inputs", n->name, n->nsrc);
+            in[0] = deft_program_data(p, mask->src[0]->id);
+            for (int k = 1; k < n->nsrc; k++) in[k] = deft_program_data(p, n->src[k]->id);
+            s = deft_cuda_batch_norm_grad_masked(n, deft_program_data(p, n->id), in, relu_out, stream);
+        }
+    }
+    return s;
+}
+
 static deft_status deft_run_casts(deft_program *p, const deft_group *g, void *stream) {
     const deft_tensor *casts[DEFT_CASTS_MAX];
     void *out[DEFT_CASTS_MAX];
@@ -63,6 +85,7 @@ deft_status deft_group_run(deft_program *p, const deft_group *g, void *stream) {
     case DEFT_GROUP_ELEMENTWISE: return deft_run_elementwise(p, g, stream);
     case DEFT_GROUP_NORM: return deft_run_norm(p, g, stream);
     case DEFT_GROUP_CASTS: return deft_run_casts(p, g, stream);
+    case DEFT_GROUP_NORM_GRAD: return deft_run_norm_grad(p, g, stream);
     default: return deft_run_matmul(p, g, stream);
     }
 #else

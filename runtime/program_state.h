@@ -46,7 +46,8 @@ typedef enum deft_group_kind {
     DEFT_GROUP_ELEMENTWISE,   /* a chain of same-shape f32, bf16 or f16 elementwise ops: ops/fused.h */
     DEFT_GROUP_MATMUL,        /* a matmul with a cuBLASLt epilogue: ops/cuda/cuda_matmul.h */
     DEFT_GROUP_NORM,          /* a batch norm and the add and ReLU after it: runtime/fusion_norm.c */
-    DEFT_GROUP_CASTS          /* casts of parameters, run together at the first one's step: runtime/fusion_casts.c */
+    DEFT_GROUP_CASTS,         /* casts of parameters, run together at the first one's step: runtime/fusion_casts.c */
+    DEFT_GROUP_NORM_GRAD      /* batch norm's backward reading a ReLU's gradient masked: runtime/fusion_norm_grad.c */
 } deft_group_kind;
 
 typedef struct deft_group {
@@ -64,6 +65,7 @@ typedef struct deft_group {
     int reduce;               /* elementwise: the full sum or mean ending the chain (the last store), -1 if none */
     int norm, residual;       /* norm: the batch norm node; the node its output is added to (-1 if none) */
     int relu;                 /* norm: 1 when a ReLU ends the group */
+    int mask;                 /* norm_grad: the ReLU's gradient (DEFT_OP_ACT_GRAD) that is never stored */
 } deft_group;
 
 struct deft_program {

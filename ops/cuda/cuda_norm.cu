@@ -21,6 +21,10 @@ template <class T> __device__ __forceinline__ double deft_bn_ld(const T *p, int6
     return (double)deft_ty<T>::load(p[i]);
 }
 
+template <class T, bool MASK> __device__ __forceinline__ double deft_bn_ld(const deft_bn_dy<T, MASK> &p, int64_t i) {
+    return (double)deft_ty<T>::load(p[i]);
+}
+
 /* The sum over channel c's elements of f(j-th element's offset); every thread of the block gets it. */
 template <class F> __device__ double deft_bn_channel_sum(const deft_bn_geom &g, int64_t c, F f) {
     const int64_t m = g.N * g.S;
@@ -72,9 +76,9 @@ __global__ void deft_bn_forward_kernel(deft_bn_geom g, const T *x, const P *stat
 
 /* dx: in training w invstd (dy - mean(dy) - xhat mean(dy xhat)) from the sums node; in evaluation (x and sums
  * NULL) dy invstd w. */
-template <class T, class P>
-__global__ void deft_bn_input_grad_kernel(deft_bn_geom g, const T *dy, const T *x, const P *stats, const P *sums,
-                                          const P *w, T *dx, int64_t total) {
+template <class T, class P, bool MASK>
+__global__ void deft_bn_input_grad_kernel(deft_bn_geom g, deft_bn_dy<T, MASK> dy, const T *x, const P *stats,
+                                          const P *sums, const P *w, T *dx, int64_t total) {
     const double m = (double)(g.N * g.S);
     for (int64_t i = deft_tid(); i < total; i += deft_nthreads()) {
         const int64_t c = (i / g.sC) % g.C;
@@ -90,8 +94,8 @@ __global__ void deft_bn_input_grad_kernel(deft_bn_geom g, const T *dy, const T *
 }
 
 /* sums [2, C] = the sums of dy and of dy xhat, one block per channel. */
-template <class T, class P>
-__global__ void deft_bn_grad_sums_kernel(deft_bn_geom g, const T *dy, const T *x, const P *stats, P *sums) {
+template <class T, class P, bool MASK>
+__global__ void deft_bn_grad_sums_kernel(deft_bn_geom g, deft_bn_dy<T, MASK> dy, const T *x, const P *stats, P *sums) {
     for (int64_t c = blockIdx.x; c < g.C; c += gridDim.x) {
         const double mean = deft_bn_ld(stats, c), invstd = deft_bn_ld(stats, g.C + c);
         const double s_dy = deft_bn_channel_sum(g, c, [&](int64_t at) { return deft_bn_ld(dy, at); });
@@ -137,23 +141,25 @@ template <class T, class P> static deft_status deft_bn_forward(const deft_tensor
     return deft_cuda_check_launch(n, "batch norm");
 }
 
-/* Training: src (dy, x, stats, sums[, w]); evaluation: src (dy, stats[, w]). */
-template <class T, class P> static deft_status deft_bn_input_grad(const deft_tensor *n, void *out,
-                                                                  const void *const *in, cudaStream_t st) {
+/* Training: src (dy, x, stats, sums[, w]); evaluation: src (dy, stats[, w]). dy masked by `mask` with MASK. */
+template <class T, class P, bool MASK>
+static deft_status deft_bn_input_grad(const deft_tensor *n, void *out, const void *const *in, const void *mask,
+                                      cudaStream_t st) {
     const deft_bn_geom g = deft_bn_geometry(n, n->p.bn.layout);
     const deft_bn_pass_inputs<T, P> a = deft_bn_input_grad_inputs<T, P>(n, in);
     const int64_t total = g.N * g.C * g.S;
-    deft_bn_input_grad_kernel<T, P><<<deft_cuda_blocks(total, DEFT_CUDA_THREADS), DEFT_CUDA_THREADS, 0, st>>>(
-        g, a.dy, a.x, a.stats, a.sums, a.w, (T *)out, total);
+    deft_bn_input_grad_kernel<T, P, MASK><<<deft_cuda_blocks(total, DEFT_CUDA_THREADS), DEFT_CUDA_THREADS, 0, st>>>(
+        g, deft_bn_dy<T, MASK>{a.dy, (const T *)mask}, a.x, a.stats, a.sums, a.w, (T *)out, total);
     return deft_cuda_check_launch(n, "batch norm grad");
 }
 
-/* src (dy, x, stats). */
-template <class T, class P> static deft_status deft_bn_grad_sums(const deft_tensor *n, void *out,
-                                                                 const void *const *in, cudaStream_t st) {
+/* src (dy, x, stats); dy masked by `mask` with MASK. */
+template <class T, class P, bool MASK>
+static deft_status deft_bn_grad_sums(const deft_tensor *n, void *out, const void *const *in, const void *mask,
+                                     cudaStream_t st) {
     const deft_bn_geom g = deft_bn_geometry(n->src[0], n->p.bn.layout);
-    deft_bn_grad_sums_kernel<T, P><<<deft_bn_channel_blocks(g.C), deft_reduce_threads(g.N * g.S), 0, st>>>(
-        g, (const T *)in[0], (const T *)in[1], (const P *)in[2], (P *)out);
+    deft_bn_grad_sums_kernel<T, P, MASK><<<deft_bn_channel_blocks(g.C), deft_reduce_threads(g.N * g.S), 0, st>>>(
+        g, deft_bn_dy<T, MASK>{(const T *)in[0], (const T *)mask}, (const T *)in[1], (const P *)in[2], (P *)out);
     return deft_cuda_check_launch(n, "batch norm grad sums");
 }
 
@@ -162,10 +168,12 @@ bool deft_bn_reference_requested(void) {
     return v && *v && strcmp(v, "0") != 0;
 }
 
-deft_status deft_cuda_batch_norm(const deft_tensor *n, void *out, const void *const *in, cudaStream_t st) {
+/* Every op, the fast kernels first unless the plain ones are asked for; `mask` as in deft_cuda_batch_norm_fast. */
+static deft_status deft_bn_run(const deft_tensor *n, void *out, const void *const *in, const void *mask,
+                               cudaStream_t st) {
     if (!deft_bn_reference_requested()) {
         bool done = false;
-        const deft_status s = deft_cuda_batch_norm_fast(n, out, in, st, &done);
+        const deft_status s = deft_cuda_batch_norm_fast(n, out, in, mask, st, &done);
         if (s != DEFT_OK || done) return s;
     }
     return deft_bn_with_dtypes(n, [&](auto data, auto param) -> deft_status {
@@ -174,10 +182,29 @@ deft_status deft_cuda_batch_norm(const deft_tensor *n, void *out, const void *co
         switch (n->op) {
         case DEFT_OP_BN_STATS: return deft_bn_stats<T, P>(n, out, in, st);
         case DEFT_OP_BATCH_NORM: return deft_bn_forward<T, P>(n, out, in, NULL, false, st);
-        case DEFT_OP_BATCH_NORM_GRAD: return deft_bn_input_grad<T, P>(n, out, in, st);
-        default: return deft_bn_grad_sums<T, P>(n, out, in, st);
+        default: break;
         }
+        return deft_bn_with_mask(mask, [&](auto masked) -> deft_status {
+            constexpr bool MASK = decltype(masked)::value;
+            if (n->op == DEFT_OP_BATCH_NORM_GRAD) return deft_bn_input_grad<T, P, MASK>(n, out, in, mask, st);
+            return deft_bn_grad_sums<T, P, MASK>(n, out, in, mask, st);
+        });
     });
+}
+
+deft_status deft_cuda_batch_norm(const deft_tensor *n, void *out, const void *const *in, cudaStream_t st) {
+    return deft_bn_run(n, out, in, NULL, st);
+}
+
+deft_status deft_cuda_batch_norm_grad_masked(const deft_tensor *n, void *out, const void *const *in,
+                                             const void *relu_out, void *stream) {
+    if (n->op != DEFT_OP_BATCH_NORM_GRAD && n->op != DEFT_OP_BATCH_NORM_WEIGHT_GRAD)
+        return deft_set_error(DEFT_ERR_INVALID, "%s: a ReLU's gradient folds into batch norm's backward, not %s",
+                              n->name, deft_op_name(n->op));
+    if (!relu_out || !in[0])
+        return deft_set_error(DEFT_ERR_INVALID, "%s: a folded ReLU gradient needs its gradient and its output",
+                              n->name);
+    return deft_bn_run(n, out, in, relu_out, (cudaStream_t)stream);
 }
 
 deft_status deft_cuda_batch_norm_epilogue(const deft_tensor *n, void *out, const void *const *in, const void *residual,

@@ -4,6 +4,8 @@
 #ifndef DEFT_CUDA_NORM_CUH
 #define DEFT_CUDA_NORM_CUH
 
+#include <type_traits>
+
 #include "cuda_elementwise_fn.cuh"
 #include "cuda_image.cuh"
 
@@ -74,6 +76,25 @@ __device__ __forceinline__ T deft_bn_epilogue(T y, const T *r, int64_t i, bool r
     return y;
 }
 
+/* The gradient batch norm's backward kernels read. With MASK, a ReLU's gradient folded into them
+ * (runtime/fusion_norm_grad.c): g is the ReLU's incoming gradient and y its output, and element i is what the
+ * act_grad kernel (cuda_train.cu) would have stored there, deft_ag_relu's mask rounded to T, bit for bit (NaN and -0
+ * included). Without it, g is dy and y is not read: the flag is a template parameter, so the unmasked kernels are
+ * the same code as before. */
+template <class T, bool MASK> struct deft_bn_dy {
+    const T *g, *y;
+    __device__ __forceinline__ T operator[](int64_t i) const {
+        if (!MASK) return g[i];
+        return deft_ty<T>::store(deft_ag_relu()(deft_ty<T>::load(g[i]), deft_ty<T>::load(y[i])));
+    }
+};
+
+/* Calls f(std::true_type()) when `mask` is set (a folded ReLU gradient), f(std::false_type()) otherwise. */
+template <class F> static inline deft_status deft_bn_with_mask(const void *mask, F f) {
+    if (mask) return f(std::true_type());
+    return f(std::false_type());
+}
+
 /* The inputs of an elementwise pass, by role, as the graph orders them (graph/build_norm.c): the normalisation reads
  * (x, stats[, weight][, bias]); dx in training (dy, x, stats, sums[, weight]), in evaluation (dy, stats[, weight]).
  * What a node lacks is NULL. */
@@ -102,9 +123,10 @@ bool deft_bn_reference_requested(void);
 
 /* The fast kernels (cuda_norm_fast.cu) for every op of deft_cuda_batch_norm. *done = false when they do not take
  * this node (their workspace cannot be had inside a capture, or the shape is past what it holds): nothing ran, and
- * the caller takes the plain path. */
-deft_status deft_cuda_batch_norm_fast(const deft_tensor *n, void *out, const void *const *in, cudaStream_t st,
-                                      bool *done);
+ * the caller takes the plain path. `mask` (gradient ops only; NULL for none): the output of a ReLU whose gradient
+ * in[0] is, masked on load (deft_bn_dy). */
+deft_status deft_cuda_batch_norm_fast(const deft_tensor *n, void *out, const void *const *in, const void *mask,
+                                      cudaStream_t st, bool *done);
 /* The fast normalisation (DEFT_OP_BATCH_NORM) followed by the add of `residual` (n's shape and dtype; NULL for none)
  * and a ReLU when `relu`: always runs. */
 deft_status deft_cuda_batch_norm_fast_epilogue(const deft_tensor *n, void *out, const void *const *in,

@@ -65,6 +65,18 @@ __device__ __forceinline__ void deft_bn_load(const T *p, typename deft_ty<T>::C 
     for (int i = 0; i < V; i++) out[i] = deft_ty<T>::load(v.e[i]);
 }
 
+/* V elements of dy from i on, masked as deft_bn_dy masks each. */
+template <class T, bool MASK, int V>
+__device__ __forceinline__ void deft_bn_load_dy(const deft_bn_dy<T, MASK> &dy, int64_t i,
+                                                typename deft_ty<T>::C (&out)[V]) {
+    if (!MASK) return deft_bn_load<T, V>(dy.g + i, out);
+    typename deft_ty<T>::C y[V];
+    deft_bn_load<T, V>(dy.g + i, out);
+    deft_bn_load<T, V>(dy.y + i, y);
+#pragma unroll
+    for (int k = 0; k < V; k++) out[k] = deft_ty<T>::load(deft_ty<T>::store(deft_ag_relu()(out[k], y[k])));
+}
+
 static bool deft_bn_aligned(const void *p, size_t bytes) { return (uintptr_t)p % bytes == 0; }
 
 /* The statistics: sums of d = x - K and d^2, K the channel's first element. rm, rv NULL: no running update. */
@@ -106,10 +118,11 @@ template <class T, class P> struct deft_bn_stats_term {
 };
 
 /* The gradient sums: of dy, and of dy (x - mean), which times invstd is the sum of dy xhat. */
-template <class T, class P> struct deft_bn_grad_term {
+template <class T, class P, bool MASK> struct deft_bn_grad_term {
     typedef T E;
     typedef typename deft_ty<T>::C A;
-    const T *dy, *x;
+    deft_bn_dy<T, MASK> dy;
+    const T *x;
     const P *stats;
     P *sums;
     __device__ A context(const deft_bn_geom &, int64_t c) const { return (A)deft_ty<P>::load(stats[c]); }
@@ -120,7 +133,7 @@ template <class T, class P> struct deft_bn_grad_term {
     }
     template <int V> __device__ void add_vec(int64_t off, const A (&mean)[V], A (&a)[V], A (&b)[V]) const {
         A d[V], v[V];
-        deft_bn_load<T, V>(dy + off, d);
+        deft_bn_load_dy<T, MASK, V>(dy, off, d);
         deft_bn_load<T, V>(x + off, v);
 #pragma unroll
         for (int i = 0; i < V; i++) {
@@ -128,7 +141,9 @@ template <class T, class P> struct deft_bn_grad_term {
             b[i] += d[i] * (v[i] - mean[i]);
         }
     }
-    bool aligned(size_t bytes) const { return deft_bn_aligned(dy, bytes) && deft_bn_aligned(x, bytes); }
+    bool aligned(size_t bytes) const {
+        return deft_bn_aligned(dy.g, bytes) && (!MASK || deft_bn_aligned(dy.y, bytes)) && deft_bn_aligned(x, bytes);
+    }
     __device__ void finish(const deft_bn_geom &g, int64_t c, double sa, double sb) const {
         sums[c] = deft_ty<P>::from_f64(sa);
         sums[g.C + c] = deft_ty<P>::from_f64(sb * (double)deft_ty<P>::load(stats[g.C + c]));
@@ -363,8 +378,8 @@ __global__ void deft_bn_fast_forward_kernel(deft_bn_geom g, const T *x, const P 
 }
 
 /* Training: w invstd (dy - sum(dy) / m - xhat sum(dy xhat) / m); evaluation (x and sums NULL): dy invstd w. */
-template <class T, class P>
-__global__ void deft_bn_fast_input_grad_kernel(deft_bn_geom g, const T *dy, const T *x, const P *stats,
+template <class T, class P, bool MASK>
+__global__ void deft_bn_fast_input_grad_kernel(deft_bn_geom g, deft_bn_dy<T, MASK> dy, const T *x, const P *stats,
                                                const P *sums, const P *w, T *dx, int64_t total, bool small) {
     typedef typename deft_ty<T>::C A;
     const A inv_m = (A)(1.0 / (double)(g.N * g.S));
@@ -438,8 +453,8 @@ __global__ void deft_bn_vec_forward_kernel(deft_bn_geom g, const T *x, const P *
     }
 }
 
-template <class T, class P, int V>
-__global__ void deft_bn_vec_input_grad_kernel(deft_bn_geom g, const T *dy, const T *x, const P *stats,
+template <class T, class P, bool MASK, int V>
+__global__ void deft_bn_vec_input_grad_kernel(deft_bn_geom g, deft_bn_dy<T, MASK> dy, const T *x, const P *stats,
                                               const P *sums, const P *w, T *dx, int64_t n_vec, bool small) {
     typedef typename deft_ty<T>::C A;
     extern __shared__ __align__(16) unsigned char deft_bn_shared[];
@@ -458,7 +473,7 @@ __global__ void deft_bn_vec_input_grad_kernel(deft_bn_geom g, const T *dy, const
     for (int64_t i = deft_tid(); i < n_vec; i += deft_nthreads()) {
         const int c0 = deft_bn_vec_channel(i, per_row, V, small);
         A dv[V], xv[V];
-        deft_bn_load_vec<T, V>(dy, i, dv);
+        deft_bn_load_dy<T, MASK, V>(dy, i * V, dv);
         if (x) deft_bn_load_vec<T, V>(x, i, xv);
         T out[V];
 #pragma unroll
@@ -501,12 +516,14 @@ template <class T, class P> static deft_status deft_bn_fast_stats(const deft_ten
     return deft_bn_column_sums(n, g, t, st, done);
 }
 
-template <class T, class P> static deft_status deft_bn_fast_grad_sums(const deft_tensor *n, void *out,
-                                                                      const void *const *in, cudaStream_t st,
-                                                                      bool *done) {
+/* src (dy, x, stats); dy masked by `mask` with MASK. */
+template <class T, class P, bool MASK>
+static deft_status deft_bn_fast_grad_sums(const deft_tensor *n, void *out, const void *const *in, const void *mask,
+                                          cudaStream_t st, bool *done) {
     const deft_bn_geom g = deft_bn_geometry(n->src[0], n->p.bn.layout);
-    deft_bn_grad_term<T, P> t;
-    t.dy = (const T *)in[0], t.x = (const T *)in[1], t.stats = (const P *)in[2], t.sums = (P *)out;
+    deft_bn_grad_term<T, P, MASK> t;
+    t.dy = deft_bn_dy<T, MASK>{(const T *)in[0], (const T *)mask};
+    t.x = (const T *)in[1], t.stats = (const P *)in[2], t.sums = (P *)out;
     return deft_bn_column_sums(n, g, t, st, done);
 }
 
@@ -530,27 +547,30 @@ template <class T, class P> static deft_status deft_bn_fast_forward(const deft_t
     return deft_cuda_check_launch(n, "batch norm (fast)");
 }
 
-/* Training: src (dy, x, stats, sums[, w]); evaluation: src (dy, stats[, w]). */
-template <class T, class P> static deft_status deft_bn_fast_input_grad(const deft_tensor *n, void *out,
-                                                                       const void *const *in, cudaStream_t st) {
+/* Training: src (dy, x, stats, sums[, w]); evaluation: src (dy, stats[, w]). dy masked by `mask` with MASK. */
+template <class T, class P, bool MASK>
+static deft_status deft_bn_fast_input_grad(const deft_tensor *n, void *out, const void *const *in, const void *mask,
+                                           cudaStream_t st) {
     const deft_bn_geom g = deft_bn_geometry(n, n->p.bn.layout);
     const deft_bn_pass_inputs<T, P> a = deft_bn_input_grad_inputs<T, P>(n, in);
+    const deft_bn_dy<T, MASK> dy{a.dy, (const T *)mask};
     const int64_t total = g.N * g.C * g.S;
     constexpr int V = 16 / (int)sizeof(T);
-    if (deft_bn_vec_fits<T>(g, 5, {a.dy, a.x, out})) {
+    if (deft_bn_vec_fits<T>(g, 5, {a.dy, mask, a.x, out})) {
         const int64_t n_vec = total / V;
-        deft_bn_vec_input_grad_kernel<T, P, V>
+        deft_bn_vec_input_grad_kernel<T, P, MASK, V>
             <<<deft_cuda_blocks(n_vec, DEFT_CUDA_THREADS), DEFT_CUDA_THREADS, 5 * g.C * sizeof(typename deft_ty<T>::C),
-               st>>>(g, a.dy, a.x, a.stats, a.sums, a.w, (T *)out, n_vec, n_vec < ((int64_t)1 << 32));
+               st>>>(g, dy, a.x, a.stats, a.sums, a.w, (T *)out, n_vec, n_vec < ((int64_t)1 << 32));
         return deft_cuda_check_launch(n, "batch norm grad (vector)");
     }
-    deft_bn_fast_input_grad_kernel<T, P><<<deft_cuda_blocks(total, DEFT_CUDA_THREADS), DEFT_CUDA_THREADS, 0, st>>>(
-        g, a.dy, a.x, a.stats, a.sums, a.w, (T *)out, total, deft_bn_small(g));
+    deft_bn_fast_input_grad_kernel<T, P, MASK>
+        <<<deft_cuda_blocks(total, DEFT_CUDA_THREADS), DEFT_CUDA_THREADS, 0, st>>>(
+            g, dy, a.x, a.stats, a.sums, a.w, (T *)out, total, deft_bn_small(g));
     return deft_cuda_check_launch(n, "batch norm grad (fast)");
 }
 
-deft_status deft_cuda_batch_norm_fast(const deft_tensor *n, void *out, const void *const *in, cudaStream_t st,
-                                      bool *done) {
+deft_status deft_cuda_batch_norm_fast(const deft_tensor *n, void *out, const void *const *in, const void *mask,
+                                      cudaStream_t st, bool *done) {
     *done = false;
     if (n->op == DEFT_OP_BN_STATS && !n->p.bn.batch) return DEFT_OK;   /* a copy of C values: the plain kernel */
     return deft_bn_with_dtypes(n, [&](auto data, auto param) -> deft_status {
@@ -558,10 +578,16 @@ deft_status deft_cuda_batch_norm_fast(const deft_tensor *n, void *out, const voi
         typedef typename decltype(param)::type P;
         switch (n->op) {
         case DEFT_OP_BN_STATS: return deft_bn_fast_stats<T, P>(n, out, in, st, done);
-        case DEFT_OP_BATCH_NORM_WEIGHT_GRAD: return deft_bn_fast_grad_sums<T, P>(n, out, in, st, done);
         case DEFT_OP_BATCH_NORM: *done = true; return deft_bn_fast_forward<T, P>(n, out, in, NULL, false, st);
-        default: *done = true; return deft_bn_fast_input_grad<T, P>(n, out, in, st);
+        default: break;
         }
+        return deft_bn_with_mask(mask, [&](auto masked) -> deft_status {
+            constexpr bool MASK = decltype(masked)::value;
+            if (n->op == DEFT_OP_BATCH_NORM_WEIGHT_GRAD)
+                return deft_bn_fast_grad_sums<T, P, MASK>(n, out, in, mask, st, done);
+            *done = true;
+            return deft_bn_fast_input_grad<T, P, MASK>(n, out, in, mask, st);
+        });
     });
 }
 
