@@ -212,6 +212,10 @@ typedef struct deft_compile_options {
     int no_cuda_graphs;        /* 1: run every step eagerly, never as a CUDA Graph replay (for debugging) */
     int tf32;                  /* 1: f32 matmuls on a GPU may use TF32 tensor cores (10-bit mantissa products, f32
                                 * accumulation), as torch.backends.cuda.matmul.allow_tf32; the CPU is unaffected */
+    int deterministic;         /* 1: convolutions on a GPU take only the algorithms cuDNN calls deterministic (as
+                                * torch.backends.cudnn.deterministic), so that the same program on the same inputs
+                                * gives the same bits on every run; the default lets cuDNN choose kernels that sum
+                                * weight gradients with atomics, a few ulps apart from run to run */
     int no_fusion;             /* 1: every node runs as its own kernel (no fused elementwise chains, matmul or batch
                                 * norm epilogues, or ReLU gradients folded into batch norm's backward), for
                                 * debugging and for measuring what fusion gives */

@@ -375,7 +375,8 @@ static deft_status deft_build_plan(deft_program *p, deft_tensor *const *outputs,
     p->outputs = malloc((size_t)n_outputs * sizeof *p->outputs);
     if (!p->nodes || !p->outputs) return deft_set_error(DEFT_ERR_OOM, "compile: out of host memory");
     p->n_outputs = n_outputs;
-    p->cuda_flags = opts && opts->tf32 ? DEFT_CUDA_ALLOW_TF32 : 0u;
+    p->cuda_flags = (opts && opts->tf32 ? DEFT_CUDA_ALLOW_TF32 : 0u) |
+                    (opts && opts->deterministic ? DEFT_CUDA_DETERMINISTIC : 0u);
     deft_mark_needed(p, outputs, n_outputs, redirect);
     deft_status s = user != outputs ? deft_autocast_alias(p, user, n_outputs) : DEFT_OK;
     if (s == DEFT_OK) s = deft_collect_steps(p);

@@ -108,7 +108,7 @@ static deft_status deft_cudnn_handle(const deft_tensor *n, cudaStream_t st, int 
 
 /* ---- the problem and its cache entry ---- */
 typedef struct deft_conv_key {
-    int dev, op, dtype, nhwc, math;
+    int dev, op, dtype, nhwc, math, deterministic;
     int N, C, H, W, O, KH, KW, OH, OW, G;
     int sh, sw, ph, pw, dh, dw;
     unsigned align_x, align_w, align_y;
@@ -165,6 +165,7 @@ static deft_status deft_conv_key_of(const deft_tensor *n, const deft_conv_ptrs &
     memset(k, 0, sizeof *k);
     const int nhwc = n->p.conv.layout == DEFT_NHWC, c = nhwc ? 3 : 1, h = nhwc ? 1 : 2, w = nhwc ? 2 : 3;
     k->dev = dev, k->op = (int)n->op, k->dtype = (int)n->dtype, k->nhwc = nhwc;
+    k->deterministic = (flags & DEFT_CUDA_DETERMINISTIC) != 0;
     /* f32 without TF32 is FMA_MATH, which keeps cuDNN to FMA kernels; f64 has nothing else */
     if (n->dtype == DEFT_F64) k->math = (int)CUDNN_DEFAULT_MATH;
     else if (n->dtype == DEFT_F32 && !(flags & DEFT_CUDA_ALLOW_TF32)) k->math = (int)CUDNN_FMA_MATH;
@@ -225,10 +226,12 @@ typedef struct deft_conv_perf {
     cudnnStatus_t status;
     size_t memory;
     cudnnMathType_t math;
+    cudnnDeterminism_t determinism;
 } deft_conv_perf;
 
 template <class P> static int deft_conv_perfs(const P *r, int got, deft_conv_perf *out) {
-    for (int i = 0; i < got; i++) out[i] = deft_conv_perf{(int)r[i].algo, r[i].status, r[i].memory, r[i].mathType};
+    for (int i = 0; i < got; i++)
+        out[i] = deft_conv_perf{(int)r[i].algo, r[i].status, r[i].memory, r[i].mathType, r[i].determinism};
     return got;
 }
 
@@ -263,9 +266,11 @@ static cudnnStatus_t deft_conv_rank(cudnnHandle_t h, deft_conv_entry *e, const d
 }
 
 /* Whether an algorithm may be used: it ran (or would run) and fits the workspace; strictly, it also reports the
- * math asked for (FMA_MATH, f32 without TF32, takes only FMA kernels; torch asserts the same of cuDNN's answers). */
+ * math asked for (FMA_MATH, f32 without TF32, takes only FMA kernels; torch asserts the same of cuDNN's answers).
+ * Under the `deterministic` compile option only algorithms cuDNN reports deterministic qualify. */
 static bool deft_conv_usable(const deft_conv_entry *e, const deft_conv_perf &r, size_t ws_bytes, bool strict) {
     if (r.status != CUDNN_STATUS_SUCCESS || r.memory > ws_bytes) return false;
+    if (e->key.deterministic && r.determinism != CUDNN_DETERMINISTIC) return false;
     return !strict || e->key.math != (int)CUDNN_FMA_MATH || r.math == CUDNN_FMA_MATH;
 }
 
@@ -293,10 +298,11 @@ static deft_status deft_conv_choose(const deft_tensor *n, cudnnHandle_t h, deft_
     }
     const deft_conv_key &k = e->key;
     return deft_set_error(DEFT_ERR_RUNTIME, "cuda %s: cuDNN has no algorithm for %s %s x [%d, %d, %d, %d] with "
-                          "%d x %d filters, %d groups, within its %zu MiB workspace%s", deft_op_name(n->op),
+                          "%d x %d filters, %d groups, within its %zu MiB workspace%s%s", deft_op_name(n->op),
                           deft_dtype_name(n->dtype), k.nhwc ? "NHWC" : "NCHW", k.N, k.C, k.H, k.W, k.KH, k.KW, k.G,
                           p.ws_bytes >> 20,
-                          k.math == (int)CUDNN_FMA_MATH && n->dtype == DEFT_F32 ? " without TF32" : "");
+                          k.math == (int)CUDNN_FMA_MATH && n->dtype == DEFT_F32 ? " without TF32" : "",
+                          k.deterministic ? " that is deterministic" : "");
 }
 
 /* DEFT_CUDNN_FIND=1 in the environment: measure the candidates (outside a capture) instead of taking the

@@ -9,7 +9,8 @@ extern "C" {
 #endif
 
 /* How a program asks kernels to run (bits of `flags`). */
-#define DEFT_CUDA_ALLOW_TF32 1u   /* f32 matmuls may use TF32 tensor cores (compile option `tf32`) */
+#define DEFT_CUDA_ALLOW_TF32 1u      /* f32 matmuls may use TF32 tensor cores (compile option `tf32`) */
+#define DEFT_CUDA_DETERMINISTIC 2u   /* only cuDNN algorithms that give the same bits every run (`deterministic`) */
 
 /* Runs node n on the current CUDA device, enqueued on `stream` (a cudaStream_t; NULL for the legacy stream).
  * Pointers are device pointers with the same contract as deft_cpu_run_node. Returns a status carrying the CUDA or
