@@ -4,14 +4,14 @@
  * and ratios.
  *
  *   ./bench_ddp [--model mlp|resnet] [--precision f32|bf16] [--gpus N] [--no-graphs] [--bucket-mib M]
- *               [--last-bucket-mib M] [--whole-step] [--tf32]
+ *               [--last-bucket-mib M] [--bucket-pieces] [--tf32]
  *
  * --model (bench/ddp_models.h): mlp, the mid MLP (batch 256 per GPU, the default), or resnet, ResNet-18 of
  * examples/resnet18.h (batch 128 per GPU, 32x32 images, SGD momentum 0.9 and weight decay 5e-4). --precision bf16
  * (resnet only): NHWC compiled with the autocast option DEFT_BF16, as bench_resnet; f32 (the default) is NCHW, every
  * op in f32. --tf32: the compile option tf32 (f32 matmuls and convolutions may use TF32; the peer's --tf32 the same).
- * M: the compile options bucket_bytes and last_bucket_bytes, in MiB. --whole-step: the compile option
- * dist_whole_step (the optimizer's update one node after every bucket, instead of one piece per bucket; for A/B).
+ * M: the compile options bucket_bytes and last_bucket_bytes, in MiB. --bucket-pieces: the compile option
+ * dist_bucket_pieces (the optimizer's update in one piece per bucket instead of one node after every bucket).
  *
  * The batch comes from bench_util.h's hash, rank k's rows offset by k (the global batch differs per rank); it is fed
  * once and stays on the devices. Timing as bench_mlp_train: 10 warm-up steps, N steps calibrated to about 100 ms
@@ -31,7 +31,7 @@
 #define REPEATS 5
 
 typedef struct bench_args {
-    int resnet, bf16, n, graphs, tf32, whole_step;
+    int resnet, bf16, n, graphs, tf32, bucket_pieces;
     size_t bucket_bytes, last_bucket_bytes;
 } bench_args;
 
@@ -44,7 +44,7 @@ static void build(ddp_replica *r, deft_dist *d, int k, const bench_args *a) {
                                     .no_cuda_graphs = !a->graphs,
                                     .bucket_bytes = a->bucket_bytes,
                                     .last_bucket_bytes = a->last_bucket_bytes,
-                                    .dist_whole_step = a->whole_step,
+                                    .dist_bucket_pieces = a->bucket_pieces,
                                     .tf32 = a->tf32,
                                     .autocast = a->bf16 ? DEFT_BF16 : DEFT_F32};
     r->p = deft_compile(r->g, (deft_tensor *[]){r->loss, r->step}, 2, &o);
@@ -66,7 +66,7 @@ static float run(deft_dist *d, ddp_replica *r, deft_program **ps, int n, int64_t
 static void usage(void) {
     fprintf(stderr,
             "usage: %s [--model mlp|resnet] [--precision f32|bf16] [--gpus N] [--no-graphs] [--bucket-mib M] "
-            "[--last-bucket-mib M] [--whole-step] [--tf32]\n",
+            "[--last-bucket-mib M] [--bucket-pieces] [--tf32]\n",
             prog);
     exit(2);
 }
@@ -77,7 +77,7 @@ static bench_args parse(int argc, char **argv) {
         if (strcmp(argv[i], "--gpus") == 0 && i + 1 < argc) a.n = atoi(argv[++i]);
         else if (strcmp(argv[i], "--no-graphs") == 0) a.graphs = 0;
         else if (strcmp(argv[i], "--tf32") == 0) a.tf32 = 1;
-        else if (strcmp(argv[i], "--whole-step") == 0) a.whole_step = 1;
+        else if (strcmp(argv[i], "--bucket-pieces") == 0) a.bucket_pieces = 1;
         else if ((strcmp(argv[i], "--bucket-mib") == 0 || strcmp(argv[i], "--last-bucket-mib") == 0) && i + 1 < argc) {
             const int last = strcmp(argv[i], "--last-bucket-mib") == 0;
             const double mib = atof(argv[++i]);

@@ -14,7 +14,7 @@
  * nodes belong to the program (ckpt_owner, role DEFT_CKPT_OPTIMIZER_PART), no user node reads them, and they leave
  * the graph with the program when they are its last nodes.
  *
- * Data parallel (the compile option dist, without dist_whole_step) splits too, unasked: one piece per gradient bucket
+ * Data parallel with the compile option dist_bucket_pieces splits too: one piece per gradient bucket
  * (graph/grad_buckets.h; a bucket whose parameters are not consecutive in the flat storage gets one piece per run of
  * them), made in bucket order, and left by the schedule after the backward pass (runtime/optimizer_place.c), where
  * each piece waits for its own bucket's all-reduce alone (runtime/dist_program.c). There a step that cannot split
@@ -33,10 +33,10 @@ typedef struct deft_opt_split {
     int *bucket_of;          /* per_bucket: per node from n_before on, the bucket of a piece, or -1 */
 } deft_opt_split;
 
-/* Whether the options split optimizer steps per gradient bucket (dist, neither dist_whole_step nor
+/* Whether the options split optimizer steps per gradient bucket (dist with dist_bucket_pieces, not
  * optimizer_in_backward, which dist refuses). */
 static inline bool deft_optimizer_split_per_bucket(const deft_compile_options *o) {
-    return o && o->dist && !o->dist_whole_step && !o->optimizer_in_backward;
+    return o && o->dist && o->dist_bucket_pieces && !o->optimizer_in_backward;
 }
 
 /* Splits the optimizer steps among outputs (each read through redirect[id] when redirect, checkpointing's, has an

@@ -4,9 +4,10 @@
  *   tolerance; the two replicas hold bit-identical parameters after every step; the replicas replay a CUDA Graph and
  *   equal eagerly run ones (no_cuda_graphs); small buckets (several per step) give the same parameters as one bucket;
  * - the optimizer's update in pieces per bucket (the default) gives bit-identical parameters to the one-node step
- *   (dist_whole_step) after STEPS steps, on one rank (needs one GPU only) and on two, with one bucket and several;
+ *   (without dist_bucket_pieces) after STEPS steps, on one rank (needs one GPU only) and on two, with one bucket
+ *   and several;
  *   the bucket layout: the last bucket is one gradient (last_bucket_bytes), each bucket joins at its own piece, the
- *   pieces after the backward pass in bucket order (with dist_whole_step every bucket joins at the one step);
+ *   pieces after the backward pass in bucket order (without dist_bucket_pieces every bucket joins at the one step);
  * - misuse: a local replica run alone, a replica on the wrong GPU, optimizer_in_backward, dist_local out of range;
  * - two processes (this executable run again with --child) meeting through a file rendezvous train the same way and
  *   end bit-identical and equal to the one-GPU run; when rank 1 dies after joining, rank 0's read fails with
@@ -178,14 +179,14 @@ static void test_local(const float *ref, size_t n) {
     printf("graph vs eager: max relative difference %g; one bucket vs 64 KiB buckets: %g\n", ge, gs);
     CHECK(ge < 1e-6 && gs < 1e-6);
     /* The pieces per bucket against the one-node step: the same bits, with one bucket and with several. */
-    float *whole = malloc(n * sizeof *whole);
-    train_local(d, ref, n, &(deft_compile_options){.dist_whole_step = 1}, "local, whole step", whole);
-    CHECK_MSG(memcmp(graphs, whole, n * sizeof *whole) == 0, "2 ranks: pieces per bucket and the whole step differ");
-    train_local(d, ref, n, &(deft_compile_options){.bucket_bytes = 64 << 10, .dist_whole_step = 1},
-                "local, 64 KiB buckets, whole step", whole);
-    CHECK_MSG(memcmp(small, whole, n * sizeof *whole) == 0,
+    float *pieces = malloc(n * sizeof *pieces);
+    train_local(d, ref, n, &(deft_compile_options){.dist_bucket_pieces = 1}, "local, pieces", pieces);
+    CHECK_MSG(memcmp(graphs, pieces, n * sizeof *pieces) == 0, "2 ranks: pieces per bucket and the whole step differ");
+    train_local(d, ref, n, &(deft_compile_options){.bucket_bytes = 64 << 10, .dist_bucket_pieces = 1},
+                "local, 64 KiB buckets, pieces", pieces);
+    CHECK_MSG(memcmp(small, pieces, n * sizeof *pieces) == 0,
               "2 ranks, 64 KiB buckets: pieces per bucket and the whole step differ");
-    free(whole);
+    free(pieces);
     free(graphs);
     free(eager);
     free(small);
@@ -260,7 +261,7 @@ static void test_one_rank(void) {
     float *params[2] = {NULL, NULL};
     for (int w = 0; w < 2; w++) {
         deft_compile_options o = small;
-        o.dist_whole_step = w;
+        o.dist_bucket_pieces = !w;
         if (!mlp_build(&m[w], deft_dist_device(d, 0), B, &o)) continue;
         check_layout(&m[w], w);
         for (int s = 0; s < STEPS; s++) {

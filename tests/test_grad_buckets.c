@@ -99,7 +99,7 @@ static void test_cut(void) {
 /* The split per bucket matches the cut, piece by piece, in bucket order. */
 static void test_split(void) {
     net n = build(NULL);
-    const deft_compile_options o = {.dist = (struct deft_dist *)&n, .bucket_bytes = 5 << 20};
+    const deft_compile_options o = {.dist = (struct deft_dist *)&n, .bucket_bytes = 5 << 20, .dist_bucket_pieces = 1};
     deft_grad_buckets b;
     CHECK_OK(deft_grad_buckets_cut(n.step, &o, &b));
     const int before = deft_graph_node_count(n.g);
@@ -126,9 +126,10 @@ static void test_split(void) {
     deft_opt_split_free(n.g, sp);
     CHECK(deft_graph_node_count(n.g) == before);
 
-    /* Which options split per bucket (compile asks only then): dist alone; not dist_whole_step, not without dist. */
+    /* Which options split per bucket (compile asks only then): dist with dist_bucket_pieces; not dist alone, not
+     * without dist. */
     CHECK(deft_optimizer_split_per_bucket(&o));
-    CHECK(!deft_optimizer_split_per_bucket(&(deft_compile_options){.dist = o.dist, .dist_whole_step = 1}));
+    CHECK(!deft_optimizer_split_per_bucket(&(deft_compile_options){.dist = o.dist}));
     CHECK(!deft_optimizer_split_per_bucket(&(deft_compile_options){.bucket_bytes = 1 << 20}));
     deft_grad_buckets_free(&b);
     deft_graph_free(n.g);
