@@ -3,7 +3,7 @@
  *   replicas of batch B each equals the same MLP trained on one GPU with the batch 2B (the two halves), within
  *   tolerance; the two replicas hold bit-identical parameters after every step; the replicas replay a CUDA Graph and
  *   equal eagerly run ones (no_cuda_graphs); small buckets (several per step) give the same parameters as one bucket;
- * - the optimizer's update in pieces per bucket (the default) gives bit-identical parameters to the one-node step
+ * - the optimizer's update in pieces per bucket (dist_bucket_pieces) gives bit-identical parameters to the one-node step
  *   (without dist_bucket_pieces) after STEPS steps, on one rank (needs one GPU only) and on two, with one bucket
  *   and several;
  *   the bucket layout: the last bucket is one gradient (last_bucket_bytes), each bucket joins at its own piece, the
