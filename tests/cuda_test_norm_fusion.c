@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "fusion_runs.h"
 #include "program_internal.h"
 #include "ref.h"
 
@@ -79,17 +80,7 @@ static nf_run nf_build_run(const nf_case *k, int fusion, uint64_t seed) {
     CHECK_OK(deft_backward(deft_sum(deft_mul(y, dy), 0, NULL, 0)));
     outs[n++] = y, outs[n++] = deft_grad(x), outs[n++] = deft_grad(w), outs[n++] = deft_grad(b);
     if (k->tail == TAIL_ADD_RELU || k->tail == TAIL_ADD_READ_TWICE) outs[n++] = deft_grad(r);
-    CHECK_MSG(deft_graph_error(g) == DEFT_OK, "build: %s", deft_graph_errmsg(g));
-    deft_compile_options co = {0};
-    co.no_fusion = !fusion;
-    deft_program *p = deft_compile(g, outs, n, &co);
-    CHECK_MSG(p != NULL, "compile: %s", deft_errmsg());
-    for (int run = 0; p && run < RUNS; run++) CHECK_OK(deft_program_run(p));
-    for (int i = 0; p && i < n; i++) {
-        out.size[i] = deft_tensor_nbytes(outs[i]);
-        out.bytes[i] = calloc(1, out.size[i] + 1);
-        CHECK_OK(deft_program_read(p, outs[i], out.bytes[i], out.size[i]));
-    }
+    deft_program *p = fusion_run_read(g, outs, n, fusion, RUNS, out.bytes, out.size);
     out.n = p ? n : 0;
     if (p) out.inner_fused = !nf_stored(p, bn) && (!inner || !nf_stored(p, inner));
     deft_program_free(p);
@@ -123,11 +114,7 @@ static void nf_check(const nf_case *k, int reference) {
 }
 
 int main(void) {
-    if (!deft_test_gpu(&GPU)) return 77;
-    if (GPU.type != DEFT_CUDA) {
-        printf("fusion runs on GPUs only: skipped\n");
-        return 77;
-    }
+    if (!fusion_gpu(&GPU)) return 77;
     const deft_layout NCHW = DEFT_NCHW, NHWC = DEFT_NHWC;
     const nf_case cases[] = {
         {4, {16, 8, 8, 64}, NHWC, DEFT_BF16, TAIL_ADD_RELU, 0},   /* vectors of 8 halves */

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "fusion_runs.h"
 #include "program_internal.h"
 #include "program_state.h"
 #include "ref.h"
@@ -126,17 +127,7 @@ static ng_run ng_build_run(const ng_case *k, int fusion, uint64_t seed) {
     if (r) outs[n++] = deft_grad(r);
     if (k->kind == KIND_GRAD_OUTPUT) outs[n++] = deft_grad(bn);
     if (k->kind == KIND_GRAD_READ) outs[n++] = deft_mul(deft_grad(bn), dy);
-    CHECK_MSG(deft_graph_error(g) == DEFT_OK, "build: %s", deft_graph_errmsg(g));
-    deft_compile_options co = {0};
-    co.no_fusion = !fusion;
-    deft_program *p = deft_compile(g, outs, n, &co);
-    CHECK_MSG(p != NULL, "compile: %s", deft_errmsg());
-    for (int run = 0; p && run < RUNS; run++) CHECK_OK(deft_program_run(p));
-    for (int i = 0; p && i < n; i++) {
-        out.size[i] = deft_tensor_nbytes(outs[i]);
-        out.bytes[i] = calloc(1, out.size[i] + 1);
-        CHECK_OK(deft_program_read(p, outs[i], out.bytes[i], out.size[i]));
-    }
+    deft_program *p = fusion_run_read(g, outs, n, fusion, RUNS, out.bytes, out.size);
     out.n = p ? n : 0;
     if (p) out.folded = ng_folded(p, g);
     deft_program_free(p);
@@ -269,11 +260,7 @@ static void rn_check(deft_layout layout, deft_dtype autocast) {
 }
 
 int main(void) {
-    if (!deft_test_gpu(&GPU)) return 77;
-    if (GPU.type != DEFT_CUDA) {
-        printf("fusion runs on GPUs only: skipped\n");
-        return 77;
-    }
+    if (!fusion_gpu(&GPU)) return 77;
     const deft_layout NCHW = DEFT_NCHW, NHWC = DEFT_NHWC;
     const deft_dtype dts[] = {DEFT_F32, DEFT_BF16, DEFT_F16};
     const ng_case shapes[] = {
