@@ -256,6 +256,12 @@ static inline bool deft_op_is_conv(deft_op op) {
     return op == DEFT_OP_CONV2D || op == DEFT_OP_CONV2D_INPUT_GRAD || op == DEFT_OP_CONV2D_WEIGHT_GRAD;
 }
 
+/* ---- environment switches (graph/env.c) ---- */
+/* name is set, not empty and not "0". */
+bool deft_env_on(const char *name);
+/* name's value as a decimal integer; fallback where it is unset, empty or not a number. */
+int64_t deft_env_int(const char *name, int64_t fallback);
+
 /* ---- graph bookkeeping shared with runtime/ ---- */
 deft_status deft_graph_add_program(deft_graph *g, struct deft_program *p);
 void deft_graph_remove_program(deft_graph *g, struct deft_program *p);

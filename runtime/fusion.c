@@ -224,8 +224,7 @@ static bool deft_act_fusable(deft_op act) {
  * (bench/RESULTS.md, fifth round); f32 chains gained. */
 static bool deft_fusion_dtype(deft_dtype dt) {
     if (dt == DEFT_F32) return true;
-    const char *v = getenv("DEFT_FUSE_LOW_PRECISION");
-    return deft_fused_dtype_ok(dt) && v && *v && strcmp(v, "0") != 0;
+    return deft_fused_dtype_ok(dt) && deft_env_on("DEFT_FUSE_LOW_PRECISION");
 }
 
 static bool deft_elementwise_fusable(const deft_fusion *f, int id) {

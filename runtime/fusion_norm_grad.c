@@ -18,8 +18,7 @@
 /* DEFT_FOLD_RELU_GRAD=0 leaves every ReLU gradient its own kernel: what folding gives can then be measured, and
  * compared bit for bit, with everything else fused as usual. */
 static bool deft_fold_relu_grad_off(void) {
-    const char *v = getenv("DEFT_FOLD_RELU_GRAD");
-    return v && strcmp(v, "0") == 0;
+    return deft_env_int("DEFT_FOLD_RELU_GRAD", 1) == 0;
 }
 
 static const deft_tensor *deft_ng_node(const deft_fusion *f, int id) { return f->p->graph->nodes[id]; }

@@ -308,8 +308,7 @@ static deft_status deft_conv_choose(const deft_tensor *n, cudnnHandle_t h, deft_
 /* DEFT_CUDNN_FIND=1 in the environment: measure the candidates (outside a capture) instead of taking the
  * heuristic's choice. */
 static bool deft_conv_find_wanted(void) {
-    const char *v = getenv("DEFT_CUDNN_FIND");
-    return v && strcmp(v, "1") == 0;
+    return deft_env_on("DEFT_CUDNN_FIND");
 }
 
 /* Whether `st` is capturing into a CUDA Graph; a stream that cannot be asked counts as capturing. */

@@ -35,14 +35,6 @@ typedef struct deft_conv_geom {
     int64_t rows;    /* N * OH * OW */
 } deft_conv_geom;
 
-static int64_t deft_env_int(const char *name, int64_t fallback) {
-    const char *v = getenv(name);
-    if (!v || !*v) return fallback;
-    char *end = NULL;
-    const long long r = strtoll(v, &end, 10);
-    return (end && *end == '\0') ? (int64_t)r : fallback;
-}
-
 static deft_conv_geom deft_conv_geom_of(const deft_tensor *n, const deft_tensor *x, const deft_tensor *w,
                                         const deft_tensor *y) {
     deft_conv_geom g;

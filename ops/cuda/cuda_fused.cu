@@ -289,8 +289,7 @@ static bool deft_fused_vectorisable(const deft_fused_kernel *k, const deft_fused
 }
 
 static bool deft_fused_reference_requested(void) {
-    const char *v = getenv("DEFT_FUSED_REFERENCE");
-    return v && *v && strcmp(v, "0") != 0;
+    return deft_env_on("DEFT_FUSED_REFERENCE");
 }
 
 template <bool LOWP> static void deft_fused_launch(const deft_fused_kernel *k, const deft_fused_ptrs &p, bool reduce,

@@ -191,8 +191,7 @@ static deft_status deft_matmul_run(cublasHandle_t h, const deft_gemm_types &t, c
 /* DEFT_MATMUL_REFERENCE=1 sends every product down the reference path. Read at each call (a getenv is nothing
  * beside a launch, and replays do not call here), so a test can switch it between runs. */
 bool deft_matmul_reference_requested(void) {
-    const char *v = getenv("DEFT_MATMUL_REFERENCE");
-    return v && *v && strcmp(v, "0") != 0;
+    return deft_env_on("DEFT_MATMUL_REFERENCE");
 }
 
 deft_status deft_cuda_matmul_reference(const deft_tensor *n, const deft_mm &mm, void *out, const void *a,

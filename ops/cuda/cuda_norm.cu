@@ -164,8 +164,7 @@ static deft_status deft_bn_grad_sums(const deft_tensor *n, void *out, const void
 }
 
 bool deft_bn_reference_requested(void) {
-    const char *v = getenv("DEFT_BN_REFERENCE");
-    return v && *v && strcmp(v, "0") != 0;
+    return deft_env_on("DEFT_BN_REFERENCE");
 }
 
 /* Every op, the fast kernels first unless the plain ones are asked for; `mask` as in deft_cuda_batch_norm_fast. */

@@ -155,8 +155,7 @@ static deft_pool_geom deft_pool_geometry(const deft_tensor *n) {
 }
 
 static bool deft_pool_reference_requested(void) {
-    const char *v = getenv("DEFT_POOL_REFERENCE");
-    return v && *v && strcmp(v, "0") != 0;
+    return deft_env_on("DEFT_POOL_REFERENCE");
 }
 
 deft_status deft_cuda_pool2d(const deft_tensor *n, void *out, const void *const *in, cudaStream_t st) {
