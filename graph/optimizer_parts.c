@@ -10,8 +10,10 @@
 deft_status deft_optimizer_blocks_init(deft_optimizer *opt) {
     /* At most about DEFT_OPTIMIZER_STEP_BLOCKS blocks of whole runs, plus one partial block per parameter: on a GPU
      * each is one thread block of the step, and the large MLP's step (134M parameters) needed about four per SM to
-     * keep enough loads in flight. */
+     * keep enough loads in flight. A multiple of four elements, so that every block of a parameter that starts on a
+     * 16-byte boundary does too (the GPU's step then moves four f32 elements per load). */
     int64_t chunk = (opt->total + DEFT_OPTIMIZER_STEP_BLOCKS - 1) / DEFT_OPTIMIZER_STEP_BLOCKS;
+    chunk = (chunk + 3) / 4 * 4;
     opt->chunk = chunk < DEFT_OPTIMIZER_BLOCK_MIN ? DEFT_OPTIMIZER_BLOCK_MIN : chunk;
     opt->block_first = malloc((size_t)(opt->n_params + 1) * sizeof *opt->block_first);
     if (!opt->block_first) return deft_set_error(DEFT_ERR_OOM, "optimizer: out of host memory");

@@ -3,7 +3,8 @@
 # (NHWC / channels_last, autocast), f16 (the same with loss scaling: deft's on the device, PyTorch's GradScaler).
 # Run from the repository root after the build is built.
 # Usage: scripts/bench_resnet.sh [log-dir]   (env: BUILD=build-gpu, PYTHON=python3; BENCH_ARGS are given to both,
-# e.g. "--batch 256" or "--precision bf16"; DEFT_ARGS to the deft side only, e.g. "--tf32")
+# e.g. "--batch 256" or "--precision bf16"; DEFT_ARGS to the deft side only, e.g. "--tf32"; PER_CONFIG=1 runs each
+# configuration in a process of its own, on both sides, instead of all of them in one process per side)
 #
 # Runs $BUILD/bench_resnet (CUDA Graphs on), $BUILD/bench_resnet --no-graphs and bench/peers/resnet.py (eager and
 # CUDA Graphs), writes what they print to <log-dir>/resnet.txt, and prints a table per configuration: images per
@@ -29,16 +30,27 @@ rc=0
     --format=csv,noheader 2>&1 | sed 's/^/# gpu: /'
 } > "$out"
 
-echo "== deft: $build/bench_resnet $args $deft_args" >&2
-# shellcheck disable=SC2086
-"$build/bench_resnet" $args $deft_args >> "$out" 2>&1 || { echo "bench_resnet failed" >&2; rc=1; }
-echo "== deft without CUDA Graphs: $build/bench_resnet --no-graphs $args $deft_args" >&2
-# shellcheck disable=SC2086
-"$build/bench_resnet" --no-graphs $args $deft_args >> "$out" 2>&1 \
-  || { echo "bench_resnet --no-graphs failed (column left empty)" >&2; }
-echo "== torch: $python bench/peers/resnet.py $args" >&2
-# shellcheck disable=SC2086
-"$python" bench/peers/resnet.py $args >> "$out" 2>&1 || { echo "resnet.py failed" >&2; rc=1; }
+# One pass of the three runs with extra arguments $1 (a configuration, or nothing for all of them).
+run_all() {
+  echo "== deft: $build/bench_resnet $args $deft_args $1" >&2
+  # shellcheck disable=SC2086
+  "$build/bench_resnet" $args $deft_args $1 >> "$out" 2>&1 || { echo "bench_resnet failed" >&2; rc=1; }
+  echo "== deft without CUDA Graphs: $build/bench_resnet --no-graphs $args $deft_args $1" >&2
+  # shellcheck disable=SC2086
+  "$build/bench_resnet" --no-graphs $args $deft_args $1 >> "$out" 2>&1 \
+    || { echo "bench_resnet --no-graphs failed (column left empty)" >&2; }
+  echo "== torch: $python bench/peers/resnet.py $args $1" >&2
+  # shellcheck disable=SC2086
+  "$python" bench/peers/resnet.py $args $1 >> "$out" 2>&1 || { echo "resnet.py failed" >&2; rc=1; }
+}
+
+if [ "${PER_CONFIG:-0}" = 1 ]; then
+  for precision in f32 bf16 f16; do
+    for batch in 128 512; do run_all "--batch $batch --precision $precision"; done
+  done
+else
+  run_all ""
+fi
 
 # Anything that is not a figure (skips, errors, the comment lines) is shown as it came.
 grep -v -E '^resnet\.[A-Za-z0-9_.]+ ' "$out" | grep -v '^# gpu' >&2

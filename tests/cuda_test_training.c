@@ -5,7 +5,8 @@
  *     accumulation (2) and clipping (0.5);
  *  2. loss = sum(p * c) in f64 on cuda:0, whose gradient is c, so every update can be written out by hand (torch's
  *     formulas): one parameter of 3 elements, and 40 parameters of 1 to 32000 elements (more than the norm's grid
- *     covers in one pass) fed new gradients every run, with accumulation and clipping, within 1e-12;
+ *     covers in one pass) fed new gradients every run, with accumulation and clipping, within 1e-12; and in f32 the
+ *     one-launch step over parameters on and off four-element vectors (its vector and scalar walks), within 2e-5;
  *  3. set_lr between runs, the update count, the step node's value (the norm; NaN before the first update), and two
  *     programs compiled from one graph driving the same optimizer (their gradients sit at different addresses).
  * Skips (exit 77) where no GPU works. DEFT_TEST_GPU_AS_CPU=1 runs every part with the CPU standing in for cuda:0,
@@ -247,6 +248,7 @@ static void ref_opt_run(ref_opt *r, const double *g) {
 /* loss = sum_i sum(p_i * c_i) in f64 on the GPU, c_i an input fed every run: the gradient of p_i is c_i. */
 typedef struct lin {
     deft_graph *g;
+    deft_dtype dt;   /* of the parameters and inputs: f64, or f32 for the fast step's vector and scalar walks */
     int n;
     int64_t *size, total;
     deft_tensor **p, **c, *loss, *step;
@@ -261,11 +263,23 @@ static void lin_free(lin *l) {
     free(l->c);
 }
 
-/* Builds the graph and the optimizer; set_lr_early >= 0 sets that learning rate before the step node exists. */
-static int lin_build(lin *l, int n, const int64_t *sizes, const double *p0, int adamw, const void *opts, int k,
-                     double max_norm, double set_lr_early) {
+/* n values of dtype dt from / to doubles. */
+static void *lin_values(deft_dtype dt, const double *v, int64_t n) {
+    void *out = malloc((size_t)n * (dt == DEFT_F32 ? sizeof(float) : sizeof(double)));
+    for (int64_t j = 0; j < n; j++) {
+        if (dt == DEFT_F32) ((float *)out)[j] = (float)v[j];
+        else ((double *)out)[j] = v[j];
+    }
+    return out;
+}
+
+/* Builds the graph and the optimizer in dtype dt; set_lr_early >= 0 sets that learning rate before the step node
+ * exists. */
+static int lin_build_dt(lin *l, deft_dtype dt, int n, const int64_t *sizes, const double *p0, int adamw,
+                        const void *opts, int k, double max_norm, double set_lr_early) {
     memset(l, 0, sizeof *l);
     l->g = deft_graph_new();
+    l->dt = dt;
     l->n = n;
     l->size = malloc((size_t)n * sizeof *l->size);
     l->p = malloc((size_t)n * sizeof *l->p);
@@ -275,10 +289,12 @@ static int lin_build(lin *l, int n, const int64_t *sizes, const double *p0, int 
         char name[32];
         l->size[i] = sizes[i];
         snprintf(name, sizeof name, "p%d", i);
-        l->p[i] = deft_param(l->g, name, DEFT_F64, 1, &sizes[i], GPU, DEFT_INIT_ZEROS);
-        if (l->p[i]) CHECK_OK(deft_param_set(l->p[i], p0 + l->total, (size_t)sizes[i] * sizeof(double)));
+        l->p[i] = deft_param(l->g, name, dt, 1, &sizes[i], GPU, DEFT_INIT_ZEROS);
+        void *v = lin_values(dt, p0 + l->total, sizes[i]);
+        if (l->p[i]) CHECK_OK(deft_param_set(l->p[i], v, (size_t)sizes[i] * deft_dtype_size(dt)));
+        free(v);
         snprintf(name, sizeof name, "c%d", i);
-        l->c[i] = deft_input(l->g, name, DEFT_F64, 1, &sizes[i], GPU);
+        l->c[i] = deft_input(l->g, name, dt, 1, &sizes[i], GPU);
         deft_tensor *term = deft_sum(deft_mul(l->p[i], l->c[i]), 0, NULL, 0);
         loss = i == 0 ? term : deft_add(loss, term);
         l->total += sizes[i];
@@ -300,10 +316,18 @@ static int lin_build(lin *l, int n, const int64_t *sizes, const double *p0, int 
     return l->prog != NULL;
 }
 
+static int lin_build(lin *l, int n, const int64_t *sizes, const double *p0, int adamw, const void *opts, int k,
+                     double max_norm, double set_lr_early) {
+    return lin_build_dt(l, DEFT_F64, n, sizes, p0, adamw, opts, k, max_norm, set_lr_early);
+}
+
 static int lin_run(lin *l, deft_program *prog, const double *c, float *norm) {
     deft_status s = DEFT_OK;
+    void *cv = lin_values(l->dt, c, l->total);
+    const size_t es = deft_dtype_size(l->dt);
     for (int i = 0, off = 0; s == DEFT_OK && i < l->n; off += (int)l->size[i], i++)
-        s = deft_program_feed(prog, l->c[i], c + off, (size_t)l->size[i] * sizeof(double));
+        s = deft_program_feed(prog, l->c[i], (char *)cv + (size_t)off * es, (size_t)l->size[i] * es);
+    free(cv);
     if (s == DEFT_OK) s = deft_program_run(prog);
     if (s == DEFT_OK && norm) s = deft_program_read(prog, l->step, norm, sizeof *norm);
     CHECK_MSG(s == DEFT_OK, "a run failed: %s: %s", deft_status_name(s), deft_errmsg());
@@ -313,8 +337,13 @@ static int lin_run(lin *l, deft_program *prog, const double *c, float *norm) {
 /* The parameters against the reference, within tol (absolute: every value is of order 1). */
 static void lin_compare(lin *l, const ref_opt *r, double tol, const char *what, int run) {
     double *got = malloc((size_t)l->total * sizeof(double));
-    for (int i = 0, off = 0; i < l->n; off += (int)l->size[i], i++)
-        CHECK_OK(deft_param_get(l->p[i], got + off, (size_t)l->size[i] * sizeof(double)));
+    float *got32 = l->dt == DEFT_F32 ? malloc((size_t)l->total * sizeof(float)) : NULL;
+    for (int i = 0, off = 0; i < l->n; off += (int)l->size[i], i++) {
+        if (got32) CHECK_OK(deft_param_get(l->p[i], got32 + off, (size_t)l->size[i] * sizeof(float)));
+        else CHECK_OK(deft_param_get(l->p[i], got + off, (size_t)l->size[i] * sizeof(double)));
+    }
+    for (int64_t j = 0; got32 && j < l->total; j++) got[j] = got32[j];
+    free(got32);
     int64_t worst = 0;
     double err = 0;
     for (int64_t j = 0; j < l->total; j++)
@@ -416,6 +445,58 @@ static void test_formulas_many(void) {
         lin_free(&l);
         ref_opt_free(&r);
     }
+    free(p0);
+    free(c);
+}
+
+/* The one-launch step in f32 (one micro-batch, no clipping) over parameters whose offsets in the flat storage fall
+ * on four-element vectors and off them: the vector walk (with its tails of 1 to 3 elements) and the scalar walk, in
+ * the many-block kernel (~600k elements) and in the one-block kernel (~40k), for SGD with and without momentum and
+ * for AdamW, against the formulas in double. */
+static void test_formulas_f32(void) {
+    enum { N = 24 };
+    int64_t sizes[N], total = 0, small_sizes[N], small_total = 0;
+    for (int i = 0; i < N; i++) {
+        /* the first eight stay on vectors (multiples of 4), the rest are odd-sized and knock later offsets off them */
+        sizes[i] = i < 8 ? 4 * (1 + (i * 1543 + 7) % 9000) : 1 + (int64_t)((i * 7919 + 13) % 32000);
+        small_sizes[i] = i < 8 ? 4 * (1 + i * 37) : 1 + (int64_t)((i * 577 + 3) % 3000);
+        total += sizes[i];
+        small_total += small_sizes[i];
+    }
+    double *p0 = malloc((size_t)total * sizeof(double)), *c = malloc((size_t)total * sizeof(double));
+    uint64_t rng = 777;
+    for (int64_t j = 0; j < total; j++) p0[j] = ref_unif(&rng, -1, 1);
+    deft_sgd_options sgd = {.lr = 0.1, .momentum = 0.9, .dampening = 0, .weight_decay = 0.01, .nesterov = 1};
+    deft_sgd_options plain = {.lr = 0.05};
+    deft_adamw_options aw = {0.01, 0.9, 0.999, 1e-8, 0.1};
+    struct {
+        const char *name;
+        int adamw;
+        const void *opts;
+    } cases[] = {{"f32 sgd nesterov", 0, &sgd}, {"f32 sgd without momentum", 0, &plain}, {"f32 adamw", 1, &aw}};
+    for (int big = 0; big < 2; big++)
+        for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+            const int64_t n_total = big ? total : small_total;
+            lin l;
+            ref_opt r;
+            ref_opt_init(&r, cases[ci].adamw, cases[ci].opts, 1, 0, n_total, p0);
+            if (lin_build_dt(&l, DEFT_F32, N, big ? sizes : small_sizes, p0, cases[ci].adamw, cases[ci].opts, 1, 0,
+                             -1)) {
+                /* the reference starts from the f32 values the parameters hold */
+                for (int64_t j = 0; j < n_total; j++) r.p[j] = (float)p0[j];
+                for (int run = 0; run < 3; run++) {
+                    for (int64_t j = 0; j < n_total; j++) c[j] = (float)ref_unif(&rng, -1, 1);
+                    float norm = 0;
+                    if (!lin_run(&l, l.prog, c, &norm)) break;
+                    ref_opt_run(&r, c);
+                    lin_compare(&l, &r, 2e-5, cases[ci].name, run);
+                    CHECK_MSG(rel_close(norm, r.last_norm, 1e-5), "%s, run %d: the step's value is %.9g, the norm %.9g",
+                              cases[ci].name, run, (double)norm, r.last_norm);
+                }
+            }
+            lin_free(&l);
+            ref_opt_free(&r);
+        }
     free(p0);
     free(c);
 }
@@ -547,6 +628,7 @@ int main(void) {
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) test_mlp(&cfgs[i]);
     test_formulas_small();
     test_formulas_many();
+    test_formulas_f32();
     test_lr_updates_norm();
     test_two_programs();
     test_flat_gradients_only_when_needed();

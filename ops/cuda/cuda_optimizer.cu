@@ -15,8 +15,8 @@
  *            not finite (an inf or NaN gradient) cancels the update and lowers the scale; clean updates raise it
  *   update   on an update run, one pass over the flat storage: SGD or AdamW
  *
- * With one micro-batch per update, no clipping and no loss scaling (the common case) one kernel does all four (below):
- * a step that may be skipped must know the whole norm before it changes any parameter. Under the compile option
+ * With one micro-batch per update, no clipping and no loss scaling (the common case) one kernel does all four
+ * (cuda_optimizer_fused.cu); a step that may be skipped must know the whole norm before it changes any parameter. Under the compile option
  * optimizer_in_backward the same step runs split (graph/optimizer_split.h): a piece kernel per group of parameters as
  * soon as their gradients exist, and a finisher; both paths sum the norm over the same blocks in the same order.
  *
@@ -31,42 +31,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda_common.cuh"
 #include "caching_allocator.h"
+#include "cuda_optimizer_math.cuh"
 #include "device_internal.h"
-#include "optimizer.h"
 
-/* The hyperparameters, fixed when the optimizer is built: passed by value, so a captured graph keeps them. */
-struct deft_opt_hyper {
-    int kind;                 /* deft_optimizer_kind */
-    int accumulate_steps;
-    double max_grad_norm;
-    double momentum, dampening, sgd_weight_decay;
-    int nesterov;
-    double beta1, beta2, eps, adamw_weight_decay;
-    int loss_scaling;         /* dynamic loss scaling (graph/optimizer.h's deft_optimizer_scaler) */
-    double growth, backoff;
-    int interval;
-};
-
-#define DEFT_OPT_THREADS 256
 /* Elements one gather block covers at least (it walks the segments that overlap its range). */
 #define DEFT_OPT_GATHER_CHUNK 2048
-
-/* ---------------------------------------------------------------- gradients in another dtype
- * A gradient element of type G as the parameters' type T: bf16 and f16 widen exactly (only f32 weights take them,
- * deft_optimizer_grad_dtype_ok); G == T is the plain load. */
-template <class T, class G> __device__ __forceinline__ T deft_opt_widen(G x) { return (T)deft_ty<G>::load(x); }
-
-/* Calls f.template run<G>() with G the C type of a segment's gradients: T itself, or bf16 / f16 for f32 weights. The
- * switch is taken once per segment or block; the call inside runs the loop over its elements. */
-template <class T, class F> __device__ __forceinline__ auto deft_opt_by_dtype(int dtype, const F &f) {
-    if constexpr (sizeof(T) == sizeof(float)) {
-        if (dtype == DEFT_BF16) return f.template run<__nv_bfloat16>();
-        if (dtype == DEFT_F16) return f.template run<__half>();
-    }
-    return f.template run<T>();
-}
 
 /* ---------------------------------------------------------------- gather */
 /* Block b covers elements [b * per_block, (b + 1) * per_block) of the flat gradients: it finds the segment holding
@@ -108,17 +78,6 @@ __global__ void deft_k_opt_gather(T *flat, const deft_optimizer_segment *seg, in
 }
 
 /* ---------------------------------------------------------------- norm */
-/* Sums in double, as the CPU does, in a tree of fixed shape: the same gradients give the same norm bit for bit. */
-__device__ __forceinline__ double deft_opt_block_sum(double v, double *sh) {
-    sh[threadIdx.x] = v;
-    __syncthreads();
-    for (int w = DEFT_OPT_THREADS / 2; w > 0; w /= 2) {
-        if ((int)threadIdx.x < w) sh[threadIdx.x] += sh[threadIdx.x + w];
-        __syncthreads();
-    }
-    return sh[0];
-}
-
 __device__ __forceinline__ bool deft_opt_update_run(const deft_optimizer_dev *dev, int k) {
     return dev->micro + 1 >= k;
 }
@@ -199,70 +158,6 @@ __global__ void deft_k_opt_prepare(deft_optimizer_dev *dev, int nblocks, deft_op
 }
 
 /* ---------------------------------------------------------------- update */
-/* The coefficients of this run, read once per thread from the device's counters. */
-template <class T> struct deft_opt_coef {
-    T lr, step, bc2_sqrt, decay;
-    bool first;
-};
-
-template <class T> __device__ __forceinline__ deft_opt_coef<T> deft_opt_coef_of(const deft_optimizer_dev *dev) {
-    deft_opt_coef<T> c;
-    c.lr = (T)dev->lr;
-    c.step = (T)dev->step_size;
-    c.bc2_sqrt = (T)dev->bc2_sqrt;
-    c.decay = (T)dev->decay;
-    c.first = dev->first != 0;
-    return c;
-}
-
-/* runtime/optimizer_run.c's DEFT_SGD on one element held in registers (pj the parameter, bj its momentum buffer,
- * read only when momentum is on and this is not the first update) with the scaled gradient d: weight decay added
- * to d, the momentum buffer starting as d on the first update. */
-template <class T>
-__device__ __forceinline__ void deft_opt_sgd_reg(T &pj, T &bj, T d, const deft_opt_hyper &h,
-                                                 const deft_opt_coef<T> &c) {
-    const T mom = (T)h.momentum, damp = (T)(1.0 - h.dampening), wd = (T)h.sgd_weight_decay;
-    if (wd != T(0)) d += wd * pj;
-    if (mom != T(0)) {
-        const T b = c.first ? d : mom * bj + damp * d;
-        bj = b;
-        d = h.nesterov ? d + mom * b : b;
-    }
-    pj -= c.lr * d;
-}
-
-template <class T>
-__device__ __forceinline__ void deft_opt_sgd_one(T *p, T *buf, int64_t j, T d, const deft_opt_hyper &h,
-                                                 const deft_opt_coef<T> &c) {
-    T pj = p[j], bj = h.momentum != 0.0 && !c.first ? buf[j] : T(0);
-    deft_opt_sgd_reg<T>(pj, bj, d, h, c);
-    if (h.momentum != 0.0) buf[j] = bj;
-    p[j] = pj;
-}
-
-/* runtime/optimizer_run.c's DEFT_ADAMW: the moments start at zero on the first update (the CPU clears them there).
- * The last line mirrors C's promotions on the CPU: for f32, sqrt(v) and the division are in double. */
-template <class T>
-__device__ __forceinline__ void deft_opt_adamw_reg(T &pj, T &mj, T &vj, T d, const deft_opt_hyper &h,
-                                                   const deft_opt_coef<T> &c) {
-    const T b1 = (T)h.beta1, b2 = (T)h.beta2, eps = (T)h.eps;
-    const T pd = pj * c.decay;
-    if (c.first) mj = vj = T(0);
-    mj = b1 * mj + (T(1) - b1) * d;
-    vj = b2 * vj + (T(1) - b2) * d * d;
-    pj = (T)((double)pd - (double)(c.step * mj) / (sqrt((double)vj) / (double)c.bc2_sqrt + (double)eps));
-}
-
-template <class T>
-__device__ __forceinline__ void deft_opt_adamw_one(T *p, T *m, T *v, int64_t j, T d, const deft_opt_hyper &h,
-                                                   const deft_opt_coef<T> &c) {
-    T pj = p[j], mj = c.first ? T(0) : m[j], vj = c.first ? T(0) : v[j];
-    deft_opt_adamw_reg<T>(pj, mj, vj, d, h, c);
-    m[j] = mj;
-    v[j] = vj;
-    p[j] = pj;
-}
-
 template <class T>
 __global__ void deft_k_opt_update(T *p, const T *g, T *s0, T *s1, int64_t total, const deft_optimizer_dev *dev,
                                   deft_opt_hyper h) {
@@ -273,241 +168,6 @@ __global__ void deft_k_opt_update(T *p, const T *g, T *s0, T *s1, int64_t total,
         if (h.kind == DEFT_OPTIM_SGD) deft_opt_sgd_one<T>(p, s0, j, g[j] * scale, h, c);
         else deft_opt_adamw_one<T>(p, s0, s1, j, g[j] * scale, h, c);
     }
-}
-
-/* The one-launch step over flat elements [lo, hi) whose gradients are g[lo..hi) (g indexed like the flat storage):
- * thread t takes lo + t, lo + t + blockDim.x, ... in that order, U at a time, every load of a group issued before
- * any store (the restrict qualifiers let the compiler keep them together), which keeps enough reads in flight to
- * run at the memory's rate; one element at a time the step ran at half of it. Returns the thread's running sum of
- * squares: acc, then this range's squares added in element order, as the one-at-a-time loop added them. */
-#define DEFT_OPT_UNROLL 4
-template <class T, class G>
-__device__ double deft_opt_fused_range(T *__restrict__ p, T *__restrict__ s0, T *__restrict__ s1,
-                                       const G *__restrict__ g, int64_t lo, int64_t hi, const deft_opt_hyper &h,
-                                       const deft_opt_coef<T> &c, double acc) {
-    const int64_t bd = blockDim.x;
-    const bool sgd = h.kind == DEFT_OPTIM_SGD, moments = sgd ? h.momentum != 0.0 : true;
-    double sum = acc;
-    int64_t j = lo + threadIdx.x;
-    for (; j + (DEFT_OPT_UNROLL - 1) * bd < hi; j += DEFT_OPT_UNROLL * bd) {
-        T gv[DEFT_OPT_UNROLL], pv[DEFT_OPT_UNROLL], av[DEFT_OPT_UNROLL], bv[DEFT_OPT_UNROLL];
-#pragma unroll
-        for (int u = 0; u < DEFT_OPT_UNROLL; u++) {
-            const int64_t k = j + u * bd;
-            gv[u] = deft_opt_widen<T, G>(g[k]);
-            pv[u] = p[k];
-            av[u] = moments && !c.first ? s0[k] : T(0);
-            bv[u] = !sgd && !c.first ? s1[k] : T(0);
-        }
-#pragma unroll
-        for (int u = 0; u < DEFT_OPT_UNROLL; u++) {
-            sum += (double)gv[u] * (double)gv[u];
-            if (sgd) deft_opt_sgd_reg<T>(pv[u], av[u], gv[u], h, c);
-            else deft_opt_adamw_reg<T>(pv[u], av[u], bv[u], gv[u], h, c);
-        }
-#pragma unroll
-        for (int u = 0; u < DEFT_OPT_UNROLL; u++) {
-            const int64_t k = j + u * bd;
-            p[k] = pv[u];
-            if (moments) s0[k] = av[u];
-            if (!sgd) s1[k] = bv[u];
-        }
-    }
-    for (; j < hi; j += bd) {
-        const T gj = deft_opt_widen<T, G>(g[j]);
-        sum += (double)gj * (double)gj;
-        if (sgd) deft_opt_sgd_one<T>(p, s0, j, gj, h, c);
-        else deft_opt_adamw_one<T>(p, s0, s1, j, gj, h, c);
-    }
-    return sum;
-}
-
-/* ---------------------------------------------------------------- one launch: the common step
- * With one micro-batch per update and no clipping, nothing in an update waits on the norm, so a single kernel does
- * the whole step: block b takes the norm's block b (graph/optimizer.h: a run of one parameter's elements), reads its
- * gradients through the gather table (there are no flat gradients: deft_optimizer_keeps_grads), updates them with the
- * coefficients of this run (from the device's counters, which no block changes before every block has read them),
- * and writes the block's sum of squares; the last block to finish (a ticket after a fence) adds the sums in block
- * order, writes the norm and advances the counters. The formulas are the update kernels' above with scale 1, so both
- * paths give the same parameters; the pieces of a split step (below) give the same parameters and the same norm. */
-template <class T>
-__device__ __forceinline__ deft_opt_coef<T> deft_opt_coef_now(const deft_optimizer_dev *dev, const deft_opt_hyper &h) {
-    deft_opt_coef<T> c;
-    c.first = dev->updates == 0;
-    c.lr = (T)dev->lr;
-    c.step = c.bc2_sqrt = c.decay = T(0);
-    if (h.kind != DEFT_OPTIM_SGD) {   /* double pow in every thread is a good part of a small SGD step */
-        const double t = (double)(dev->updates + 1);
-        c.step = (T)(dev->lr / (1.0 - pow(h.beta1, t)));
-        c.bc2_sqrt = (T)sqrt(1.0 - pow(h.beta2, t));
-        c.decay = (T)(1.0 - dev->lr * h.adamw_weight_decay);
-    }
-    return c;
-}
-
-/* Updates the elements of one norm block and returns this thread's sum of squares of their gradients (read in the
- * segment's dtype: one choice per block). */
-template <class T> struct deft_opt_block_run {
-    T *p, *s0, *s1;
-    const deft_optimizer_block &bk;
-    const deft_optimizer_segment &seg;
-    const deft_opt_hyper &h;
-    const deft_opt_coef<T> &c;
-    template <class G> __device__ __forceinline__ double run() const {
-        return deft_opt_fused_range<T, G>(p, s0, s1, (const G *)seg.src - seg.offset, bk.lo, bk.hi, h, c, 0.0);
-    }
-};
-
-template <class T>
-__device__ __forceinline__ double deft_opt_block_step(T *p, T *s0, T *s1, const deft_optimizer_block &bk,
-                                                      const deft_optimizer_segment &seg, const deft_opt_hyper &h,
-                                                      const deft_opt_coef<T> &c) {
-    deft_opt_block_run<T> r = {p, s0, s1, bk, seg, h, c};
-    return deft_opt_by_dtype<T>(seg.dtype, r);
-}
-
-/* Thread 0 closes an update whose gradients' sum of squares is total_sq. */
-__device__ __forceinline__ void deft_opt_close(deft_optimizer_dev *dev, double total_sq, bool first, float *out) {
-    const double norm = sqrt(total_sq);
-    dev->last_norm = (float)norm;
-    dev->scale = 1.0;
-    dev->first = first;
-    dev->updates++;
-    dev->micro = 0;
-    dev->update_now = 1;
-    dev->blocks_done = 0;
-    if (out) *out = (float)norm;
-}
-
-template <class T>
-__global__ void deft_k_opt_fused(T *p, T *s0, T *s1, const deft_optimizer_segment *seg,
-                                 const deft_optimizer_block *blocks, double *block_sums, deft_optimizer_dev *dev,
-                                 deft_opt_hyper h, float *out) {
-    __shared__ double sh[DEFT_OPT_THREADS];
-    __shared__ bool last;
-    const deft_opt_coef<T> c = deft_opt_coef_now<T>(dev, h);
-    const deft_optimizer_block bk = blocks[blockIdx.x];
-    double sum = deft_opt_block_sum(deft_opt_block_step<T>(p, s0, s1, bk, seg[bk.param], h, c), sh);
-    double total_sq = sum;
-    if (gridDim.x > 1) {   /* one block (a small model) has the whole sum already: no ticket, no fences */
-        if (threadIdx.x == 0) {
-            block_sums[blockIdx.x] = sum;
-            __threadfence();
-            last = atomicAdd(&dev->blocks_done, 1u) == gridDim.x - 1;
-        }
-        __syncthreads();
-        if (!last) return;
-        __threadfence();
-        double v = 0.0;
-        for (int i = (int)threadIdx.x; i < (int)gridDim.x; i += (int)blockDim.x)
-            v += ((volatile double *)block_sums)[i];
-        total_sq = deft_opt_block_sum(v, sh);
-    }
-    if (threadIdx.x == 0) deft_opt_close(dev, total_sq, c.first, out);
-}
-
-/* The one-launch step of a small model as one thread block: the norm blocks one after the other (a model of a few
- * parameters has one per parameter, and a launch of several blocks pays the ticket and its fences, a good part of
- * such a step). Block b's sum is added by thread b % blockDim.x, in increasing b, and the threads' values then go
- * through the same tree: the last block of deft_k_opt_fused adds the sums in exactly this order. */
-#define DEFT_OPT_ONE_BLOCK_MAX ((int64_t)1 << 16)
-template <class T>
-__global__ void deft_k_opt_fused_one(T *p, T *s0, T *s1, const deft_optimizer_segment *seg,
-                                     const deft_optimizer_block *blocks, int n_blocks, deft_optimizer_dev *dev,
-                                     deft_opt_hyper h, float *out) {
-    __shared__ double sh[DEFT_OPT_THREADS];
-    const deft_opt_coef<T> c = deft_opt_coef_now<T>(dev, h);
-    double v = 0.0;
-    for (int b = 0; b < n_blocks; b++) {
-        const deft_optimizer_block bk = blocks[b];
-        const double sum = deft_opt_block_sum(deft_opt_block_step<T>(p, s0, s1, bk, seg[bk.param], h, c), sh);
-        if ((int)threadIdx.x == b % (int)blockDim.x) v += sum;
-        __syncthreads();   /* every thread has read sh[0] before the next sum writes it */
-    }
-    const double total_sq = deft_opt_block_sum(v, sh);
-    if (threadIdx.x == 0) deft_opt_close(dev, total_sq, c.first, out);
-}
-
-/* The step of a model whose parameters all have at most 32 elements (and are at most 32), in one warp and without a
- * barrier: lane t takes element t of each parameter. The block trees of the kernels above add, for such a block,
- * zeros in their rounds over 128, 64 and 32 (exact) and then pair lanes as the shuffles below do, so the norm is the
- * same bit for bit; so is the final tree over the blocks' sums. */
-#define DEFT_OPT_WARP 32
-/* Element i of a segment's gradients as T (one element per lane here, so the dtype is looked at per element; the
- * branch is the same in every lane). */
-template <class T> __device__ __forceinline__ T deft_opt_grad_at(const deft_optimizer_segment &s, int64_t i) {
-    if constexpr (sizeof(T) == sizeof(float)) {
-        if (s.dtype == DEFT_BF16) return deft_opt_widen<T, __nv_bfloat16>(((const __nv_bfloat16 *)s.src)[i]);
-        if (s.dtype == DEFT_F16) return deft_opt_widen<T, __half>(((const __half *)s.src)[i]);
-    }
-    return ((const T *)s.src)[i];
-}
-
-template <class T>
-__global__ void deft_k_opt_fused_warp(T *p, T *s0, T *s1, const deft_optimizer_segment *seg,
-                                      const deft_optimizer_block *blocks, int n_blocks, deft_optimizer_dev *dev,
-                                      deft_opt_hyper h, float *out) {
-    const int lane = (int)threadIdx.x;
-    const deft_opt_coef<T> c = deft_opt_coef_now<T>(dev, h);
-    double v = 0.0;
-    for (int b = 0; b < n_blocks; b++) {
-        const deft_optimizer_block bk = blocks[b];
-        const int64_t j = bk.lo + lane;
-        double sum = 0.0;
-        if (j < bk.hi) {
-            const T g = deft_opt_grad_at<T>(seg[bk.param], j - seg[bk.param].offset);
-            sum += (double)g * (double)g;
-            if (h.kind == DEFT_OPTIM_SGD) deft_opt_sgd_one<T>(p, s0, j, g, h, c);
-            else deft_opt_adamw_one<T>(p, s0, s1, j, g, h, c);
-        }
-        for (int w = DEFT_OPT_WARP / 2; w > 0; w >>= 1) sum += __shfl_down_sync(0xffffffffu, sum, w);
-        sum = __shfl_sync(0xffffffffu, sum, 0);
-        if (lane == b) v += sum;
-    }
-    for (int w = DEFT_OPT_WARP / 2; w > 0; w >>= 1) v += __shfl_down_sync(0xffffffffu, v, w);
-    if (lane == 0) deft_opt_close(dev, v, c.first, out);
-}
-
-/* Whether every parameter of o fits one lane per element (deft_k_opt_fused_warp). */
-static bool deft_opt_fits_warp(const deft_optimizer *o) {
-    if (o->n_params > DEFT_OPT_WARP || o->n_blocks != o->n_params) return false;
-    for (int i = 0; i < o->n_params; i++)
-        if (deft_shape_numel(o->params[i]->ndim, o->params[i]->shape) > DEFT_OPT_WARP) return false;
-    return true;
-}
-
-/* ---------------------------------------------------------------- optimizer in backward: a split step
- * A piece takes the norm blocks of its parameters (first_block on) as the one-launch step does, and writes each
- * block's sum of squares to its node's value. The finisher, one block of threads, adds the pieces' sums in block order
- * exactly as the one-launch step's last block adds its own, and closes the update: the counters it advances are those
- * every piece of this run read before. */
-template <class T>
-__global__ void deft_k_opt_piece(T *p, T *s0, T *s1, const deft_optimizer_segment *seg, int first_param,
-                                 const deft_optimizer_block *blocks, int first_block, const deft_optimizer_dev *dev,
-                                 deft_opt_hyper h, double *sums) {
-    __shared__ double sh[DEFT_OPT_THREADS];
-    const deft_opt_coef<T> c = deft_opt_coef_now<T>(dev, h);
-    const deft_optimizer_block bk = blocks[first_block + (int)blockIdx.x];
-    const double sum = deft_opt_block_sum(deft_opt_block_step<T>(p, s0, s1, bk, seg[bk.param - first_param], h, c), sh);
-    if (threadIdx.x == 0) sums[blockIdx.x] = sum;
-}
-
-/* pieces[k]: piece k's sums at src, its first block at offset, count blocks. */
-__global__ void deft_k_opt_finish(const deft_optimizer_segment *pieces, int n_pieces, int n_blocks,
-                                  deft_optimizer_dev *dev, float *out) {
-    __shared__ double sh[DEFT_OPT_THREADS];
-    double v = 0.0;
-    for (int i = (int)threadIdx.x; i < n_blocks; i += (int)blockDim.x) {
-        int a = 0, b = n_pieces - 1;   /* the last piece starting at or before block i */
-        while (a < b) {
-            const int m = (a + b + 1) / 2;
-            if (pieces[m].offset <= i) a = m;
-            else b = m - 1;
-        }
-        v += ((const double *)pieces[a].src)[i - pieces[a].offset];
-    }
-    const double total_sq = deft_opt_block_sum(v, sh);
-    if (threadIdx.x == 0) deft_opt_close(dev, total_sq, dev->updates == 0, out);
 }
 
 /* ---------------------------------------------------------------- the host side */
@@ -673,8 +333,9 @@ static deft_opt_hyper deft_opt_hyper_of(const deft_optimizer *o) {
 template <class T>
 static deft_status deft_opt_launch(deft_optimizer *o, const deft_optimizer_segment *table, float *out,
                                    cudaStream_t st) {
-    const int64_t total = o->total;
     const deft_opt_hyper h = deft_opt_hyper_of(o);
+    if (!deft_optimizer_keeps_grads(o)) return deft_opt_fused_launch<T>(o, table, h, out, st);
+    const int64_t total = o->total;
 
     /* Every grid below depends only on the flat storage's size, so the launches (and the norm's summation order)
      * are the same on every run. */
@@ -690,18 +351,6 @@ static deft_status deft_opt_launch(deft_optimizer *o, const deft_optimizer_segme
     deft_optimizer_dev *dev = o->dev;
     const deft_tensor *n = o->step_node;
 
-    if (!deft_optimizer_keeps_grads(o)) {
-        if (deft_opt_fits_warp(o))
-            deft_k_opt_fused_warp<T><<<1, DEFT_OPT_WARP, 0, st>>>(p, s0, s1, table, o->dev_blocks, o->n_blocks, dev,
-                                                                  h, out);
-        else if (total <= DEFT_OPT_ONE_BLOCK_MAX && o->n_blocks > 1)
-            deft_k_opt_fused_one<T><<<1, DEFT_OPT_THREADS, 0, st>>>(p, s0, s1, table, o->dev_blocks, o->n_blocks, dev,
-                                                                    h, out);
-        else
-            deft_k_opt_fused<T><<<(unsigned)o->n_blocks, DEFT_OPT_THREADS, 0, st>>>(p, s0, s1, table, o->dev_blocks,
-                                                                                    o->dev_block_sums, dev, h, out);
-        return deft_cuda_check_launch(n, "optimizer step");
-    }
     deft_k_opt_gather<T><<<gather_blocks, DEFT_OPT_THREADS, 0, st>>>(g, table, o->n_params, total, per_block, dev);
     deft_status s = deft_cuda_check_launch(n, "optimizer gather");
     if (s != DEFT_OK) return s;
@@ -785,16 +434,6 @@ extern "C" deft_status deft_cuda_optimizer_blocks_new(struct deft_optimizer *o) 
     return DEFT_OK;
 }
 
-template <class T>
-static deft_status deft_opt_piece_launch(deft_optimizer *o, const deft_optimizer_segment *table, double *sums,
-                                         cudaStream_t st) {
-    deft_optimizer *w = o->part->whole;
-    deft_k_opt_piece<T><<<(unsigned)o->part->n_blocks, DEFT_OPT_THREADS, 0, st>>>(
-        (T *)w->flat_params, (T *)w->state0, (T *)w->state1, table, o->part->first_param, w->dev_blocks,
-        o->part->first_block, w->dev, deft_opt_hyper_of(w), sums);
-    return deft_cuda_check_launch(w->step_node, "optimizer piece");
-}
-
 extern "C" deft_status deft_cuda_optimizer_part_run(struct deft_optimizer *o, deft_tensor *const *srcs,
                                                     const void *const *grads, void *out, void *stream) {
     deft_optimizer *w = o->part->whole;
@@ -812,12 +451,11 @@ extern "C" deft_status deft_cuda_optimizer_part_run(struct deft_optimizer *o, de
     s = deft_opt_table_for(o, srcs, grads, st, &table);
     if (s != DEFT_OK) return s;
     if (o->part->finisher) {
-        deft_k_opt_finish<<<1, DEFT_OPT_THREADS, 0, st>>>(table, o->part->n_pieces, w->n_blocks, w->dev, (float *)out);
-        return deft_cuda_check_launch(w->step_node, "optimizer finish");
+        return deft_opt_finish_launch(o, table, (float *)out, st);
     }
     switch (o->dtype) {
-    case DEFT_F32: return deft_opt_piece_launch<float>(o, table, (double *)out, st);
-    case DEFT_F64: return deft_opt_piece_launch<double>(o, table, (double *)out, st);
+    case DEFT_F32: return deft_opt_piece_launch<float>(o, table, deft_opt_hyper_of(w), (double *)out, st);
+    case DEFT_F64: return deft_opt_piece_launch<double>(o, table, deft_opt_hyper_of(w), (double *)out, st);
     default:
         return deft_set_error(DEFT_ERR_DTYPE, "optimizer %s: parameters are %s; the optimizer keeps f32 or f64 weights",
                               w->step_node->name, deft_dtype_name(o->dtype));
