@@ -7,7 +7,7 @@
  * show; the GPU's outputs after the replay must equal those of the first (eager) run bit for bit. Halves run with
  * f32 statistics and parameters and are compared with the CPU's f32 result. ResNet-18's NHWC shapes (128 to 8192
  * rows of 64 to 512 channels, and its max pool's [128, 16, 16, 64]) run in f32, f16 and bf16, through the row
- * walk's vector loads and its scalar path. Max pooling is checked exactly against the plain kernels, on inputs
+ * walk's vector loads (in its wider blocks from 8192 rows on) and its scalar path. Max pooling is checked exactly against the plain kernels, on inputs
  * full of ties (and a NaN). Skips (exit 77) where no GPU works; DEFT_TEST_GPU_AS_CPU=1 runs it with the CPU in the
  * GPU's place. */
 #define _POSIX_C_SOURCE 200112L /* setenv */

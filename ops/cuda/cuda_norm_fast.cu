@@ -25,6 +25,12 @@
 static_assert(sizeof(unsigned) == 4 && sizeof(double2) == 16, "DEFT_NORM_WORKSPACE_BYTES counts 4- and 16-byte items");
 #define DEFT_BN_PLANE_CHUNK 4096                   /* elements of a channel per block in the plane walk */
 #define DEFT_BN_ROW_THREADS 256                    /* the row walk's block: channel groups x rows */
+/* From this many rows on, the row walk's blocks have DEFT_BN_WIDE_THREADS threads: twice the loads in flight for the
+ * same number of partials. ResNet-18 steps on an H200 (bf16 b128 / b512, f32 b512): 1078 / 1594 / 2448 us with 256
+ * threads everywhere, 1073 / 1574 / 2414 with 512 from 8192 rows, 1130 / 1620 (bf16) with 512 everywhere, and
+ * slower with 1024. */
+#define DEFT_BN_WIDE_ROWS 8192
+#define DEFT_BN_WIDE_THREADS 512
 #define DEFT_BN_ROW_BYTES 64                       /* of a row per block: two 32-byte sectors */
 /* The row walk's grid: one block per SM. More blocks read no faster, and leave more partials for the last block to
  * add: ResNet-18 bf16 steps on an H200 took 1176 / 1201 / 1220 us at batch 128 with 1 / 4 / 8 blocks per SM, and
@@ -204,18 +210,18 @@ __global__ void deft_bn_plane_sums_kernel(deft_bn_geom g, Term t, int64_t per, d
  * neighbouring channels (a column; grid.y) over a chunk of `per` rows (grid.x). Its threads are BX = W / V groups of
  * V channels (one vector load each) by BY = THREADS / BX rows, so a warp reads 32 / BX rows of 64 bytes. The block
  * adds its threads' sums in double: shuffles over the rows a warp holds, then the warps in order. */
-template <class Term, int V> struct deft_bn_row_shape {
+template <class Term, int V, int NT> struct deft_bn_row_shape {
     static constexpr int W = DEFT_BN_ROW_BYTES / (int)sizeof(typename Term::E);
-    static constexpr int BX = W / V, BY = DEFT_BN_ROW_THREADS / BX, WARPS = DEFT_BN_ROW_THREADS / 32;
-    static_assert(W % V == 0 && 32 % BX == 0 && WARPS * W <= DEFT_BN_ROW_THREADS, "the row walk's block shape");
+    static constexpr int BX = W / V, BY = NT / BX, WARPS = NT / 32;
+    static_assert(W % V == 0 && 32 % BX == 0 && WARPS * W <= NT, "the row walk's block shape");
 };
 
 /* The last block of a column adds the chunk partials of its W channels with all its threads: thread (s, j) adds
  * chunks s, s + S, ... of channel c0 + j in order, then a tree over s in shared memory, so the order is fixed. */
-template <class Term, int W>
+template <class Term, int W, int NT>
 __device__ void deft_bn_row_finish(const deft_bn_geom &g, const Term &t, const double2 *part, unsigned chunks,
-                                   int64_t c0, double (&sh)[2][DEFT_BN_ROW_THREADS]) {
-    constexpr int S = DEFT_BN_ROW_THREADS / W;
+                                   int64_t c0, double (&sh)[2][NT]) {
+    constexpr int S = NT / W;
     static_assert((S & (S - 1)) == 0, "the finish's tree halves S");
     const int tid = threadIdx.x, j = tid % W, s = tid / W;
     const int64_t c = c0 + j;
@@ -237,12 +243,12 @@ __device__ void deft_bn_row_finish(const deft_bn_geom &g, const Term &t, const d
 }
 
 /* part[chunk C + c]: the chunk's partial of channel c (the finish reads a chunk's channels side by side). */
-template <class Term, int V>
-__global__ void __launch_bounds__(DEFT_BN_ROW_THREADS)
+template <class Term, int V, int NT>
+__global__ void __launch_bounds__(NT)
     deft_bn_row_sums_kernel(deft_bn_geom g, Term t, int64_t per, double2 *part, unsigned *count) {
     typedef typename Term::A A;
-    typedef deft_bn_row_shape<Term, V> B;
-    __shared__ double sh[2][DEFT_BN_ROW_THREADS];
+    typedef deft_bn_row_shape<Term, V, NT> B;
+    __shared__ double sh[2][NT];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, tx = tid % B::BX, ty = tid / B::BX;
     const int64_t c0 = (int64_t)blockIdx.y * B::W, c = c0 + (int64_t)tx * V, r0 = (int64_t)blockIdx.x * per;
     const int64_t r1 = r0 + per < g.N ? r0 + per : g.N;
@@ -274,7 +280,7 @@ __global__ void __launch_bounds__(DEFT_BN_ROW_THREADS)
         __threadfence();
     }
     if (!deft_bn_last_of_column(count + blockIdx.y, gridDim.x)) return;
-    deft_bn_row_finish<Term, B::W>(g, t, part, gridDim.x, c0, sh);
+    deft_bn_row_finish<Term, B::W, NT>(g, t, part, gridDim.x, c0, sh);
 }
 
 static int64_t deft_ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -324,9 +330,9 @@ static deft_status deft_bn_sm_count(const deft_tensor *n, int *sms) {
 /* The row walk with V channels per load. Chunks: as many as fill DEFT_BN_ROW_BLOCKS_PER_SM blocks per SM, but at
  * least one row per thread, and no more partials than the workspace holds. The same device and shape always get
  * the same chunks, so the sums are added in the same order on every run. */
-template <class Term, int V> static deft_status deft_bn_row_launch(const deft_tensor *n, const deft_bn_geom &g,
+template <class Term, int V, int NT> static deft_status deft_bn_row_launch(const deft_tensor *n, const deft_bn_geom &g,
                                                                    Term t, cudaStream_t st, bool *done) {
-    typedef deft_bn_row_shape<Term, V> B;
+    typedef deft_bn_row_shape<Term, V, NT> B;
     const int64_t columns = deft_ceil_div(g.C, B::W);
     int sms = 0;
     deft_status s = deft_bn_sm_count(n, &sms);
@@ -342,7 +348,7 @@ template <class Term, int V> static deft_status deft_bn_row_launch(const deft_te
     bool have = false;
     s = deft_bn_scratch(n, st, &count, &part, &have);
     if (s != DEFT_OK || !have) return s;
-    deft_bn_row_sums_kernel<Term, V><<<dim3((unsigned)chunks, (unsigned)columns), DEFT_BN_ROW_THREADS, 0, st>>>(
+    deft_bn_row_sums_kernel<Term, V, NT><<<dim3((unsigned)chunks, (unsigned)columns), NT, 0, st>>>(
         g, t, per, part, count);
     *done = true;
     return deft_cuda_check_launch(n, "batch norm row sums");
@@ -356,8 +362,11 @@ template <class Term> static deft_status deft_bn_column_sums(const deft_tensor *
     constexpr int V = 16 / (int)sizeof(typename Term::E);
     *done = false;
     if (g.S != 1) return deft_bn_plane_sums(n, g, t, st, done);
-    if (g.C % V == 0 && t.aligned(16)) return deft_bn_row_launch<Term, V>(n, g, t, st, done);
-    return deft_bn_row_launch<Term, 1>(n, g, t, st, done);
+    if (g.C % V == 0 && t.aligned(16)) {
+        if (g.N >= DEFT_BN_WIDE_ROWS) return deft_bn_row_launch<Term, V, DEFT_BN_WIDE_THREADS>(n, g, t, st, done);
+        return deft_bn_row_launch<Term, V, DEFT_BN_ROW_THREADS>(n, g, t, st, done);
+    }
+    return deft_bn_row_launch<Term, 1, DEFT_BN_ROW_THREADS>(n, g, t, st, done);
 }
 
 /* ---- the elementwise passes ---- */
