@@ -353,6 +353,26 @@ static void lin_compare(lin *l, const ref_opt *r, double tol, const char *what, 
     free(got);
 }
 
+/* `runs` runs of l, each fed new random gradients c (values of l's dtype), against the reference r: the parameters
+ * within tol, the step's value (the norm) within norm_tol relative, and the update count. */
+static void lin_check_runs(lin *l, ref_opt *r, int runs, uint64_t *rng, double *c, double tol, double norm_tol,
+                           const char *name) {
+    for (int run = 0; run < runs; run++) {
+        for (int64_t j = 0; j < l->total; j++) {
+            c[j] = ref_unif(rng, -1, 1);
+            if (l->dt == DEFT_F32) c[j] = (float)c[j];
+        }
+        float norm = 0;
+        if (!lin_run(l, l->prog, c, &norm)) break;
+        ref_opt_run(r, c);
+        lin_compare(l, r, tol, name, run);
+        CHECK_MSG(rel_close(norm, r->last_norm, norm_tol), "%s, run %d: the step's value is %.9g, the norm %.9g", name,
+                  run, (double)norm, r->last_norm);
+        CHECK_MSG(deft_optimizer_updates(l->opt) == r->t, "%s, run %d: %lld updates, %lld wanted", name, run,
+                  (long long)deft_optimizer_updates(l->opt), (long long)r->t);
+    }
+}
+
 static const double C3[3] = {0.5, -2.0, 4.0};
 static const double P3[3] = {1.0, -1.0, 0.25};
 
@@ -430,17 +450,7 @@ static void test_formulas_many(void) {
         ref_opt r;
         ref_opt_init(&r, cases[ci].adamw, cases[ci].opts, cases[ci].k, cases[ci].max_norm, total, p0);
         if (lin_build(&l, N, sizes, p0, cases[ci].adamw, cases[ci].opts, cases[ci].k, cases[ci].max_norm, -1)) {
-            for (int run = 0; run < cases[ci].runs; run++) {
-                for (int64_t j = 0; j < total; j++) c[j] = ref_unif(&rng, -1, 1);
-                float norm = 0;
-                if (!lin_run(&l, l.prog, c, &norm)) break;
-                ref_opt_run(&r, c);
-                lin_compare(&l, &r, 1e-12, cases[ci].name, run);
-                CHECK_MSG(rel_close(norm, r.last_norm, 1e-6), "%s, run %d: the step's value is %.9g, the norm %.9g",
-                          cases[ci].name, run, (double)norm, r.last_norm);
-                CHECK_MSG(deft_optimizer_updates(l.opt) == r.t, "%s, run %d: %lld updates, %lld wanted",
-                          cases[ci].name, run, (long long)deft_optimizer_updates(l.opt), (long long)r.t);
-            }
+            lin_check_runs(&l, &r, cases[ci].runs, &rng, c, 1e-12, 1e-6, cases[ci].name);
         }
         lin_free(&l);
         ref_opt_free(&r);
@@ -484,15 +494,7 @@ static void test_formulas_f32(void) {
                              -1)) {
                 /* the reference starts from the f32 values the parameters hold */
                 for (int64_t j = 0; j < n_total; j++) r.p[j] = (float)p0[j];
-                for (int run = 0; run < 3; run++) {
-                    for (int64_t j = 0; j < n_total; j++) c[j] = (float)ref_unif(&rng, -1, 1);
-                    float norm = 0;
-                    if (!lin_run(&l, l.prog, c, &norm)) break;
-                    ref_opt_run(&r, c);
-                    lin_compare(&l, &r, 2e-5, cases[ci].name, run);
-                    CHECK_MSG(rel_close(norm, r.last_norm, 1e-5), "%s, run %d: the step's value is %.9g, the norm %.9g",
-                              cases[ci].name, run, (double)norm, r.last_norm);
-                }
+                lin_check_runs(&l, &r, 3, &rng, c, 2e-5, 1e-5, cases[ci].name);
             }
             lin_free(&l);
             ref_opt_free(&r);
