@@ -10,44 +10,7 @@
 
 #include "cuda_pool.cuh"
 
-/* One window along an axis: the input range [lo, hi) it covers and its share of the average's divisor. */
-struct deft_pool_win {
-    int64_t lo, hi, count;
-};
-
-/* As pool_window in cpu_pool.c. */
-__device__ __forceinline__ deft_pool_win deft_pool_window(const deft_pool_geom &g, int axis, int64_t o) {
-    const int64_t in_len = axis ? g.W : g.H, out_len = axis ? g.OW : g.OH;
-    if (g.adaptive) {
-        const int64_t lo = o * in_len / out_len, hi = ((o + 1) * in_len + out_len - 1) / out_len;
-        return deft_pool_win{lo, hi, hi - lo};
-    }
-    const int64_t k = axis ? g.kw : g.kh, s = axis ? g.sw : g.sh, p = axis ? g.pw : g.ph;
-    const int64_t start = o * s - p;
-    int64_t end = start + k;
-    if (end > in_len + p) end = in_len + p;
-    const int64_t lo = start < 0 ? 0 : start, hi = end > in_len ? in_len : end;
-    return deft_pool_win{lo, hi, g.include_pad ? end - start : hi - lo};
-}
-
-/* The range [first, last] of outputs along an axis whose windows may cover input index i (checked again by the
- * caller against the window itself). */
-__device__ __forceinline__ void deft_pool_covering(const deft_pool_geom &g, int axis, int64_t i, int64_t *first,
-                                                   int64_t *last) {
-    const int64_t in_len = axis ? g.W : g.H, out_len = axis ? g.OW : g.OH;
-    int64_t a, b;
-    if (g.adaptive) {
-        a = i * out_len / in_len;
-        b = ((i + 1) * out_len + in_len - 1) / in_len - 1;
-    } else {
-        const int64_t k = axis ? g.kw : g.kh, s = axis ? g.sw : g.sh, p = axis ? g.pw : g.ph;
-        const int64_t num = i + p - k + 1;   /* o s - p + k > i */
-        a = num <= 0 ? 0 : (num + s - 1) / s;
-        b = (i + p) / s;                     /* o s - p <= i */
-    }
-    *first = a < 0 ? 0 : a;
-    *last = b > out_len - 1 ? out_len - 1 : b;
-}
+typedef deft_pool_span<int64_t> deft_pool_win;
 
 /* Offset of element (n, c, h, w) of an [N, C, Hn, Wn] tensor in the layout. */
 __device__ __forceinline__ int64_t deft_pool_at(const deft_pool_geom &g, int64_t n, int64_t c, int64_t h, int64_t w,
@@ -91,7 +54,7 @@ template <class T> __global__ void deft_pool_forward_kernel(deft_pool_geom g, co
     for (int64_t i = deft_tid(); i < total; i += deft_nthreads()) {
         int64_t n, c, oh, ow;
         deft_pool_coords(g, i, g.OH, g.OW, &n, &c, &oh, &ow);
-        const deft_pool_win wh = deft_pool_window(g, 0, oh), ww = deft_pool_window(g, 1, ow);
+        const deft_pool_win wh = deft_pool_window<int64_t>(g, 0, oh), ww = deft_pool_window<int64_t>(g, 1, ow);
         C v = 0;
         if (g.max) {
             deft_pool_argmax(g, x, n, c, wh, ww, &v);
@@ -111,14 +74,14 @@ __global__ void deft_pool_backward_kernel(deft_pool_geom g, const T *dy, const T
     for (int64_t i = deft_tid(); i < total; i += deft_nthreads()) {
         int64_t n, c, ih, iw, oh0, oh1, ow0, ow1;
         deft_pool_coords(g, i, g.H, g.W, &n, &c, &ih, &iw);
-        deft_pool_covering(g, 0, ih, &oh0, &oh1);
-        deft_pool_covering(g, 1, iw, &ow0, &ow1);
+        deft_pool_covering<int64_t>(g, 0, ih, &oh0, &oh1);
+        deft_pool_covering<int64_t>(g, 1, iw, &ow0, &ow1);
         C acc = 0;
         for (int64_t oh = oh0; oh <= oh1; oh++) {
-            const deft_pool_win wh = deft_pool_window(g, 0, oh);
+            const deft_pool_win wh = deft_pool_window<int64_t>(g, 0, oh);
             if (ih < wh.lo || ih >= wh.hi) continue;
             for (int64_t ow = ow0; ow <= ow1; ow++) {
-                const deft_pool_win ww = deft_pool_window(g, 1, ow);
+                const deft_pool_win ww = deft_pool_window<int64_t>(g, 1, ow);
                 if (iw < ww.lo || iw >= ww.hi) continue;
                 const C d = deft_ty<T>::load(dy[deft_pool_at(g, n, c, oh, ow, g.OH, g.OW)]);
                 if (g.max) {

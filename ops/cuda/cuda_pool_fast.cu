@@ -9,58 +9,25 @@
  * the same loads (asking per channel let the slowest lane set the pace of the warp). */
 #include "cuda_pool.cuh"
 
+typedef deft_pool_span<int> deft_pool_win32;
+
 struct deft_pool_geom32 {
     int N, C, H, W, OH, OW, kh, kw, sh, sw, ph, pw;
     int adaptive, max, include_pad, nhwc;
 };
-
-struct deft_pool_win32 {
-    int lo, hi, count;
-};
-
-__device__ __forceinline__ deft_pool_win32 deft_pool32_window(const deft_pool_geom32 &g, int axis, int o) {
-    const int in_len = axis ? g.W : g.H, out_len = axis ? g.OW : g.OH;
-    if (g.adaptive) {
-        const int lo = o * in_len / out_len, hi = ((o + 1) * in_len + out_len - 1) / out_len;
-        return deft_pool_win32{lo, hi, hi - lo};
-    }
-    const int k = axis ? g.kw : g.kh, s = axis ? g.sw : g.sh, p = axis ? g.pw : g.ph;
-    const int start = o * s - p;
-    int end = start + k;
-    if (end > in_len + p) end = in_len + p;
-    const int lo = start < 0 ? 0 : start, hi = end > in_len ? in_len : end;
-    return deft_pool_win32{lo, hi, g.include_pad ? end - start : hi - lo};
-}
-
-__device__ __forceinline__ void deft_pool32_covering(const deft_pool_geom32 &g, int axis, int i, int *first,
-                                                     int *last) {
-    const int in_len = axis ? g.W : g.H, out_len = axis ? g.OW : g.OH;
-    int a, b;
-    if (g.adaptive) {
-        a = i * out_len / in_len;
-        b = ((i + 1) * out_len + in_len - 1) / in_len - 1;
-    } else {
-        const int k = axis ? g.kw : g.kh, s = axis ? g.sw : g.sh, p = axis ? g.pw : g.ph;
-        const int num = i + p - k + 1;
-        a = num <= 0 ? 0 : (num + s - 1) / s;
-        b = (i + p) / s;
-    }
-    *first = a < 0 ? 0 : a;
-    *last = b > out_len - 1 ? out_len - 1 : b;
-}
 
 /* Calls f(oh, ow, wh, ww) for every window that covers input (ih, iw), rows then columns in increasing order: the
  * order of the plain kernels' additions. */
 template <class F>
 __device__ __forceinline__ void deft_pool32_each_covering(const deft_pool_geom32 &g, int ih, int iw, F f) {
     int oh0, oh1, ow0, ow1;
-    deft_pool32_covering(g, 0, ih, &oh0, &oh1);
-    deft_pool32_covering(g, 1, iw, &ow0, &ow1);
+    deft_pool_covering<int>(g, 0, ih, &oh0, &oh1);
+    deft_pool_covering<int>(g, 1, iw, &ow0, &ow1);
     for (int oh = oh0; oh <= oh1; oh++) {
-        const deft_pool_win32 wh = deft_pool32_window(g, 0, oh);
+        const deft_pool_win32 wh = deft_pool_window<int>(g, 0, oh);
         if (ih < wh.lo || ih >= wh.hi) continue;
         for (int ow = ow0; ow <= ow1; ow++) {
-            const deft_pool_win32 ww = deft_pool32_window(g, 1, ow);
+            const deft_pool_win32 ww = deft_pool_window<int>(g, 1, ow);
             if (iw >= ww.lo && iw < ww.hi) f(oh, ow, wh, ww);
         }
     }
@@ -91,7 +58,7 @@ __global__ void deft_pool_fast_forward_kernel(deft_pool_geom32 g, const T *x, T 
     for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
         int n, c, oh, ow;
         deft_pool32_coords(g, i, g.OH, g.OW, &n, &c, &oh, &ow);
-        const deft_pool_win32 wh = deft_pool32_window(g, 0, oh), ww = deft_pool32_window(g, 1, ow);
+        const deft_pool_win32 wh = deft_pool_window<int>(g, 0, oh), ww = deft_pool_window<int>(g, 1, ow);
         C v = g.max ? -(C)INFINITY : (C)0;
         for (int ih = wh.lo; ih < wh.hi; ih++) {
             for (int iw = ww.lo; iw < ww.hi; iw++) {
@@ -264,7 +231,7 @@ __global__ void deft_pool_tiled_max_backward_nhwc_kernel(deft_pool_geom32 g, con
     for (int k = (int)threadIdx.x; nh > 0 && nw > 0 && k < nh * nw * groups; k += (int)blockDim.x) {
         const int c = (k % groups) * V, win = k / groups, oh = t.oh0 + win / nw, ow = t.ow0 + win % nw;
         int at[V];
-        deft_pool_choose<T, V>(g, x, n, c, deft_pool32_window(g, 0, oh), deft_pool32_window(g, 1, ow), at);
+        deft_pool_choose<T, V>(g, x, n, c, deft_pool_window<int>(g, 0, oh), deft_pool_window<int>(g, 1, ow), at);
 #pragma unroll
         for (int v = 0; v < V; v++) deft_pool_choice[win * g.C + c + v] = at[v];
     }
