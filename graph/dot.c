@@ -41,6 +41,7 @@ static void deft_dot_plan_line(FILE *f, const deft_program *p, const deft_tensor
     if (np.group >= 0 && np.place != DEFT_PLACE_FUSED) fprintf(f, "\\nfused kernel %d", np.group);
     if (np.dropped) fprintf(f, "\\ndropped after the forward pass");
     if (np.recompute) fprintf(f, "\\nrecomputed for the backward pass");
+    if (np.side) fprintf(f, "\\nside stream");
 }
 
 /* Checkpointing's copies belong to one program: drawn with it only, the recomputations in red. */

@@ -177,6 +177,12 @@ deft_status deft_realize(deft_tensor *t, void *host, size_t bytes) {
 
 int deft_program_step_count(const deft_program *p) { return p ? p->n_steps : 0; }
 
+int deft_program_side_steps(const deft_program *p) {
+    int n = 0;
+    for (int i = 0; p && i < p->n_steps; i++) n += p->nodes[p->steps[i]].side;
+    return n;
+}
+
 int deft_program_schedules(const deft_program *p, const deft_tensor *t) {
     return p && t && t->graph == p->graph && t->id < p->n_nodes && p->nodes[t->id].needed;
 }

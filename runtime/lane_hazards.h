@@ -49,8 +49,13 @@ void deft_hazards_reset(deft_hazards *h, int n_lanes);
 void deft_hazards_free(deft_hazards *h);
 /* The lanes (bit k: lane k) that `lane` must wait for before a step touching ranges r[0..nr). */
 uint32_t deft_hazards_waits(const deft_hazards *h, int lane, const deft_range *r, int nr);
+/* As deft_hazards_waits, and upto[k] (for each bit k set; h->n entries) says through which of lane k's steps (its
+ * count, 1 for the first) the wait must reach: a lane whose steps each record an event can wait for just that one. */
+uint32_t deft_hazards_waits_upto(const deft_hazards *h, int lane, const deft_range *r, int nr, int64_t *upto);
 /* `lane` waited for everything lane k queued so far. */
 void deft_hazards_waited(deft_hazards *h, int lane, int k);
+/* `lane` waited for lane k's steps through count `at`. */
+void deft_hazards_waited_upto(deft_hazards *h, int lane, int k, int64_t at);
 /* A step touching r[0..nr) was queued on GPU lane `lane` (nothing to note for the host's). DEFT_ERR_OOM when the
  * record of foreign accesses cannot grow. */
 deft_status deft_hazards_queued(deft_hazards *h, int lane, const deft_range *r, int nr);

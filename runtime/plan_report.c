@@ -8,7 +8,7 @@
 #include "program_state.h"
 
 void deft_program_node_plan(const deft_program *p, const deft_tensor *t, deft_node_plan *out) {
-    *out = (deft_node_plan){DEFT_PLACE_NONE, -1, 0, 0, -1, -1, -1, 0, -1, 0, 0};
+    *out = (deft_node_plan){DEFT_PLACE_NONE, -1, 0, 0, -1, -1, -1, 0, -1, 0, 0, 0};
     out->dropped = p && p->ckpt && t && t->graph == p->graph && t->id < p->ckpt->n_orig && p->ckpt->dropped[t->id];
     out->recompute = t && t->ckpt_role == DEFT_CKPT_RECOMPUTE;
     if (!deft_program_schedules(p, t)) return;
@@ -16,6 +16,7 @@ void deft_program_node_plan(const deft_program *p, const deft_tensor *t, deft_no
     out->step = s->step;
     out->is_output = s->is_output;
     out->group = s->group;
+    out->side = s->step >= 0 && p->nodes[p->steps[s->step]].side;
     out->size = deft_tensor_bytes(t);
     if (s->buffer < 0 && s->group >= 0) {
         out->place = DEFT_PLACE_FUSED;
@@ -132,20 +133,22 @@ static int deft_footprint_slot(deft_device_footprint *fp, int *n, int max, deft_
     return (*n)++;
 }
 
-/* cuBLAS keeps one workspace per GPU that runs a matmul (ops/cuda/cuda_matmul.cu). */
-/* The scratch of the program's stream on d: cuBLAS's if it multiplies matrices there, cuDNN's if it convolves,
- * batch norm's if it sums per channel there (batch statistics, gradient sums) (ops/cuda/cuda_workspace.cu). */
+/* The scratch of the program's streams on d (ops/cuda/cuda_workspace.cu): on the main stream cuBLAS's if it
+ * multiplies matrices there, cuDNN's if it convolves, batch norm's if it sums per channel (batch statistics, gradient
+ * sums); on the side lane (runtime/side_lane.h) the smaller cuBLAS and cuDNN scratch, as its steps need them. */
 static size_t deft_workspaces_used(const deft_program *p, deft_device d) {
     if (d.type != DEFT_CUDA || !deft_has_cuda_build()) return 0;
-    bool cublas = false, cudnn = false, norm = false;
+    bool cublas[2] = {false, false}, cudnn[2] = {false, false}, norm = false;
     for (int id = 0; id < p->n_nodes; id++) {   /* every node, as a product may be a fused group's member */
         const deft_tensor *t = p->graph->nodes[id];
         if (!p->nodes[id].needed || !deft_device_equal(t->device, d)) continue;
-        cublas = cublas || t->op == DEFT_OP_MATMUL;
-        cudnn = cudnn || deft_op_is_conv(t->op);
+        const int side = p->nodes[id].step >= 0 && p->nodes[p->steps[p->nodes[id].step]].side;
+        cublas[side] = cublas[side] || t->op == DEFT_OP_MATMUL;
+        cudnn[side] = cudnn[side] || deft_op_is_conv(t->op);
         norm = norm || (t->op == DEFT_OP_BN_STATS && t->p.bn.batch) || t->op == DEFT_OP_BATCH_NORM_WEIGHT_GRAD;
     }
-    return (cublas ? DEFT_CUBLAS_WORKSPACE_BYTES : 0) + (cudnn ? DEFT_CUDNN_WORKSPACE_BYTES : 0) +
+    return (cublas[0] ? DEFT_CUBLAS_WORKSPACE_BYTES : 0) + (cudnn[0] ? DEFT_CUDNN_WORKSPACE_BYTES : 0) +
+           (cublas[1] ? DEFT_CUBLAS_SIDE_WORKSPACE_BYTES : 0) + (cudnn[1] ? DEFT_CUDNN_SIDE_WORKSPACE_BYTES : 0) +
            (norm ? DEFT_NORM_WORKSPACE_BYTES : 0);
 }
 

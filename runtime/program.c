@@ -12,6 +12,7 @@
 #include "optimizer_place.h"
 #include "optimizer_split.h"
 #include "program_state.h"
+#include "side_lane.h"
 
 int deft_view_base(const deft_graph *g, int id, size_t *offset) {
     size_t off = 0;
@@ -123,7 +124,7 @@ static deft_status deft_schedule(deft_program *p) {
         }
         if (s->is_output && s->buffer >= 0) p->buffers[s->buffer].plan.last = p->n_steps;
     }
-    return DEFT_OK;
+    return deft_side_keep_inputs(p);
 }
 
 /* Elementwise ops read element i before writing element i, so their output may take over an input's buffer. */
@@ -344,7 +345,10 @@ static deft_status deft_plan_steps(deft_program *p, const deft_compile_options *
         s = deft_program_fuse(p);
         if (s == DEFT_OK && p->n_steps != before) s = deft_plan_pass(p, no_reuse);
     }
-    return s == DEFT_OK ? deft_place_parts(p, no_reuse, true) : s;
+    if (s == DEFT_OK) s = deft_place_parts(p, no_reuse, true);
+    /* The side lane is chosen over the final order and groups; its inputs' longer lives need a plan of their own. */
+    if (s == DEFT_OK && deft_side_mark(p, opts) > 0) s = deft_plan_pass(p, no_reuse);
+    return s;
 }
 
 static size_t deft_persistent_bytes(const deft_program *p) {

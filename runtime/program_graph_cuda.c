@@ -15,12 +15,19 @@ static deft_status deft_cuda_graph_error(cudaError_t e, const char *what, int de
 
 /* A blocking stream: the legacy stream's synchronous copies (feeds, reads, parameter updates from the host) stay
  * ordered with the program's kernels without extra events. */
-deft_status deft_cuda_stream_create(int device, void **stream) {
+deft_status deft_cuda_stream_create(int device, int side, void **stream) {
     deft_status s = deft_cuda_set_device(device);
     if (s != DEFT_OK) return s;
     cudaStream_t st;
     cudaError_t e = cudaStreamCreate(&st);
     if (e != cudaSuccess) return deft_cuda_graph_error(e, "cudaStreamCreate", device);
+    if (side) s = deft_stream_workspace_limit(device, st, DEFT_WORKSPACE_CUDNN, DEFT_CUDNN_SIDE_WORKSPACE_BYTES);
+    if (side && s == DEFT_OK)
+        s = deft_stream_workspace_limit(device, st, DEFT_WORKSPACE_CUBLAS, DEFT_CUBLAS_SIDE_WORKSPACE_BYTES);
+    if (s != DEFT_OK) {
+        deft_cuda_stream_destroy(device, st);
+        return s;
+    }
     *stream = st;
     return DEFT_OK;
 }

@@ -5,7 +5,8 @@ static deft_status deft_graph_no_cuda(int device) {
     return deft_set_error(DEFT_ERR_NO_CUDA, "deft was built without CUDA: cuda:%d is not available", device);
 }
 
-deft_status deft_cuda_stream_create(int device, void **stream) {
+deft_status deft_cuda_stream_create(int device, int side, void **stream) {
+    (void)side;
     *stream = NULL;
     return deft_graph_no_cuda(device);
 }

@@ -23,6 +23,7 @@ typedef struct deft_node_plan {
     int group;               /* the fused group computing it (runtime/fusion.c), -1 if none */
     int dropped;             /* checkpointing: its saved value is dropped after the forward pass */
     int recompute;           /* checkpointing: it is a recomputation, in the backward pass, of a dropped value */
+    int side;                /* its step runs on the GPU's side lane (runtime/side_lane.h) */
 } deft_node_plan;
 
 /* Fills *out for node t; DEFT_PLACE_NONE if p does not compute t. */

@@ -1,4 +1,5 @@
 /* A program's streams, one per GPU, and the events between them (runtime/program_lanes.h says how they order). */
+#include <stdlib.h>
 #include <string.h>
 
 #include "prefetch.h"
@@ -26,6 +27,7 @@ static deft_device deft_step_device(const deft_tensor *t) {
 }
 
 int deft_lanes_step_lane(const deft_program *p, int id) {
+    if (p->gpu.lanes.side && p->nodes[id].side) return p->gpu.lanes.side;
     return deft_lane_of(&p->gpu.lanes, deft_step_device(p->graph->nodes[id]));
 }
 
@@ -48,8 +50,16 @@ static deft_status deft_lanes_find(deft_program *p) {
     }
     for (int id = 0; s == DEFT_OK && id < p->n_nodes; id++)
         if (p->nodes[id].needed) s = deft_lanes_add(L, p->graph->nodes[id]->device);
-    for (int i = 0; s == DEFT_OK && L->n > 0 && i < p->n_steps; i++)
+    bool side = false;
+    for (int i = 0; s == DEFT_OK && L->n > 0 && i < p->n_steps; i++) {
         L->host_steps += deft_lanes_step_lane(p, p->steps[i]) == L->n;
+        side = side || p->nodes[p->steps[i]].side;
+    }
+    /* The side lane: its steps were marked only where every step runs on this one GPU. */
+    if (s == DEFT_OK && side && L->n == 1 && !L->host_steps) {
+        L->side = L->n;
+        L->device[L->n++] = L->device[0];
+    }
     return s;
 }
 
@@ -57,11 +67,26 @@ static deft_status deft_lanes_find(deft_program *p) {
 static deft_status deft_lanes_enable_peers(const deft_lanes *L) {
     for (int i = 0; i < L->n; i++)
         for (int j = 0; j < L->n; j++) {
-            if (i == j) continue;
+            if (L->device[i] == L->device[j]) continue;   /* the side lane shares its GPU with lane 0 */
             deft_status s = deft_cuda_peer_enable(L->device[i], L->device[j]);
             if (s != DEFT_OK) return s;
         }
     return DEFT_OK;
+}
+
+/* One event per side step of a run. */
+static deft_status deft_lanes_side_events(deft_program *p) {
+    deft_lanes *L = &p->gpu.lanes;
+    int n = 0;
+    for (int i = 0; i < p->n_steps; i++) n += deft_lanes_step_lane(p, p->steps[i]) == L->side;
+    if (!L->side || n == 0) return DEFT_OK;
+    L->side_events = calloc((size_t)n, sizeof *L->side_events);
+    if (!L->side_events) return deft_set_error(DEFT_ERR_OOM, "compile: out of host memory for the side lane's events");
+    deft_status s = DEFT_OK;
+    for (; s == DEFT_OK && L->n_side_events < n; L->n_side_events++)
+        s = deft_prefetch_cuda_event_new(L->device[L->side], &L->side_events[L->n_side_events]);
+    if (s != DEFT_OK) L->n_side_events--;   /* the one that failed was not made */
+    return s;
 }
 
 deft_status deft_lanes_init(deft_program *p) {
@@ -69,10 +94,11 @@ deft_status deft_lanes_init(deft_program *p) {
     memset(L, 0, sizeof *L);
     deft_status s = deft_lanes_find(p);
     for (int i = 0; s == DEFT_OK && i < L->n; i++) {
-        s = deft_cuda_stream_create(L->device[i], &L->stream[i]);
+        s = deft_cuda_stream_create(L->device[i], L->side && i == L->side, &L->stream[i]);
         if (s == DEFT_OK) s = deft_prefetch_cuda_event_new(L->device[i], &L->event[i]);
     }
     if (s == DEFT_OK && L->n > 0) s = deft_prefetch_cuda_event_new(L->device[0], &L->fork);
+    if (s == DEFT_OK) s = deft_lanes_side_events(p);
     if (s == DEFT_OK) s = deft_lanes_enable_peers(L);
     if (s != DEFT_OK) deft_lanes_free(p);
     return s;
@@ -86,6 +112,8 @@ void deft_lanes_free(deft_program *p) {
         deft_cuda_stream_destroy(L->device[i], L->stream[i]);
     }
     if (L->n > 0) deft_prefetch_cuda_event_free(L->device[0], L->fork);
+    for (int j = 0; j < L->n_side_events; j++) deft_prefetch_cuda_event_free(L->device[L->side], L->side_events[j]);
+    free(L->side_events);
     deft_hazards_free(&L->hazards);
     memset(L, 0, sizeof *L);
 }
@@ -96,6 +124,17 @@ static deft_status deft_lane_wait(deft_lanes *L, int l, int k) {
     if (s == DEFT_OK && l == L->n) s = deft_prefetch_cuda_event_sync(L->device[k], L->event[k]);
     else if (s == DEFT_OK) s = deft_prefetch_cuda_stream_wait(L->device[l], L->stream[l], L->event[k]);
     if (s == DEFT_OK) deft_hazards_waited(&L->hazards, l, k);
+    return s;
+}
+
+/* Lane l (or the host) waits for lane k through k's step count `at`: on the event of that step where k is the side
+ * lane, which records one after each step; otherwise on everything k queued so far. */
+static deft_status deft_lane_wait_upto(deft_lanes *L, int l, int k, int64_t at) {
+    if (!L->side || k != L->side || at < 1 || at > L->n_side_events) return deft_lane_wait(L, l, k);
+    void *ev = L->side_events[at - 1];
+    deft_status s = l == L->n ? deft_prefetch_cuda_event_sync(L->device[k], ev)
+                              : deft_prefetch_cuda_stream_wait(L->device[l], L->stream[l], ev);
+    if (s == DEFT_OK) deft_hazards_waited_upto(&L->hazards, l, k, at);
     return s;
 }
 
@@ -166,9 +205,10 @@ deft_status deft_lanes_before_step(deft_program *p, int id, void **stream) {
         L->forked[l] = s == DEFT_OK;
     }
     L->n_ranges = deft_step_ranges(p, id, L->ranges, DEFT_STEP_RANGES);
-    const uint32_t waits = deft_hazards_waits(&L->hazards, l, L->ranges, L->n_ranges);
+    int64_t upto[DEFT_MAX_LANES];
+    const uint32_t waits = deft_hazards_waits_upto(&L->hazards, l, L->ranges, L->n_ranges, upto);
     for (int k = 0; s == DEFT_OK && k < L->n; k++)
-        if (waits & (1u << k)) s = deft_lane_wait(L, l, k);
+        if (waits & (1u << k)) s = deft_lane_wait_upto(L, l, k, upto[k]);
     if (s == DEFT_OK && l < L->n) *stream = L->stream[l];
     return s;
 }
@@ -176,7 +216,13 @@ deft_status deft_lanes_before_step(deft_program *p, int id, void **stream) {
 deft_status deft_lanes_after_step(deft_program *p, int id) {
     deft_lanes *L = &p->gpu.lanes;
     if (L->n == 0 || deft_lanes_one_stream(L)) return DEFT_OK;
-    return deft_hazards_queued(&L->hazards, deft_lanes_step_lane(p, id), L->ranges, L->n_ranges);
+    const int l = deft_lanes_step_lane(p, id);
+    deft_status s = deft_hazards_queued(&L->hazards, l, L->ranges, L->n_ranges);
+    const bool side = L->side && l == L->side;
+    const int64_t j = side ? L->hazards.issued[l] - 1 : -1;
+    if (s == DEFT_OK && side && j < L->n_side_events)
+        s = deft_prefetch_cuda_record(L->device[l], L->side_events[j], L->stream[l]);
+    return s;
 }
 
 deft_status deft_lanes_end_run(deft_program *p) {

@@ -7,7 +7,8 @@
  * GPU's copy still reading it), recording an event there and waiting on it only where the lane changes: steps on
  * one GPU never wait on events. A run forks the lanes it uses from lane 0 and joins them back into it at its end, so
  * one run is one piece of work on lane 0's stream: it can be captured there as one CUDA Graph, and the next run
- * starts after it. */
+ * starts after it. A one-GPU program with side steps has a second lane on its GPU (runtime/side_lane.h), ordered
+ * by the same rules. */
 #ifndef DEFT_PROGRAM_LANES_H
 #define DEFT_PROGRAM_LANES_H
 
@@ -28,6 +29,11 @@ typedef struct deft_lanes {
     void *event[DEFT_MAX_LANES];             /* recorded on a lane when another lane, or the host, waits for it */
     void *fork;                              /* recorded on lane 0 as a run starts; other lanes wait on it first */
     int host_steps;                          /* steps that run on the CPU */
+    int side;                                /* the side lane (runtime/side_lane.h): a second stream of lane 0's GPU,
+                                              * whose memory is lane 0's; 0 when the program has none */
+    int n_side_events;
+    void **side_events;                      /* [j]: recorded after the side lane's step j of a run, so that the main
+                                              * stream waits for the one side step it must, not for all queued since */
     /* the run being queued */
     deft_hazards hazards;
     bool forked[DEFT_MAX_LANES];

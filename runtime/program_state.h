@@ -31,6 +31,7 @@ typedef struct deft_node_state {
     int64_t runs;
     int group;            /* index in groups of the fused group it belongs to, -1 if none */
     int redirect;         /* checkpointing: the id of the copy that computes this node instead, 0 if none */
+    bool side;            /* a step's root: it runs on its GPU's side lane (runtime/side_lane.h) */
 } deft_node_state;
 
 typedef struct deft_buffer {

@@ -8,6 +8,7 @@
  * to choose the same algorithms for both: a loss that differs already at run 0 points at the matmuls, not at the
  * step (DEFT_MATMUL_REFERENCE=1 tells them apart).
  * Skips (exit 77) where no GPU works. DEFT_TEST_GPU_AS_CPU=1 runs it with the CPU standing in for cuda:0. */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include "obwd_net.h"
 
 static deft_device GPU;

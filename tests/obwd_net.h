@@ -108,10 +108,11 @@ static inline unsigned char *obwd_state(const obwd_net *n, size_t *bytes) {
     return h;
 }
 
-/* Runs a net compiled without and one compiled with optimizer_in_backward (both with `extra` options) side by side
- * for `runs` runs: losses, norms, parameters and state must agree bit for bit after every run, and the update counts
- * too. Returns the number of runs that agreed. */
-static inline int obwd_compare(const obwd_spec *s, const deft_compile_options *extra, int runs, const char *what) {
+/* Runs two nets of spec s side by side for `runs` runs, the first compiled with oa, the second with ob and, when
+ * one_stream_b, DEFT_SIDE_STREAM=0 (every step on one stream): losses, norms, parameters and state must agree bit
+ * for bit after every run, and the update counts too. Returns the number of runs that agreed. */
+static inline int obwd_compare_programs(const obwd_spec *s, const deft_compile_options *oa,
+                                        const deft_compile_options *ob, int one_stream_b, int runs, const char *what) {
     obwd_net a, b;
     int agreed = 0;
     if (!obwd_build(&a, s) || !obwd_build(&b, s)) {
@@ -119,9 +120,10 @@ static inline int obwd_compare(const obwd_spec *s, const deft_compile_options *e
         obwd_free(&b);
         return 0;
     }
-    deft_compile_options oa = extra ? *extra : (deft_compile_options){0}, ob = oa;
-    ob.optimizer_in_backward = 1;
-    deft_program *pa = obwd_compile(&a, &oa), *pb = pa ? obwd_compile(&b, &ob) : NULL;
+    deft_program *pa = obwd_compile(&a, oa), *pb = NULL;
+    if (pa && one_stream_b) setenv("DEFT_SIDE_STREAM", "0", 1);
+    if (pa) pb = obwd_compile(&b, ob);
+    if (one_stream_b) unsetenv("DEFT_SIDE_STREAM");
     CHECK_MSG(pa && pb, "%s: compile: %s", what, deft_errmsg());
     for (int r = 0; pa && pb && r < runs; r++) {
         float la, lb, na, nb;
@@ -131,10 +133,8 @@ static inline int obwd_compare(const obwd_spec *s, const deft_compile_options *e
         const int same_state = sa && sb && ba == bb && memcmp(sa, sb, ba) == 0;
         free(sa);
         free(sb);
-        CHECK_MSG(memcmp(&la, &lb, sizeof la) == 0, "%s, run %d: loss %.9g whole, %.9g split", what, r, (double)la,
-                  (double)lb);
-        CHECK_MSG(memcmp(&na, &nb, sizeof na) == 0, "%s, run %d: norm %.9g whole, %.9g split", what, r, (double)na,
-                  (double)nb);
+        CHECK_MSG(memcmp(&la, &lb, sizeof la) == 0, "%s, run %d: loss %.9g and %.9g", what, r, (double)la, (double)lb);
+        CHECK_MSG(memcmp(&na, &nb, sizeof na) == 0, "%s, run %d: norm %.9g and %.9g", what, r, (double)na, (double)nb);
         CHECK_MSG(same_state, "%s, run %d: parameters or optimizer state differ", what, r);
         CHECK_MSG(deft_optimizer_updates(a.opt) == r + 1 && deft_optimizer_updates(b.opt) == r + 1,
                   "%s, run %d: %lld and %lld updates", what, r, (long long)deft_optimizer_updates(a.opt),
@@ -145,6 +145,13 @@ static inline int obwd_compare(const obwd_spec *s, const deft_compile_options *e
     obwd_free(&a);
     obwd_free(&b);
     return agreed;
+}
+
+/* A net compiled without and one compiled with optimizer_in_backward (both with `extra` options), compared. */
+static inline int obwd_compare(const obwd_spec *s, const deft_compile_options *extra, int runs, const char *what) {
+    deft_compile_options oa = extra ? *extra : (deft_compile_options){0}, ob = oa;
+    ob.optimizer_in_backward = 1;
+    return obwd_compare_programs(s, &oa, &ob, 0, runs, what);
 }
 
 #endif

@@ -87,7 +87,32 @@ static void test_many_copies(void) {
     CHECK(h.foreign == NULL && h.cap_foreign == 0);
 }
 
+/* A side lane on lane 0's GPU (memory 0 is lane 0's): lane 1 reads and writes lane 0's memory step by step, and
+ * lane 0 waits only through the side step whose access it conflicts with (each side step records an event). */
+static void test_wait_upto(void) {
+    deft_hazards h = {0};
+    deft_hazards_reset(&h, 2);
+    queue(&h, 0, rd(0, 0, 100), wr(0, 100, 200));
+    int64_t upto[2];
+    CHECK(deft_hazards_waits_upto(&h, 1, (deft_range[]){rd(0, 100, 200)}, 1, upto) == 1u && upto[0] == 1);
+    deft_hazards_waited(&h, 1, 0);
+    queue(&h, 1, rd(0, 100, 200), wr(0, 1000, 1100));   /* side step 1 */
+    queue(&h, 1, rd(0, 0, 100), wr(0, 1100, 1200));     /* side step 2 */
+    queue(&h, 1, rd(0, 300, 400), wr(0, 1200, 1300));   /* side step 3 */
+    CHECK(deft_hazards_waits_upto(&h, 0, (deft_range[]){wr(0, 0, 50)}, 1, upto) == 2u && upto[1] == 2);
+    CHECK(deft_hazards_waits_upto(&h, 0, (deft_range[]){rd(0, 1000, 1100), wr(0, 50, 60)}, 2, upto) == 2u &&
+          upto[1] == 2);
+    deft_hazards_waited_upto(&h, 0, 1, 2);
+    CHECK(waits1(&h, 0, rd(0, 1000, 1100)) == 0u);       /* step 1's write is covered */
+    CHECK(waits1(&h, 0, wr(0, 0, 100)) == 0u);           /* and step 2's read */
+    CHECK(deft_hazards_waits_upto(&h, 0, (deft_range[]){rd(0, 1250, 1260)}, 1, upto) == 2u && upto[1] == 3);
+    deft_hazards_waited_upto(&h, 0, 1, 1);               /* an older wait changes nothing */
+    CHECK(h.seen[0][1] == 2);
+    deft_hazards_free(&h);
+}
+
 int main(void) {
+    test_wait_upto();
     test_peer_copy();
     test_host_memory();
     test_many_copies();

@@ -10,6 +10,7 @@
  *     without the option beside it runs the one-node step;
  *  4. what cannot be split is an error with a message: accumulation, clipping, f16 loss scaling, a node reading the
  *     step's value, a node reading a parameter after the step. */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include "obwd_net.h"
 #include "optimizer_split.h"
 #include "program_state.h"

@@ -48,6 +48,7 @@ typedef struct deft_lt_key {
     int dev, dtype, out_dtype, ta, tb, epilogue, tf32;   /* out_dtype: D's, f32 or dtype */
     int64_t M, N, K, count, stride_a, stride_b;   /* count 1: one product; strides in elements, 0 repeats one */
     uint32_t align_a, align_b, align_out, align_bias;
+    uint64_t ws_bytes;   /* the stream's scratch, which bounds the algorithm's (a side lane's is smaller) */
 } deft_lt_key;
 
 typedef struct deft_lt_entry {
@@ -132,7 +133,7 @@ static cublasStatus_t deft_lt_choose(cublasLtHandle_t h, const deft_lt_key &k, c
     cublasLtMatmulPreference_t pref;
     cublasStatus_t s = cublasLtMatmulPreferenceCreate(&pref);
     if (s != CUBLAS_STATUS_SUCCESS) return s;
-    const uint64_t ws = DEFT_CUBLAS_WORKSPACE_BYTES;
+    const uint64_t ws = k.ws_bytes;
     const uint32_t mask = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
     const bool half = k.dtype == DEFT_F16 || k.dtype == DEFT_BF16;
     if (!(s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws)) &&
@@ -243,7 +244,8 @@ static deft_status deft_lt_run(deft_lt_call &c, cudaStream_t st, bool *done) {
     if ((s = deft_lt_handle(c.key.dev, &h)) != DEFT_OK ||
         (s = deft_stream_workspace_sized(c.key.dev, st, DEFT_WORKSPACE_CUBLAS, &ws, &ws_bytes)) != DEFT_OK)
         return s;
-    if (ws_bytes < DEFT_CUBLAS_WORKSPACE_BYTES) return DEFT_OK;   /* a new stream met in a capture: the fallback */
+    if (ws_bytes == 0) return DEFT_OK;   /* a new stream met in a capture: the fallback */
+    c.key.ws_bytes = ws_bytes;
     deft_lt_entry *e = deft_lt_entry_for(h, c.key, c.bias, capturing, &s);
     if (!e || !e->found) return s;
     if (c.dry) {
@@ -257,7 +259,7 @@ static deft_status deft_lt_run(deft_lt_call &c, cudaStream_t st, bool *done) {
     if (cs == CUBLAS_STATUS_SUCCESS)
         cs = cublasLtMatmul(h, e->desc, &one, c.b, e->la, c.a, e->lb, c.accumulate ? &one : &zero, c.out, e->ld,
                             c.out, e->ld, &e->algo,
-                            ws, DEFT_CUBLAS_WORKSPACE_BYTES, st);
+                            ws, ws_bytes, st);
     if (cs == CUBLAS_STATUS_NOT_SUPPORTED) {
         /* Refused before launching anything: remember it, and let the fallback run now and from here on. */
         e->found = false;

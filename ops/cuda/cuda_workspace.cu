@@ -15,6 +15,7 @@ typedef struct deft_stream_scratch {
     int dev;
     void *stream;
     void *ptr[DEFT_WORKSPACE_KINDS];
+    size_t bytes[DEFT_WORKSPACE_KINDS];   /* its size; 0 until set or allocated: the kind's default */
 } deft_stream_scratch;
 
 static deft_stream_scratch *deft_scratch;
@@ -39,8 +40,22 @@ static deft_stream_scratch *deft_scratch_entry(int dev, void *stream) {
         deft_cap_scratch = cap;
     }
     deft_stream_scratch *e = &deft_scratch[deft_n_scratch++];
-    *e = deft_stream_scratch{dev, stream, {}};
+    *e = deft_stream_scratch{dev, stream, {}, {}};
     return e;
+}
+
+static size_t deft_scratch_bytes(const deft_stream_scratch *e, int kind) {
+    return e->bytes[kind] ? e->bytes[kind] : deft_workspace_size[kind];
+}
+
+deft_status deft_stream_workspace_limit(int dev, void *stream, deft_workspace_kind kind, size_t bytes) {
+    std::lock_guard<std::mutex> guard(deft_scratch_lock);
+    deft_stream_scratch *e = deft_scratch_entry(dev, stream);
+    if (!e) return deft_set_error(DEFT_ERR_OOM, "cuda: out of host memory for the library workspaces");
+    if (e->ptr[kind] && deft_scratch_bytes(e, kind) != bytes)
+        return deft_set_error(DEFT_ERR_STATE, "cuda: the stream's %s is in use already", deft_workspace_tag[kind]);
+    e->bytes[kind] = bytes;
+    return DEFT_OK;
 }
 
 deft_status deft_stream_workspace(int dev, void *stream, deft_workspace_kind kind, void **out) {
@@ -49,7 +64,7 @@ deft_status deft_stream_workspace(int dev, void *stream, deft_workspace_kind kin
     if (!e) return deft_set_error(DEFT_ERR_OOM, "cuda: out of host memory for the library workspaces");
     if (!e->ptr[kind]) {
         void *p = NULL;
-        deft_status s = deft_caching_alloc(deft_cuda(dev), deft_workspace_size[kind], stream,
+        deft_status s = deft_caching_alloc(deft_cuda(dev), deft_scratch_bytes(e, kind), stream,
                                            deft_workspace_tag[kind], &p);
         if (s != DEFT_OK) return s;
         cudaError_t ce = deft_workspace_zeroed[kind]
@@ -76,13 +91,19 @@ deft_status deft_stream_workspace_sized(int dev, void *stream, deft_workspace_ki
     *out = NULL;
     *bytes = 0;
     if (cs != cudaStreamCaptureStatusNone) {
-        *out = deft_stream_workspace_existing(dev, stream, kind);
-        *bytes = *out ? deft_workspace_size[kind] : 0;
+        std::lock_guard<std::mutex> guard(deft_scratch_lock);
+        for (int i = 0; i < deft_n_scratch && !*out; i++)
+            if (deft_scratch[i].dev == dev && deft_scratch[i].stream == stream && deft_scratch[i].ptr[kind]) {
+                *out = deft_scratch[i].ptr[kind];
+                *bytes = deft_scratch_bytes(&deft_scratch[i], kind);
+            }
         return DEFT_OK;
     }
     deft_status s = deft_stream_workspace(dev, stream, kind, out);
-    if (s == DEFT_OK) *bytes = deft_workspace_size[kind];
-    return s;
+    if (s != DEFT_OK) return s;
+    std::lock_guard<std::mutex> guard(deft_scratch_lock);
+    *bytes = deft_scratch_bytes(deft_scratch_entry(dev, stream), kind);   /* found: deft_stream_workspace made it */
+    return DEFT_OK;
 }
 
 void *deft_stream_workspace_existing(int dev, void *stream, deft_workspace_kind kind) {

@@ -12,6 +12,10 @@ extern "C" {
 
 #define DEFT_CUBLAS_WORKSPACE_BYTES ((size_t)32 << 20)
 #define DEFT_CUDNN_WORKSPACE_BYTES ((size_t)64 << 20)
+/* A program's side lane (runtime/side_lane.h) runs weight gradients beside the main stream, each stream with scratch
+ * of its own: smaller scratch there keeps the second stream from adding 96 MiB to the program's peak. */
+#define DEFT_CUDNN_SIDE_WORKSPACE_BYTES ((size_t)16 << 20)
+#define DEFT_CUBLAS_SIDE_WORKSPACE_BYTES ((size_t)4 << 20)
 /* Batch norm's fast reductions (cuda_norm_fast.cu): per-column arrival counts, kept at zero between launches, then
  * the per-chunk partial sums. */
 #define DEFT_NORM_COUNTERS 65536
@@ -30,6 +34,10 @@ deft_status deft_stream_workspace(int dev, void *stream, deft_workspace_kind kin
 /* As deft_stream_workspace, but a stream capturing into a CUDA Graph that has no scratch yet (never run eagerly)
  * gets none, NULL and *bytes = 0, rather than an allocation no capture may make: the call then runs without. */
 deft_status deft_stream_workspace_sized(int dev, void *stream, deft_workspace_kind kind, void **out, size_t *bytes);
+/* Sets the size of the stream's scratch of `kind` (the kind's default otherwise), before its first use:
+ * DEFT_ERR_STATE when it is allocated already at another size. Callers that size their work by it (cuDNN's choice of
+ * algorithm) read it through deft_stream_workspace_sized. */
+deft_status deft_stream_workspace_limit(int dev, void *stream, deft_workspace_kind kind, size_t bytes);
 /* The scratch if the stream already has it, else NULL: nothing is allocated (for use inside a stream capture). */
 void *deft_stream_workspace_existing(int dev, void *stream, deft_workspace_kind kind);
 /* Gives back the stream's scratch; the caller has waited for the stream's work. */

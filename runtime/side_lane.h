@@ -1,0 +1,33 @@
+/* A GPU's second stream, the side lane: the steps of a one-GPU program that the main stream never waits for before
+ * the optimizer's step (a layer's weight gradient, and what only turns it into what the optimizer reads), so that
+ * they run beside the input gradients of the layers below instead of after them. runtime/side_lane.c.
+ *
+ * A convolution or product of a small batch does not fill an H200 alone (cuBLAS and cuDNN split the inner dimension to
+ * make enough blocks, and pay for the split); two independent ones at once fill it better. On ResNet-18 in bf16 the
+ * step at batch 128 went from 1075 to 978 us. Which products qualify is measured, not assumed (side_lane.c).
+ *
+ * Ordering (runtime/program_lanes.c, runtime/lane_hazards.h): the side lane is one more lane of the same GPU, whose
+ * memory stays the main lane's. A side step waits for everything the main stream queued before it; a main step waits
+ * for the side lane where it reads what a side step wrote or overwrites what one read, and then only for that side
+ * step (each records an event); the optimizer's step, which writes everything, waits for all of it; the run joins
+ * the side lane back into the main stream at its end. So that those waits stay rare, the planner keeps a side step's
+ * inputs alive until two side steps later. The side lane's stream has smaller cuBLAS and cuDNN scratch
+ * (ops/cuda/cuda_workspace.h), its algorithms chosen to fit. */
+#ifndef DEFT_SIDE_LANE_H
+#define DEFT_SIDE_LANE_H
+
+#include "graph_internal.h"
+
+struct deft_program;
+
+/* Marks the side steps of p (p->nodes[root].side) over its final order and groups, and returns how many there are;
+ * none (0) unless every step runs on one GPU, the program is no data-parallel replica, splits no optimizer, has no
+ * memory budget or checkpointing, and DEFT_SIDE_STREAM is not 0. */
+int deft_side_mark(struct deft_program *p, const deft_compile_options *opts);
+
+/* Part of the schedule (runtime/program.c): the buffers that side steps read live on until DEFT_SIDE_KEEP side steps
+ * later (or to the end), so that the main stream, running ahead, does not write over them while they are read.
+ * DEFT_ERR_OOM when scratch memory runs out. */
+deft_status deft_side_keep_inputs(struct deft_program *p);
+
+#endif
