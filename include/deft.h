@@ -373,11 +373,11 @@ const char *deft_program_graph_status(const deft_program *p);   /* "replaying a 
 
 /* What compiling decided, for tests and reports. */
 int deft_program_step_count(const deft_program *p);              /* nodes that run each step */
-/* Steps that run on their GPU's second stream, beside the main one: the weight gradients of products and
- * convolutions of at least 64 MFLOP (and what only carries them to the optimizer) in a one-GPU program, which no
+/* Steps that run on their GPU's second stream, beside the main one: the weight gradients of convolutions and TF32
+ * products of at least 64 MFLOP (and what only carries them to the optimizer) in a one-GPU program, which no
  * main-stream step reads before the optimizer's step. Graphs capture both streams; DEFT_SIDE_STREAM=0 at compile
- * time keeps every step on one stream. None for data-parallel replicas, optimizer_in_backward, a memory budget or
- * checkpointing. */
+ * time keeps every step on one stream. None with optimizer_in_backward (or data parallel's pieces per bucket), a
+ * memory budget or checkpointing. */
 int deft_program_side_steps(const deft_program *p);
 int deft_program_schedules(const deft_program *p, const deft_tensor *t);   /* 1 if t is computed by p */
 int64_t deft_program_node_runs(const deft_program *p, const deft_tensor *t); /* times t's kernel has run */

@@ -23,6 +23,7 @@ typedef struct deft_ddp_bucket {
     size_t bytes;
     deft_dist_buffers bufs;
     void *fork, *done;        /* events: the program's stream to the communication stream, and back */
+    void *fork_side;          /* the side lane's to the communication stream (runtime/side_lane.h), when it has one */
     bool issued, joined;      /* in the run being queued */
 } deft_ddp_bucket;
 
@@ -171,10 +172,11 @@ static deft_status deft_ddp_check(const deft_program *p, const deft_compile_opti
                               "(a piece would read its gradients before their bucket is all-reduced)");
     const int want = d->device[o->dist_local];
     const deft_lanes *L = &p->gpu.lanes;
-    if (L->n != 1 || L->host_steps > 0 || p->gpu.device != want) {
+    const int gpus = L->n - (L->side ? 1 : 0);   /* the side lane shares lane 0's GPU */
+    if (gpus != 1 || L->host_steps > 0 || p->gpu.device != want) {
         char found[64] = "the cpu";
-        if (L->n > 1) snprintf(found, sizeof found, "%d GPUs", L->n);
-        else if (L->n == 1) snprintf(found, sizeof found, "cuda:%d%s", p->gpu.device, L->host_steps ? " and the cpu" : "");
+        if (gpus > 1) snprintf(found, sizeof found, "%d GPUs", gpus);
+        else if (gpus == 1) snprintf(found, sizeof found, "cuda:%d%s", p->gpu.device, L->host_steps ? " and the cpu" : "");
         return deft_set_error(DEFT_ERR_DEVICE, "data parallel: rank %d's replica must run on cuda:%d alone, but its "
                               "steps run on %s", d->rank[o->dist_local], want, found);
     }
@@ -195,6 +197,7 @@ deft_status deft_ddp_attach(deft_program *p, const deft_compile_options *o) {
     for (int k = 0; s == DEFT_OK && k < dd->n_buckets; k++) {
         s = deft_nccl_event_new(dd->device, &dd->buckets[k].fork);
         if (s == DEFT_OK) s = deft_nccl_event_new(dd->device, &dd->buckets[k].done);
+        if (s == DEFT_OK && p->gpu.lanes.side) s = deft_nccl_event_new(dd->device, &dd->buckets[k].fork_side);
     }
     return s;
 }
@@ -205,6 +208,7 @@ void deft_ddp_free(deft_program *p) {
     for (int k = 0; dd->buckets && k < dd->n_buckets; k++) {
         deft_nccl_event_free(dd->device, dd->buckets[k].fork);
         deft_nccl_event_free(dd->device, dd->buckets[k].done);
+        if (dd->buckets[k].fork_side) deft_nccl_event_free(dd->device, dd->buckets[k].fork_side);
     }
     deft_nccl_stream_free(dd->device, dd->stream);
     free(dd->grads);
@@ -275,7 +279,11 @@ deft_status deft_ddp_after_step(deft_program *p, int step) {
     for (int k = 0; dd && s == DEFT_OK && k < dd->n_buckets; k++) {
         deft_ddp_bucket *b = &dd->buckets[k];
         if (b->ready != step) continue;
+        const deft_lanes *L = &p->gpu.lanes;
         s = deft_nccl_stream_after(dd->device, dd->stream, p->gpu.stream, b->fork);
+        /* A bucket's gradients may come from both lanes: the all-reduce waits for what each queued so far. */
+        if (s == DEFT_OK && L->side && L->forked[L->side])
+            s = deft_nccl_stream_after(dd->device, dd->stream, L->stream[L->side], b->fork_side);
         b->issued = s == DEFT_OK;
         if (s == DEFT_OK) s = deft_nccl_all_reduce_avg(dd->dist, dd->local, &b->bufs, dd->stream);
     }

@@ -29,7 +29,7 @@ static bool deft_side_one_gpu(const deft_program *p) {
 }
 
 static bool deft_side_wanted(const deft_program *p, const deft_compile_options *o) {
-    if (o && (o->dist || o->optimizer_in_backward || o->memory_budget || o->checkpoint)) return false;
+    if (p->split || (o && (o->optimizer_in_backward || o->memory_budget || o->checkpoint))) return false;
     return deft_env_int("DEFT_SIDE_STREAM", 1) != 0 && deft_side_one_gpu(p);
 }
 

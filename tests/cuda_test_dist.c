@@ -8,6 +8,7 @@
  *   and several;
  *   the bucket layout: the last bucket is one gradient (last_bucket_bytes), each bucket joins at its own piece, the
  *   pieces after the backward pass in bucket order (without dist_bucket_pieces every bucket joins at the one step);
+ * - on one rank under TF32, the side lane's weight gradients (runtime/side_lane.h) and one stream give the same bits;
  * - misuse: a local replica run alone, a replica on the wrong GPU, optimizer_in_backward, dist_local out of range;
  * - two processes (this executable run again with --child) meeting through a file rendezvous train the same way and
  *   end bit-identical and equal to the one-GPU run; when rank 1 dies after joining, rank 0's read fails with
@@ -284,6 +285,50 @@ static void test_one_rank(void) {
     deft_dist_free(d);
 }
 
+/* One rank under TF32 at batch 1024: fc0..fc2's weight gradients run on the side lane (runtime/side_lane.h) and the
+ * buckets' all-reduces wait for both streams; the parameters follow those of the same replica compiled with
+ * DEFT_SIDE_STREAM=0 within 1e-4 (relative) after every step, with several buckets and with one. Not bit for bit:
+ * the side lane's smaller cuBLAS scratch may take another split of the products' sums. A bucket reduced before its
+ * last gradient was written would be off by the whole update. */
+static void test_one_rank_side_lane(void) {
+    deft_dist *d = NULL;
+    CHECK_OK(deft_dist_init_local(1, 60, &d));
+    if (!d) return;
+    const int64_t batch = 1024;
+    for (int buckets = 0; buckets < 2; buckets++) {
+        const deft_compile_options o = {.dist = d, .tf32 = 1, .bucket_bytes = buckets ? 64 << 10 : 0};
+        mlp m[2];
+        int ok = mlp_build(&m[0], deft_dist_device(d, 0), batch, &o);
+        setenv("DEFT_SIDE_STREAM", "0", 1);
+        ok &= mlp_build(&m[1], deft_dist_device(d, 0), batch, &o);
+        unsetenv("DEFT_SIDE_STREAM");
+        if (ok) {
+            CHECK_MSG(deft_program_side_steps(m[0].p) == LAYERS - 1 && deft_program_side_steps(m[1].p) == 0,
+                      "side steps %d and %d", deft_program_side_steps(m[0].p), deft_program_side_steps(m[1].p));
+            const size_t n = mlp_param_floats(&m[0]);
+            float *pa = malloc(n * sizeof *pa), *pb = malloc(n * sizeof *pb);
+            for (int s = 0; pa && pb && s < STEPS; s++) {
+                for (int w = 0; w < 2; w++) {
+                    mlp_feed(&m[w], s, 0, batch);
+                    CHECK_OK(deft_program_run(m[w].p));
+                }
+                mlp_params(&m[0], pa);
+                mlp_params(&m[1], pb);
+                const double diff = max_rel_diff(pa, pb, n);
+                CHECK_MSG(diff < 1e-4, "side lane, %s: step %d: max relative difference %g",
+                          buckets ? "64 KiB buckets" : "one bucket", s, diff);
+                if (s == STEPS - 1)
+                    printf("side lane, %s: max relative difference after %d steps %g\n",
+                           buckets ? "64 KiB buckets" : "one bucket", STEPS, diff);
+            }
+            free(pa);
+            free(pb);
+        }
+        for (int w = 0; w < 2; w++) deft_graph_free(m[w].g);
+    }
+    deft_dist_free(d);
+}
+
 /* ---- two processes ---- */
 
 static int child_main(int rank, const char *mode, const char *path) {
@@ -381,6 +426,7 @@ int main(int argc, char **argv) {
         return 77;
     }
     test_one_rank();
+    test_one_rank_side_lane();
     if (deft_cuda_device_count() < 2) {
         printf("the tests of 2 ranks skipped: needs 2 GPUs\n");
         return deft_check_finish();
