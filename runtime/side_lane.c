@@ -74,30 +74,33 @@ static bool deft_side_heavy(const deft_program *p, int i) {
     return false;
 }
 
-/* Calls f(p, i, s, ctx) for each step s whose value step i reads from outside its group. */
-static void deft_side_each_source(const deft_program *p, int i, void (*f)(const deft_program *, int, int, void *),
-                                  void *ctx) {
+/* Calls f(p, i, base, ctx) for each node whose storage (a view's base) step i's members read. */
+static void deft_side_each_input(deft_program *p, int i, void (*f)(deft_program *, int, int, void *), void *ctx) {
     const int *ids;
     const int n = deft_side_members(p, i, &ids);
     for (int m = 0; m < n; m++) {
         const deft_tensor *t = p->graph->nodes[ids[m]];
-        for (int k = 0; k < t->nsrc; k++) {
-            const int s = p->nodes[deft_view_base(p->graph, t->src[k]->id, NULL)].step;
-            if (s >= 0 && s != i) f(p, i, s, ctx);
-        }
+        for (int k = 0; k < t->nsrc; k++) f(p, i, deft_view_base(p->graph, t->src[k]->id, NULL), ctx);
     }
 }
 
-/* Step r, reading step s: s stays terminal only if r is the optimizer or a light terminal step (a cast, a sum). */
-static void deft_side_note_reader(const deft_program *p, int r, int s, void *ctx) {
-    bool **t = ctx;   /* t[0]: terminal, t[1]: blocked */
-    const bool carries = p->graph->nodes[p->steps[r]]->op == DEFT_OP_OPTIMIZER || (t[0][r] && !deft_side_heavy(p, r));
-    if (!carries) t[1][s] = true;
+/* The step computing node base for step i, -1 for a leaf or a member of i's own group. */
+static int deft_side_producer(const deft_program *p, int i, int base) {
+    const int s = p->nodes[base].step;
+    return s == i ? -1 : s;
 }
 
-static void deft_side_note_side_source(const deft_program *p, int i, int s, void *ctx) {
-    (void)i;
-    if (p->nodes[p->steps[s]].side) *(bool *)ctx = true;
+/* Step r, reading step s: s stays terminal only if r is the optimizer or a light terminal step (a cast, a sum). */
+static void deft_side_note_reader(deft_program *p, int r, int base, void *ctx) {
+    bool **t = ctx;   /* t[0]: terminal, t[1]: blocked */
+    const int s = deft_side_producer(p, r, base);
+    const bool carries = p->graph->nodes[p->steps[r]]->op == DEFT_OP_OPTIMIZER || (t[0][r] && !deft_side_heavy(p, r));
+    if (s >= 0 && !carries) t[1][s] = true;
+}
+
+static void deft_side_note_side_source(deft_program *p, int i, int base, void *ctx) {
+    const int s = deft_side_producer(p, i, base);
+    if (s >= 0 && p->nodes[p->steps[s]].side) *(bool *)ctx = true;
 }
 
 /* A step is terminal when what it computes reaches nothing but the optimizer, through light steps at most: a
@@ -116,11 +119,11 @@ int deft_side_mark(deft_program *p, const deft_compile_options *opts) {
     bool *t[2] = {terminal, blocked};
     for (int i = p->n_steps - 1; i >= 0; i--) {
         terminal[i] = !blocked[i] && p->graph->nodes[p->steps[i]]->op != DEFT_OP_OPTIMIZER && deft_side_kind_ok(p, i);
-        deft_side_each_source(p, i, deft_side_note_reader, t);
+        deft_side_each_input(p, i, deft_side_note_reader, t);
     }
     for (int i = 0; i < p->n_steps; i++) {
         bool reads_side = false;
-        if (terminal[i]) deft_side_each_source(p, i, deft_side_note_side_source, &reads_side);
+        if (terminal[i]) deft_side_each_input(p, i, deft_side_note_side_source, &reads_side);
         p->nodes[p->steps[i]].side = terminal[i] && (reads_side || deft_side_heavy(p, i));
         n += p->nodes[p->steps[i]].side;
     }
@@ -145,17 +148,11 @@ static void deft_side_extents(const deft_program *p, int *until) {
     }
 }
 
-/* Step i's inputs from outside its group live at least through step `until`. */
-static void deft_side_keep(deft_program *p, int i, int until) {
-    const int *ids;
-    const int n = deft_side_members(p, i, &ids);
-    for (int m = 0; m < n; m++) {
-        const deft_tensor *t = p->graph->nodes[ids[m]];
-        for (int k = 0; k < t->nsrc; k++) {
-            const int b = p->nodes[deft_view_base(p->graph, t->src[k]->id, NULL)].buffer;
-            if (b >= 0 && p->buffers[b].plan.last < until) p->buffers[b].plan.last = until;
-        }
-    }
+/* An input of a side step (its buffer) lives at least through step *ctx. */
+static void deft_side_keep(deft_program *p, int i, int base, void *ctx) {
+    (void)i;
+    const int until = *(const int *)ctx, b = p->nodes[base].buffer;
+    if (b >= 0 && p->buffers[b].plan.last < until) p->buffers[b].plan.last = until;
 }
 
 deft_status deft_side_keep_inputs(deft_program *p) {
@@ -167,8 +164,8 @@ deft_status deft_side_keep_inputs(deft_program *p) {
     int *until = malloc((size_t)n_steps * sizeof *until);
     if (!until) return deft_set_error(DEFT_ERR_OOM, "compile: out of host memory planning");
     deft_side_extents(p, until);
-    for (int i = 0; i < p->n_steps; i++)
-        if (until[i] >= 0) deft_side_keep(p, i, until[i]);
+    for (int i = 0; i < n_steps; i++)
+        if (until[i] >= 0) deft_side_each_input(p, i, deft_side_keep, &until[i]);
     free(until);
     return DEFT_OK;
 }

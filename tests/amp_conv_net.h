@@ -12,6 +12,7 @@
 
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "check.h"
 #include "ref.h"
@@ -141,5 +142,20 @@ static inline int64_t acn_check_follows_f32(deft_device dev, deft_dtype L, int64
 
 /* w3 (16 x 16 floats) into w. */
 static inline void acn_w3(amp_conv_net *n, float *w) { CHECK_OK(deft_param_get(n->w3, w, 256 * sizeof *w)); }
+
+/* Two nets of one size, compiled as pa and pb, trained side by side for `steps` steps: every loss and, at the end,
+ * w3 must be the same bits. */
+static inline void acn_check_same_bits(amp_conv_net *a, deft_program *pa, amp_conv_net *b, deft_program *pb,
+                                       int steps, const char *what) {
+    for (int k = 0; pa && pb && k < steps; k++) {
+        const float la = acn_step(a, pa, (uint64_t)k), lb = acn_step(b, pb, (uint64_t)k);
+        CHECK_MSG(isfinite(la) && memcmp(&la, &lb, sizeof la) == 0, "%s, step %d: loss %.9g and %.9g", what, k,
+                  (double)la, (double)lb);
+    }
+    float wa[256], wb[256];
+    acn_w3(a, wa);
+    acn_w3(b, wb);
+    CHECK_MSG(memcmp(wa, wb, sizeof wa) == 0, "%s: w3 differs", what);
+}
 
 #endif
