@@ -347,7 +347,9 @@ static deft_status deft_plan_steps(deft_program *p, const deft_compile_options *
     }
     if (s == DEFT_OK) s = deft_place_parts(p, no_reuse, true);
     /* The side lane is chosen over the final order and groups; its inputs' longer lives need a plan of their own. */
-    if (s == DEFT_OK && deft_side_mark(p, opts) > 0) s = deft_plan_pass(p, no_reuse);
+    int side = 0;
+    if (s == DEFT_OK) s = deft_side_mark(p, opts, &side);
+    if (s == DEFT_OK && side > 0) s = deft_plan_pass(p, no_reuse);
     return s;
 }
 

@@ -20,8 +20,7 @@ static int deft_lane_of(const deft_lanes *L, deft_device d) {
     return L->n;
 }
 
-/* The device that does a step's work: a copy to the host is queued by the GPU it comes from. */
-static deft_device deft_step_device(const deft_tensor *t) {
+deft_device deft_step_device(const deft_tensor *t) {
     if (t->op == DEFT_OP_COPY && t->device.type == DEFT_CPU) return t->src[0]->device;
     return t->device;
 }
@@ -77,9 +76,10 @@ static deft_status deft_lanes_enable_peers(const deft_lanes *L) {
 /* One event per side step of a run. */
 static deft_status deft_lanes_side_events(deft_program *p) {
     deft_lanes *L = &p->gpu.lanes;
+    if (!L->side) return DEFT_OK;
     int n = 0;
     for (int i = 0; i < p->n_steps; i++) n += deft_lanes_step_lane(p, p->steps[i]) == L->side;
-    if (!L->side || n == 0) return DEFT_OK;
+    if (n == 0) return DEFT_OK;
     L->side_events = calloc((size_t)n, sizeof *L->side_events);
     if (!L->side_events) return deft_set_error(DEFT_ERR_OOM, "compile: out of host memory for the side lane's events");
     deft_status s = DEFT_OK;

@@ -1,8 +1,8 @@
 /* Which steps run on a GPU's side lane (runtime/side_lane.h says why and how they are ordered). */
-#include <stdio.h>
 #include <stdlib.h>
 
 #include "cuda_kernels.h"
+#include "program_lanes.h"
 #include "program_state.h"
 #include "side_lane.h"
 
@@ -11,19 +11,13 @@
 /* The side steps a side step's inputs outlive: the side lane runs about one step behind the main stream. */
 #define DEFT_SIDE_KEEP 2
 
-/* The device that does a step's work: a copy to the host is queued by the GPU it comes from. */
-static deft_device deft_side_step_device(const deft_tensor *t) {
-    if (t->op == DEFT_OP_COPY && t->device.type == DEFT_CPU) return t->src[0]->device;
-    return t->device;
-}
-
 /* Every step on the same GPU: the programs one stream orders today. */
 static bool deft_side_one_gpu(const deft_program *p) {
     if (p->n_steps == 0) return false;
-    const deft_device d0 = deft_side_step_device(p->graph->nodes[p->steps[0]]);
+    const deft_device d0 = deft_step_device(p->graph->nodes[p->steps[0]]);
     for (int i = 0; i < p->n_steps; i++) {
-        const deft_device d = deft_side_step_device(p->graph->nodes[p->steps[i]]);
-        if ((d.type != DEFT_CUDA && !getenv("SIDE_DBG")) || d.index != d0.index) return false;
+        const deft_device d = deft_step_device(p->graph->nodes[p->steps[i]]);
+        if (d.type != DEFT_CUDA || d.index != d0.index) return false;
     }
     return true;
 }
@@ -56,9 +50,9 @@ static bool deft_side_kind_ok(const deft_program *p, int i) {
     return true;
 }
 
-/* The products worth a stream of their own, as measured on an H200 (bench/RESULTS.md): convolutions' weight
- * gradients (ResNet-18 in bf16: 5 % faster at batch 32, 7-9 % at 128 and 512) and TF32 products (mid MLP: 3 %). Beside
- * one another, f32 products on the FMA units (mid MLP: 2 % slower) and bf16 ones (1 % slower) lost. */
+/* The products worth a stream of their own, as measured on an H200 (bench/RESULTS.md, eighth round): convolutions'
+ * weight gradients (ResNet-18 in bf16: 5 % faster at batch 32, 9 % at 128, 3 % at 512) and TF32 products (mid MLP:
+ * 2 %). Beside one another, f32 products on the FMA units (mid MLP: 2 % slower) and bf16 ones (2 % slower) lost. */
 static bool deft_side_heavy(const deft_program *p, int i) {
     const int *ids;
     const int n = deft_side_members(p, i, &ids);
@@ -107,30 +101,29 @@ static void deft_side_note_side_source(deft_program *p, int i, int base, void *c
  * weight gradient, its cast, a bias gradient. The input gradients also end at the optimizer, but through the
  * products of the layers below: they are the backward pass's critical path and stay on the main stream. The side
  * steps are the heavy terminal ones and the terminal steps that read them. */
-int deft_side_mark(deft_program *p, const deft_compile_options *opts) {
+deft_status deft_side_mark(deft_program *p, const deft_compile_options *opts, int *count) {
+    *count = 0;
     for (int i = 0; i < p->n_steps; i++) p->nodes[p->steps[i]].side = false;
     const int n_steps = p->n_steps;
-    if (n_steps <= 0 || !deft_side_wanted(p, opts)) return 0;
+    if (n_steps <= 0 || !deft_side_wanted(p, opts)) return DEFT_OK;
     bool *terminal = calloc((size_t)n_steps, sizeof *terminal);
     bool *blocked = calloc((size_t)n_steps, sizeof *blocked);
-    int n = 0;
-    if (!terminal || !blocked) goto done;   /* no side lane is a slower program, not a wrong one */
+    deft_status s = terminal && blocked ? DEFT_OK : deft_set_error(DEFT_ERR_OOM, "compile: out of host memory");
     /* Readers come after what they read: going backwards, a step's readers are all decided when it is reached. */
     bool *t[2] = {terminal, blocked};
-    for (int i = p->n_steps - 1; i >= 0; i--) {
+    for (int i = n_steps - 1; s == DEFT_OK && i >= 0; i--) {
         terminal[i] = !blocked[i] && p->graph->nodes[p->steps[i]]->op != DEFT_OP_OPTIMIZER && deft_side_kind_ok(p, i);
         deft_side_each_input(p, i, deft_side_note_reader, t);
     }
-    for (int i = 0; i < p->n_steps; i++) {
+    for (int i = 0; s == DEFT_OK && i < n_steps; i++) {
         bool reads_side = false;
         if (terminal[i]) deft_side_each_input(p, i, deft_side_note_side_source, &reads_side);
         p->nodes[p->steps[i]].side = terminal[i] && (reads_side || deft_side_heavy(p, i));
-        n += p->nodes[p->steps[i]].side;
+        *count += p->nodes[p->steps[i]].side;
     }
-done:
     free(terminal);
     free(blocked);
-    return n;
+    return s;
 }
 
 /* Per step index i: the last step through which side step i's inputs stay alive; -1 for a main step. */

@@ -20,11 +20,11 @@
 
 struct deft_program;
 
-/* Marks the side steps of p (p->nodes[root].side) over its final order and groups, and returns how many there are;
- * none (0) unless every step runs on one GPU, the program splits no optimizer (optimizer_in_backward, data parallel's
+/* Marks the side steps of p (p->nodes[root].side) over its final order and groups, and says in *count how many there
+ * are (DEFT_ERR_OOM when the host is out of memory); none unless every step runs on one GPU, the program splits no optimizer (optimizer_in_backward, data parallel's
  * pieces per bucket), has no memory budget or checkpointing, and DEFT_SIDE_STREAM is not 0. A data-parallel replica's
  * buckets wait for both lanes before their all-reduce (runtime/dist_program.c). */
-int deft_side_mark(struct deft_program *p, const deft_compile_options *opts);
+deft_status deft_side_mark(struct deft_program *p, const deft_compile_options *opts, int *count);
 
 /* Part of the schedule (runtime/program.c): the buffers that side steps read live on until DEFT_SIDE_KEEP side steps
  * later (or to the end), so that the main stream, running ahead, does not write over them while they are read.

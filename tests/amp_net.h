@@ -67,6 +67,19 @@ static inline deft_program *amp_compile(amp_net *n, const deft_compile_options *
     return deft_compile(n->g, (deft_tensor *[]){n->loss, n->step}, 2, o);
 }
 
+/* amp_build and amp_compile together; NULL (a failed check, the net freed) when either fails. */
+static inline deft_program *amp_build_compiled(amp_net *n, deft_device dev, int64_t batch, int64_t in,
+                                               int64_t hidden, int64_t classes, const deft_compile_options *o) {
+    if (!amp_build(n, dev, batch, in, hidden, classes)) {
+        amp_free(n);
+        return NULL;
+    }
+    deft_program *p = amp_compile(n, o);
+    CHECK_MSG(p != NULL, "compile: %s", deft_errmsg());
+    if (!p) amp_free(n);
+    return p;
+}
+
 /* Batch k: x uniform in [-1, 1] times `gain`, labels the argmax of a fixed teacher's scores. */
 static inline void amp_make_batch(amp_net *n, uint64_t k, float gain) {
     uint64_t rng = 0xa3b0000ull + k;

@@ -46,9 +46,7 @@ static void test_same_as_f32_gradients(void) {
 
 static void test_casts_gone(void) {
     amp_net n;
-    if (!amp_build(&n, deft_cpu(), B, IN, HID, CLS)) return;
-    deft_program *p = amp_compile(&n, &BF16);
-    CHECK_MSG(p != NULL, "compile: %s", deft_errmsg());
+    deft_program *p = amp_build_compiled(&n, deft_cpu(), B, IN, HID, CLS, &BF16);
     if (!p) return;
     const deft_graph *g = n.g;
     int steps = 0;

@@ -50,9 +50,7 @@ static void test_follows_f32(void) {
 
 static void test_forced_overflow(void) {
     amp_net n;
-    if (!amp_build(&n, deft_cpu(), B, IN, HID, CLS)) return;
-    deft_program *p = amp_compile(&n, &F16);
-    CHECK_MSG(p != NULL, "compile: %s", deft_errmsg());
+    deft_program *p = amp_build_compiled(&n, deft_cpu(), B, IN, HID, CLS, &F16);
     if (!p) return;
     static float before[HID * HID], after[HID * HID];
     float losses[12], norm;

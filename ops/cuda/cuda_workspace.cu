@@ -28,10 +28,17 @@ static const size_t deft_workspace_zeroed[DEFT_WORKSPACE_KINDS] = {0, 0, (size_t
 static const char *const deft_workspace_tag[DEFT_WORKSPACE_KINDS] = {"cublas.workspace", "cudnn.workspace",
                                                                      "batch_norm.workspace"};
 
-/* The entry of (dev, stream), made if new; NULL when the host is out of memory. */
-static deft_stream_scratch *deft_scratch_entry(int dev, void *stream) {
+/* The entry of (dev, stream), NULL if it has none; the caller holds the lock. */
+static deft_stream_scratch *deft_scratch_lookup(int dev, void *stream) {
     for (int i = 0; i < deft_n_scratch; i++)
         if (deft_scratch[i].dev == dev && deft_scratch[i].stream == stream) return &deft_scratch[i];
+    return NULL;
+}
+
+/* The entry of (dev, stream), made if new; NULL when the host is out of memory. */
+static deft_stream_scratch *deft_scratch_entry(int dev, void *stream) {
+    deft_stream_scratch *found = deft_scratch_lookup(dev, stream);
+    if (found) return found;
     if (deft_n_scratch == deft_cap_scratch) {
         int cap = deft_cap_scratch ? 2 * deft_cap_scratch : 8;
         deft_stream_scratch *grown = (deft_stream_scratch *)realloc(deft_scratch, (size_t)cap * sizeof *grown);
@@ -92,35 +99,29 @@ deft_status deft_stream_workspace_sized(int dev, void *stream, deft_workspace_ki
     *bytes = 0;
     if (cs != cudaStreamCaptureStatusNone) {
         std::lock_guard<std::mutex> guard(deft_scratch_lock);
-        for (int i = 0; i < deft_n_scratch && !*out; i++)
-            if (deft_scratch[i].dev == dev && deft_scratch[i].stream == stream && deft_scratch[i].ptr[kind]) {
-                *out = deft_scratch[i].ptr[kind];
-                *bytes = deft_scratch_bytes(&deft_scratch[i], kind);
-            }
+        const deft_stream_scratch *e = deft_scratch_lookup(dev, stream);
+        *out = e ? e->ptr[kind] : NULL;
+        *bytes = *out ? deft_scratch_bytes(e, kind) : 0;
         return DEFT_OK;
     }
     deft_status s = deft_stream_workspace(dev, stream, kind, out);
     if (s != DEFT_OK) return s;
     std::lock_guard<std::mutex> guard(deft_scratch_lock);
-    *bytes = deft_scratch_bytes(deft_scratch_entry(dev, stream), kind);   /* found: deft_stream_workspace made it */
+    *bytes = deft_scratch_bytes(deft_scratch_lookup(dev, stream), kind);   /* deft_stream_workspace made it */
     return DEFT_OK;
 }
 
 void *deft_stream_workspace_existing(int dev, void *stream, deft_workspace_kind kind) {
     std::lock_guard<std::mutex> guard(deft_scratch_lock);
-    for (int i = 0; i < deft_n_scratch; i++)
-        if (deft_scratch[i].dev == dev && deft_scratch[i].stream == stream) return deft_scratch[i].ptr[kind];
-    return NULL;
+    const deft_stream_scratch *e = deft_scratch_lookup(dev, stream);
+    return e ? e->ptr[kind] : NULL;
 }
 
 void deft_stream_workspaces_release(int dev, void *stream) {
     std::lock_guard<std::mutex> guard(deft_scratch_lock);
-    for (int i = 0; i < deft_n_scratch; i++) {
-        deft_stream_scratch *e = &deft_scratch[i];
-        if (e->dev != dev || e->stream != stream) continue;
-        for (int k = 0; k < DEFT_WORKSPACE_KINDS; k++)
-            if (e->ptr[k]) (void)deft_caching_free(deft_cuda(dev), e->ptr[k]);
-        *e = deft_scratch[--deft_n_scratch];
-        return;
-    }
+    deft_stream_scratch *e = deft_scratch_lookup(dev, stream);
+    if (!e) return;
+    for (int k = 0; k < DEFT_WORKSPACE_KINDS; k++)
+        if (e->ptr[k]) (void)deft_caching_free(deft_cuda(dev), e->ptr[k]);
+    *e = deft_scratch[--deft_n_scratch];
 }
