@@ -379,6 +379,12 @@ int deft_program_step_count(const deft_program *p);              /* nodes that r
  * time keeps every step on one stream. None with optimizer_in_backward (or data parallel's pieces per bucket), a
  * memory budget or checkpointing. */
 int deft_program_side_steps(const deft_program *p);
+/* Products that run batched with others of their shape, as one call at the last one's step: on a GPU, products of
+ * at least 64 MFLOP whose outputs have fewer than 2^21 elements (less than a wave of tiles on an H200), such as an
+ * MLP's weight gradients, which nothing reads before the optimizer. Their inputs live until the batch runs. None
+ * under data parallel, optimizer_in_backward, a memory budget, checkpointing or no_fusion; DEFT_PRODUCT_BATCHES=0 at
+ * compile time turns batching off. */
+int deft_program_batched_products(const deft_program *p);
 int deft_program_schedules(const deft_program *p, const deft_tensor *t);   /* 1 if t is computed by p */
 int64_t deft_program_node_runs(const deft_program *p, const deft_tensor *t); /* times t's kernel has run */
 typedef struct deft_memory_report {

@@ -183,6 +183,16 @@ int deft_program_side_steps(const deft_program *p) {
     return n;
 }
 
+int deft_program_batched_products(const deft_program *p) {
+    int n = 0;
+    for (int gi = 0; p && gi < p->n_groups; gi++) {
+        const deft_group *g = &p->groups[gi];
+        for (int m = 0; g->kind == DEFT_GROUP_MATMUL_BATCH && m < g->n_members; m++)
+            n += p->graph->nodes[g->members[m]]->op == DEFT_OP_MATMUL;
+    }
+    return n;
+}
+
 int deft_program_schedules(const deft_program *p, const deft_tensor *t) {
     return p && t && t->graph == p->graph && t->id < p->n_nodes && p->nodes[t->id].needed;
 }

@@ -3,6 +3,8 @@
  *   matmul groups   a matmul and the bias add (and ReLU) after it, as one cuBLASLt call with an epilogue; or a
  *                   matmul and the sum over the rows of its second operand (a bias gradient), which cuBLASLt computes
  *                   while it reads that operand
+ *   batches         products of one shape, each too small to fill the GPU, that nothing reads before the last of
+ *                   them: an MLP's weight gradients, as one cuBLASLt call (runtime/fusion_batch.c)
  *   batch norm      a normalisation and the add and ReLU after it (runtime/fusion_norm.c); its backward nodes
  *                   and the ReLU gradient they read, masked on load (runtime/fusion_norm_grad.c)
  *   casts           the casts of parameters and constants to one dtype (autocast's weights), in one launch
@@ -160,7 +162,7 @@ static deft_status deft_fuse_bias(deft_fusion *f, int m) {
 }
 
 /* The sum over k of op(b)[k, n]: b [K, N] summed over axis 0, or b [N, K] (transposed) over axis 1. */
-static bool deft_is_bias_grad_of(const deft_tensor *s, const deft_tensor *mm) {
+bool deft_is_bias_grad_of(const deft_tensor *s, const deft_tensor *mm) {
     const deft_tensor *b = mm->src[1];
     if (s->op != DEFT_OP_SUM || s->src[0] != b || b->ndim != 2 || s->dtype != mm->dtype) return false;
     const uint32_t axis = mm->p.matmul.trans_b ? 2u : 1u;
@@ -459,11 +461,12 @@ static bool deft_has_cuda_step(const deft_program *p) {
     return false;
 }
 
-deft_status deft_program_fuse(deft_program *p) {
+deft_status deft_program_fuse(deft_program *p, bool batch_products) {
     for (int id = 0; id < p->n_nodes; id++) p->nodes[id].group = -1;
     if (!deft_has_cuda_step(p)) return DEFT_OK;
     deft_fusion f = {p, NULL, NULL, NULL, NULL, 0};
     deft_status s = deft_fusion_index(&f);
+    if (s == DEFT_OK && batch_products) s = deft_fuse_product_batches(&f);
     if (s == DEFT_OK) s = deft_fuse_matmuls(&f);
     if (s == DEFT_OK) s = deft_fuse_norm_epilogues(&f);
     if (s == DEFT_OK) s = deft_fuse_norm_grads(&f);

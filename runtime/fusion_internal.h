@@ -25,6 +25,12 @@ void deft_group_join(deft_fusion *f, int gi, int id);
  * step `at`. */
 bool deft_readers_after(const deft_fusion *f, int gi, int joining, int at);
 
+/* Whether s is the sum over k of op(b)[k, n] for matmul mm's b (a bias gradient its epilogue can compute). */
+bool deft_is_bias_grad_of(const deft_tensor *s, const deft_tensor *mm);
+
+/* Batches of products of one shape (runtime/fusion_batch.c), formed first, from the products free then. */
+deft_status deft_fuse_product_batches(deft_fusion *f);
+
 /* Batch norm groups (runtime/fusion_norm.c), formed before the elementwise chains so that these take what is left. */
 deft_status deft_fuse_norm_epilogues(deft_fusion *f);
 

@@ -30,6 +30,26 @@ static deft_status deft_run_matmul(deft_program *p, const deft_group *g, void *s
                                   &ep, stream, p->cuda_flags);
 }
 
+/* The products of a batch in member order, each with the bias gradient that sums its b, if the group holds one. */
+static deft_status deft_run_matmul_batch(deft_program *p, const deft_group *g, void *stream) {
+    deft_mm_part parts[DEFT_MM_BATCH_MAX];
+    int n = 0;
+    for (int m = 0; m < g->n_members; m++) {
+        const deft_tensor *mm = p->graph->nodes[g->members[m]];
+        if (mm->op != DEFT_OP_MATMUL) continue;
+        if (n == DEFT_MM_BATCH_MAX)
+            return deft_set_error(DEFT_ERR_INVALID, "a batch of more than %d products", DEFT_MM_BATCH_MAX);
+        parts[n] = (deft_mm_part){mm, deft_program_data(p, mm->id), deft_program_data(p, mm->src[0]->id),
+                                  deft_program_data(p, mm->src[1]->id), NULL};
+        for (int k = 0; k < g->n_members; k++) {
+            const deft_tensor *sum = p->graph->nodes[g->members[k]];
+            if (sum->op == DEFT_OP_SUM && sum->src[0] == mm->src[1]) parts[n].bias_grad = deft_program_data(p, sum->id);
+        }
+        n++;
+    }
+    return deft_cuda_matmul_batch(parts, n, stream, p->cuda_flags);
+}
+
 /* The normalisation's inputs as its own step would pass them, its output stored in the group's one store. */
 static deft_status deft_run_norm(deft_program *p, const deft_group *g, void *stream) {
     const deft_tensor *bn = p->graph->nodes[g->norm];
@@ -86,6 +106,7 @@ deft_status deft_group_run(deft_program *p, const deft_group *g, void *stream) {
     case DEFT_GROUP_NORM: return deft_run_norm(p, g, stream);
     case DEFT_GROUP_CASTS: return deft_run_casts(p, g, stream);
     case DEFT_GROUP_NORM_GRAD: return deft_run_norm_grad(p, g, stream);
+    case DEFT_GROUP_MATMUL_BATCH: return deft_run_matmul_batch(p, g, stream);
     default: return deft_run_matmul(p, g, stream);
     }
 #else

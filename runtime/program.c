@@ -342,7 +342,7 @@ static deft_status deft_plan_steps(deft_program *p, const deft_compile_options *
     const int no_reuse = opts ? opts->no_reuse : 0;
     if (s == DEFT_OK && !(opts && opts->no_fusion)) {
         const int before = p->n_steps;
-        s = deft_program_fuse(p);
+        s = deft_program_fuse(p, deft_product_batches_wanted(opts));
         if (s == DEFT_OK && p->n_steps != before) s = deft_plan_pass(p, no_reuse);
     }
     if (s == DEFT_OK) s = deft_place_parts(p, no_reuse, true);

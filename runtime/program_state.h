@@ -48,7 +48,8 @@ typedef enum deft_group_kind {
     DEFT_GROUP_MATMUL,        /* a matmul with a cuBLASLt epilogue: ops/cuda/cuda_matmul.h */
     DEFT_GROUP_NORM,          /* a batch norm and the add and ReLU after it: runtime/fusion_norm.c */
     DEFT_GROUP_CASTS,         /* casts of parameters, run together at the first one's step: runtime/fusion_casts.c */
-    DEFT_GROUP_NORM_GRAD      /* batch norm's backward reading a ReLU's gradient masked: runtime/fusion_norm_grad.c */
+    DEFT_GROUP_NORM_GRAD,     /* batch norm's backward reading a ReLU's gradient masked: runtime/fusion_norm_grad.c */
+    DEFT_GROUP_MATMUL_BATCH   /* products of one shape (and their bias gradients) as one call: runtime/fusion_batch.c */
 } deft_group_kind;
 
 typedef struct deft_group {
@@ -112,8 +113,12 @@ deft_status deft_program_reorder(deft_program *p);
 deft_status deft_check_program_tensor(const deft_program *p, const deft_tensor *t, const char *what);
 
 /* Groups p->steps into fused kernels where its GPUs allow (runtime/fusion.c); members leave p->steps but for the
- * roots. */
-deft_status deft_program_fuse(deft_program *p);
+ * roots. batch_products: products of one shape may run as one batch (deft_product_batches_wanted). */
+deft_status deft_program_fuse(deft_program *p, bool batch_products);
+/* Whether a program compiled with o may batch products: not where the gradients must be ready one by one (data
+ * parallel's buckets, optimizer in backward) or where inputs kept alive longer count (a memory budget,
+ * checkpointing); DEFT_PRODUCT_BATCHES=0 turns it off. runtime/fusion_batch.c */
+bool deft_product_batches_wanted(const deft_compile_options *o);
 void deft_program_groups_free(deft_program *p);
 /* Runs group g (its root's step) on `stream`; runtime/fusion_run.c. */
 deft_status deft_group_run(deft_program *p, const deft_group *g, void *stream);

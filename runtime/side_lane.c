@@ -54,6 +54,8 @@ static bool deft_side_kind_ok(const deft_program *p, int i) {
  * weight gradients (ResNet-18 in bf16: 5 % faster at batch 32, 9 % at 128, 3 % at 512) and TF32 products (mid MLP:
  * 2 %). Beside one another, f32 products on the FMA units (mid MLP: 2 % slower) and bf16 ones (2 % slower) lost. */
 static bool deft_side_heavy(const deft_program *p, int i) {
+    const int gi = p->nodes[p->steps[i]].group;
+    if (gi >= 0 && p->groups[gi].kind == DEFT_GROUP_MATMUL_BATCH) return false;   /* it runs last: beside nothing */
     const int *ids;
     const int n = deft_side_members(p, i, &ids);
     const bool tf32 = (p->cuda_flags & DEFT_CUDA_ALLOW_TF32) != 0;

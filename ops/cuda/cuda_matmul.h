@@ -39,6 +39,26 @@ int deft_cuda_matmul_fusable(const deft_tensor *mm, deft_mm_epilogue_kind kind, 
 deft_status deft_cuda_matmul_fused(const deft_tensor *mm, void *out, const void *a, const void *b,
                                    const deft_mm_epilogue *ep, void *stream, unsigned flags);
 
+/* ---- batches: products of one shape that the program runs together (runtime/fusion_batch.c) ---- */
+#define DEFT_MM_BATCH_MAX 12
+
+typedef struct deft_mm_part {
+    const deft_tensor *mm;   /* the DEFT_OP_MATMUL node */
+    void *out;
+    const void *a, *b;
+    void *bias_grad;         /* NULL, or receives the sum over k of op(b)[k, n] (as DEFT_MM_EPI_BGRAD_B) */
+} deft_mm_part;
+
+/* Whether mm can join a batch led by `first`: both 2-d CUDA products deft_cuda_matmul_fusable takes, of one device,
+ * dtype, shape and transposes. */
+int deft_cuda_matmul_batchable(const deft_tensor *first, const deft_tensor *mm);
+
+/* Runs the n parts (1 .. DEFT_MM_BATCH_MAX, each batchable with the first; a bias gradient only where b is not
+ * transposed) on `stream`: one cuBLASLt call over arrays of pointers, and one launch for every bias gradient; where
+ * cuBLASLt has no algorithm (or DEFT_MATMUL_REFERENCE=1), each part as deft_cuda_matmul_fused would run it.
+ * Capturable as deft_cuda_matmul_fused is. DEFT_ERR_INVALID for parts that cannot be batched together. */
+deft_status deft_cuda_matmul_batch(const deft_mm_part *parts, int n, void *stream, unsigned flags);
+
 #ifdef __cplusplus
 }
 #endif

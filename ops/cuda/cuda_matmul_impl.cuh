@@ -56,4 +56,10 @@ typedef struct deft_lt_gemm {
  * would run, so that a caller can commit to a series of products before queuing the first. */
 deft_status deft_cuda_gemm_lt(const deft_lt_gemm &g, cudaStream_t st, unsigned flags, bool dry, bool *done);
 
+/* count products of g's shape (its a, b and out unused) as one cuBLASLt pointer-array batch: a[i], b[i] and out[i]
+ * are device pointers (DEFT_MM_BATCH_MAX at most). *done = false, nothing queued, where cuBLASLt cannot run it (the
+ * caller then runs them one by one). */
+deft_status deft_cuda_gemm_lt_batch(const deft_lt_gemm &g, const void *const *a, const void *const *b,
+                                    void *const *out, int count, cudaStream_t st, unsigned flags, bool *done);
+
 #endif

@@ -16,6 +16,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <algorithm>
 #include <mutex>
 #include <vector>
 
@@ -46,6 +47,7 @@ static deft_status deft_lt_handle(int dev, cublasLtHandle_t *out) {
 /* ---- the problem and its cache entry ---- */
 typedef struct deft_lt_key {
     int dev, dtype, out_dtype, ta, tb, epilogue, tf32;   /* out_dtype: D's, f32 or dtype */
+    int ptr_array;   /* 1: count products whose A, B and D are device arrays of pointers (the strides unused) */
     int64_t M, N, K, count, stride_a, stride_b;   /* count 1: one product; strides in elements, 0 repeats one */
     uint32_t align_a, align_b, align_out, align_bias;
     uint64_t ws_bytes;   /* the stream's scratch, which bounds the algorithm's (a side lane's is smaller) */
@@ -93,14 +95,18 @@ static void deft_lt_entry_free(deft_lt_entry *e) {
     e->la = e->lb = e->ld = NULL;
 }
 
-/* A column-major rows x cols layout, with its batch when count > 1. */
+/* A column-major rows x cols layout, with its batch when count > 1: strided, or an array of pointers. */
 static cublasStatus_t deft_lt_layout(cublasLtMatrixLayout_t *l, cudaDataType_t dt, int64_t rows, int64_t cols,
-                                     int64_t count, int64_t stride) {
+                                     int64_t count, int64_t stride, int ptr_array) {
     cublasStatus_t s = cublasLtMatrixLayoutCreate(l, dt, (uint64_t)rows, (uint64_t)cols, rows);
     if (s != CUBLAS_STATUS_SUCCESS || count == 1) return s;
     const int32_t c = (int32_t)count;
     s = cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &c, sizeof c);
     if (s != CUBLAS_STATUS_SUCCESS) return s;
+    if (ptr_array) {
+        const int32_t mode = CUBLASLT_BATCH_MODE_POINTER_ARRAY;
+        return cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_MODE, &mode, sizeof mode);
+    }
     return cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride);
 }
 
@@ -116,10 +122,10 @@ static cublasStatus_t deft_lt_describe(const deft_lt_key &k, deft_lt_entry *e) {
         (s = cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi)))
         return s;
     /* Stored shapes: b is [K, N] (column-major N x K) or, transposed, [N, K] (K x N); a likewise with M. */
-    if ((s = deft_lt_layout(&e->la, dt, k.tb ? k.K : k.N, k.tb ? k.N : k.K, k.count, k.stride_b)) ||
-        (s = deft_lt_layout(&e->lb, dt, k.ta ? k.M : k.K, k.ta ? k.K : k.M, k.count, k.stride_a)))
+    if ((s = deft_lt_layout(&e->la, dt, k.tb ? k.K : k.N, k.tb ? k.N : k.K, k.count, k.stride_b, k.ptr_array)) ||
+        (s = deft_lt_layout(&e->lb, dt, k.ta ? k.M : k.K, k.ta ? k.K : k.M, k.count, k.stride_a, k.ptr_array)))
         return s;
-    return deft_lt_layout(&e->ld, deft_lt_data_type(k.out_dtype), k.N, k.M, k.count, k.M * k.N);
+    return deft_lt_layout(&e->ld, deft_lt_data_type(k.out_dtype), k.N, k.M, k.count, k.M * k.N, k.ptr_array);
 }
 
 /* The heuristic's first choice for the entry's problem: e->found stays false where there is none. Halves may only
@@ -196,10 +202,25 @@ static bool deft_lt_capturing(cudaStream_t st) {
 }
 
 /* ---- one cuBLASLt call ---- */
+/* A pointer-array batch's device arrays (A's pointers, then B's, then D's) live at the end of the stream's cuBLAS
+ * scratch, which the call's algorithm is then not offered. A one-block kernel writes them just before the product:
+ * stream order keeps them intact until the product has read them, and a CUDA Graph capture bakes the pointers into
+ * the graph as it does every kernel's arguments. */
+#define DEFT_LT_TABLE_BYTES ((size_t)1024)
+typedef struct deft_lt_table {
+    const void *ptr[3 * DEFT_MM_BATCH_MAX];
+} deft_lt_table;
+static_assert(sizeof(deft_lt_table) <= DEFT_LT_TABLE_BYTES, "the pointer table fits its reserve");
+
+__global__ void deft_lt_table_kernel(const void **dst, deft_lt_table t, int n) {
+    if ((int)threadIdx.x < n) dst[threadIdx.x] = t.ptr[threadIdx.x];
+}
+
 typedef struct deft_lt_call {
     deft_lt_key key;
     const void *a, *b, *bias;   /* bias: the epilogue's vector (bias or bias gradient), NULL for none */
     void *out;
+    const deft_lt_table *table; /* a pointer-array batch of key.count products (a, b, out unset), NULL for none */
     bool accumulate;            /* out += product (beta 1) instead of out = product */
     bool dry;                   /* only make sure the problem would run: choose, launch nothing */
 } deft_lt_call;
@@ -226,14 +247,29 @@ static deft_lt_key deft_lt_key_make(const deft_tensor *n, int ta, int tb, int64_
     return deft_lt_key_init(n->dtype, ta, tb, M, N, K, flags);
 }
 
+/* Queues the writing of c's pointer table at dst, and points c's operands at it. */
+static deft_status deft_lt_stage_table(deft_lt_call &c, void *dst, cudaStream_t st) {
+    const int n = (int)c.key.count;
+    const void **arrays = (const void **)dst;
+    deft_lt_table_kernel<<<1, 3 * n, 0, st>>>(arrays, *c.table, 3 * n);
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return deft_set_error(DEFT_ERR_RUNTIME, "cuda matmul batch: %s", cudaGetErrorString(e));
+    c.a = arrays;
+    c.b = arrays + n;
+    c.out = (void *)(arrays + 2 * n);
+    return DEFT_OK;
+}
+
 /* Runs c through cuBLASLt: *done = false (nothing enqueued) where the fallback must run instead. */
 static deft_status deft_lt_run(deft_lt_call &c, cudaStream_t st, bool *done) {
     *done = false;
     deft_status s = deft_matmul_device(&c.key.dev);
     if (s != DEFT_OK) return s;
-    c.key.align_a = deft_lt_align(c.a);
-    c.key.align_b = deft_lt_align(c.b);
-    c.key.align_out = deft_lt_align(c.out);
+    if (!c.table) {   /* a batch's alignments are its pointers' least, set by the caller */
+        c.key.align_a = deft_lt_align(c.a);
+        c.key.align_b = deft_lt_align(c.b);
+        c.key.align_out = deft_lt_align(c.out);
+    }
     c.key.align_bias = c.bias ? deft_lt_align(c.bias) : 0;
     const bool capturing = deft_lt_capturing(st);
     std::lock_guard<std::mutex> guard(deft_lt_lock);
@@ -245,6 +281,10 @@ static deft_status deft_lt_run(deft_lt_call &c, cudaStream_t st, bool *done) {
         (s = deft_stream_workspace_sized(c.key.dev, st, DEFT_WORKSPACE_CUBLAS, &ws, &ws_bytes)) != DEFT_OK)
         return s;
     if (ws_bytes == 0) return DEFT_OK;   /* a new stream met in a capture: the fallback */
+    if (c.table) {
+        if (ws_bytes <= DEFT_LT_TABLE_BYTES) return DEFT_OK;
+        ws_bytes -= DEFT_LT_TABLE_BYTES;
+    }
     c.key.ws_bytes = ws_bytes;
     deft_lt_entry *e = deft_lt_entry_for(h, c.key, c.bias, capturing, &s);
     if (!e || !e->found) return s;
@@ -252,6 +292,7 @@ static deft_status deft_lt_run(deft_lt_call &c, cudaStream_t st, bool *done) {
         *done = true;
         return DEFT_OK;
     }
+    if (c.table && (s = deft_lt_stage_table(c, (char *)ws + ws_bytes, st)) != DEFT_OK) return s;
     cublasStatus_t cs = CUBLAS_STATUS_SUCCESS;
     if (c.bias)
         cs = cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &c.bias, sizeof c.bias);
@@ -312,6 +353,32 @@ deft_status deft_cuda_gemm_lt(const deft_lt_gemm &g, cudaStream_t st, unsigned f
     c.out = g.out;
     c.accumulate = g.accumulate;
     c.dry = dry;
+    return deft_lt_run(c, st, done);
+}
+
+deft_status deft_cuda_gemm_lt_batch(const deft_lt_gemm &g, const void *const *a, const void *const *b,
+                                    void *const *out, int count, cudaStream_t st, unsigned flags, bool *done) {
+    *done = false;
+    if (count < 2 || count > DEFT_MM_BATCH_MAX || g.M <= 0 || g.N <= 0 || g.K <= 0 || g.M > INT32_MAX ||
+        g.N > INT32_MAX || g.K > INT32_MAX || (g.dtype != DEFT_F32 && g.dtype != DEFT_F16 && g.dtype != DEFT_BF16))
+        return DEFT_OK;
+    deft_lt_table t;
+    memset(&t, 0, sizeof t);
+    deft_lt_call c;
+    memset(&c, 0, sizeof c);
+    c.key = deft_lt_key_init(g.dtype, g.ta, g.tb, g.M, g.N, g.K, flags);
+    c.key.count = count;
+    c.key.ptr_array = 1;
+    c.key.align_a = c.key.align_b = c.key.align_out = 256;
+    for (int i = 0; i < count; i++) {
+        t.ptr[i] = a[i];
+        t.ptr[count + i] = b[i];
+        t.ptr[2 * count + i] = out[i];
+        c.key.align_a = std::min(c.key.align_a, deft_lt_align(a[i]));
+        c.key.align_b = std::min(c.key.align_b, deft_lt_align(b[i]));
+        c.key.align_out = std::min(c.key.align_out, deft_lt_align(out[i]));
+    }
+    c.table = &t;
     return deft_lt_run(c, st, done);
 }
 
