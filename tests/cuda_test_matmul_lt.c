@@ -341,6 +341,10 @@ static void test_fused(void) {
     check_fused(DEFT_F32, 512, 1024, 768, 0, 0, DEFT_MM_EPI_BIAS_RELU, 0);
     check_fused(DEFT_BF16, 512, 1024, 768, 0, 0, DEFT_MM_EPI_BIAS, 0);
     check_fused(DEFT_F32, 768, 1024, 512, 1, 0, DEFT_MM_EPI_BGRAD_B, 0);
+    /* A classifier's weight gradient (cuda_matmul_small.cu's thin kernel), with and without its bias gradient. */
+    check_fused(DEFT_F32, 1024, 10, 256, 1, 0, DEFT_MM_EPI_BGRAD_B, 0);
+    check_fused(DEFT_F32, 1000, 16, 77, 1, 0, DEFT_MM_EPI_NONE, 0);
+    check_fused(DEFT_F32, 33, 3, 1100, 1, 0, DEFT_MM_EPI_BGRAD_B, 1);
     check_fused(DEFT_F16, 768, 1024, 512, 1, 0, DEFT_MM_EPI_BGRAD_B, 0);
 }
 

@@ -61,8 +61,9 @@ static deft_tensor *build_act_grad(deft_graph *g, deft_device dev, deft_tensor *
 
 static void test_act_grad(void) {
     static const deft_op acts[] = {DEFT_OP_RELU, DEFT_OP_GELU, DEFT_OP_SILU, DEFT_OP_TANH, DEFT_OP_SIGMOID};
-    static const int64_t shapes[][2] = {{1, 1}, {7, 13}, {33, 1000}};
-    for (int si = 0; si < 3; si++)
+    /* [33, 1000] takes the four-element kernel, [9, 1001] it and its tail, the rest the one-element one. */
+    static const int64_t shapes[][2] = {{1, 1}, {7, 13}, {33, 1000}, {9, 1001}};
+    for (int si = 0; si < 4; si++)
         for (int dt = 0; dt < 4; dt++)
             for (int k = 0; k < 5; k++) {
                 ref_tensor in[2];

@@ -2,7 +2,9 @@
  *  - f32 products of a few warps (a linear layer of a handful of units, such as Linear(10, 1) on a batch of 32).
  *    cuBLASLt spends a launch on the product and another on a bias gradient, each costing more than the arithmetic
  *    here; in a step of a few kernels replayed from a CUDA Graph those launches are the step's time.
- *  - f16 and bf16 products with a side of at most 16 (a classifier's layer and its gradients), below.
+ *  - products with a side of at most 16 (a classifier's layer and its gradients), below. In f32 on an H200 the mid
+ *    MLP's classifier (256 x 10 x 1024) and its gradients took cuBLASLt 24 us in five launches (split K, its
+ *    reduction, a separate bias gradient).
  * One warp per output element, its lanes splitting K (partial sums, then a fixed shuffle tree: the same value on
  * every run), or for halves with K <= 32 one thread per output summing in k order. Accumulated in f32. */
 #include "cuda_matmul_small.cuh"
@@ -12,7 +14,7 @@
 /* Largest f32 product (M * N * K multiply-adds) and K taken here. */
 #define DEFT_SMALL_MAX_MACS ((int64_t)1 << 15)
 #define DEFT_SMALL_MAX_K 4096
-/* Halves: products with a side of at most DEFT_SKINNY_SIDE (a classifier of 10 classes, or its gradients, where K is
+/* Products with a side of at most DEFT_SKINNY_SIDE (a classifier of 10 classes, or its gradients, where K is
  * the 10) and up to DEFT_SKINNY_MAX_MACS. cuBLAS(Lt) has no aligned kernel for a leading dimension of 10 halves
  * (20 bytes) and falls back to ones that took 33 us for ResNet-18's 512 x 512 x 10 classifier on an H200. */
 #define DEFT_SKINNY_SIDE 16
@@ -75,6 +77,54 @@ __global__ void deft_k_matmul_short_k(T *out, const T *a, const T *b, int64_t M,
     }
 }
 
+/* out[M, N] = a^T b for a stored [K, M] and b [K, N], N at most DEFT_SKINNY_SIDE (a classifier's weight gradient,
+ * x^T dy). A block takes DEFT_THIN_COLS columns m of a: thread t takes column t mod DEFT_THIN_COLS over rows k = s,
+ * s + S, ... for its slice s = t / DEFT_THIN_COLS of the S = DEFT_THIN_SLICES slices, so each group's loads of a
+ * are one 32-byte sector and its loads of b's row a broadcast, keeping N sums; then the slices' sums are added in
+ * slice order and the epilogue applied as deft_small_finish does. The warp-per-output kernel strided its loads of a
+ * by M: the mid MLP's 1024 x 10 x 256 took 15.6 us there, 10.3 in cuBLASLt's three launches, 8.4 with 32 columns a
+ * block (too few blocks). With a bias gradient, one more block sums b's columns, a warp a column. */
+#define DEFT_THIN_THREADS 512
+#define DEFT_THIN_COLS 8
+#define DEFT_THIN_SLICES (DEFT_THIN_THREADS / DEFT_THIN_COLS)
+template <class T>
+__global__ void __launch_bounds__(DEFT_THIN_THREADS)
+    deft_k_matmul_thin_at(T *out, const T *a, const T *b, int64_t M, int N, int64_t K, const T *bias, int relu,
+                          T *bias_grad) {
+    __shared__ float part[DEFT_THIN_SLICES][DEFT_SKINNY_SIDE][DEFT_THIN_COLS];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const int64_t col_blocks = (M + DEFT_THIN_COLS - 1) / DEFT_THIN_COLS;
+    if (blockIdx.x == col_blocks) {   /* the bias gradient's block */
+        for (int n = w; n < N; n += DEFT_THIN_THREADS / 32) {
+            float acc = 0.0f;
+            for (int64_t k = lane; k < K; k += 32) acc += deft_ty<T>::load(b[k * N + n]);
+            acc = deft_warp_sum(acc);
+            if (lane == 0) bias_grad[n] = deft_ty<T>::store(acc);
+        }
+        return;
+    }
+    const int c = threadIdx.x % DEFT_THIN_COLS, slice = threadIdx.x / DEFT_THIN_COLS;
+    const int64_t m = (int64_t)blockIdx.x * DEFT_THIN_COLS + c;
+    float acc[DEFT_SKINNY_SIDE];
+#pragma unroll
+    for (int n = 0; n < DEFT_SKINNY_SIDE; n++) acc[n] = 0.0f;
+    for (int64_t k = slice; m < M && k < K; k += DEFT_THIN_SLICES) {
+        const float av = deft_ty<T>::load(a[k * M + m]);
+#pragma unroll
+        for (int n = 0; n < DEFT_SKINNY_SIDE; n++)
+            if (n < N) acc[n] += av * deft_ty<T>::load(b[k * N + n]);
+    }
+#pragma unroll
+    for (int n = 0; n < DEFT_SKINNY_SIDE; n++) part[slice][n][c] = acc[n];
+    __syncthreads();
+    const int t = threadIdx.x, oc = t % DEFT_THIN_COLS, on = t / DEFT_THIN_COLS;
+    const int64_t om = (int64_t)blockIdx.x * DEFT_THIN_COLS + oc;
+    if (on >= N || om >= M) return;
+    float sum = 0.0f;
+    for (int v = 0; v < DEFT_THIN_SLICES; v++) sum += part[v][on][oc];
+    out[om * N + on] = deft_small_finish<T>(sum, bias, on, relu);
+}
+
 /* The rows of the product: a batch sharing b, stacked plainly, folds into M. */
 static int64_t deft_small_rows(const deft_mm &s, bool *ok) {
     const bool folded = s.b_mats == 1 && !s.ta && s.a_mats == s.batch;
@@ -86,9 +136,11 @@ bool deft_matmul_small_fits(const deft_tensor *n, const deft_mm &s) {
     bool ok = false;
     const int64_t M = deft_small_rows(s, &ok);
     if (!ok || M <= 0 || s.N <= 0 || s.K <= 0 || s.K > DEFT_SMALL_MAX_K) return false;
-    if (n->dtype == DEFT_F32) return M <= DEFT_SMALL_MAX_MACS && M * s.N <= DEFT_SMALL_MAX_MACS / s.K;
-    if (n->dtype != DEFT_F16 && n->dtype != DEFT_BF16) return false;
+    if (n->dtype == DEFT_F32 && M <= DEFT_SMALL_MAX_MACS && M * s.N <= DEFT_SMALL_MAX_MACS / s.K) return true;
+    if (n->dtype != DEFT_F32 && n->dtype != DEFT_F16 && n->dtype != DEFT_BF16) return false;
     const bool skinny = M <= DEFT_SKINNY_SIDE || s.N <= DEFT_SKINNY_SIDE || s.K <= DEFT_SKINNY_SIDE;
+    /* f32 with a read transposed: only the classifier's weight gradient, which deft_k_matmul_thin_at takes. */
+    if (n->dtype == DEFT_F32 && s.ta && (s.tb || s.N > DEFT_SKINNY_SIDE)) return false;
     return skinny && M <= DEFT_SKINNY_MAX_MACS && M * s.N <= DEFT_SKINNY_MAX_MACS / s.K;
 }
 
@@ -101,8 +153,15 @@ static void deft_small_launch(const deft_mm &s, int64_t M, void *out, const void
     T *bias_grad = grad ? (T *)ep->bias_grad : NULL;
     const int relu = ep && ep->kind == DEFT_MM_EPI_BIAS_RELU;
     const int64_t items = M * s.N + (grad ? s.N : 0);
-    /* f32 keeps one warp per output at every K: the products it takes are tiny, and their sums stay as they were */
-    if (s.K <= DEFT_SMALL_THREAD_K && sizeof(T) == 2) {
+    /* The tiny f32 products keep one warp per output at every K, and their sums stay as they were. */
+    const bool tiny = sizeof(T) == 4 && M * s.N <= DEFT_SMALL_MAX_MACS / s.K;
+    if (sizeof(T) == 4 && !tiny && s.ta && !s.tb && s.N <= DEFT_SKINNY_SIDE) {
+        const unsigned blocks = (unsigned)((M + DEFT_THIN_COLS - 1) / DEFT_THIN_COLS + (grad ? 1 : 0));
+        deft_k_matmul_thin_at<T><<<blocks, DEFT_THIN_THREADS, 0, st>>>((T *)out, (const T *)a, (const T *)b, M,
+                                                                          (int)s.N, s.K, bias, relu, bias_grad);
+        return;
+    }
+    if (s.K <= DEFT_SMALL_THREAD_K && !tiny) {
         deft_k_matmul_short_k<T><<<deft_cuda_blocks(items, DEFT_CUDA_THREADS), DEFT_CUDA_THREADS, 0, st>>>(
             (T *)out, (const T *)a, (const T *)b, M, s.N, s.K, s.ta, s.tb, bias, relu, bias_grad);
         return;

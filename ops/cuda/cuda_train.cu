@@ -16,14 +16,39 @@ template <class T, class F> __global__ void deft_k_act_grad(T *o, const T *dy, c
     for (int64_t i = deft_tid(); i < n; i += deft_nthreads()) o[i] = Ty::store(f(Ty::load(dy[i]), Ty::load(x[i])));
 }
 
+/* The same, four elements a load where out, dy and x all start on a whole vector: thread t takes vectors t,
+ * t + threads, ..., then the last n mod 4 elements go one to a thread. One element a load moved 4 bytes at a time:
+ * the mid MLP's ReLU gradients (256 x 1024 in f32) took 3 us each on an H200. */
+template <class T, class F> __global__ void deft_k_act_grad_vec(T *o, const T *dy, const T *x, int64_t n, F f) {
+    typedef deft_ty<T> Ty;
+    typedef deft_vec<T, 4> V;
+    const int64_t nvec = n / 4;
+    for (int64_t v = deft_tid(); v < nvec; v += deft_nthreads()) {
+        const V g = reinterpret_cast<const V *>(dy)[v], in = reinterpret_cast<const V *>(x)[v];
+        V r;
+#pragma unroll
+        for (int u = 0; u < 4; u++) r.e[u] = Ty::store(f(Ty::load(g.e[u]), Ty::load(in.e[u])));
+        reinterpret_cast<V *>(o)[v] = r;
+    }
+    const int64_t j = nvec * 4 + deft_tid();
+    if (j < n) o[j] = Ty::store(f(Ty::load(dy[j]), Ty::load(x[j])));
+}
+
+static bool deft_vec_aligned(const void *p, size_t bytes) { return (uintptr_t)p % bytes == 0; }
+
 template <class F>
 static deft_status deft_act_grad_launch(const deft_tensor *n, void *out, const void *dy, const void *x,
                                         cudaStream_t st, F f) {
     const int64_t total = deft_shape_numel(n->ndim, n->shape);
     return deft_with_float_dtype(n, [&](auto tag) -> deft_status {
         typedef typename decltype(tag)::type T;
-        deft_k_act_grad<T, F><<<deft_cuda_blocks(total, DEFT_CUDA_THREADS), DEFT_CUDA_THREADS, 0, st>>>(
-            (T *)out, (const T *)dy, (const T *)x, total, f);
+        const size_t vb = 4 * sizeof(T);
+        if (deft_vec_aligned(out, vb) && deft_vec_aligned(dy, vb) && deft_vec_aligned(x, vb))
+            deft_k_act_grad_vec<T, F><<<deft_cuda_blocks(total / 4, DEFT_CUDA_THREADS), DEFT_CUDA_THREADS, 0, st>>>(
+                (T *)out, (const T *)dy, (const T *)x, total, f);
+        else
+            deft_k_act_grad<T, F><<<deft_cuda_blocks(total, DEFT_CUDA_THREADS), DEFT_CUDA_THREADS, 0, st>>>(
+                (T *)out, (const T *)dy, (const T *)x, total, f);
         return deft_cuda_check_launch(n, "act_grad");
     });
 }
