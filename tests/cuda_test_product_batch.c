@@ -207,8 +207,14 @@ static void test_refusals(void) {
     q[1].mm = deft_matmul_t(c.mm[0]->src[0], deft_input(c.g, "b2", DEFT_F32, 2, other, deft_cuda(0)), 1, 0);
     CHECK(q[1].mm && deft_cuda_matmul_batch(q, 2, NULL, 0) == DEFT_ERR_INVALID);
     q[1] = p[1];
-    q[1].mm = deft_matmul_t(c.mm[0]->src[0], deft_cast(c.mm[1]->src[1], DEFT_BF16), 1, 0);   /* mixed dtypes */
-    CHECK(q[1].mm == NULL || deft_cuda_matmul_batch(q, 2, NULL, 0) == DEFT_ERR_INVALID);
+    const int64_t as[2] = {32, 64}, bs[2] = {32, 48};   /* the same shape in bf16 */
+    q[1].mm = deft_matmul_t(deft_input(c.g, "a16", DEFT_BF16, 2, as, deft_cuda(0)),
+                            deft_input(c.g, "b16", DEFT_BF16, 2, bs, deft_cuda(0)), 1, 0);
+    CHECK(q[1].mm && deft_cuda_matmul_batch(q, 2, NULL, 0) == DEFT_ERR_INVALID);
+    deft_tensor elsewhere = *c.mm[1];   /* the same product on another GPU, which this machine may not have */
+    elsewhere.device.index = 1;
+    q[1].mm = &elsewhere;
+    CHECK(deft_cuda_matmul_batch(q, 2, NULL, 0) == DEFT_ERR_INVALID);
     const int64_t bt[2] = {48, 32};   /* b transposed: no bias gradient */
     deft_tensor *tb = deft_matmul_t(c.mm[0]->src[0], deft_input(c.g, "bt", DEFT_F32, 2, bt, deft_cuda(0)), 1, 1);
     deft_mm_part r[2] = {{tb, p[0].out, p[0].a, p[0].b, c.dgrad[0]}, {tb, p[1].out, p[1].a, p[1].b, NULL}};

@@ -3,7 +3,7 @@
  *    cuBLASLt spends a launch on the product and another on a bias gradient, each costing more than the arithmetic
  *    here; in a step of a few kernels replayed from a CUDA Graph those launches are the step's time.
  *  - products with a side of at most 16 (a classifier's layer and its gradients), below. In f32 on an H200 the mid
- *    MLP's classifier (256 x 10 x 1024) and its gradients took cuBLASLt 24 us in five launches (split K, its
+ *    MLP's classifier (256 x 10 x 1024) and its gradients took cuBLASLt 24 us in six launches (split K, its
  *    reduction, a separate bias gradient).
  * One warp per output element, its lanes splitting K (partial sums, then a fixed shuffle tree: the same value on
  * every run), or for halves with K <= 32 one thread per output summing in k order. Accumulated in f32. */

@@ -83,8 +83,6 @@ __device__ __forceinline__ void deft_bn_load_dy(const deft_bn_dy<T, MASK> &dy, i
     for (int k = 0; k < V; k++) out[k] = deft_ty<T>::load(deft_ty<T>::store(deft_ag_relu()(out[k], y[k])));
 }
 
-static bool deft_bn_aligned(const void *p, size_t bytes) { return (uintptr_t)p % bytes == 0; }
-
 /* The statistics: sums of d = x - K and d^2, K the channel's first element. rm, rv NULL: no running update. */
 template <class T, class P> struct deft_bn_stats_term {
     typedef T E;
@@ -109,7 +107,7 @@ template <class T, class P> struct deft_bn_stats_term {
             b[i] += d * d;
         }
     }
-    bool aligned(size_t bytes) const { return deft_bn_aligned(x, bytes); }
+    bool aligned(size_t bytes) const { return deft_is_aligned(x, bytes); }
     __device__ void finish(const deft_bn_geom &g, int64_t c, double sa, double sb) const {
         const double m = (double)(g.N * g.S), shifted = sa / m;
         double var = sb / m - shifted * shifted;
@@ -148,7 +146,7 @@ template <class T, class P, bool MASK> struct deft_bn_grad_term {
         }
     }
     bool aligned(size_t bytes) const {
-        return deft_bn_aligned(dy.g, bytes) && (!MASK || deft_bn_aligned(dy.y, bytes)) && deft_bn_aligned(x, bytes);
+        return deft_is_aligned(dy.g, bytes) && (!MASK || deft_is_aligned(dy.y, bytes)) && deft_is_aligned(x, bytes);
     }
     __device__ void finish(const deft_bn_geom &g, int64_t c, double sa, double sb) const {
         sums[c] = deft_ty<P>::from_f64(sa);
@@ -508,7 +506,7 @@ static bool deft_bn_vec_fits(const deft_bn_geom &g, int arrays, std::initializer
                                         DEFT_BN_VEC_SHARED_BYTES)
         return false;
     for (const void *p : data)
-        if (p && !deft_bn_aligned(p, 16)) return false;
+        if (p && !deft_is_aligned(p, 16)) return false;
     return true;
 }
 

@@ -131,10 +131,6 @@ __device__ double deft_opt_range_vec(T *__restrict__ p, T *__restrict__ s0, T *_
     return sum;
 }
 
-static __device__ __forceinline__ bool deft_opt_vec_aligned(const void *p, size_t bytes) {
-    return (uintptr_t)p % bytes == 0;
-}
-
 /* Updates the elements of one norm block and returns this thread's sum of squares of their gradients (read in the
  * segment's dtype: one choice per block). The vector walk is taken for f32 weights wherever every array starts the
  * block on a whole vector: the choice depends only on the addresses, the same on every run of a program. */
@@ -148,9 +144,9 @@ template <class T, int KIND> struct deft_opt_block_run {
         const G *g = (const G *)seg.src - seg.offset;
         if constexpr (sizeof(T) == sizeof(float)) {
             constexpr size_t VB = DEFT_OPT_VEC * sizeof(T);
-            if (deft_opt_vec_aligned(p + bk.lo, VB) && (!s0 || deft_opt_vec_aligned(s0 + bk.lo, VB)) &&
-                (!s1 || deft_opt_vec_aligned(s1 + bk.lo, VB)) &&
-                deft_opt_vec_aligned(g + bk.lo, DEFT_OPT_VEC * sizeof(G)))
+            if (deft_is_aligned(p + bk.lo, VB) && (!s0 || deft_is_aligned(s0 + bk.lo, VB)) &&
+                (!s1 || deft_is_aligned(s1 + bk.lo, VB)) &&
+                deft_is_aligned(g + bk.lo, DEFT_OPT_VEC * sizeof(G)))
                 return deft_opt_range_vec<T, G, KIND>(p, s0, s1, g, bk.lo, bk.hi, h, c);
         }
         return deft_opt_range_scalar<T, G, KIND>(p, s0, s1, g, bk.lo, bk.hi, h, c);

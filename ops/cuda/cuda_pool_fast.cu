@@ -282,7 +282,6 @@ static deft_pool_geom32 deft_pool_narrow(const deft_pool_geom &g) {
     return s;
 }
 
-static bool deft_pool_aligned(const void *p) { return (uintptr_t)p % 16 == 0; }
 
 /* Max pooling's backward in NHWC: by tiles (above) where its choices fit shared memory, else 16 bytes of channels
  * per thread where C divides into them and the tensors are aligned, one channel otherwise. */
@@ -290,7 +289,7 @@ template <class T>
 static deft_status deft_pool_max_backward_nhwc(const deft_tensor *n, const deft_pool_geom32 &s, const T *dy,
                                                const T *x, T *dx, cudaStream_t st) {
     constexpr int V = 16 / (int)sizeof(T);
-    const bool vec = s.C % V == 0 && deft_pool_aligned(dy) && deft_pool_aligned(x) && deft_pool_aligned(dx);
+    const bool vec = s.C % V == 0 && deft_is_aligned(dy, 16) && deft_is_aligned(x, 16) && deft_is_aligned(dx, 16);
     const unsigned total = (unsigned)((int64_t)s.N * s.H * s.W * s.C / (vec ? V : 1));
     const unsigned blocks = deft_cuda_blocks(total, DEFT_CUDA_THREADS);
     int tiles_h = 0, tiles_w = 0;

@@ -34,8 +34,6 @@ template <class T, class F> __global__ void deft_k_act_grad_vec(T *o, const T *d
     if (j < n) o[j] = Ty::store(f(Ty::load(dy[j]), Ty::load(x[j])));
 }
 
-static bool deft_vec_aligned(const void *p, size_t bytes) { return (uintptr_t)p % bytes == 0; }
-
 template <class F>
 static deft_status deft_act_grad_launch(const deft_tensor *n, void *out, const void *dy, const void *x,
                                         cudaStream_t st, F f) {
@@ -43,7 +41,7 @@ static deft_status deft_act_grad_launch(const deft_tensor *n, void *out, const v
     return deft_with_float_dtype(n, [&](auto tag) -> deft_status {
         typedef typename decltype(tag)::type T;
         const size_t vb = 4 * sizeof(T);
-        if (deft_vec_aligned(out, vb) && deft_vec_aligned(dy, vb) && deft_vec_aligned(x, vb))
+        if (deft_is_aligned(out, vb) && deft_is_aligned(dy, vb) && deft_is_aligned(x, vb))
             deft_k_act_grad_vec<T, F><<<deft_cuda_blocks(total / 4, DEFT_CUDA_THREADS), DEFT_CUDA_THREADS, 0, st>>>(
                 (T *)out, (const T *)dy, (const T *)x, total, f);
         else
