@@ -65,13 +65,36 @@ deft_status deft_nccl_unique_id(void *blob) {
     return DEFT_OK;
 }
 
-/* Every GPU in this process: nobody can fail to arrive, so the communicators are blocking ones. */
+/* The communicators' configuration: DEFT_DIST_CTAS blocks per collective (NCCL refuses a least count without a
+ * most one). */
+static ncclConfig_t deft_nccl_config(void) {
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.minCTAs = cfg.maxCTAs = DEFT_DIST_CTAS;
+    return cfg;
+}
+
+/* Every GPU in this process: nobody can fail to arrive, so the communicators are blocking ones, made in one group
+ * (each ncclCommInitRankConfig would otherwise wait for the ranks after it). */
 deft_status deft_nccl_init_local(deft_dist *d) {
-    ncclComm_t comms[DEFT_DIST_MAX_LOCAL];
-    ncclResult_t r = ncclCommInitAll(comms, d->n_local, d->device);
-    if (r != ncclSuccess)
-        return deft_set_error(DEFT_ERR_RUNTIME, "ncclCommInitAll over %d GPUs failed: %s (%s)", d->n_local,
+    ncclUniqueId id;
+    ncclResult_t r = ncclGetUniqueId(&id);
+    ncclConfig_t cfg = deft_nccl_config();
+    ncclComm_t comms[DEFT_DIST_MAX_LOCAL] = {0};
+    if (r == ncclSuccess) r = ncclGroupStart();
+    if (r == ncclSuccess) {
+        for (int i = 0; i < d->n_local && r == ncclSuccess; i++) {
+            if (deft_cuda_set_device(d->device[i]) != DEFT_OK) r = ncclUnhandledCudaError;
+            else r = ncclCommInitRankConfig(&comms[i], d->n_local, id, i, &cfg);
+        }
+        const ncclResult_t end = ncclGroupEnd();   /* always: the group must be closed */
+        if (r == ncclSuccess) r = end;
+    }
+    if (r != ncclSuccess) {
+        for (int i = 0; i < d->n_local; i++)
+            if (comms[i]) (void)ncclCommDestroy(comms[i]);
+        return deft_set_error(DEFT_ERR_RUNTIME, "ncclCommInitRankConfig over %d GPUs failed: %s (%s)", d->n_local,
                               ncclGetErrorString(r), ncclGetLastError(NULL));
+    }
     for (int i = 0; i < d->n_local; i++) d->comm[i] = comms[i];
     d->nonblocking = false;
     return DEFT_OK;
@@ -82,7 +105,7 @@ deft_status deft_nccl_init_rank(deft_dist *d, const void *id_blob) {
     if (s != DEFT_OK) return s;
     ncclUniqueId id;
     memcpy(&id, id_blob, sizeof id);
-    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    ncclConfig_t cfg = deft_nccl_config();
     cfg.blocking = 0;
     ncclComm_t comm = NULL;
     ncclResult_t r = ncclCommInitRankConfig(&comm, d->world, id, d->rank[0], &cfg);
