@@ -10,7 +10,8 @@
 # everything they print to <log-dir>/mlp_train.txt, and prints a table of the per-step times with the ratios torch/deft (> 1: deft is faster), also as
 # `mlp_train.<cfg>.speedup_vs_torch_graphs <r> x` and `mlp_train.<cfg>.speedup_vs_torch_eager <r> x` lines (appended
 # to the same file). The loss columns are the losses at step 20 of each: the same data and initial weights go into
-# both, so they should agree to a few digits.
+# both, so they should agree to a few digits. PER_CONFIG=1 runs every configuration in a process of its own on both
+# sides (a process's first program can run a few percent faster than a later one of the same process).
 set -uo pipefail
 log=${1:-gpu-logs}
 build=${BUILD:-build-gpu}
@@ -19,35 +20,44 @@ mkdir -p "$log"
 out="$log/mlp_train.txt"
 rc=0
 
+# Runs "$@" once, or with PER_CONFIG=1 once per configuration of $configs (--config c added), one process each.
+configs="tiny small mid large"
+each() {
+  if [ "${PER_CONFIG:-0}" != 1 ]; then "$@"; return; fi
+  local c status=0
+  for c in $configs; do "$@" --config "$c" || status=1; done
+  return $status
+}
+
 {
-  echo "# scripts/bench_mlp.sh, $(date -u '+%Y-%m-%d %H:%M UTC')"
+  echo "# scripts/bench_mlp.sh, $(date -u '+%Y-%m-%d %H:%M UTC')$([ "${PER_CONFIG:-0}" = 1 ] && echo ', one process per configuration')"
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw \
     --format=csv,noheader 2>&1 | sed 's/^/# gpu: /'
 } > "$out"
 
 echo "== deft: $build/bench_mlp_train" >&2
-"$build/bench_mlp_train" > "$log/mlp_train_deft.txt" 2>&1 || { echo "bench_mlp_train failed" >&2; rc=1; }
+each "$build/bench_mlp_train" > "$log/mlp_train_deft.txt" 2>&1 || { echo "bench_mlp_train failed" >&2; rc=1; }
 cat "$log/mlp_train_deft.txt" >> "$out"
 
 echo "== deft without CUDA Graphs: $build/bench_mlp_train --no-graphs" >&2
-"$build/bench_mlp_train" --no-graphs > "$log/mlp_train_deft_nographs.txt" 2>&1 \
+each "$build/bench_mlp_train" --no-graphs > "$log/mlp_train_deft_nographs.txt" 2>&1 \
   || { echo "bench_mlp_train --no-graphs failed (column left empty)" >&2; }
 cat "$log/mlp_train_deft_nographs.txt" >> "$out"
 
 echo "== deft without fusion: $build/bench_mlp_train --no-fusion" >&2
-"$build/bench_mlp_train" --no-fusion > "$log/mlp_train_deft_nofusion.txt" 2>&1 \
+each "$build/bench_mlp_train" --no-fusion > "$log/mlp_train_deft_nofusion.txt" 2>&1 \
   || { echo "bench_mlp_train --no-fusion failed (column left empty)" >&2; }
 cat "$log/mlp_train_deft_nofusion.txt" >> "$out"
 
 echo "== torch: $python bench/peers/mlp_train.py" >&2
-"$python" bench/peers/mlp_train.py > "$log/mlp_train_torch.txt" 2>&1 || { echo "mlp_train.py failed" >&2; rc=1; }
+each "$python" bench/peers/mlp_train.py > "$log/mlp_train_torch.txt" 2>&1 || { echo "mlp_train.py failed" >&2; rc=1; }
 cat "$log/mlp_train_torch.txt" >> "$out"
 
 # TF32 on both sides, mid and large (figures named <config>_tf32).
 echo "== TF32: $build/bench_mlp_train --tf32, $python bench/peers/mlp_train.py --tf32" >&2
-"$build/bench_mlp_train" --tf32 > "$log/mlp_train_deft_tf32.txt" 2>&1 || { echo "bench_mlp_train --tf32 failed" >&2; rc=1; }
+configs="mid large" each "$build/bench_mlp_train" --tf32 > "$log/mlp_train_deft_tf32.txt" 2>&1 || { echo "bench_mlp_train --tf32 failed" >&2; rc=1; }
 cat "$log/mlp_train_deft_tf32.txt" >> "$out"
-"$python" bench/peers/mlp_train.py --tf32 > "$log/mlp_train_torch_tf32.txt" 2>&1 \
+configs="mid large" each "$python" bench/peers/mlp_train.py --tf32 > "$log/mlp_train_torch_tf32.txt" 2>&1 \
   || { echo "mlp_train.py --tf32 failed" >&2; rc=1; }
 cat "$log/mlp_train_torch_tf32.txt" >> "$out"
 
@@ -55,10 +65,10 @@ cat "$log/mlp_train_torch_tf32.txt" >> "$out"
 # against torch.autocast (with a GradScaler for f16), eager and CUDA Graphs.
 for amp in bf16 f16; do
   echo "== autocast $amp: $build/bench_mlp_train --amp $amp, $python bench/peers/mlp_train.py --amp $amp" >&2
-  "$build/bench_mlp_train" --amp $amp > "$log/mlp_train_deft_$amp.txt" 2>&1 \
+  each "$build/bench_mlp_train" --amp $amp > "$log/mlp_train_deft_$amp.txt" 2>&1 \
     || { echo "bench_mlp_train --amp $amp failed" >&2; rc=1; }
   cat "$log/mlp_train_deft_$amp.txt" >> "$out"
-  "$python" bench/peers/mlp_train.py --amp $amp > "$log/mlp_train_torch_$amp.txt" 2>&1 \
+  each "$python" bench/peers/mlp_train.py --amp $amp > "$log/mlp_train_torch_$amp.txt" 2>&1 \
     || { echo "mlp_train.py --amp $amp failed" >&2; rc=1; }
   cat "$log/mlp_train_torch_$amp.txt" >> "$out"
 done
