@@ -13,7 +13,7 @@
 #define DEFT_DIST_ID_BYTES 128          /* NCCL_UNIQUE_ID_BYTES */
 #define DEFT_DIST_DEFAULT_TIMEOUT 300.0
 /* The blocks (NCCL channels) a collective runs with. NCCL chose 16 for the H200s of one host; 32 took the mid MLP's
- * 4-GPU step from 0.707 to 0.654 ms and left ResNet-18's unchanged (bench_ddp, NCCL 2.28). */
+ * 4-GPU step from 0.707 to 0.654 ms and left ResNet-18 bf16's unchanged (bench_ddp, NCCL 2.28). */
 #define DEFT_DIST_CTAS 32
 
 struct deft_program;
