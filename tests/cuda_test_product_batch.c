@@ -233,10 +233,7 @@ static int expected(int on_gpu) { return GPU.type == DEFT_CUDA ? on_gpu : 0; }
 static int batched_of(const obwd_spec *s, const deft_compile_options *o, int off) {
     obwd_net n;
     if (!obwd_build(&n, s)) return -1;
-    if (off) setenv("DEFT_PRODUCT_BATCHES", "0", 1);
-    deft_program *p = obwd_compile(&n, o);
-    unsetenv("DEFT_PRODUCT_BATCHES");
-    CHECK_MSG(p != NULL, "compile: %s", deft_errmsg());
+    deft_program *p = obwd_compile_without(&n, o, off ? "DEFT_PRODUCT_BATCHES" : NULL);
     const int count = p ? deft_program_batched_products(p) : -1;
     float l = 0, norm = 0;
     CHECK(!p || (obwd_run(&n, p, 0, &l, &norm) && isfinite(l) && isfinite(norm)));
@@ -275,11 +272,8 @@ static void test_training(const deft_compile_options *o, double tol, const char 
     const obwd_spec s = {.depth = 4, .batch = 256, .width = 512, .classes = 10, .device = GPU};
     obwd_net a, b;
     if (!obwd_build(&a, &s) || !obwd_build(&b, &s)) return;
-    deft_program *pa = obwd_compile(&a, o);
-    setenv("DEFT_PRODUCT_BATCHES", "0", 1);
-    deft_program *pb = obwd_compile(&b, o);
-    unsetenv("DEFT_PRODUCT_BATCHES");
-    CHECK_MSG(pa && pb, "%s: compile: %s", what, deft_errmsg());
+    deft_program *pa = obwd_compile_without(&a, o, NULL);
+    deft_program *pb = obwd_compile_without(&b, o, "DEFT_PRODUCT_BATCHES");
     CHECK(!pa || deft_program_batched_products(pa) == expected(s.depth));
     for (int r = 0; pa && pb && r < 5; r++) {
         float la, lb, na, nb;

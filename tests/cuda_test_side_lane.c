@@ -63,10 +63,7 @@ static void check_workspaces(deft_program *p, int side) {
 static int side_steps_of(const obwd_spec *s, const deft_compile_options *o, int one_stream, size_t *arena) {
     obwd_net n;
     if (!obwd_build(&n, s)) return -1;
-    if (one_stream) setenv("DEFT_SIDE_STREAM", "0", 1);
-    deft_program *p = obwd_compile(&n, o);
-    unsetenv("DEFT_SIDE_STREAM");
-    CHECK_MSG(p != NULL, "compile: %s", deft_errmsg());
+    deft_program *p = obwd_compile_without(&n, o, one_stream ? "DEFT_SIDE_STREAM" : NULL);
     int side = -1;
     if (p) {
         side = deft_program_side_steps(p);

@@ -69,6 +69,16 @@ static inline deft_program *obwd_compile(obwd_net *n, const deft_compile_options
     return deft_compile(n->g, (deft_tensor *[]){n->loss, n->step}, 2, o);
 }
 
+/* obwd_compile with the environment switch `off` (e.g. "DEFT_SIDE_STREAM") set to 0 while compiling, NULL: none;
+ * a failed compile is a failed check. */
+static inline deft_program *obwd_compile_without(obwd_net *n, const deft_compile_options *o, const char *off) {
+    if (off) setenv(off, "0", 1);
+    deft_program *p = obwd_compile(n, o);
+    if (off) unsetenv(off);
+    CHECK_MSG(p != NULL, "compile: %s", deft_errmsg());
+    return p;
+}
+
 /* The batch of run r (the same for every net of a spec). */
 static inline void obwd_batch(obwd_net *n, int r) {
     uint64_t rng = 0x9e3779b97f4a7c15ull + (uint64_t)r;
