@@ -8,6 +8,10 @@
 
 #include "deft.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define DEFT_DIST_MAX_LOCAL 16          /* communicators one process may hold (GPUs of one host) */
 #define DEFT_DIST_MAX_WORLD 1024          /* ranks in all */
 #define DEFT_DIST_ID_BYTES 128          /* NCCL_UNIQUE_ID_BYTES */
@@ -56,6 +60,16 @@ typedef struct deft_dist_buffers {
 } deft_dist_buffers;
 deft_status deft_nccl_all_reduce_avg(deft_dist *d, int local, const deft_dist_buffers *b, void *stream);
 deft_status deft_nccl_broadcast0(deft_dist *d, int local, const deft_dist_buffers *b, void *stream);
+/* The same average over b packed into `packed` (each gradient at offset[i], 16-byte aligned, the gaps zero; one
+ * dtype): one NCCL all-reduce over `packed_bytes` between a pack and an unpack kernel. */
+deft_status deft_nccl_all_reduce_packed(deft_dist *d, int local, const deft_dist_buffers *b, const size_t *offset,
+                                        void *packed, size_t packed_bytes, void *stream);
+/* Zeroes `bytes` at ptr on GPU `device` (a packed bucket's gaps). */
+deft_status deft_nccl_zero(int device, void *ptr, size_t bytes);
+#define DEFT_PACK_MAX 64   /* gradients per packing launch */
+/* The packing kernels (ops/cuda/cuda_dist_pack.cu): bytes[i] of tensors[i] to packed + offsets[i], or back. */
+deft_status deft_cuda_dist_pack(void *const *tensors, const size_t *offsets, const size_t *bytes, int n, void *packed,
+                                int unpack, void *stream);
 /* Waits for `stream` of GPU `device`, watching communicator `local` for errors, until the deadline: then aborts. */
 deft_status deft_nccl_wait_stream(deft_dist *d, int local, void *stream);
 
@@ -85,5 +99,10 @@ deft_status deft_ddp_wait(struct deft_program *p);
  * (index in p's steps) each joins back before, into bytes[0 .. max) and joins[0 .. max) (either may be NULL). Returns
  * the number of buckets, -1 when p is not a replica. */
 int deft_ddp_bucket_layout(const struct deft_program *p, size_t *bytes, int *joins, int max);
+/* For tests: how many of p's buckets are packed into one buffer for their all-reduce; -1 when p is not a replica. */
+int deft_ddp_packed_buckets(const struct deft_program *p);
 
+#ifdef __cplusplus
+}
+#endif
 #endif

@@ -4,6 +4,7 @@
  * is aborted (ncclCommAbort). So a peer that never joins or stops answering is an error here, never a hang. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -168,6 +169,32 @@ static deft_status deft_nccl_group(deft_dist *d, int local, const deft_dist_buff
 
 deft_status deft_nccl_all_reduce_avg(deft_dist *d, int local, const deft_dist_buffers *b, void *stream) {
     return deft_nccl_group(d, local, b, stream, true);
+}
+
+deft_status deft_nccl_all_reduce_packed(deft_dist *d, int local, const deft_dist_buffers *b, const size_t *offset,
+                                        void *packed, size_t packed_bytes, void *stream) {
+    const char *what = "ncclAllReduce (average of a packed bucket)";
+    if (d->aborted) return deft_set_error(DEFT_ERR_RUNTIME, "%s: the communicators were aborted: %s", what, d->failure);
+    size_t *bytes = malloc((size_t)b->n * sizeof *bytes);
+    if (!bytes) return deft_set_error(DEFT_ERR_OOM, "data parallel: out of host memory");
+    for (int i = 0; i < b->n; i++) bytes[i] = b->count[i] * deft_dtype_size(b->dtype[i]);
+    deft_status s = deft_cuda_set_device(d->device[local]);
+    if (s == DEFT_OK) s = deft_cuda_dist_pack(b->data, offset, bytes, b->n, packed, 0, stream);
+    if (s == DEFT_OK) {
+        const size_t count = packed_bytes / deft_dtype_size(b->dtype[0]);
+        ncclResult_t r = ncclAllReduce(packed, packed, count, deft_nccl_type(b->dtype[0]), ncclAvg,
+                                       (ncclComm_t)d->comm[local], (cudaStream_t)stream);
+        s = deft_nccl_settle(d, local, r, what);
+    }
+    if (s == DEFT_OK) s = deft_cuda_dist_pack(b->data, offset, bytes, b->n, packed, 1, stream);
+    free(bytes);
+    return s;
+}
+
+deft_status deft_nccl_zero(int device, void *ptr, size_t bytes) {
+    deft_status s = deft_cuda_set_device(device);
+    if (s == DEFT_OK) s = deft_nccl_cuda(cudaMemset(ptr, 0, bytes), "cudaMemset (a packed bucket)", device);
+    return s;
 }
 
 deft_status deft_nccl_broadcast0(deft_dist *d, int local, const deft_dist_buffers *b, void *stream) {

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "device_internal.h"
 #include "dist.h"
 #include "grad_buckets.h"
 #include "optimizer.h"
@@ -25,6 +26,8 @@ typedef struct deft_ddp_bucket {
     void *fork, *done;        /* events: the program's stream to the communication stream, and back */
     void *fork_side;          /* the side lane's to the communication stream (runtime/side_lane.h), when it has one */
     bool issued, joined;      /* in the run being queued */
+    void *packed;             /* many gradients of one dtype: packed here and all-reduced by one call (NULL: not) */
+    size_t packed_bytes;
 } deft_ddp_bucket;
 
 typedef struct deft_ddp {
@@ -38,6 +41,7 @@ typedef struct deft_ddp {
     void **data;
     size_t *count;
     deft_dtype *dtype;
+    size_t *offset;           /* per gradient, its place in its bucket's packed buffer */
     int n_buckets;
     deft_ddp_bucket *buckets;
     bool broadcast_done;      /* rank 0's parameters were broadcast (the first run) */
@@ -161,6 +165,47 @@ int deft_ddp_bucket_layout(const deft_program *p, size_t *bytes, int *joins, int
     return dd->n_buckets;
 }
 
+/* A bucket of at least this many gradients of one dtype is packed into one buffer (each gradient 16-byte aligned,
+ * the gaps zero) and all-reduced by one NCCL call, rather than as a group of one call per gradient, which NCCL runs
+ * below its bandwidth when they are small. ResNet-18 bf16's step (8 MiB buckets of up to ~20 gradients) went from
+ * 1.423 to 1.343 ms on four H200s and from 1.296 to 1.279 ms on two; the mid MLP's buckets (a weight and its bias)
+ * stay as they are. */
+#define DEFT_DDP_PACK_FROM 4
+
+static bool deft_ddp_packs(const deft_ddp_bucket *b) {
+    if (b->bufs.n < DEFT_DDP_PACK_FROM) return false;
+    for (int i = 1; i < b->bufs.n; i++)
+        if (b->bufs.dtype[i] != b->bufs.dtype[0]) return false;
+    return deft_dtype_size(b->bufs.dtype[0]) <= 16;
+}
+
+static deft_status deft_ddp_pack_buffers(deft_ddp *dd) {
+    dd->offset = malloc((size_t)(dd->n_grads ? dd->n_grads : 1) * sizeof *dd->offset);
+    if (!dd->offset) return deft_set_error(DEFT_ERR_OOM, "data parallel: out of host memory");
+    deft_status s = DEFT_OK;
+    for (int k = 0; s == DEFT_OK && k < dd->n_buckets; k++) {
+        deft_ddp_bucket *b = &dd->buckets[k];
+        if (dd->dist->world < 2 || !deft_ddp_packs(b)) continue;
+        size_t at = 0;
+        for (int i = 0; i < b->bufs.n; i++) {
+            at = (at + 15) / 16 * 16;
+            dd->offset[b->first + i] = at;
+            at += b->bufs.count[i] * deft_dtype_size(b->bufs.dtype[i]);
+        }
+        b->packed_bytes = (at + 15) / 16 * 16;
+        s = deft_mem_alloc_tagged(deft_cuda(dd->device), b->packed_bytes, "data parallel bucket", &b->packed);
+        if (s == DEFT_OK) s = deft_nccl_zero(dd->device, b->packed, b->packed_bytes);
+    }
+    return s;
+}
+
+int deft_ddp_packed_buckets(const deft_program *p) {
+    const deft_ddp *dd = p ? p->ddp : NULL;
+    int n = 0;
+    for (int k = 0; dd && k < dd->n_buckets; k++) n += dd->buckets[k].packed != NULL;
+    return dd ? n : -1;
+}
+
 static deft_status deft_ddp_check(const deft_program *p, const deft_compile_options *o) {
     const deft_dist *d = o->dist;
     if (o->dist_local < 0 || o->dist_local >= d->n_local)
@@ -193,6 +238,7 @@ deft_status deft_ddp_attach(deft_program *p, const deft_compile_options *o) {
     p->ddp = dd;
     s = deft_ddp_collect(p, dd, o);
     if (s == DEFT_OK) s = deft_ddp_cut(p, dd);
+    if (s == DEFT_OK) s = deft_ddp_pack_buffers(dd);
     if (s == DEFT_OK) s = deft_nccl_stream_new(dd->device, &dd->stream);
     for (int k = 0; s == DEFT_OK && k < dd->n_buckets; k++) {
         s = deft_nccl_event_new(dd->device, &dd->buckets[k].fork);
@@ -209,6 +255,7 @@ void deft_ddp_free(deft_program *p) {
         deft_nccl_event_free(dd->device, dd->buckets[k].fork);
         deft_nccl_event_free(dd->device, dd->buckets[k].done);
         if (dd->buckets[k].fork_side) deft_nccl_event_free(dd->device, dd->buckets[k].fork_side);
+        if (dd->buckets[k].packed) deft_mem_free(deft_cuda(dd->device), dd->buckets[k].packed);
     }
     deft_nccl_stream_free(dd->device, dd->stream);
     free(dd->grads);
@@ -217,6 +264,7 @@ void deft_ddp_free(deft_program *p) {
     free(dd->data);
     free(dd->count);
     free(dd->dtype);
+    free(dd->offset);
     free(dd->buckets);
     free(dd);
     p->ddp = NULL;
@@ -288,7 +336,10 @@ deft_status deft_ddp_after_step(deft_program *p, int step) {
         if (s == DEFT_OK && L->side && L->forked[L->side])
             s = deft_nccl_stream_after(dd->device, dd->stream, L->stream[L->side], b->fork_side);
         b->issued = s == DEFT_OK;
-        if (s == DEFT_OK) s = deft_nccl_all_reduce_avg(dd->dist, dd->local, &b->bufs, dd->stream);
+        if (s == DEFT_OK)
+            s = b->packed ? deft_nccl_all_reduce_packed(dd->dist, dd->local, &b->bufs, dd->offset + b->first,
+                                                        b->packed, b->packed_bytes, dd->stream)
+                          : deft_nccl_all_reduce_avg(dd->dist, dd->local, &b->bufs, dd->stream);
     }
     return s;
 }

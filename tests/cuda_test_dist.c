@@ -2,7 +2,8 @@
  * - one process driving both GPUs (deft_dist_init_local + deft_dist_run): an MLP trained for STEPS steps on two
  *   replicas of batch B each equals the same MLP trained on one GPU with the batch 2B (the two halves), within
  *   tolerance; the two replicas hold bit-identical parameters after every step; the replicas replay a CUDA Graph and
- *   equal eagerly run ones (no_cuda_graphs); small buckets (several per step) give the same parameters as one bucket;
+ *   equal eagerly run ones (no_cuda_graphs); small buckets (several per step, all-reduced in place) give the same
+ *   parameters as one bucket (packed into one buffer for a single all-reduce);
  * - the optimizer's update in pieces per bucket (dist_bucket_pieces) gives bit-identical parameters to the one-node step
  *   (without dist_bucket_pieces) after STEPS steps, on one rank (needs one GPU only) and on two, with one bucket
  *   and several;
@@ -134,6 +135,8 @@ static float *reference(size_t *n_out) {
 }
 
 /* Two replicas in this process; their parameters after the last step into out (when not NULL). */
+static int packed_seen, buckets_seen;   /* packed buckets, and buckets, of the last train_local's replica 0 */
+
 static void train_local(deft_dist *d, const float *ref, size_t n, const deft_compile_options *base, const char *what,
                         float *out) {
     mlp r[2];
@@ -162,6 +165,8 @@ static void train_local(deft_dist *d, const float *ref, size_t n, const deft_com
         CHECK_MSG(strcmp(deft_program_graph_status(r[0].p), "replaying a CUDA Graph") == 0, "%s: %s", what,
                   deft_program_graph_status(r[0].p));
     if (ok && out) memcpy(out, p0, n * sizeof *p0);
+    packed_seen = deft_ddp_packed_buckets(r[0].p);
+    buckets_seen = deft_ddp_bucket_layout(r[0].p, NULL, NULL, 0);
     free(p0);
     free(p1);
     for (int k = 0; k < 2; k++) deft_graph_free(r[k].g);
@@ -174,8 +179,14 @@ static void test_local(const float *ref, size_t n) {
     CHECK(deft_dist_world(d) == 2 && deft_dist_local_count(d) == 2 && deft_dist_rank(d, 1) == 1);
     float *graphs = malloc(n * sizeof *graphs), *eager = malloc(n * sizeof *eager), *small = malloc(n * sizeof *small);
     train_local(d, ref, n, NULL, "local, graphs", graphs);
+    /* One bucket holds all eight gradients: packed into one buffer and all-reduced by one call. The 64 KiB buckets
+     * below hold one or two each: all-reduced in place, one call per gradient; both give the same parameters. */
+    CHECK_MSG(packed_seen == 1, "one bucket: %d packed", packed_seen);
     train_local(d, ref, n, &(deft_compile_options){.no_cuda_graphs = 1}, "local, eager", eager);
-    train_local(d, ref, n, &(deft_compile_options){.bucket_bytes = 64 << 10}, "local, 64 KiB buckets", small);
+    /* The whole MLP (0.8 MB) fits the last bucket's 1 MiB: both limits are cut to 64 KiB for several buckets. */
+    const deft_compile_options small_o = {.bucket_bytes = 64 << 10, .last_bucket_bytes = 64 << 10};
+    train_local(d, ref, n, &small_o, "local, 64 KiB buckets", small);
+    CHECK_MSG(packed_seen == 0 && buckets_seen > 1, "64 KiB buckets: %d of %d packed", packed_seen, buckets_seen);
     const double ge = max_rel_diff(graphs, eager, n), gs = max_rel_diff(graphs, small, n);
     printf("graph vs eager: max relative difference %g; one bucket vs 64 KiB buckets: %g\n", ge, gs);
     CHECK(ge < 1e-6 && gs < 1e-6);
@@ -183,7 +194,8 @@ static void test_local(const float *ref, size_t n) {
     float *pieces = malloc(n * sizeof *pieces);
     train_local(d, ref, n, &(deft_compile_options){.dist_bucket_pieces = 1}, "local, pieces", pieces);
     CHECK_MSG(memcmp(graphs, pieces, n * sizeof *pieces) == 0, "2 ranks: pieces per bucket and the whole step differ");
-    train_local(d, ref, n, &(deft_compile_options){.bucket_bytes = 64 << 10, .dist_bucket_pieces = 1},
+    train_local(d, ref, n,
+                &(deft_compile_options){.bucket_bytes = 64 << 10, .last_bucket_bytes = 64 << 10, .dist_bucket_pieces = 1},
                 "local, 64 KiB buckets, pieces", pieces);
     CHECK_MSG(memcmp(small, pieces, n * sizeof *pieces) == 0,
               "2 ranks, 64 KiB buckets: pieces per bucket and the whole step differ");
