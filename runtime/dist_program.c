@@ -176,7 +176,7 @@ static bool deft_ddp_packs(const deft_ddp_bucket *b) {
     if (b->bufs.n < DEFT_DDP_PACK_FROM) return false;
     for (int i = 1; i < b->bufs.n; i++)
         if (b->bufs.dtype[i] != b->bufs.dtype[0]) return false;
-    return deft_dtype_size(b->bufs.dtype[0]) <= 16;
+    return true;
 }
 
 static deft_status deft_ddp_pack_buffers(deft_ddp *dd) {
