@@ -317,8 +317,10 @@ static void test_side_lane_replicas(void) {
         for (int w = 0; w < 2; w++) {
             if (w) setenv("DEFT_SIDE_STREAM", "0", 1);
             for (int r = 0; r < nr; r++) {
+                /* The MLP (0.8 MB) fits the last bucket's 1 MiB default: both limits are cut for several. */
                 const deft_compile_options o = {.dist = d, .dist_local = r, .tf32 = 1,
-                                                .bucket_bytes = buckets ? 64 << 10 : 0};
+                                                .bucket_bytes = buckets ? 64 << 10 : 0,
+                                                .last_bucket_bytes = buckets ? 64 << 10 : 0};
                 ok &= mlp_build(&m[w][r], deft_dist_device(d, r), batch, &o);
                 reps[w][r] = m[w][r].p;
             }
@@ -327,6 +329,9 @@ static void test_side_lane_replicas(void) {
         if (ok) {
             CHECK_MSG(deft_program_side_steps(m[0][0].p) == LAYERS - 1 && deft_program_side_steps(m[1][0].p) == 0,
                       "side steps %d and %d", deft_program_side_steps(m[0][0].p), deft_program_side_steps(m[1][0].p));
+            const int nb = deft_ddp_bucket_layout(m[0][0].p, NULL, NULL, 0);
+            CHECK_MSG(buckets ? nb > 1 : nb == 1, "side lane, %s: %d buckets", buckets ? "64 KiB buckets" : "one bucket",
+                      nb);
             const size_t n = mlp_param_floats(&m[0][0]);
             float *pa = malloc(n * sizeof *pa), *pb = malloc(n * sizeof *pb);
             for (int s = 0; pa && pb && s < STEPS; s++) {
