@@ -17,7 +17,9 @@
  * once and stays on the devices. Timing as bench_mlp_train: 10 warm-up steps, N steps calibrated to about 100 ms
  * (200 ms for resnet), 5 repeats of a host clock around the steps and one read of every replica's loss (which waits
  * for all of them); the median. Figures, <key> = mid or resnet_<precision>: ddp.<key>.gpus<N>.deft_step_ms,
- * ..._step_ms_min, ..._images_per_s (the global batch over the step time), ..._loss_step1 and ..._loss_step10 (the
+ * ..._step_ms_min, ..._host_queue_us (the host's time to queue one step, the median: when the host has run far enough
+ * ahead of the GPUs, CUDA's launch queue is full and this includes the wait for room in it),
+ * ..._images_per_s (the global batch over the step time), ..._loss_step1 and ..._loss_step10 (the
  * mean over the replicas). Without NCCL or with fewer GPUs than asked for it says so and exits 0. */
 #define _POSIX_C_SOURCE 200809L
 #include <string.h>
@@ -53,8 +55,11 @@ static void build(ddp_replica *r, deft_dist *d, int k, const bench_args *a) {
     else ddp_feed_mlp(r, k);
 }
 
-static float run(deft_dist *d, ddp_replica *r, deft_program **ps, int n, int64_t steps) {
+/* Runs `steps` steps and reads the mean loss; *queue_s (if given): the host's time to queue them, the reads left out. */
+static float run(deft_dist *d, ddp_replica *r, deft_program **ps, int n, int64_t steps, double *queue_s) {
+    const double t = seconds();
     for (int64_t s = 0; s < steps; s++) CHECK(deft_dist_run(d, ps, n));
+    if (queue_s) *queue_s = seconds() - t;
     float loss = 0, l;
     for (int k = 0; k < n; k++) {
         CHECK(deft_program_read(r[k].p, r[k].loss, &l, sizeof l));
@@ -116,26 +121,29 @@ int main(int argc, char **argv) {
         build(&r[k], d, k, &a);
         ps[k] = r[k].p;
     }
-    const float first = run(d, r, ps, n, 1);
-    const float warm = run(d, r, ps, n, WARMUP - 1);
+    const float first = run(d, r, ps, n, 1, NULL);
+    const float warm = run(d, r, ps, n, WARMUP - 1, NULL);
     double t = seconds();
-    run(d, r, ps, n, 10);
+    run(d, r, ps, n, 10, NULL);
     const double est = (seconds() - t) / 10, target = a.resnet ? 0.2 : 0.1;
     int64_t steps = (int64_t)(target / (est > 1e-6 ? est : 1e-6));
     if (steps < 5) steps = 5;
-    double times[REPEATS];
+    double times[REPEATS], queue[REPEATS];
     for (int i = 0; i < REPEATS; i++) {
         t = seconds();
-        run(d, r, ps, n, steps);
+        run(d, r, ps, n, steps, &queue[i]);
         times[i] = (seconds() - t) / (double)steps;
+        queue[i] /= (double)steps;
     }
     sort_times(times, REPEATS);
+    sort_times(queue, REPEATS);
     const char *tag = a.graphs ? "deft" : "deft_nographs";
     const int batch = a.resnet ? DDP_RESNET_BATCH : DDP_MLP_BATCH;
     printf("ddp.%s.gpus%d.%s_loss_step1 %.6f loss\n", key, n, tag, first);
     printf("ddp.%s.gpus%d.%s_loss_step%d %.6f loss\n", key, n, tag, WARMUP, warm);
     printf("ddp.%s.gpus%d.%s_step_ms %.4f ms\n", key, n, tag, times[REPEATS / 2] * 1e3);
     printf("ddp.%s.gpus%d.%s_step_ms_min %.4f ms\n", key, n, tag, times[0] * 1e3);
+    printf("ddp.%s.gpus%d.%s_host_queue_us %.1f us\n", key, n, tag, queue[REPEATS / 2] * 1e6);
     printf("ddp.%s.gpus%d.%s_images_per_s %.1f images/s\n", key, n, tag, (double)(n * batch) / times[REPEATS / 2]);
     printf("# %s: %s\n", prog, deft_program_graph_status(r[0].p));
     for (int k = 0; k < n; k++) deft_graph_free(r[k].g);

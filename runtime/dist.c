@@ -1,7 +1,7 @@
 /* deft_dist: NCCL communicators for data parallel training, made for every local GPU at once or for one rank that
- * meets the others through a rendezvous; and deft_dist_run, which runs the local replicas' steps together. */
+ * meets the others through a rendezvous (deft_dist_run, which runs the local replicas' steps together, is in
+ * runtime/dist_run.c). */
 #define _POSIX_C_SOURCE 200809L
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -102,6 +102,7 @@ deft_status deft_dist_init(const deft_dist_options *o, deft_dist **out) {
 
 void deft_dist_free(deft_dist *d) {
     if (!d) return;
+    deft_dist_workers_stop(d);
     deft_nccl_destroy(d);
     free(d);
 }
@@ -113,50 +114,4 @@ int deft_dist_rank(const deft_dist *d, int local) { return d && local >= 0 && lo
 deft_device deft_dist_device(const deft_dist *d, int local) {
     if (!d || local < 0 || local >= d->n_local) return deft_cpu();
     return deft_cuda(d->device[local]);
-}
-
-/* ---- running the local replicas together ---- */
-
-typedef struct deft_dist_job {
-    deft_program *p;
-    pthread_t thread;
-    deft_status status;
-    char msg[1024];
-} deft_dist_job;
-
-/* NCCL needs the collectives of every GPU of a communicator in flight together: each GPU's step is queued by a
- * thread of its own, so that no all-reduce waits for a peer that the same thread would queue later. */
-static void *deft_dist_worker(void *arg) {
-    deft_dist_job *j = arg;
-    j->status = deft_program_run(j->p);
-    if (j->status != DEFT_OK) snprintf(j->msg, sizeof j->msg, "%s", deft_errmsg());
-    return NULL;
-}
-
-deft_status deft_dist_run(deft_dist *d, deft_program *const *replicas, int n) {
-    if (!d || !replicas) return deft_set_error(DEFT_ERR_INVALID, "dist_run: the dist or the replicas are NULL");
-    if (n != d->n_local)
-        return deft_set_error(DEFT_ERR_INVALID, "dist_run: %d replicas for %d local communicators", n, d->n_local);
-    for (int i = 0; i < n; i++)
-        if (!replicas[i]) return deft_set_error(DEFT_ERR_INVALID, "dist_run: replica %d is NULL", i);
-    if (n == 1) return deft_program_run(replicas[0]);
-    deft_dist_job jobs[DEFT_DIST_MAX_LOCAL];
-    d->running = 1;
-    int started = 0;
-    deft_status s = DEFT_OK;
-    for (; started < n; started++) {
-        jobs[started] = (deft_dist_job){.p = replicas[started]};
-        if (pthread_create(&jobs[started].thread, NULL, deft_dist_worker, &jobs[started]) != 0) {
-            s = deft_set_error(DEFT_ERR_RUNTIME, "dist_run: cannot start a thread for replica %d", started);
-            break;
-        }
-    }
-    for (int i = 0; i < started; i++) pthread_join(jobs[i].thread, NULL);
-    d->running = 0;
-    for (int i = 0; s == DEFT_OK && i < started; i++)
-        if (jobs[i].status != DEFT_OK)
-            s = deft_set_error(jobs[i].status, "dist_run: rank %d: %s", d->rank[i], jobs[i].msg);
-    /* A thread that could not start leaves its peers' all-reduces without a partner: nothing can finish them. */
-    if (started < n && started > 0) deft_dist_abort(d, "a replica's thread could not be started");
-    return s;
 }

@@ -33,7 +33,11 @@ struct deft_dist {
     int running;                        /* deft_dist_run is running the replicas together */
     bool aborted;                       /* a deadline passed or NCCL failed: the communicators were aborted */
     char failure[512];
+    struct deft_dist_workers *workers;  /* the threads that queue the local replicas' steps (runtime/dist_run.c) */
 };
+
+/* Stops and joins the threads of deft_dist_run, if it started them (deft_dist_free). */
+void deft_dist_workers_stop(deft_dist *d);
 
 /* Rank 0 publishes `bytes` of `blob`; every other rank waits for them and copies them into blob. Rank 0 returns
  * once every rank has taken them, and every rank fails with DEFT_ERR_RUNTIME (naming who is missing) past

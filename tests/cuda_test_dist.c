@@ -11,6 +11,7 @@
  *   pieces after the backward pass in bucket order (without dist_bucket_pieces every bucket joins at the one step);
  * - on one rank under TF32, the side lane's weight gradients (runtime/side_lane.h) and one stream give the same bits;
  * - misuse: a local replica run alone, a replica on the wrong GPU, optimizer_in_backward, dist_local out of range;
+ *   a run whose replicas all fail (never fed) names a rank, and the kept threads of deft_dist_run run the next one;
  * - two processes (this executable run again with --child) meeting through a file rendezvous train the same way and
  *   end bit-identical and equal to the one-GPU run; when rank 1 dies after joining, rank 0's read fails with
  *   DEFT_ERR_RUNTIME within its timeout instead of hanging. */
@@ -213,6 +214,27 @@ static void test_local(const float *ref, size_t n) {
         CHECK_ERR(deft_dist_run(d, (deft_program *[]){m.p}, 1), DEFT_ERR_INVALID, "1 replicas for 2");
     }
     deft_graph_free(m.g);
+    /* A run in which every replica fails (none was fed) names the first rank; the threads kept for the runs then
+     * run the next one, and both replicas hold the same parameters after it. */
+    mlp u[2];
+    int built = 1;
+    for (int r = 0; r < 2; r++)
+        built &= mlp_build(&u[r], deft_cuda(r), B, &(deft_compile_options){.dist = d, .dist_local = r});
+    if (built) {
+        CHECK_ERR(deft_dist_run(d, (deft_program *[]){u[0].p, u[1].p}, 2), DEFT_ERR_STATE, "rank 0");
+        for (int r = 0; r < 2; r++) mlp_feed(&u[r], 0, r * B, B);
+        CHECK_OK(deft_dist_run(d, (deft_program *[]){u[0].p, u[1].p}, 2));
+        const size_t nf = mlp_param_floats(&u[0]);
+        float *p0 = malloc(nf * sizeof *p0), *p1 = malloc(nf * sizeof *p1);
+        if (p0 && p1) {
+            mlp_params(&u[0], p0);
+            mlp_params(&u[1], p1);
+            CHECK_MSG(memcmp(p0, p1, nf * sizeof *p0) == 0, "after a failed run: the replicas differ");
+        }
+        free(p0);
+        free(p1);
+    }
+    for (int r = 0; r < 2; r++) deft_graph_free(u[r].g);
     deft_program *bad = NULL;
     deft_graph *g = deft_graph_new();
     deft_tensor *x = deft_input(g, "x", DEFT_F32, 2, (int64_t[]){4, 8}, deft_cuda(1));
