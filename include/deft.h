@@ -727,14 +727,15 @@ typedef struct deft_dist_options {
 deft_status deft_dist_init_local(int ngpus, double timeout_s, deft_dist **out);
 /* One rank of `world`, one process each; returns once every rank has joined (or with an error at the deadline). */
 deft_status deft_dist_init(const deft_dist_options *o, deft_dist **out);
-/* Destroys the communicators; free the programs compiled with it first. */
+/* Stops the threads of deft_dist_run and destroys the communicators; free the programs compiled with it first. */
 void deft_dist_free(deft_dist *d);
 int deft_dist_world(const deft_dist *d);
 int deft_dist_local_count(const deft_dist *d);                 /* communicators this process holds */
 int deft_dist_rank(const deft_dist *d, int local);             /* the global rank of the local-th one, -1 if none */
 deft_device deft_dist_device(const deft_dist *d, int local);   /* its GPU */
 /* Runs one step of every local replica together (replicas[i] compiled with dist_local = i), one host thread per
- * GPU, and returns once each is queued, like deft_program_run. A replica of a deft_dist_init_local communicator
+ * GPU (started at the first run, kept until deft_dist_free), and returns once each is queued, like
+ * deft_program_run. Call it from one thread at a time per dist. A replica of a deft_dist_init_local communicator
  * with several GPUs cannot run alone (its all-reduce would wait for the others): deft_program_run refuses it. */
 deft_status deft_dist_run(deft_dist *d, deft_program *const *replicas, int n);
 /* Waits for the queued steps of a replica, at most the timeout; past it the communicators are aborted and the
