@@ -64,10 +64,10 @@ typedef struct deft_dist_buffers {
 } deft_dist_buffers;
 deft_status deft_nccl_all_reduce_avg(deft_dist *d, int local, const deft_dist_buffers *b, void *stream);
 deft_status deft_nccl_broadcast0(deft_dist *d, int local, const deft_dist_buffers *b, void *stream);
-/* The same average over b packed into `packed` (each gradient at offset[i], 16-byte aligned, the gaps zero; one
- * dtype): one NCCL all-reduce over `packed_bytes` between a pack and an unpack kernel. */
+/* The same average over b packed into `packed` (each gradient's bytes[i] at offset[i], 16-byte aligned, the gaps
+ * zero; one dtype): one NCCL all-reduce over `packed_bytes` between a pack and an unpack kernel. */
 deft_status deft_nccl_all_reduce_packed(deft_dist *d, int local, const deft_dist_buffers *b, const size_t *offset,
-                                        void *packed, size_t packed_bytes, void *stream);
+                                        const size_t *bytes, void *packed, size_t packed_bytes, void *stream);
 /* Zeroes `bytes` at ptr on GPU `device` (a packed bucket's gaps). */
 deft_status deft_nccl_zero(int device, void *ptr, size_t bytes);
 #define DEFT_PACK_MAX 64   /* gradients per packing launch */

@@ -172,12 +172,9 @@ deft_status deft_nccl_all_reduce_avg(deft_dist *d, int local, const deft_dist_bu
 }
 
 deft_status deft_nccl_all_reduce_packed(deft_dist *d, int local, const deft_dist_buffers *b, const size_t *offset,
-                                        void *packed, size_t packed_bytes, void *stream) {
+                                        const size_t *bytes, void *packed, size_t packed_bytes, void *stream) {
     const char *what = "ncclAllReduce (average of a packed bucket)";
     if (d->aborted) return deft_set_error(DEFT_ERR_RUNTIME, "%s: the communicators were aborted: %s", what, d->failure);
-    size_t *bytes = malloc((size_t)b->n * sizeof *bytes);
-    if (!bytes) return deft_set_error(DEFT_ERR_OOM, "data parallel: out of host memory");
-    for (int i = 0; i < b->n; i++) bytes[i] = b->count[i] * deft_dtype_size(b->dtype[i]);
     deft_status s = deft_cuda_set_device(d->device[local]);
     if (s == DEFT_OK) s = deft_cuda_dist_pack(b->data, offset, bytes, b->n, packed, 0, stream);
     if (s == DEFT_OK) {
@@ -187,7 +184,6 @@ deft_status deft_nccl_all_reduce_packed(deft_dist *d, int local, const deft_dist
         s = deft_nccl_settle(d, local, r, what);
     }
     if (s == DEFT_OK) s = deft_cuda_dist_pack(b->data, offset, bytes, b->n, packed, 1, stream);
-    free(bytes);
     return s;
 }
 

@@ -56,8 +56,8 @@ deft_status deft_nccl_stream_after(int device, void *waiter, void *stream, void 
     return deft_no_nccl();
 }
 deft_status deft_nccl_all_reduce_packed(deft_dist *d, int local, const deft_dist_buffers *b, const size_t *offset,
-                                        void *packed, size_t packed_bytes, void *stream) {
-    (void)d, (void)local, (void)b, (void)offset, (void)packed, (void)packed_bytes, (void)stream;
+                                        const size_t *bytes, void *packed, size_t packed_bytes, void *stream) {
+    (void)d, (void)local, (void)b, (void)offset, (void)bytes, (void)packed, (void)packed_bytes, (void)stream;
     return deft_no_nccl();
 }
 deft_status deft_nccl_zero(int device, void *ptr, size_t bytes) {

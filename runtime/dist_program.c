@@ -42,6 +42,7 @@ typedef struct deft_ddp {
     size_t *count;
     deft_dtype *dtype;
     size_t *offset;           /* per gradient, its place in its bucket's packed buffer */
+    size_t *bytes;            /* per gradient, its size in bytes (what the packing kernels copy) */
     int n_buckets;
     deft_ddp_bucket *buckets;
     bool broadcast_done;      /* rank 0's parameters were broadcast (the first run) */
@@ -181,7 +182,8 @@ static bool deft_ddp_packs(const deft_ddp_bucket *b) {
 
 static deft_status deft_ddp_pack_buffers(deft_ddp *dd) {
     dd->offset = malloc((size_t)(dd->n_grads ? dd->n_grads : 1) * sizeof *dd->offset);
-    if (!dd->offset) return deft_set_error(DEFT_ERR_OOM, "data parallel: out of host memory");
+    dd->bytes = malloc((size_t)(dd->n_grads ? dd->n_grads : 1) * sizeof *dd->bytes);
+    if (!dd->offset || !dd->bytes) return deft_set_error(DEFT_ERR_OOM, "data parallel: out of host memory");
     deft_status s = DEFT_OK;
     for (int k = 0; s == DEFT_OK && k < dd->n_buckets; k++) {
         deft_ddp_bucket *b = &dd->buckets[k];
@@ -190,7 +192,8 @@ static deft_status deft_ddp_pack_buffers(deft_ddp *dd) {
         for (int i = 0; i < b->bufs.n; i++) {
             at = (at + 15) / 16 * 16;
             dd->offset[b->first + i] = at;
-            at += b->bufs.count[i] * deft_dtype_size(b->bufs.dtype[i]);
+            dd->bytes[b->first + i] = b->bufs.count[i] * deft_dtype_size(b->bufs.dtype[i]);
+            at += dd->bytes[b->first + i];
         }
         b->packed_bytes = (at + 15) / 16 * 16;
         s = deft_mem_alloc_tagged(deft_cuda(dd->device), b->packed_bytes, "data parallel bucket", &b->packed);
@@ -265,6 +268,7 @@ void deft_ddp_free(deft_program *p) {
     free(dd->count);
     free(dd->dtype);
     free(dd->offset);
+    free(dd->bytes);
     free(dd->buckets);
     free(dd);
     p->ddp = NULL;
@@ -338,6 +342,7 @@ deft_status deft_ddp_after_step(deft_program *p, int step) {
         b->issued = s == DEFT_OK;
         if (s == DEFT_OK)
             s = b->packed ? deft_nccl_all_reduce_packed(dd->dist, dd->local, &b->bufs, dd->offset + b->first,
+                                                        dd->bytes + b->first,
                                                         b->packed, b->packed_bytes, dd->stream)
                           : deft_nccl_all_reduce_avg(dd->dist, dd->local, &b->bufs, dd->stream);
     }
