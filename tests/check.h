@@ -66,8 +66,29 @@ static int deft_check_count = 0;
                   #b, check_b_, (double)(tol));                                                       \
     } while (0)
 
+/* The status ctest counts as a skip (SKIP_RETURN_CODE): a cuda test on a machine without a GPU, or built without
+ * CUDA. */
+#define DEFT_CHECK_SKIP 77
+
+/* 1, after saying so, when no GPU is usable: the cuda test then skips. */
+static inline int deft_check_no_gpu(void) {
+    if (deft_cuda_device_count() > 0) return 0;
+    printf("no GPU: skipped\n");
+    return 1;
+}
+#define SKIP_WITHOUT_GPU()                                                                            \
+    do {                                                                                              \
+        if (deft_check_no_gpu()) return DEFT_CHECK_SKIP;                                              \
+    } while (0)
+/* The whole main of a cuda test built without CUDA. */
+#define DEFT_CHECK_MAIN_WITHOUT_CUDA                                                                  \
+    int main(void) {                                                                                  \
+        printf("built without CUDA: skipped\n");                                                      \
+        return DEFT_CHECK_SKIP;                                                                       \
+    }
+
 /* The device a cuda test runs on: cuda:0, or the CPU standing in for it when DEFT_TEST_GPU_AS_CPU=1 (to check
- * the test itself on a machine without a GPU). 0 when neither: the test then skips (exit 77). */
+ * the test itself on a machine without a GPU). 0 when neither: the test then skips (DEFT_CHECK_SKIP). */
 static inline int deft_test_gpu(deft_device *out) {
     const char *as_cpu = getenv("DEFT_TEST_GPU_AS_CPU");
     if (as_cpu && strcmp(as_cpu, "1") == 0) {
@@ -75,10 +96,7 @@ static inline int deft_test_gpu(deft_device *out) {
         printf("DEFT_TEST_GPU_AS_CPU=1: the cpu stands in for cuda:0\n");
         return 1;
     }
-    if (deft_cuda_device_count() == 0) {
-        printf("no GPU: skipped\n");
-        return 0;
-    }
+    if (deft_check_no_gpu()) return 0;
     *out = deft_cuda(0);
     return 1;
 }

@@ -112,7 +112,7 @@ static void test_cpu_agrees(deft_dtype dt) {
 }
 
 int main(void) {
-    if (!deft_test_gpu(&GPU)) return 77;
+    if (!deft_test_gpu(&GPU)) return DEFT_CHECK_SKIP;
     test_follows_f32(DEFT_BF16);
     test_follows_f32(DEFT_F16);
     test_overflow_on_device();

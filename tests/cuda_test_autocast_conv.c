@@ -97,7 +97,7 @@ static void test_activation_bytes(void) {
 }
 
 int main(void) {
-    if (!deft_test_gpu(&GPU)) return 77;
+    if (!deft_test_gpu(&GPU)) return DEFT_CHECK_SKIP;
     test_casts(DEFT_BF16, DEFT_NHWC);
     test_casts(DEFT_F16, DEFT_NHWC);
     test_casts(DEFT_BF16, DEFT_NCHW);

@@ -127,7 +127,7 @@ static void test_cpu_agrees(const char *what, amp_optim o, const deft_compile_op
 }
 
 int main(void) {
-    if (!deft_test_gpu(&GPU)) return 77;
+    if (!deft_test_gpu(&GPU)) return DEFT_CHECK_SKIP;
     test_same_as_f32_gradients();
     test_casts_gone();
     const deft_compile_options bf16 = {.autocast = DEFT_BF16};

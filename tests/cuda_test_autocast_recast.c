@@ -20,7 +20,7 @@ static void test_variant(const deft_compile_options *o, const char *what) {
 }
 
 int main(void) {
-    if (!deft_test_gpu(&GPU)) return 77;
+    if (!deft_test_gpu(&GPU)) return DEFT_CHECK_SKIP;
     rc_check_no_policy(GPU, DEFT_BF16);
     rc_check_no_policy(GPU, DEFT_F16);
     test_variant(&(deft_compile_options){.autocast = DEFT_BF16, .no_fusion = 1}, "bf16, no fusion");

@@ -164,7 +164,7 @@ static void test_snapshot(void) {
 int main(void) {
     if (deft_cuda_device_count() == 0) {
         printf("no usable GPU: skipped\n");
-        return 77;
+        return DEFT_CHECK_SKIP;
     }
     gpu = deft_cuda(0);
     test_counters();

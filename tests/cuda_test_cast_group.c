@@ -130,10 +130,10 @@ static void test_cast_after_step(void) {
 }
 
 int main(void) {
-    if (!deft_test_gpu(&GPU)) return 77;
+    if (!deft_test_gpu(&GPU)) return DEFT_CHECK_SKIP;
     if (GPU.type != DEFT_CUDA) {
         printf("fusion runs on GPUs only: skipped\n");
-        return 77;
+        return DEFT_CHECK_SKIP;
     }
     test_groups();
     test_cast_after_step();

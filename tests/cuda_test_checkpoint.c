@@ -83,7 +83,7 @@ static void test_net(uint64_t seed, int with_dropout) {
 }
 
 int main(void) {
-    if (!deft_test_gpu(&GPU)) return 77;
+    if (!deft_test_gpu(&GPU)) return DEFT_CHECK_SKIP;
     for (uint64_t seed = 1; seed <= 6; seed++) test_net(seed, 0);
     for (uint64_t seed = 201; seed <= 206; seed++) test_net(seed, 1);
     return deft_check_finish();

@@ -570,10 +570,7 @@ static void test_conv_first_met_in_capture(void) {}
 #endif
 
 int main(void) {
-    if (deft_cuda_device_count() == 0) {
-        printf("no GPU: skipped\n");
-        return 77;
-    }
+    SKIP_WITHOUT_GPU();
     test_conv_mixed_devices();
     test_conv();
     test_conv_f64_nhwc();

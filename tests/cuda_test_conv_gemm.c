@@ -73,10 +73,7 @@ static void run_all(const char *path) {
 }
 
 int main(void) {
-    if (deft_cuda_device_count() == 0) {
-        printf("no GPU: skipped\n");
-        return 77;
-    }
+    SKIP_WITHOUT_GPU();
     setenv("DEFT_CONV_GEMM", "2", 1);   /* f32 too */
     setenv("DEFT_CONV_GEMM_ROWS", "256", 1);
     run_all("chunked");

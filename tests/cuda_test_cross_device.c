@@ -435,10 +435,7 @@ static void test_two_gpu_pipeline(void) {
 int main(void) {
     const char *as = getenv("DEFT_TEST_GPU_AS_CPU");
     as_cpu = as && strcmp(as, "1") == 0;
-    if (!as_cpu && deft_cuda_device_count() == 0) {
-        printf("no GPU: skipped\n");
-        return 77;
-    }
+    if (!as_cpu && deft_check_no_gpu()) return DEFT_CHECK_SKIP;
     GPU0 = as_cpu ? deft_cpu() : deft_cuda(0);
     GPU1 = as_cpu ? deft_cpu() : deft_cuda(1);
     test_cpu_gpu_cpu();

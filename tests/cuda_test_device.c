@@ -134,7 +134,7 @@ int main(int argc, char **argv) {
     if (count == 0) {
         if (deft_check_failures) return deft_check_finish();
         printf("no GPU: skipped\n");
-        return 77;
+        return DEFT_CHECK_SKIP;
     }
     CHECK_MSG(deft_cuda_runtime_started() == 1, "counting devices did not start the runtime");
     printf("%d CUDA device%s visible\n", count, count == 1 ? "" : "s");

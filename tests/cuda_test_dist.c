@@ -473,7 +473,7 @@ int main(int argc, char **argv) {
     if (argc == 5 && strcmp(argv[1], "--child") == 0) return child_main(atoi(argv[2]), argv[3], argv[4]);
     if (!deft_has_nccl_build() || deft_cuda_device_count() < 1) {
         printf("skipped: needs NCCL and a GPU\n");
-        return 77;
+        return DEFT_CHECK_SKIP;
     }
     test_one_rank();
     test_side_lane_replicas();

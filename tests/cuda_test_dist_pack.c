@@ -57,10 +57,7 @@ done:
 }
 
 int main(void) {
-    if (deft_cuda_device_count() == 0) {
-        printf("no GPU: skipped\n");
-        return 77;
-    }
+    SKIP_WITHOUT_GPU();
     test_pack();
     CHECK_OK(deft_cuda_synchronize(0));
     return deft_check_finish();
@@ -68,9 +65,6 @@ int main(void) {
 
 #else
 
-int main(void) {
-    printf("built without CUDA: skipped\n");
-    return 77;
-}
+DEFT_CHECK_MAIN_WITHOUT_CUDA
 
 #endif

@@ -24,10 +24,7 @@ static void test_arena_larger_than_the_gpu(void) {
 }
 
 int main(void) {
-    if (deft_cuda_device_count() == 0) {
-        printf("no GPU: skipped\n");
-        return 77;
-    }
+    SKIP_WITHOUT_GPU();
     deft_graph *g = deft_graph_new();
     deft_tensor *c = deft_full(g, DEFT_F32, 2, (int64_t[]){2, 2}, deft_cpu(), 1.0);
     deft_tensor *d = deft_full(g, DEFT_F32, 2, (int64_t[]){2, 2}, deft_cuda(0), 2.0);

@@ -454,7 +454,7 @@ static void test_fusion_lowp(void) {
 int main(void) {
     if (deft_cuda_device_count() == 0) {
         printf("no usable CUDA GPU: skipped\n");
-        return 77;
+        return DEFT_CHECK_SKIP;
     }
     test_random_chains(DEFT_F32);
     setenv("DEFT_FUSE_LOW_PRECISION", "1", 1);   /* bf16 and f16 chains fuse only when asked (runtime/fusion.c) */

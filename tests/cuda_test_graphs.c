@@ -161,10 +161,7 @@ static void test_programs_side_by_side(void) {
 }
 
 int main(void) {
-    if (deft_cuda_device_count() == 0) {
-        printf("no GPU: skipped\n");
-        return 77;
-    }
+    SKIP_WITHOUT_GPU();
     test_replay_equals_eager();
     test_programs_that_stay_eager();
     test_programs_side_by_side();

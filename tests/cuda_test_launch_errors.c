@@ -153,10 +153,7 @@ static void test_bad_targets(int graphs) {
 }
 
 int main(void) {
-    if (deft_cuda_device_count() == 0) {
-        printf("no GPU: skipped\n");
-        return 77;
-    }
+    SKIP_WITHOUT_GPU();
     test_failed_launch_eager();
     test_failed_launch_capture();
     test_bad_targets(0);
@@ -164,8 +161,5 @@ int main(void) {
     return deft_check_finish();
 }
 #else
-int main(void) {
-    printf("built without CUDA: skipped\n");
-    return 77;
-}
+DEFT_CHECK_MAIN_WITHOUT_CUDA
 #endif

@@ -436,10 +436,7 @@ static void test_refusals(void) {
 }
 
 int main(void) {
-    if (deft_cuda_device_count() == 0) {
-        printf("no GPU: skipped\n");
-        return 77;
-    }
+    SKIP_WITHOUT_GPU();
     if (!cuda_ok(cudaSetDevice(0), "cudaSetDevice") || !cuda_ok(cudaStreamCreate(&stream), "cudaStreamCreate"))
         return deft_check_finish();
     test_plain_2d();
@@ -455,9 +452,6 @@ int main(void) {
 
 #else
 
-int main(void) {
-    printf("built without CUDA: skipped\n");
-    return 77;
-}
+DEFT_CHECK_MAIN_WITHOUT_CUDA
 
 #endif

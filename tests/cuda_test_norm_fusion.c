@@ -114,7 +114,7 @@ static void nf_check(const nf_case *k, int reference) {
 }
 
 int main(void) {
-    if (!fusion_gpu(&GPU)) return 77;
+    if (!fusion_gpu(&GPU)) return DEFT_CHECK_SKIP;
     const deft_layout NCHW = DEFT_NCHW, NHWC = DEFT_NHWC;
     const nf_case cases[] = {
         {4, {16, 8, 8, 64}, NHWC, DEFT_BF16, TAIL_ADD_RELU, 0},   /* vectors of 8 halves */

@@ -260,7 +260,7 @@ static void rn_check(deft_layout layout, deft_dtype autocast) {
 }
 
 int main(void) {
-    if (!fusion_gpu(&GPU)) return 77;
+    if (!fusion_gpu(&GPU)) return DEFT_CHECK_SKIP;
     const deft_layout NCHW = DEFT_NCHW, NHWC = DEFT_NHWC;
     const deft_dtype dts[] = {DEFT_F32, DEFT_BF16, DEFT_F16};
     const ng_case shapes[] = {

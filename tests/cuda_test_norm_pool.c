@@ -370,7 +370,7 @@ static void test_pool(void) {
 }
 
 int main(void) {
-    if (!deft_test_gpu(&GPU)) return 77;
+    if (!deft_test_gpu(&GPU)) return DEFT_CHECK_SKIP;
     test_batch_norm();
     test_pool();
     return deft_check_finish();

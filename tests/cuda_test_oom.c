@@ -121,10 +121,7 @@ static void test_oom_mid_compile(void) {
 }
 
 int main(void) {
-    if (deft_cuda_device_count() == 0) {
-        printf("no GPU: skipped\n");
-        return 77;
-    }
+    SKIP_WITHOUT_GPU();
     test_oom_mid_run();   /* first: see the comment at the top */
     test_oom_mid_compile();
     CHECK_OK(deft_memory_set_limit(NET_GPU, 0));

@@ -519,10 +519,7 @@ static void test_moves(void) {
 }
 
 int main(void) {
-    if (deft_cuda_device_count() == 0) {
-        printf("no GPU: skipped\n");
-        return 77;
-    }
+    SKIP_WITHOUT_GPU();
     test_binary();
     test_large();
     test_scalar();

@@ -279,10 +279,7 @@ static void test_dropout_program(void) {
 }
 
 int main(void) {
-    if (deft_cuda_device_count() == 0) {
-        printf("no GPU: skipped\n");
-        return 77;
-    }
+    SKIP_WITHOUT_GPU();
     test_compare();
     test_act_grad();
     test_expand();

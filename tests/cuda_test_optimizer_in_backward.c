@@ -78,7 +78,7 @@ static void test_plan(void) {
 }
 
 int main(void) {
-    if (!deft_test_gpu(&GPU)) return 77;
+    if (!deft_test_gpu(&GPU)) return DEFT_CHECK_SKIP;
     test_bit_identical();
     test_plan();
     return deft_check_finish();

@@ -324,7 +324,7 @@ static void test_oom(void) {
 int main(void) {
     if (deft_cuda_device_count() == 0) {
         printf("no usable GPU: skipped\n");
-        return 77;
+        return DEFT_CHECK_SKIP;
     }
 #ifdef DEFT_HAVE_CUDA
     CUDA_OK(cudaSetDevice(0));

@@ -292,7 +292,7 @@ static void test_training(const deft_compile_options *o, double tol, const char 
 }
 
 int main(void) {
-    if (!deft_test_gpu(&GPU)) return 77;
+    if (!deft_test_gpu(&GPU)) return DEFT_CHECK_SKIP;
 #ifdef DEFT_HAVE_CUDA
     if (GPU.type == DEFT_CUDA) {
         test_batch_values();

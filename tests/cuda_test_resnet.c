@@ -202,10 +202,7 @@ static void test_cifar_loader_gpu(void) {
 }
 
 int main(void) {
-    if (deft_cuda_device_count() == 0) {
-        printf("no GPU: skipped\n");
-        return 77;
-    }
+    SKIP_WITHOUT_GPU();
     test_cifar_loader_gpu();
     test_cpu_equals_gpu(DEFT_NCHW);
     test_cpu_equals_gpu(DEFT_NHWC);

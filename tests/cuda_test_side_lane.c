@@ -95,7 +95,7 @@ static void test_plan(void) {
 }
 
 int main(void) {
-    if (!deft_test_gpu(&GPU)) return 77;
+    if (!deft_test_gpu(&GPU)) return DEFT_CHECK_SKIP;
     /* The MLPs' weight gradients would otherwise run as one batch at the end of the backward pass, beside nothing. */
     setenv("DEFT_PRODUCT_BATCHES", "0", 1);
     test_plan();

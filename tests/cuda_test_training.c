@@ -618,7 +618,7 @@ static void test_flat_gradients_only_when_needed(void) {
 }
 
 int main(void) {
-    if (!deft_test_gpu(&GPU)) return 77;
+    if (!deft_test_gpu(&GPU)) return DEFT_CHECK_SKIP;
     const train_cfg cfgs[] = {
         {"sgd nesterov f32", 0, 1, 0, DEFT_F32, 1e-4},
         {"adamw f32", 1, 1, 0, DEFT_F32, 1e-4},

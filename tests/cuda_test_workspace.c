@@ -79,10 +79,7 @@ static void test_scratch_per_stream(void) {
 }
 
 int main(void) {
-    if (deft_cuda_device_count() == 0) {
-        printf("no GPU: skipped\n");
-        return 77;
-    }
+    SKIP_WITHOUT_GPU();
     test_footprints();
     test_scratch_per_stream();
     return deft_check_finish();
