@@ -733,9 +733,9 @@ int deft_dist_world(const deft_dist *d);
 int deft_dist_local_count(const deft_dist *d);                 /* communicators this process holds */
 int deft_dist_rank(const deft_dist *d, int local);             /* the global rank of the local-th one, -1 if none */
 deft_device deft_dist_device(const deft_dist *d, int local);   /* its GPU */
-/* Runs one step of every local replica together (replicas[i] compiled with dist_local = i), one host thread per
- * GPU (started at the first run, kept until deft_dist_free), and returns once each is queued, like
- * deft_program_run. Call it from one thread at a time per dist. A replica of a deft_dist_init_local communicator
+/* Runs one step of every local replica together (replicas[i] compiled with dist_local = i; anything else is
+ * DEFT_ERR_INVALID), one host thread per GPU (started at the first run, kept until deft_dist_free), and returns once
+ * each is queued, like deft_program_run. Call it from one thread at a time per dist. A replica of a deft_dist_init_local communicator
  * with several GPUs cannot run alone (its all-reduce would wait for the others): deft_program_run refuses it. */
 deft_status deft_dist_run(deft_dist *d, deft_program *const *replicas, int n);
 /* Waits for the queued steps of a replica, at most the timeout; past it the communicators are aborted and the

@@ -97,6 +97,8 @@ deft_status deft_ddp_begin_run(struct deft_program *p);
 deft_status deft_ddp_before_step(struct deft_program *p, int step);
 deft_status deft_ddp_after_step(struct deft_program *p, int step);
 deft_status deft_ddp_end_run(struct deft_program *p);
+/* The local communicator of d that p is a replica for (its dist_local), -1 when p is not a replica of d. */
+int deft_ddp_local_of(const struct deft_program *p, const deft_dist *d);
 /* Waits (with the deadline) for p's queued work. */
 deft_status deft_ddp_wait(struct deft_program *p);
 /* For tests: the replica's buckets in the order they were cut (the last completes last): their bytes and the step

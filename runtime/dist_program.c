@@ -156,6 +156,11 @@ static deft_status deft_ddp_cut(deft_program *p, deft_ddp *dd) {
     return DEFT_OK;
 }
 
+int deft_ddp_local_of(const deft_program *p, const deft_dist *d) {
+    const deft_ddp *dd = p->ddp;
+    return dd && dd->dist == d ? dd->local : -1;
+}
+
 int deft_ddp_bucket_layout(const deft_program *p, size_t *bytes, int *joins, int max) {
     const deft_ddp *dd = p ? p->ddp : NULL;
     if (!dd) return -1;

@@ -116,8 +116,17 @@ deft_status deft_dist_run(deft_dist *d, deft_program *const *replicas, int n) {
     if (!d || !replicas) return deft_set_error(DEFT_ERR_INVALID, "dist_run: the dist or the replicas are NULL");
     if (n != d->n_local)
         return deft_set_error(DEFT_ERR_INVALID, "dist_run: %d replicas for %d local communicators", n, d->n_local);
-    for (int i = 0; i < n; i++)
+    /* A replica in the wrong place, twice, or of another dist would leave an all-reduce without its partner. */
+    for (int i = 0; i < n; i++) {
         if (!replicas[i]) return deft_set_error(DEFT_ERR_INVALID, "dist_run: replica %d is NULL", i);
+        const int local = deft_ddp_local_of(replicas[i], d);
+        if (local < 0)
+            return deft_set_error(DEFT_ERR_INVALID, "dist_run: replicas[%d] is not a replica of this dist (compile it "
+                                  "with the options dist and dist_local = %d)", i, i);
+        if (local != i)
+            return deft_set_error(DEFT_ERR_INVALID, "dist_run: replicas[%d] was compiled with dist_local = %d; "
+                                  "replicas[i] must be the one compiled with dist_local = i", i, local);
+    }
     if (n == 1) return deft_program_run(replicas[0]);
     deft_status s = d->workers ? DEFT_OK : deft_dist_workers_start(d, n);
     if (s != DEFT_OK) return s;

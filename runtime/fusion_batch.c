@@ -3,8 +3,7 @@
  * f32), and one cuBLASLt call over six of them took 84 us instead of 117 (the mid MLP's f32 step: 471 -> 444 us;
  * bench/RESULTS.md, ninth round). So the products of one device, dtype, shape and transposes that nothing reads
  * before the last of them has run become a group that runs at the last one's step, with the bias gradients that
- * would have been their epilogues
- * (ops/cuda/cuda_matmul.h's deft_cuda_matmul_batch). Their inputs then live until that step: a few activations and
+ * would have been their epilogues (ops/cuda/cuda_matmul.h's deft_cuda_matmul_batch). Their inputs then live until that step: a few activations and
  * output gradients more at the end of the backward pass. Products that fill the GPU by themselves gain nothing and
  * would only keep their inputs longer, so only the ones with fewer output elements than a wave of tiles take part. */
 #include <stdlib.h>

@@ -3,6 +3,7 @@
 #include "cuda_matmul.h"
 #include "device_internal.h"
 #include "fused.h"
+#include "fusion_internal.h"
 #include "program_state.h"
 
 #ifdef DEFT_HAVE_CUDA
@@ -43,7 +44,7 @@ static deft_status deft_run_matmul_batch(deft_program *p, const deft_group *g, v
                                   deft_program_data(p, mm->src[1]->id), NULL};
         for (int k = 0; k < g->n_members; k++) {
             const deft_tensor *sum = p->graph->nodes[g->members[k]];
-            if (sum->op == DEFT_OP_SUM && sum->src[0] == mm->src[1]) parts[n].bias_grad = deft_program_data(p, sum->id);
+            if (deft_is_bias_grad_of(sum, mm)) parts[n].bias_grad = deft_program_data(p, sum->id);
         }
         n++;
     }

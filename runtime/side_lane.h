@@ -21,9 +21,10 @@
 struct deft_program;
 
 /* Marks the side steps of p (p->nodes[root].side) over its final order and groups, and says in *count how many there
- * are (DEFT_ERR_OOM when the host is out of memory); none unless every step runs on one GPU, the program splits no optimizer (optimizer_in_backward, data parallel's
- * pieces per bucket), has no memory budget or checkpointing, and DEFT_SIDE_STREAM is not 0. A data-parallel replica's
- * buckets wait for both lanes before their all-reduce (runtime/dist_program.c). */
+ * are (DEFT_ERR_OOM when the host is out of memory). None unless every step runs on one GPU, the program splits no
+ * optimizer (optimizer_in_backward, data parallel's pieces per bucket), has no memory budget or checkpointing, and
+ * DEFT_SIDE_STREAM is not 0. A data-parallel replica's buckets wait for both lanes before their all-reduce
+ * (runtime/dist_program.c). */
 deft_status deft_side_mark(struct deft_program *p, const deft_compile_options *opts, int *count);
 
 /* Part of the schedule (runtime/program.c): the buffers that side steps read live on until DEFT_SIDE_KEEP side steps

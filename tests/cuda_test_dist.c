@@ -11,7 +11,8 @@
  *   pieces after the backward pass in bucket order (without dist_bucket_pieces every bucket joins at the one step);
  * - on one rank under TF32, the side lane's weight gradients (runtime/side_lane.h) and one stream give the same bits;
  * - misuse: a local replica run alone, a replica on the wrong GPU, optimizer_in_backward, dist_local out of range;
- *   a run whose replicas all fail (never fed) names a rank, and the kept threads of deft_dist_run run the next one;
+ *   deft_dist_run given replicas out of place, one twice, or a program that is no replica; a run whose replicas all
+ *   fail (never fed) names a rank, and the kept threads of deft_dist_run run the next one;
  * - two processes (this executable run again with --child) meeting through a file rendezvous train the same way and
  *   end bit-identical and equal to the one-GPU run; when rank 1 dies after joining, rank 0's read fails with
  *   DEFT_ERR_RUNTIME within its timeout instead of hanging. */
@@ -221,6 +222,13 @@ static void test_local(const float *ref, size_t n) {
     for (int r = 0; r < 2; r++)
         built &= mlp_build(&u[r], deft_cuda(r), B, &(deft_compile_options){.dist = d, .dist_local = r});
     if (built) {
+        /* Replicas out of place, one twice, or a program that is no replica: refused before anything is queued. */
+        CHECK_ERR(deft_dist_run(d, (deft_program *[]){u[1].p, u[0].p}, 2), DEFT_ERR_INVALID, "dist_local = 1");
+        CHECK_ERR(deft_dist_run(d, (deft_program *[]){u[0].p, u[0].p}, 2), DEFT_ERR_INVALID, "dist_local = 0;");
+        mlp plain;
+        if (mlp_build(&plain, deft_cuda(1), B, NULL))
+            CHECK_ERR(deft_dist_run(d, (deft_program *[]){u[0].p, plain.p}, 2), DEFT_ERR_INVALID, "not a replica");
+        deft_graph_free(plain.g);
         CHECK_ERR(deft_dist_run(d, (deft_program *[]){u[0].p, u[1].p}, 2), DEFT_ERR_STATE, "rank 0");
         for (int r = 0; r < 2; r++) mlp_feed(&u[r], 0, r * B, B);
         CHECK_OK(deft_dist_run(d, (deft_program *[]){u[0].p, u[1].p}, 2));

@@ -22,23 +22,23 @@ static void test_pack(void) {
         used += bytes[i];
     }
     unsigned char *host = malloc(total), *back = malloc(total), *packed_host = malloc(used);
-    void *dev = NULL, *win = NULL;   /* the gradients, the packed buffer */
+    void *dev = NULL, *packed = NULL;   /* the gradients, the packed buffer */
     CHECK_OK(deft_cuda_alloc(0, total, &dev));
-    CHECK_OK(deft_cuda_alloc(0, used, &win));
-    if (!dev || !win || !host || !back || !packed_host) goto done;
+    CHECK_OK(deft_cuda_alloc(0, used, &packed));
+    if (!dev || !packed || !host || !back || !packed_host) goto done;
     for (size_t k = 0; k < total; k++) host[k] = (unsigned char)(k * 131 + 7);
     CHECK_OK(deft_cuda_copy(0, dev, -1, host, total, 0));
     void *tensors[N_PACK];
     for (int i = 0; i < N_PACK; i++) tensors[i] = (char *)dev + place[i];
-    CHECK_OK(deft_cuda_dist_pack(tensors, offset, bytes, N_PACK, win, 0, NULL));
-    CHECK_OK(deft_cuda_copy(-1, packed_host, 0, win, used, 1));
+    CHECK_OK(deft_cuda_dist_pack(tensors, offset, bytes, N_PACK, packed, 0, NULL));
+    CHECK_OK(deft_cuda_copy(-1, packed_host, 0, packed, used, 1));
     int wrong = 0;
     for (int i = 0; i < N_PACK; i++) wrong += memcmp(packed_host + offset[i], host + place[i], bytes[i]) != 0;
     CHECK_MSG(wrong == 0, "pack: %d of %d gradients wrong in the packed buffer", wrong, N_PACK);
     /* Unpack into cleared gradients: every byte comes back, the gaps between them stay cleared. */
     memset(back, 0, total);
     CHECK_OK(deft_cuda_copy(0, dev, -1, back, total, 0));
-    CHECK_OK(deft_cuda_dist_pack(tensors, offset, bytes, N_PACK, win, 1, NULL));
+    CHECK_OK(deft_cuda_dist_pack(tensors, offset, bytes, N_PACK, packed, 1, NULL));
     CHECK_OK(deft_cuda_copy(-1, back, 0, dev, total, 1));
     wrong = 0;
     size_t stray = 0, at = 0;
@@ -50,7 +50,7 @@ static void test_pack(void) {
     CHECK_MSG(wrong == 0 && stray == 0, "unpack: %d gradients wrong, %zu stray bytes written", wrong, stray);
 done:
     deft_cuda_free(0, dev);
-    deft_cuda_free(0, win);
+    deft_cuda_free(0, packed);
     free(host);
     free(back);
     free(packed_host);

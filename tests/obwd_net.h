@@ -130,11 +130,9 @@ static inline int obwd_compare_programs(const obwd_spec *s, const deft_compile_o
         obwd_free(&b);
         return 0;
     }
-    deft_program *pa = obwd_compile(&a, oa), *pb = NULL;
-    if (pa && one_stream_b) setenv("DEFT_SIDE_STREAM", "0", 1);
-    if (pa) pb = obwd_compile(&b, ob);
-    if (one_stream_b) unsetenv("DEFT_SIDE_STREAM");
-    CHECK_MSG(pa && pb, "%s: compile: %s", what, deft_errmsg());
+    deft_program *pa = obwd_compile(&a, oa);
+    CHECK_MSG(pa != NULL, "%s: compile: %s", what, deft_errmsg());
+    deft_program *pb = pa ? obwd_compile_without(&b, ob, one_stream_b ? "DEFT_SIDE_STREAM" : NULL) : NULL;
     for (int r = 0; pa && pb && r < runs; r++) {
         float la, lb, na, nb;
         if (!obwd_run(&a, pa, r, &la, &na) || !obwd_run(&b, pb, r, &lb, &nb)) break;

@@ -163,12 +163,12 @@ static inline unsigned deft_cuda_blocks(int64_t n, int threads) {
     return (unsigned)(b > DEFT_CUDA_MAX_BLOCKS ? DEFT_CUDA_MAX_BLOCKS : b);
 }
 
-/* Index of this thread in a 1-D grid-stride loop, in 64 bits: tensors may pass 2^31 elements. */
 /* Whether p starts on a multiple of `bytes` (a power of two): the vector paths' test, on the host or the device. */
 __host__ __device__ __forceinline__ bool deft_is_aligned(const void *p, size_t bytes) {
     return (uintptr_t)p % bytes == 0;
 }
 
+/* Index of this thread in a 1-D grid-stride loop, in 64 bits: tensors may pass 2^31 elements. */
 __device__ __forceinline__ int64_t deft_tid(void) { return (int64_t)blockIdx.x * blockDim.x + threadIdx.x; }
 __device__ __forceinline__ int64_t deft_nthreads(void) { return (int64_t)gridDim.x * blockDim.x; }
 

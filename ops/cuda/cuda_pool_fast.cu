@@ -282,7 +282,6 @@ static deft_pool_geom32 deft_pool_narrow(const deft_pool_geom &g) {
     return s;
 }
 
-
 /* Max pooling's backward in NHWC: by tiles (above) where its choices fit shared memory, else 16 bytes of channels
  * per thread where C divides into them and the tensors are aligned, one channel otherwise. */
 template <class T>
