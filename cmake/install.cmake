@@ -74,7 +74,7 @@ if(DEFT_HAVE_CUDA)
     list(APPEND DEFT_PC_LIBS "-L${_deft_cudnn_dir}" "-Wl,-rpath,${_deft_cudnn_dir}" -lcudnn)
   endif()
   if(DEFT_HAVE_NCCL)
-    # data parallel training's NCCL calls (runtime/dist_nccl.c), linked by absolute path in CMake
+    # data parallel training's NCCL calls (dist/dist_nccl.c), linked by absolute path in CMake
     get_filename_component(_deft_nccl_dir "${DEFT_NCCL_LIB}" DIRECTORY)
     list(APPEND DEFT_PC_LIBS "-L${_deft_nccl_dir}" "-Wl,-rpath,${_deft_nccl_dir}" -lnccl)
   endif()

@@ -11,7 +11,7 @@
 #  - the CUDA runtime and driver do not mix well with ASan (it maps memory where ASan keeps its shadow gap, and
 #    its own allocations show up as leaks);
 #  - CI has no GPU, so the CUDA paths would only skip there anyway.
-# What it does check is every line of C in graph/, ops/cpu, alloc/ and runtime/ that a CPU run reaches, which is
+# What it does check is every line of C in base/, ir/, plan/, mem/, ops/cpu, passes/, runtime/, data/ and dist/ that a CPU run reaches, which is
 # where the planner's offsets, the shape code and the kernels' indexing live.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
