@@ -258,7 +258,21 @@ typedef struct deft_compile_options {
      * step stays one node. Off by default: on 1, 2 and 4 H200s the mid MLP's steps measured 3-4 % slower in pieces
      * (their launches and events cost more than the overlap gives); the one node waits for every bucket. */
     int dist_bucket_pieces;
+    /* Switches for measuring what one GPU optimisation gives; zero keeps today's behaviour. */
+    int no_side_lane;          /* 1: weight-gradient work never runs on a GPU's second stream (the side lane) */
+    int no_product_batches;    /* 1: products of one shape never run as one batched cuBLASLt call */
+    int no_relu_grad_fold;     /* 1: a ReLU's gradient is never folded into batch norm's backward kernel */
+    int fuse_low_precision;    /* 1: bf16 and f16 elementwise chains are fused too (by default only f32 ones are) */
+    int conv_gemm;             /* a deft_conv_gemm_mode: NHWC convolutions as im2col and one cuBLASLt product */
+    int cudnn_find;            /* 1: cuDNN measures the candidate algorithms once per shape (outside a capture)
+                                * instead of taking its heuristic's first choice */
 } deft_compile_options;
+/* Which NHWC convolutions (groups 1, within the workspace) run as im2col and a cuBLASLt product instead of cuDNN. */
+typedef enum deft_conv_gemm_mode {
+    DEFT_CONV_GEMM_DEFAULT = 0,   /* bf16 and f16 ones */
+    DEFT_CONV_GEMM_NEVER,         /* none: cuDNN runs every convolution */
+    DEFT_CONV_GEMM_WITH_F32       /* f32 ones too */
+} deft_conv_gemm_mode;
 #define DEFT_HAS_OPTIMIZER_IN_BACKWARD 1
 #define DEFT_HAS_AUTOCAST_OPTION 1
 
