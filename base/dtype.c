@@ -1,7 +1,7 @@
 /* dtype facts and the public half-precision conversions. */
 #include <math.h>
 
-#include "graph_internal.h"
+#include "base.h"
 #include "half.h"
 
 size_t deft_dtype_size(deft_dtype dt) {

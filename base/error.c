@@ -3,7 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "graph_internal.h"
+#include "base.h"
 
 static _Thread_local char deft_last_message[1024];
 
@@ -21,18 +21,6 @@ deft_status deft_set_error(deft_status s, const char *fmt, ...) {
     va_start(ap, fmt);
     deft_vset_message(fmt, ap);
     va_end(ap);
-    return s;
-}
-
-deft_status deft_graph_fail(deft_graph *g, deft_status s, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    deft_vset_message(fmt, ap);
-    va_end(ap);
-    if (g && g->first_error == DEFT_OK) {
-        g->first_error = s;
-        memcpy(g->first_errmsg, deft_last_message, sizeof g->first_errmsg);
-    }
     return s;
 }
 

@@ -2,7 +2,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "graph_internal.h"
+#include "base.h"
 
 int64_t deft_shape_numel(int ndim, const int64_t *shape) {
     int64_t n = 1;
@@ -55,17 +55,4 @@ void deft_broadcast_strides(int ndim_in, const int64_t *in_shape, int ndim_out, 
         int j = ndim_in - ndim_out + i;
         strides[i] = (j >= 0 && in_shape[j] == out_shape[i] && in_shape[j] != 1) ? in_strides[j] : 0;
     }
-}
-
-deft_status deft_check_expand_shape(const deft_tensor *src, const deft_tensor *out) {
-    bool ok = src->ndim <= out->ndim;
-    for (int d = 0; ok && d < src->ndim; d++) {
-        const int64_t sd = src->shape[d], od = out->shape[out->ndim - src->ndim + d];
-        if (sd != 1 && sd != od) ok = false;
-    }
-    if (ok) return DEFT_OK;
-    char as[96], bs[96];
-    return deft_set_error(DEFT_ERR_SHAPE, "expand: %s does not broadcast to %s",
-                          deft_shape_str(src->ndim, src->shape, as, sizeof as),
-                          deft_shape_str(out->ndim, out->shape, bs, sizeof bs));
 }

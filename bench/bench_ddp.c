@@ -35,20 +35,22 @@
 typedef struct bench_args {
     int resnet, bf16, n, graphs, tf32, bucket_pieces;
     size_t bucket_bytes, last_bucket_bytes;
+    deft_compile_options ab;   /* the A/B switches (bench_ab_option) */
 } bench_args;
 
 static void build(ddp_replica *r, deft_dist *d, int k, const bench_args *a) {
     const deft_device dev = deft_dist_device(d, k);
     if (a->resnet) ddp_build_resnet(r, dev, a->bf16);
     else ddp_build_mlp(r, dev);
-    const deft_compile_options o = {.dist = d,
-                                    .dist_local = k,
-                                    .no_cuda_graphs = !a->graphs,
-                                    .bucket_bytes = a->bucket_bytes,
-                                    .last_bucket_bytes = a->last_bucket_bytes,
-                                    .dist_bucket_pieces = a->bucket_pieces,
-                                    .tf32 = a->tf32,
-                                    .autocast = a->bf16 ? DEFT_BF16 : DEFT_F32};
+    deft_compile_options o = a->ab;
+    o.dist = d;
+    o.dist_local = k;
+    o.no_cuda_graphs = !a->graphs;
+    o.bucket_bytes = a->bucket_bytes;
+    o.last_bucket_bytes = a->last_bucket_bytes;
+    o.dist_bucket_pieces = a->bucket_pieces;
+    o.tf32 = a->tf32;
+    o.autocast = a->bf16 ? DEFT_BF16 : DEFT_F32;
     r->p = deft_compile(r->g, (deft_tensor *[]){r->loss, r->step}, 2, &o);
     if (!r->p) die("compile");
     if (a->resnet) ddp_feed_resnet(r, k, a->bf16);
@@ -71,7 +73,7 @@ static float run(deft_dist *d, ddp_replica *r, deft_program **ps, int n, int64_t
 static void usage(void) {
     fprintf(stderr,
             "usage: %s [--model mlp|resnet] [--precision f32|bf16] [--gpus N] [--no-graphs] [--bucket-mib M] "
-            "[--last-bucket-mib M] [--bucket-pieces] [--tf32]\n",
+            "[--last-bucket-mib M] [--bucket-pieces] [--tf32] " BENCH_AB_USAGE "\n",
             prog);
     exit(2);
 }
@@ -97,7 +99,7 @@ static bench_args parse(int argc, char **argv) {
             const char *p = argv[++i];
             if (strcmp(p, "f32") && strcmp(p, "bf16")) usage();
             a.bf16 = strcmp(p, "bf16") == 0;
-        } else usage();
+        } else if (!bench_ab_option(argc, argv, &i, &a.ab)) usage();
     }
     if (a.n < 1 || a.n > MAX_GPUS) fprintf(stderr, "%s: --gpus in 1..%d\n", prog, MAX_GPUS), exit(2);
     if (a.bf16 && !a.resnet) fprintf(stderr, "%s: --precision bf16 is for --model resnet\n", prog), exit(2);

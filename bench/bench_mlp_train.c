@@ -286,7 +286,7 @@ static void bench(const mlp_config *c, deft_device dev, const deft_compile_optio
 static void usage(void) {
     fprintf(stderr,
             "usage: %s [--config tiny|small|mid|large] [--device cuda:N|cpu] [--no-graphs] "
-            "[--no-fusion] [--tf32] [--feed device|host|prefetch] [--amp bf16|f16]\n",
+            "[--no-fusion] [--tf32] [--feed device|host|prefetch] [--amp bf16|f16] " BENCH_AB_USAGE "\n",
             prog);
     exit(2);
 }
@@ -314,7 +314,7 @@ int main(int argc, char **argv) {
             else if (!strcmp(f, "prefetch")) feed = FEED_PREFETCH;
             else usage();
         }
-        else usage();
+        else if (!bench_ab_option(argc, argv, &i, &co)) usage();
     }
     if (only) {
         int found = 0;

@@ -11,7 +11,7 @@
 #include <time.h>
 
 #include "deft.h"
-#include "schedule_order.h"
+#include "deft_testing.h"
 
 #define CPU deft_cpu()
 
@@ -159,17 +159,17 @@ static int report(const char *name, bench_graph *b, int repeats) {
     return 0;
 }
 
-/* ---- schedule reordering, on step lists handed to deft_schedule_order directly ---- */
+/* ---- schedule reordering, on step lists handed to the reordering directly (deft_testing_schedule_order) ---- */
 
 typedef struct step_list {
-    deft_order_step *steps;
+    deft_testing_order_step *steps;
     int *deps;
     int n, n_deps;
 } step_list;
 
 static int add_step(step_list *l, size_t bytes, int keep_alive, int n_deps, const int *deps) {
-    deft_order_step *s = &l->steps[l->n];
-    *s = (deft_order_step){bytes, keep_alive, l->n_deps, l->n_deps + n_deps};
+    deft_testing_order_step *s = &l->steps[l->n];
+    *s = (deft_testing_order_step){bytes, keep_alive, l->n_deps, l->n_deps + n_deps};
     for (int k = 0; k < n_deps; k++) l->deps[l->n_deps++] = deps[k];
     return l->n++;
 }
@@ -233,7 +233,7 @@ static int report_reorder(const char *name, step_list *l, int repeats) {
     for (int i = 0; i < l->n; i++) given[i] = i;
     for (int r = 0; r < repeats; r++) {
         double t0 = now_ms();
-        deft_status s = deft_schedule_order(l->steps, l->n, l->deps, order);
+        deft_status s = deft_testing_schedule_order(l->steps, l->n, l->deps, order);
         times[r] = now_ms() - t0;
         if (s != DEFT_OK) {
             fprintf(stderr, "bench_planner: reordering %s: %s\n", name, deft_errmsg());

@@ -165,7 +165,8 @@ static deft_status bench(const bench_config *c, deft_device dev, const deft_comp
 
 static void usage(void) {
     fprintf(stderr,
-            "usage: %s [--batch N] [--precision f32|bf16|f16] [--device cuda:N|cpu] [--no-graphs] [--tf32] [--nhwc]\n",
+            "usage: %s [--batch N] [--precision f32|bf16|f16] [--device cuda:N|cpu] [--no-graphs] [--tf32] [--nhwc] "
+            BENCH_AB_USAGE "\n",
             prog);
     exit(2);
 }
@@ -181,7 +182,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--no-graphs")) co.no_cuda_graphs = 1;
         else if (!strcmp(argv[i], "--tf32")) co.tf32 = 1;
         else if (!strcmp(argv[i], "--nhwc")) f32_nhwc = 1;
-        else usage();
+        else if (!bench_ab_option(argc, argv, &i, &co)) usage();
     }
     if (only_batch < 0 ||
         (precision && strcmp(precision, "f32") && strcmp(precision, "bf16") && strcmp(precision, "f16")))

@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "deft.h"
@@ -17,6 +18,28 @@
 #endif
 
 static const char *const prog = BENCH_NAME;
+
+/* The switches of the GPU optimisations for A/B runs (the environment's DEFT_SIDE_STREAM=0 and its kin before they
+ * became compile options): --no-side-lane, --no-product-batches, --no-relu-grad-fold, --fuse-low-precision,
+ * --conv-gemm never|f32 and --cudnn-find set the compile options of those names. Returns 1 when argv[*i] is one
+ * (its value consumed). */
+#define BENCH_AB_USAGE                                                                                         \
+    "[--no-side-lane] [--no-product-batches] [--no-relu-grad-fold] [--fuse-low-precision] [--conv-gemm never|f32] " \
+    "[--cudnn-find]"
+static inline int bench_ab_option(int argc, char **argv, int *i, deft_compile_options *co) {
+    const char *a = argv[*i];
+    if (!strcmp(a, "--no-side-lane")) co->no_side_lane = 1;
+    else if (!strcmp(a, "--no-product-batches")) co->no_product_batches = 1;
+    else if (!strcmp(a, "--no-relu-grad-fold")) co->no_relu_grad_fold = 1;
+    else if (!strcmp(a, "--fuse-low-precision")) co->fuse_low_precision = 1;
+    else if (!strcmp(a, "--cudnn-find")) co->cudnn_find = 1;
+    else if (!strcmp(a, "--conv-gemm") && *i + 1 < argc) {
+        const char *m = argv[++*i];
+        co->conv_gemm = !strcmp(m, "never") ? DEFT_CONV_GEMM_NEVER : !strcmp(m, "f32") ? DEFT_CONV_GEMM_WITH_F32 : -1;
+    } else
+        return 0;
+    return 1;
+}
 
 static inline void die(const char *what) {
     fprintf(stderr, "%s: %s: %s\n", prog, what, deft_errmsg());

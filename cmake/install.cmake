@@ -1,4 +1,4 @@
-# Installing deft: the header, libdeft.a, a CMake package (find_package(deft) -> deft::deft) and a pkg-config file.
+# Installing deft: the headers, libdeft.a, a CMake package (find_package(deft) -> deft::deft) and a pkg-config file.
 # Included from the top-level CMakeLists.txt after the `deft` target exists. Everything that libdeft.a's public link
 # interface needs is recorded here, because a static library carries none of its dependencies itself.
 include(CMakePackageConfigHelpers)
@@ -10,7 +10,10 @@ mark_as_advanced(DEFT_INSTALL_CMAKEDIR)
 install(TARGETS deft EXPORT deftTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
+# deft.h and the headers it includes (include/deft/*.h); testing/deft_testing.h is for deft's own tests and stays out.
 install(FILES ${PROJECT_SOURCE_DIR}/include/deft.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+file(GLOB DEFT_PUBLIC_HEADERS CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/include/deft/*.h)
+install(FILES ${DEFT_PUBLIC_HEADERS} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/deft)
 install(EXPORT deftTargets NAMESPACE deft:: FILE deftTargets.cmake DESTINATION ${DEFT_INSTALL_CMAKEDIR})
 
 # ---- facts the package config needs (substituted into deftConfig.cmake.in) ----

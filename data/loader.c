@@ -15,6 +15,7 @@
 
 #include "device_internal.h"
 #include "prefetch.h"
+#include "program_graph.h"
 #include "program_state.h"
 
 #define DEFT_LOADER_DEPTH 3
@@ -153,7 +154,7 @@ deft_status deft_loader_next(deft_loader *l, deft_program *p, deft_loader_batch 
     s = deft_prefetch_fence(p, &b->fence, &b->fence_device, &b->fenced);
     if (s != DEFT_OK) {
         /* Without a fence the copies are waited for here, so the buffer can still be recycled safely. */
-        (void)deft_device_synchronize(deft_cuda(p->gpu.device));
+        (void)deft_device_synchronize(deft_cuda(p->gpu->device));
         b->fenced = 0;
         return s;
     }

@@ -50,6 +50,7 @@ deft_status deft_dist_init_local(int ngpus, double timeout_s, deft_dist **out) {
         free(d);
         return s;
     }
+    deft_ddp_register();
     *out = d;
     return DEFT_OK;
 }
@@ -96,6 +97,7 @@ deft_status deft_dist_init(const deft_dist_options *o, deft_dist **out) {
         free(d);
         return s;
     }
+    deft_ddp_register();
     *out = d;
     return DEFT_OK;
 }

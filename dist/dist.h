@@ -16,9 +16,9 @@ extern "C" {
 #define DEFT_DIST_MAX_WORLD 1024          /* ranks in all */
 #define DEFT_DIST_ID_BYTES 128          /* NCCL_UNIQUE_ID_BYTES */
 #define DEFT_DIST_DEFAULT_TIMEOUT 300.0
-/* The blocks (NCCL channels) a collective runs with. NCCL chose 16 for the H200s of one host; 32 took the mid MLP's
- * 4-GPU step from 0.707 to 0.654 ms and left ResNet-18 bf16's unchanged (bench_ddp, NCCL 2.28). */
-#define DEFT_DIST_CTAS 32
+/* The blocks (NCCL channels) a collective runs with are cuda_tuning.h's DEFT_DIST_CTAS: more than NCCL chose by
+ * itself on one host, which shortened the mid MLP's 4-GPU step and left ResNet-18 bf16's unchanged (bench/RESULTS.md,
+ * "Tenth round"). */
 
 struct deft_program;
 
@@ -70,10 +70,6 @@ deft_status deft_nccl_all_reduce_packed(deft_dist *d, int local, const deft_dist
                                         const size_t *bytes, void *packed, size_t packed_bytes, void *stream);
 /* Zeroes `bytes` at ptr on GPU `device` (a packed bucket's gaps). */
 deft_status deft_nccl_zero(int device, void *ptr, size_t bytes);
-#define DEFT_PACK_MAX 64   /* gradients per packing launch */
-/* The packing kernels (ops/cuda/cuda_dist_pack.cu): bytes[i] of tensors[i] to packed + offsets[i], or back. */
-deft_status deft_cuda_dist_pack(void *const *tensors, const size_t *offsets, const size_t *bytes, int n, void *packed,
-                                int unpack, void *stream);
 /* Waits for `stream` of GPU `device`, watching communicator `local` for errors, until the deadline: then aborts. */
 deft_status deft_nccl_wait_stream(deft_dist *d, int local, void *stream);
 
@@ -86,8 +82,12 @@ void deft_nccl_event_free(int device, void *event);
 deft_status deft_nccl_stream_after(int device, void *waiter, void *stream, void *event);
 
 /* ---- the replica's step (runtime/dist_program.c), called by runtime/execute.c and runtime/program.c ---- */
-/* Checks the options and places the buckets in p's step (compile). */
-deft_status deft_ddp_attach(struct deft_program *p, const deft_compile_options *o);
+/* Checks the data-parallel options (o: p's compile options resolved, passes/compile_config.h) and places the buckets
+ * in p's step (compile). */
+struct deft_config;
+/* Registers the functions below as the runtime's replica hooks (runtime/replica_hooks.h); each dist made does. */
+void deft_ddp_register(void);
+deft_status deft_ddp_attach(struct deft_program *p, const struct deft_config *o);
 void deft_ddp_free(struct deft_program *p);
 /* Before deft_program_run: whether p may run now (not alone when its communicator has local peers). */
 deft_status deft_ddp_check_run(const struct deft_program *p);

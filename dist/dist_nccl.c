@@ -12,6 +12,8 @@
 #include <nccl.h>
 
 #include "device_internal.h"
+#include "cuda_kernels.h"
+#include "cuda_tuning.h"
 #include "dist.h"
 #include "graph_internal.h"
 
@@ -66,8 +68,8 @@ deft_status deft_nccl_unique_id(void *blob) {
     return DEFT_OK;
 }
 
-/* The communicators' configuration: DEFT_DIST_CTAS blocks per collective (NCCL refuses a least count without a
- * most one). */
+/* The communicators' configuration: DEFT_DIST_CTAS blocks per collective (cuda_tuning.h; NCCL refuses a least count
+ * without a most one). */
 static ncclConfig_t deft_nccl_config(void) {
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     cfg.minCTAs = cfg.maxCTAs = DEFT_DIST_CTAS;

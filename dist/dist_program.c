@@ -10,12 +10,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda_tuning.h"
 #include "device_internal.h"
 #include "dist.h"
 #include "grad_buckets.h"
 #include "optimizer.h"
 #include "optimizer_split.h"
+#include "program_graph.h"
 #include "program_state.h"
+#include "replica_hooks.h"
 
 typedef struct deft_ddp_bucket {
     int ready;                /* the step after which its last gradient exists (-1: before the first step) */
@@ -69,7 +72,7 @@ static void deft_ddp_add(const deft_program *p, deft_ddp *dd, int id, int key) {
 
 /* A whole step's gradients, in its buckets (graph/grad_buckets.h); each bucket's key is new and negative. */
 static deft_status deft_ddp_add_whole(const deft_program *p, deft_ddp *dd, const deft_tensor *t,
-                                      const deft_compile_options *o, int *next_key) {
+                                      const deft_config *o, int *next_key) {
     deft_grad_buckets gb;
     deft_status s = deft_grad_buckets_cut(t, o, &gb);
     for (int b = 0; s == DEFT_OK && b < gb.n_buckets; b++, --*next_key)
@@ -80,7 +83,7 @@ static deft_status deft_ddp_add_whole(const deft_program *p, deft_ddp *dd, const
 
 /* The gradients the optimizer steps of p read, bucket by bucket: a piece's (per bucket, graph/optimizer_split.h) in
  * its bucket, keyed by it (a bucket's pieces run one after another); a whole step's cut as the split would cut it. */
-static deft_status deft_ddp_collect(deft_program *p, deft_ddp *dd, const deft_compile_options *o) {
+static deft_status deft_ddp_collect(deft_program *p, deft_ddp *dd, const deft_config *o) {
     int cap = 0;
     for (int i = 0; i < p->n_steps; i++) {
         const deft_tensor *t = p->graph->nodes[p->steps[i]];
@@ -171,13 +174,10 @@ int deft_ddp_bucket_layout(const deft_program *p, size_t *bytes, int *joins, int
     return dd->n_buckets;
 }
 
-/* A bucket of at least this many gradients of one dtype is packed into one buffer (each gradient 16-byte aligned,
- * the gaps zero) and all-reduced by one NCCL call, rather than as a group of one call per gradient, which NCCL runs
- * below its bandwidth when they are small. ResNet-18 bf16's step (8 MiB buckets of up to ~20 gradients) went from
- * 1.423 to 1.343 ms on four H200s and from 1.296 to 1.279 ms on two; the mid MLP's buckets (a weight and its bias)
- * stay as they are. */
-#define DEFT_DDP_PACK_FROM 4
-
+/* A bucket of at least DEFT_DDP_PACK_FROM (cuda_tuning.h) gradients of one dtype is packed into one buffer (each
+ * gradient 16-byte aligned, the gaps zero) and all-reduced by one NCCL call, rather than as a group of one call per
+ * gradient, which NCCL runs below its bandwidth when they are small. ResNet-18's steps got shorter on two and four
+ * GPUs (bench/RESULTS.md, "Eleventh round"); the mid MLP's buckets (a weight and its bias) stay as they are. */
 static bool deft_ddp_packs(const deft_ddp_bucket *b) {
     if (b->bufs.n < DEFT_DDP_PACK_FROM) return false;
     for (int i = 1; i < b->bufs.n; i++)
@@ -214,7 +214,7 @@ int deft_ddp_packed_buckets(const deft_program *p) {
     return dd ? n : -1;
 }
 
-static deft_status deft_ddp_check(const deft_program *p, const deft_compile_options *o) {
+static deft_status deft_ddp_check(const deft_program *p, const deft_config *o) {
     const deft_dist *d = o->dist;
     if (o->dist_local < 0 || o->dist_local >= d->n_local)
         return deft_set_error(DEFT_ERR_INVALID, "data parallel: dist_local %d, but the dist holds %d communicator(s)",
@@ -224,20 +224,20 @@ static deft_status deft_ddp_check(const deft_program *p, const deft_compile_opti
         return deft_set_error(DEFT_ERR_INVALID, "data parallel: optimizer_in_backward is not supported with dist "
                               "(a piece would read its gradients before their bucket is all-reduced)");
     const int want = d->device[o->dist_local];
-    const deft_lanes *L = &p->gpu.lanes;
+    const deft_lanes *L = &p->gpu->lanes;
     const int gpus = L->n - (L->side ? 1 : 0);   /* the side lane shares lane 0's GPU */
-    if (gpus != 1 || L->host_steps > 0 || p->gpu.device != want) {
+    if (gpus != 1 || L->host_steps > 0 || p->gpu->device != want) {
         char found[64] = "the cpu";
         if (gpus > 1) snprintf(found, sizeof found, "%d GPUs", gpus);
-        else if (gpus == 1) snprintf(found, sizeof found, "cuda:%d%s", p->gpu.device, L->host_steps ? " and the cpu" : "");
+        else if (gpus == 1) snprintf(found, sizeof found, "cuda:%d%s", p->gpu->device, L->host_steps ? " and the cpu" : "");
         return deft_set_error(DEFT_ERR_DEVICE, "data parallel: rank %d's replica must run on cuda:%d alone, but its "
                               "steps run on %s", d->rank[o->dist_local], want, found);
     }
     return DEFT_OK;
 }
 
-deft_status deft_ddp_attach(deft_program *p, const deft_compile_options *o) {
-    if (!o || !o->dist) return DEFT_OK;
+deft_status deft_ddp_attach(deft_program *p, const deft_config *o) {
+    if (!o->dist) return DEFT_OK;
     deft_status s = deft_ddp_check(p, o);
     if (s != DEFT_OK) return s;
     deft_ddp *dd = calloc(1, sizeof *dd);
@@ -251,7 +251,7 @@ deft_status deft_ddp_attach(deft_program *p, const deft_compile_options *o) {
     for (int k = 0; s == DEFT_OK && k < dd->n_buckets; k++) {
         s = deft_nccl_event_new(dd->device, &dd->buckets[k].fork);
         if (s == DEFT_OK) s = deft_nccl_event_new(dd->device, &dd->buckets[k].done);
-        if (s == DEFT_OK && p->gpu.lanes.side) s = deft_nccl_event_new(dd->device, &dd->buckets[k].fork_side);
+        if (s == DEFT_OK && p->gpu->lanes.side) s = deft_nccl_event_new(dd->device, &dd->buckets[k].fork_side);
     }
     return s;
 }
@@ -311,7 +311,7 @@ static deft_status deft_ddp_broadcast(deft_program *p, deft_ddp *dd) {
         dtype[k++] = t->dtype;
     }
     deft_dist_buffers b = {k, data, count, dtype};
-    if (s == DEFT_OK && k > 0) s = deft_nccl_broadcast0(dd->dist, dd->local, &b, p->gpu.stream);
+    if (s == DEFT_OK && k > 0) s = deft_nccl_broadcast0(dd->dist, dd->local, &b, p->gpu->stream);
     free(data);
     free(count);
     free(dtype);
@@ -333,14 +333,14 @@ deft_status deft_ddp_begin_run(deft_program *p) {
 deft_status deft_ddp_after_step(deft_program *p, int step) {
     deft_ddp *dd = p->ddp;
     deft_status s = DEFT_OK;
-    /* One rank's average is its own gradient: NCCL would still read and write every bucket (about 50 us a step for
-     * the mid MLP on an H200), so a world of one queues nothing. */
+    /* One rank's average is its own gradient: NCCL would still read and write every bucket (a measurable share of
+     * the mid MLP's step: bench/RESULTS.md, "Tenth round"), so a world of one queues nothing. */
     if (dd && dd->dist->world == 1) return DEFT_OK;
     for (int k = 0; dd && s == DEFT_OK && k < dd->n_buckets; k++) {
         deft_ddp_bucket *b = &dd->buckets[k];
         if (b->ready != step) continue;
-        const deft_lanes *L = &p->gpu.lanes;
-        s = deft_nccl_stream_after(dd->device, dd->stream, p->gpu.stream, b->fork);
+        const deft_lanes *L = &p->gpu->lanes;
+        s = deft_nccl_stream_after(dd->device, dd->stream, p->gpu->stream, b->fork);
         /* A bucket's gradients may come from both lanes: the all-reduce waits for what each queued so far. */
         if (s == DEFT_OK && L->side && L->forked[L->side])
             s = deft_nccl_stream_after(dd->device, dd->stream, L->stream[L->side], b->fork_side);
@@ -362,7 +362,7 @@ static deft_status deft_ddp_join(deft_program *p, int step) {
     for (int k = 0; dd && k < dd->n_buckets; k++) {
         deft_ddp_bucket *b = &dd->buckets[k];
         if (!b->issued || b->joined || (b->join != step && step != p->n_steps)) continue;
-        deft_status j = deft_nccl_stream_after(dd->device, p->gpu.stream, dd->stream, b->done);
+        deft_status j = deft_nccl_stream_after(dd->device, p->gpu->stream, dd->stream, b->done);
         b->joined = true;
         if (s == DEFT_OK) s = j;
     }
@@ -376,7 +376,7 @@ deft_status deft_ddp_end_run(deft_program *p) { return deft_ddp_join(p, p->n_ste
 deft_status deft_ddp_wait(deft_program *p) {
     deft_ddp *dd = p->ddp;
     if (!dd) return DEFT_OK;
-    return deft_nccl_wait_stream(dd->dist, dd->local, p->gpu.stream);
+    return deft_nccl_wait_stream(dd->dist, dd->local, p->gpu->stream);
 }
 
 deft_status deft_program_dist_synchronize(deft_program *p) {
@@ -385,3 +385,16 @@ deft_status deft_program_dist_synchronize(deft_program *p) {
                                        "(compile it with the option dist)");
     return deft_ddp_wait(p);
 }
+
+static const deft_replica_hooks deft_ddp_hooks = {
+    .attach = deft_ddp_attach,
+    .free = deft_ddp_free,
+    .check_run = deft_ddp_check_run,
+    .begin_run = deft_ddp_begin_run,
+    .before_step = deft_ddp_before_step,
+    .after_step = deft_ddp_after_step,
+    .end_run = deft_ddp_end_run,
+    .wait = deft_ddp_wait,
+};
+
+void deft_ddp_register(void) { deft_replica_hooks_register(&deft_ddp_hooks); }

@@ -1,8 +1,8 @@
 /* deft_dist_run: the steps of every local replica queued together. NCCL needs the collectives of every GPU of a
  * communicator in flight together, so each replica's step is queued by a thread of its own: no all-reduce then waits
  * for a peer that the same thread would queue later. The threads are started at the first run and kept until
- * deft_dist_free. Starting them anew for every step cost 150-280 us of host time a step (ResNet-18 bf16 on two and
- * four H200s), against 40-72 us for waking kept ones: host time a data loader can use. */
+ * deft_dist_free. Starting them anew for every step cost several times the host time of waking kept ones
+ * (bench/RESULTS.md, "Twelfth round"): host time a data loader can use. */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
 #include <stdio.h>

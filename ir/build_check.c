@@ -70,3 +70,16 @@ bool deft_require_float(deft_graph *g, const char *op, deft_dtype dt) {
                     deft_dtype_name(dt));
     return false;
 }
+
+deft_status deft_check_expand_shape(const deft_tensor *src, const deft_tensor *out) {
+    bool ok = src->ndim <= out->ndim;
+    for (int d = 0; ok && d < src->ndim; d++) {
+        const int64_t sd = src->shape[d], od = out->shape[out->ndim - src->ndim + d];
+        if (sd != 1 && sd != od) ok = false;
+    }
+    if (ok) return DEFT_OK;
+    char as[96], bs[96];
+    return deft_set_error(DEFT_ERR_SHAPE, "expand: %s does not broadcast to %s",
+                          deft_shape_str(src->ndim, src->shape, as, sizeof as),
+                          deft_shape_str(out->ndim, out->shape, bs, sizeof bs));
+}

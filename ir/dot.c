@@ -3,7 +3,7 @@
 
 #include "autocast.h"
 #include "graph_internal.h"
-#include "program_internal.h"
+#include "graph_hooks.h"
 
 /* Fill colours by device: the CPU grey-blue, each GPU its own hue. */
 static const char *deft_device_colour(deft_device d) {
@@ -22,12 +22,13 @@ static const char *deft_node_shape(const deft_tensor *t) {
     }
 }
 
-static void deft_dot_plan_line(FILE *f, const deft_program *p, const deft_tensor *t, bool *dead, bool *output) {
+static void deft_dot_plan_line(FILE *f, const deft_graph *g, const deft_program *p, const deft_tensor *t, bool *dead,
+                               bool *output) {
     deft_node_plan np;
     *dead = false;
     *output = false;
     if (!p) return;
-    deft_program_node_plan(p, t, &np);
+    g->hooks->node_plan(p, t, &np);
     *output = np.is_output;
     switch (np.place) {
     case DEFT_PLACE_NONE: *dead = true; fprintf(f, "\\nnot computed"); break;
@@ -51,6 +52,8 @@ static bool deft_dot_hidden(const deft_program *p, const deft_tensor *t) {
 
 deft_status deft_graph_dump_dot(const deft_graph *g, const deft_program *p, const char *path) {
     if (!g || !path) return deft_set_error(DEFT_ERR_INVALID, "dump_dot: graph or path is NULL");
+    if (p && !deft_graph_owns_program(g, p))
+        return deft_set_error(DEFT_ERR_INVALID, "dump_dot: the program was not compiled from this graph");
     FILE *f = fopen(path, "w");
     if (!f) return deft_set_error(DEFT_ERR_IO, "dump_dot: cannot open %s for writing", path);
     fprintf(f, "digraph deft {\n  rankdir=TB;\n  node [fontname=\"Helvetica\", fontsize=10, style=filled];\n");
@@ -65,7 +68,7 @@ deft_status deft_graph_dump_dot(const deft_graph *g, const deft_program *p, cons
         /* Casts the autocast rewrite inserted (graph/autocast.h): labelled and drawn apart from the user's nodes. */
         const bool cast = t->autocast == DEFT_AUTOCAST_CAST;
         if (cast) fprintf(f, "\\nautocast");
-        deft_dot_plan_line(f, p, t, &dead, &output);
+        deft_dot_plan_line(f, g, p, t, &dead, &output);
         fprintf(f, "\"%s%s%s%s];\n", cast ? ", color=\"#e85d04\", penwidth=2" : "",
                 dead ? ", style=\"filled,dashed\", fontcolor=gray50" : "", output ? ", peripheries=2, penwidth=2" : "",
                 t->ckpt_role == DEFT_CKPT_RECOMPUTE ? ", color=\"#c1121f\", fontcolor=\"#c1121f\", penwidth=2.5" : "");

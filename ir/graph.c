@@ -1,13 +1,14 @@
 /* Graph lifetime, node storage and tensor facts. */
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "graph_hooks.h"
 #include "graph_internal.h"
 #include "node.h"
 #include "autocast.h"
 #include "optimizer.h"
-
-void deft_program_free(deft_program *p);
 
 deft_graph *deft_graph_new(void) {
     deft_graph *g = calloc(1, sizeof *g);
@@ -21,7 +22,7 @@ deft_graph *deft_graph_new(void) {
 
 void deft_graph_free(deft_graph *g) {
     if (!g) return;
-    while (g->n_programs > 0) deft_program_free(g->programs[g->n_programs - 1]);
+    while (g->n_programs > 0) g->hooks->program_free(g->programs[g->n_programs - 1]);
     free(g->programs);
     for (int i = 0; i < g->n_optimizers; i++) deft_optimizer_destroy(g->optimizers[i]);
     free(g->optimizers);
@@ -42,6 +43,8 @@ void deft_graph_set_seed(deft_graph *g, uint64_t seed) {
     if (g) g->seed = seed;
 }
 
+void deft_graph_set_hooks(deft_graph *g, const deft_graph_hooks *hooks) { g->hooks = hooks; }
+
 deft_status deft_graph_add_program(deft_graph *g, struct deft_program *p) {
     if (g->n_programs == g->cap_programs) {
         int cap = g->cap_programs ? 2 * g->cap_programs : 4;
@@ -52,6 +55,12 @@ deft_status deft_graph_add_program(deft_graph *g, struct deft_program *p) {
     }
     g->programs[g->n_programs++] = p;
     return DEFT_OK;
+}
+
+bool deft_graph_owns_program(const deft_graph *g, const struct deft_program *p) {
+    for (int i = 0; i < g->n_programs; i++)
+        if (g->programs[i] == p) return true;
+    return false;
 }
 
 void deft_graph_remove_program(deft_graph *g, struct deft_program *p) {
@@ -65,7 +74,7 @@ void deft_graph_remove_program(deft_graph *g, struct deft_program *p) {
 
 void deft_node_destroy(deft_tensor *t) {
     if (!t) return;
-    if (t->dev_data) deft_node_release_device_data(t);
+    if (t->dev_data) t->graph->hooks->release_device_data(t);
     free(t->host_data);
     free(t->src);
     free(t);
@@ -130,4 +139,19 @@ const char *deft_tensor_name(const deft_tensor *t) { return t ? t->name : ""; }
 deft_tensor *deft_set_name(deft_tensor *t, const char *name) {
     if (t && name) snprintf(t->name, sizeof t->name, "%s", name);
     return t;
+}
+
+/* Formats into a copy first, as deft_set_error does, so that a message may quote the previous one. */
+deft_status deft_graph_fail(deft_graph *g, deft_status s, const char *fmt, ...) {
+    char msg[sizeof g->first_errmsg];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    deft_set_error(s, "%s", msg);
+    if (g && g->first_error == DEFT_OK) {
+        g->first_error = s;
+        memcpy(g->first_errmsg, msg, sizeof g->first_errmsg);
+    }
+    return s;
 }

@@ -2,7 +2,7 @@
 #ifndef DEFT_GRAPH_INTERNAL_H
 #define DEFT_GRAPH_INTERNAL_H
 
-#include "deft.h"
+#include "base.h"
 
 #include <stdbool.h>
 #include <stdio.h>
@@ -200,6 +200,7 @@ struct deft_graph {
     uint64_t seed;
     uint64_t param_counter;       /* distinct default seeds per parameter */
     struct deft_program **programs;   /* compiled from this graph, freed with it */
+    const struct deft_graph_hooks *hooks;   /* the runtime's, from the first program on (ir/graph_hooks.h) */
     int n_programs, cap_programs;
     struct deft_optimizer **optimizers;   /* built on this graph, freed with it */
     int n_optimizers;
@@ -211,13 +212,7 @@ struct deft_graph {
     bool keep_input_casts;   /* tests only: autocast keeps the casts of inputs for the backward pass (graph/checkpoint.h) */
 };
 
-/* ---- errors (graph/error.c) ---- */
-/* Sets the calling thread's message and returns s. */
-deft_status deft_set_error(deft_status s, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 2, 3)))
-#endif
-    ;
+/* ---- errors of a graph (ir/graph.c) ---- */
 /* As deft_set_error, and records it as the graph's first error if it has none. */
 deft_status deft_graph_fail(deft_graph *g, deft_status s, const char *fmt, ...)
 #if defined(__GNUC__)
@@ -225,19 +220,9 @@ deft_status deft_graph_fail(deft_graph *g, deft_status s, const char *fmt, ...)
 #endif
     ;
 
-/* ---- shapes (graph/shape.c) ---- */
-int64_t deft_shape_numel(int ndim, const int64_t *shape);
-/* Writes "[2, 3, 4]" into buf. */
-const char *deft_shape_str(int ndim, const int64_t *shape, char *buf, size_t n);
-/* Row-major contiguous strides in elements. */
-void deft_shape_strides(int ndim, const int64_t *shape, int64_t *strides);
-/* Numpy broadcasting of two shapes; DEFT_ERR_SHAPE (with message) if they do not broadcast. */
-deft_status deft_shape_broadcast(int na, const int64_t *a, int nb, const int64_t *b, int *nout, int64_t *out);
+/* ---- shapes of nodes (ir/build_check.c) ---- */
 /* DEFT_ERR_SHAPE (with message) unless src broadcasts to out's shape; kernels re-check what builders checked. */
 deft_status deft_check_expand_shape(const deft_tensor *src, const deft_tensor *out);
-/* Strides of `in` (ndim_in dims) seen through the output shape: 0 on broadcast dims, aligned right. */
-void deft_broadcast_strides(int ndim_in, const int64_t *in_shape, int ndim_out, const int64_t *out_shape,
-                            int64_t *strides);
 
 static inline size_t deft_tensor_bytes(const deft_tensor *t) {
     return (size_t)deft_shape_numel(t->ndim, t->shape) * deft_dtype_size(t->dtype);
@@ -251,20 +236,17 @@ static inline bool deft_op_is_leaf(deft_op op) {
     return op == DEFT_OP_INPUT || op == DEFT_OP_PARAM || op == DEFT_OP_CONSTANT;
 }
 
+/* The device that does a step's work: a copy to the host is queued by the GPU it comes from. */
+static inline deft_device deft_step_device(const deft_tensor *t) {
+    if (t->op == DEFT_OP_COPY && t->device.type == DEFT_CPU) return t->src[0]->device;
+    return t->device;
+}
+
 /* The convolution and its two gradients (cuDNN's on a GPU). */
 static inline bool deft_op_is_conv(deft_op op) {
     return op == DEFT_OP_CONV2D || op == DEFT_OP_CONV2D_INPUT_GRAD || op == DEFT_OP_CONV2D_WEIGHT_GRAD;
 }
 
-/* ---- environment switches (graph/env.c) ---- */
-/* name is set, not empty and not "0". */
-bool deft_env_on(const char *name);
-/* name's value as a decimal integer; fallback where it is unset, empty or not a number. */
-int64_t deft_env_int(const char *name, int64_t fallback);
-
-/* ---- graph bookkeeping shared with runtime/ ---- */
-deft_status deft_graph_add_program(deft_graph *g, struct deft_program *p);
-void deft_graph_remove_program(deft_graph *g, struct deft_program *p);
 
 
 #ifdef __cplusplus

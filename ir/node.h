@@ -8,8 +8,6 @@
 deft_tensor *deft_node_new(deft_graph *g, deft_op op, deft_dtype dt, deft_device dev, int ndim,
                            const int64_t *shape, int nsrc, deft_tensor *const *src);
 void deft_node_destroy(deft_tensor *t);
-/* Frees a parameter's or constant's device copy (runtime/). */
-void deft_node_release_device_data(deft_tensor *t);
 
 /* Refills a parameter's host value from U(-bound, bound) (a linear layer's bias depends on the weight's fan-in). */
 void deft_param_fill_uniform(deft_tensor *t, double bound);

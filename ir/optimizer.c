@@ -1,20 +1,19 @@
-/* Building optimizers: checking hyperparameters, gathering the parameters into flat storage, and the step node. */
+/* Building optimizers: checking hyperparameters, collecting the parameters, and the step node. Their flat storage
+ * and device state are the runtime's (runtime/optimizer_storage.c). */
 #include <math.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "device_internal.h"
+#include "graph_hooks.h"
 #include "node.h"
 #include "optimizer.h"
 
 deft_adamw_options deft_adamw_defaults(void) { return (deft_adamw_options){1e-3, 0.9, 0.999, 1e-8, 1e-2}; }
 
-static bool deft_valid_lr(double lr) { return isfinite(lr) && lr >= 0.0; }
-
 static deft_status deft_check_sgd(const deft_sgd_options *o) {
     if (!o) return deft_set_error(DEFT_ERR_INVALID, "sgd: options are NULL (the learning rate has no default)");
-    if (!deft_valid_lr(o->lr)) return deft_set_error(DEFT_ERR_INVALID, "sgd: learning rate %g must be finite and >= 0", o->lr);
+    if (!deft_optimizer_lr_valid(o->lr)) return deft_set_error(DEFT_ERR_INVALID, "sgd: learning rate %g must be finite and >= 0", o->lr);
     if (!(o->momentum >= 0.0 && isfinite(o->momentum)) || !(o->weight_decay >= 0.0 && isfinite(o->weight_decay)) ||
         !(o->dampening >= 0.0 && o->dampening <= 1.0))
         return deft_set_error(DEFT_ERR_INVALID, "sgd: momentum %g, dampening %g, weight_decay %g out of range",
@@ -25,7 +24,7 @@ static deft_status deft_check_sgd(const deft_sgd_options *o) {
 }
 
 static deft_status deft_check_adamw(const deft_adamw_options *o) {
-    if (!deft_valid_lr(o->lr))
+    if (!deft_optimizer_lr_valid(o->lr))
         return deft_set_error(DEFT_ERR_INVALID, "adamw: learning rate %g must be finite and >= 0", o->lr);
     if (!(o->beta1 >= 0.0 && o->beta1 < 1.0) || !(o->beta2 >= 0.0 && o->beta2 < 1.0))
         return deft_set_error(DEFT_ERR_INVALID, "adamw: betas (%g, %g) must lie in [0, 1)", o->beta1, o->beta2);
@@ -42,6 +41,14 @@ static deft_status deft_check_step(const deft_step_options *s) {
     return DEFT_OK;
 }
 
+/* Whether an optimizer built on g before updates t (whether or not its step node exists yet). */
+static bool deft_param_owned(const deft_graph *g, const deft_tensor *t) {
+    for (int i = 0; i < g->n_optimizers; i++)
+        for (int k = 0; k < g->optimizers[i]->n_params; k++)
+            if (g->optimizers[i]->params[k] == t) return true;
+    return false;
+}
+
 /* The parameters with a gradient; they must agree on device and dtype, as the flat storage is one block. */
 static deft_status deft_collect_params(deft_optimizer *opt) {
     deft_graph *g = opt->graph;
@@ -51,7 +58,7 @@ static deft_status deft_collect_params(deft_optimizer *opt) {
     for (int id = 0; id < g->n_nodes; id++) {
         deft_tensor *t = g->nodes[id];
         if (t->op != DEFT_OP_PARAM || !t->grad || t->no_grad) continue;
-        if (t->storage_borrowed)
+        if (deft_param_owned(g, t))
             return deft_set_error(DEFT_ERR_STATE, "optimizer: %s is already updated by another optimizer", t->name);
         if (opt->n_params == 0) {
             opt->dtype = t->dtype;
@@ -73,55 +80,6 @@ static deft_status deft_collect_params(deft_optimizer *opt) {
     if (opt->dtype != DEFT_F32 && opt->dtype != DEFT_F64)
         return deft_set_error(DEFT_ERR_DTYPE, "optimizer: parameters are %s; the optimizer keeps f32 or f64 weights",
                               deft_dtype_name(opt->dtype));
-    return DEFT_OK;
-}
-
-/* Moves each parameter's value into the flat block and points its storage there. */
-static deft_status deft_flatten_params(deft_optimizer *opt) {
-    size_t esz = deft_dtype_size(opt->dtype), bytes = (size_t)opt->total * esz;
-    deft_device d = opt->device;
-    deft_status s = deft_mem_alloc_tagged(d, bytes, "optimizer.params", &opt->flat_params);
-    if (s == DEFT_OK && deft_optimizer_keeps_grads(opt))
-        s = deft_mem_alloc_tagged(d, bytes, "optimizer.grads", &opt->flat_grads);
-    if (s == DEFT_OK) s = deft_mem_alloc_tagged(d, bytes, "optimizer.state", &opt->state0);
-    if (s == DEFT_OK && opt->kind == DEFT_OPTIM_ADAMW) s = deft_mem_alloc_tagged(d, bytes, "optimizer.state", &opt->state1);
-    if (s != DEFT_OK) return s;
-    for (int i = 0; i < opt->n_params; i++) {
-        deft_tensor *t = opt->params[i];
-        char *slot = (char *)opt->flat_params + (size_t)opt->offsets[i] * esz;
-        size_t n = deft_tensor_bytes(t);
-        if (d.type == DEFT_CPU) {
-            memcpy(slot, t->host_data, n);
-            free(t->host_data);
-            t->host_data = slot;
-        } else {
-            s = t->dev_data ? deft_mem_copy(d, slot, d, t->dev_data, n) : deft_mem_copy(d, slot, deft_cpu(), t->host_data, n);
-            if (s != DEFT_OK) return s;
-            if (t->dev_data) deft_mem_free(d, t->dev_data);
-            t->dev_data = slot;
-        }
-        t->storage_borrowed = true;
-    }
-    return DEFT_OK;
-}
-
-/* On a GPU the per-run state lives on the device (graph/optimizer.h), so that a step (or a CUDA Graph replaying it)
- * advances it without the host. */
-static deft_status deft_optimizer_dev_new(deft_optimizer *opt) {
-    if (opt->device.type == DEFT_CPU) return DEFT_OK;
-    deft_optimizer_dev init;
-    memset(&init, 0, sizeof init);
-    init.lr = opt->lr;
-    init.last_norm = NAN;
-    init.loss_scale = 1.0f;
-    void *p = NULL;
-    deft_status s = deft_mem_alloc_tagged(opt->device, sizeof init, "optimizer.counters", &p);
-    if (s == DEFT_OK) s = deft_mem_copy(opt->device, p, deft_cpu(), &init, sizeof init);
-    if (s != DEFT_OK) {
-        deft_mem_free(opt->device, p);
-        return s;
-    }
-    opt->dev = p;
     return DEFT_OK;
 }
 
@@ -196,15 +154,9 @@ deft_tensor *deft_optimizer_step(deft_optimizer *opt) {
     }
     if (opt->step_node) return opt->step_node;
     deft_graph *g = opt->graph;
-    deft_status s = deft_flatten_params(opt);
-    if (s == DEFT_OK) s = deft_optimizer_blocks_init(opt);
-    if (s == DEFT_OK) s = deft_optimizer_dev_new(opt);
-#ifdef DEFT_HAVE_CUDA
-    if (s == DEFT_OK && opt->dev) s = deft_cuda_optimizer_blocks_new(opt);
-#endif
+    deft_status s = deft_optimizer_blocks_init(opt);
     if (s != DEFT_OK) {
-        deft_graph_fail(g, s, "optimizer_step: flat storage for %lld elements: %s", (long long)opt->total,
-                        deft_errmsg());
+        deft_graph_fail(g, s, "optimizer_step: %s", deft_errmsg());
         return NULL;
     }
     deft_tensor **grads = malloc((size_t)opt->n_params * sizeof *grads);
@@ -242,97 +194,12 @@ deft_status deft_optimizer_check_grads(const deft_optimizer *opt, const char *st
     return DEFT_OK;
 }
 
-deft_status deft_optimizer_set_lr(deft_optimizer *opt, double lr) {
-    if (!opt) return deft_set_error(DEFT_ERR_INVALID, "optimizer_set_lr: optimizer is NULL");
-    if (!deft_valid_lr(lr))
-        return deft_set_error(DEFT_ERR_INVALID, "optimizer_set_lr: learning rate %g must be finite and >= 0", lr);
-    if (opt->dev) {
-        /* Between steps: wait for any step still queued (it reads the old rate), then write the new one; the copy
-         * is complete when deft_mem_copy returns, so `lr` (on this stack) may go at once. */
-        deft_status s = deft_device_synchronize(opt->device);
-        if (s == DEFT_OK)
-            s = deft_mem_copy(opt->device, (char *)opt->dev + offsetof(deft_optimizer_dev, lr), deft_cpu(), &lr,
-                              sizeof lr);
-        if (s != DEFT_OK) return s;
-    }
-    opt->lr = lr;
-    return DEFT_OK;
-}
-
 /* On a GPU only set_lr writes the device's rate, so the host's mirror is the truth. */
 double deft_optimizer_lr(const deft_optimizer *opt) { return opt ? opt->lr : NAN; }
-
-/* On a GPU the count lives on the device: wait for the queued steps and copy it back (-1, with a message, when the
- * device fails). */
-int64_t deft_optimizer_updates(const deft_optimizer *opt) {
-    if (!opt) return 0;
-    if (!opt->dev) return opt->updates;
-    int64_t n = -1;
-    deft_status s = deft_device_synchronize(opt->device);
-    if (s == DEFT_OK)
-        s = deft_mem_copy(deft_cpu(), &n, opt->device, (const char *)opt->dev + offsetof(deft_optimizer_dev, updates),
-                          sizeof n);
-    return s == DEFT_OK ? n : -1;
-}
 
 void *deft_optimizer_scale_storage(deft_optimizer *opt) {
     if (!opt->step_node) return NULL;
     return opt->dev ? (void *)&opt->dev->loss_scale : (void *)&opt->scaler.scale;
-}
-
-/* Writes the scale (and zeroes the run of clean updates) where the steps read it. */
-static deft_status deft_scaler_reset(deft_optimizer *opt, float scale) {
-    if (!opt->dev) {
-        opt->scaler.scale = scale;
-        opt->scaler.tracker = 0;
-        return DEFT_OK;
-    }
-    const int32_t zero = 0;
-    deft_status s = deft_mem_copy(opt->device, &opt->dev->loss_scale, deft_cpu(), &scale, sizeof scale);
-    if (s == DEFT_OK) s = deft_mem_copy(opt->device, &opt->dev->growth_tracker, deft_cpu(), &zero, sizeof zero);
-    return s;
-}
-
-deft_status deft_optimizer_set_scaling(deft_optimizer *opt, const deft_loss_scale_options *o) {
-    /* Steps still queued read the switch's old value and the scale: let them finish first. */
-    if (opt->dev) {
-        deft_status s = deft_device_synchronize(opt->device);
-        if (s != DEFT_OK) return s;
-    }
-    if (!o) {
-        opt->scaler.on = 0;
-        return DEFT_OK;
-    }
-    if (!opt->scaler.started) {
-        deft_status s = deft_scaler_reset(opt, (float)o->init_scale);
-        if (s != DEFT_OK) return s;
-        opt->scaler.started = 1;
-    }
-    if (!opt->flat_grads) {   /* a GPU step that updated in one launch until now (deft_optimizer_keeps_grads) */
-        deft_status s = deft_mem_alloc_tagged(opt->device, (size_t)opt->total * deft_dtype_size(opt->dtype),
-                                              "optimizer.grads", &opt->flat_grads);
-        if (s != DEFT_OK) return s;
-    }
-    opt->scaler.on = 1;
-    opt->scaler.growth = o->growth_factor;
-    opt->scaler.backoff = o->backoff_factor;
-    opt->scaler.interval = o->growth_interval;
-    return DEFT_OK;
-}
-
-deft_status deft_optimizer_loss_scale(const deft_optimizer *opt, double *scale, int64_t *skipped) {
-    if (!opt) return deft_set_error(DEFT_ERR_INVALID, "optimizer_loss_scale: optimizer is NULL");
-    float sc = opt->scaler.scale;
-    int64_t sk = opt->scaler.skipped;
-    if (opt->dev) {
-        deft_status s = deft_device_synchronize(opt->device);
-        if (s == DEFT_OK) s = deft_mem_copy(deft_cpu(), &sc, opt->device, &opt->dev->loss_scale, sizeof sc);
-        if (s == DEFT_OK) s = deft_mem_copy(deft_cpu(), &sk, opt->device, &opt->dev->skipped, sizeof sk);
-        if (s != DEFT_OK) return s;
-    }
-    if (scale) *scale = sc;
-    if (skipped) *skipped = sk;
-    return DEFT_OK;
 }
 
 /* Seed nodes of autocast backward passes borrow the scale's storage: it goes with the optimizer. */
@@ -348,31 +215,22 @@ static void deft_release_scale_seeds(deft_optimizer *opt) {
     }
 }
 
-/* Called by deft_graph_free before the nodes go: the parameters' storage lives in the flat block. */
+/* Called by deft_graph_free before the nodes go: the parameters' storage lives in the flat block, which the runtime
+ * gives back (once the device finished the steps that read it). */
 void deft_optimizer_destroy(deft_optimizer *opt) {
     if (!opt) return;
-    deft_device d = opt->device;
-    /* Steps still queued on a GPU read the flat storage, the state and the gather tables. */
-    if (d.type != DEFT_CPU && (opt->dev || opt->n_gathers > 0)) (void)deft_device_synchronize(d);
     deft_release_scale_seeds(opt);
-    deft_optimizer_parts_free(opt);
     for (int i = 0; opt->flat_params && i < opt->n_params; i++) {
         deft_tensor *t = opt->params[i];
         if (!t->storage_borrowed) continue;
-        if (d.type == DEFT_CPU) t->host_data = NULL;
+        if (opt->device.type == DEFT_CPU) t->host_data = NULL;
         else t->dev_data = NULL;
         t->storage_borrowed = false;
     }
-    deft_mem_free(d, opt->flat_params);
-    deft_mem_free(d, opt->flat_grads);
-    deft_mem_free(d, opt->state0);
-    deft_mem_free(d, opt->state1);
-    if (opt->dev) deft_mem_free(d, opt->dev);
-    if (opt->dev_blocks) deft_mem_free(d, opt->dev_blocks);
-    if (opt->dev_block_sums) deft_mem_free(d, opt->dev_block_sums);
+    if (opt->graph->hooks) opt->graph->hooks->optimizer_release(opt);
+    deft_optimizer_parts_free(opt);
     free(opt->block_first);
     for (int i = 0; i < opt->n_gathers; i++) {
-        deft_mem_free(d, opt->gathers[i].table);
         free(opt->gathers[i].grads);
         free(opt->gathers[i].dtypes);
     }

@@ -3,6 +3,8 @@
 #ifndef DEFT_OPTIMIZER_H
 #define DEFT_OPTIMIZER_H
 
+#include <math.h>
+
 #include "graph_internal.h"
 
 #ifdef __cplusplus
@@ -118,6 +120,8 @@ struct deft_optimizer {
     deft_tensor **params;
     int64_t *offsets;          /* element offset of each parameter in the flat storage */
     int64_t total;             /* elements in the flat storage */
+    /* Made by the runtime when a program running the step is first compiled (runtime/optimizer_storage.c). */
+    bool materialized;
     /* Flat storage on the optimizer's device: the parameters' values (each parameter's storage points into it),
      * the gradients summed over the micro-batches of one update (NULL unless deft_optimizer_keeps_grads), and the
      * per-element state (SGD: momentum buffer;
@@ -128,7 +132,7 @@ struct deft_optimizer {
     int64_t updates;
     double last_norm;
     deft_tensor *step_node;
-    /* GPU only: the per-run state on the device (allocated with the step node) and the gather tables. */
+    /* GPU only: the per-run state on the device (made with the flat storage) and the gather tables. */
     deft_optimizer_dev *dev;
     deft_optimizer_gather gathers[DEFT_OPTIMIZER_GATHER_CACHE];
     int n_gathers;
@@ -148,6 +152,9 @@ struct deft_optimizer {
 };
 
 void deft_optimizer_destroy(struct deft_optimizer *opt);
+
+/* A learning rate an optimizer takes. */
+static inline bool deft_optimizer_lr_valid(double lr) { return isfinite(lr) && lr >= 0.0; }
 
 /* Whether the flat gradients exist: the CPU sums into them, and on a GPU so do several micro-batches per update,
  * clipping and loss scaling (which need the norm before any update). A GPU step with neither reads each gradient where the
@@ -197,26 +204,6 @@ static inline bool deft_optimizer_grad_dtype_ok(deft_dtype param, deft_dtype gra
  * accepts. DEFT_ERR_DTYPE or DEFT_ERR_INVALID naming the step node `step_name` and the parameter otherwise. */
 deft_status deft_optimizer_check_grads(const struct deft_optimizer *opt, const char *step_name,
                                        deft_tensor *const *srcs, int n);
-
-/* Runs the optimizer's node: grads[i] is the value of srcs[i], parameter i's gradient for this run, in srcs[i]'s dtype
- * (checked by deft_optimizer_check_grads); out (one f32) receives the norm. `stream` (a cudaStream_t; NULL for the
- * legacy stream) is where a GPU optimizer queues its kernels; the CPU ignores it. */
-deft_status deft_optimizer_run(struct deft_optimizer *opt, deft_tensor *const *srcs, const void *const *grads,
-                               void *out, void *stream);
-
-
-/* The GPU side (ops/cuda/cuda_optimizer.cu, built only with CUDA): the same step as deft_optimizer_run's, queued on
- * `stream` without synchronising the host, allocating or reading per-run state on the host, except on the first run
- * with a new set of gradient addresses or dtypes (which builds a gather table, outside any capture); grads[i] is the
- * value of srcs[i], in its dtype. */
-deft_status deft_cuda_optimizer_run(struct deft_optimizer *opt, deft_tensor *const *srcs, const void *const *grads,
-                                    void *out, void *stream);
-/* A part's run on a GPU (piece: grads are its parameters' gradients, out its block sums; finisher: grads are the
- * pieces' sums, f64, out the norm). */
-deft_status deft_cuda_optimizer_part_run(struct deft_optimizer *part, deft_tensor *const *srcs,
-                                         const void *const *grads, void *out, void *stream);
-/* The device's copy of the blocks, and their sums, of an optimizer on a GPU (made with its counters). */
-deft_status deft_cuda_optimizer_blocks_new(struct deft_optimizer *opt);
 
 /* ---- optimizer in backward (graph/optimizer_split.c) ---- */
 /* The piece of `whole` over parameters [first, first + n), or its finisher over the pieces that split its parameters

@@ -4,14 +4,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "device_internal.h"
 #include "optimizer.h"
 
 deft_status deft_optimizer_blocks_init(deft_optimizer *opt) {
     /* At most about DEFT_OPTIMIZER_STEP_BLOCKS blocks of whole runs, plus one partial block per parameter: on a GPU
-     * each is one thread block of the step, and the large MLP's step (134M parameters) needed about four per SM to
-     * keep enough loads in flight. A multiple of four elements, so that every block of a parameter that starts on a
-     * 16-byte boundary does too (the GPU's step then moves four f32 elements per load). */
+     * each is one thread block of the step, and the large MLP's step needed several per SM to keep enough loads in
+     * flight (bench/RESULTS.md, "Third round"). A multiple of four elements, so that every block of a parameter that
+     * starts on a 16-byte boundary does too (the GPU's step then moves four f32 elements per load). */
     int64_t chunk = (opt->total + DEFT_OPTIMIZER_STEP_BLOCKS - 1) / DEFT_OPTIMIZER_STEP_BLOCKS;
     chunk = (chunk + 3) / 4 * 4;
     opt->chunk = chunk < DEFT_OPTIMIZER_BLOCK_MIN ? DEFT_OPTIMIZER_BLOCK_MIN : chunk;
@@ -103,12 +102,11 @@ deft_optimizer *deft_optimizer_finisher(deft_optimizer *whole, const int *firsts
     return o;
 }
 
-/* Called by deft_optimizer_destroy, after the device finished the queued steps. */
+/* Called by deft_optimizer_destroy, after the runtime gave back the parts' gather tables. */
 void deft_optimizer_parts_free(deft_optimizer *whole) {
     for (int i = 0; i < whole->n_parts; i++) {
         deft_optimizer *o = whole->parts[i];
         for (int k = 0; k < o->n_gathers; k++) {
-            deft_mem_free(o->device, o->gathers[k].table);
             free(o->gathers[k].grads);
             free(o->gathers[k].dtypes);
         }

@@ -35,7 +35,7 @@
 
 #include "caching_internal.h"
 #include "device_internal.h"
-#include "graph_internal.h"
+#include "base.h"
 
 #define DEFT_MIN_BLOCK ((size_t)512)
 #define DEFT_SMALL_SIZE ((size_t)1 << 20)

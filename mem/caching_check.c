@@ -1,7 +1,7 @@
 /* A full consistency check of one pool, for tests: every invariant the allocator relies on, checked from the
  * structures themselves, so that a test can say "still consistent" after an error path instead of hoping. */
 #include "caching_internal.h"
-#include "graph_internal.h"
+#include "base.h"
 
 typedef struct deft_check_sums {
     int64_t reserved, segments, allocated, allocations, requested, active, free_blocks;

@@ -3,7 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include "caching_allocator.h"
-#include "graph_internal.h"
+#include "base.h"
 
 /* An event belongs to the device current when it is created and must be recorded on a stream of that device, so
  * `index` is made current for the call and the caller's device is restored. */

@@ -11,7 +11,7 @@
 #include <cuda_runtime_api.h>
 
 #include "device_internal.h"
-#include "graph_internal.h"
+#include "base.h"
 
 static atomic_int deft_cuda_was_started;
 /* -1 until asked: the count cannot change within a process, and asking the driver costs a call each time. */
@@ -75,6 +75,25 @@ deft_status deft_cuda_set_device(int index) {
     if (s != DEFT_OK) return s;
     cudaError_t e = cudaSetDevice(index);
     return e == cudaSuccess ? DEFT_OK : deft_cuda_fail(e, "cudaSetDevice", index);
+}
+
+/* 0 until asked, per device: a device's SM count cannot change within a process. */
+#define DEFT_CUDA_SMS_KEPT 64
+static atomic_int deft_cuda_kept_sms[DEFT_CUDA_SMS_KEPT];
+
+int deft_cuda_sm_count(int index) {
+    if (index < 0 || index >= deft_cuda_count()) return DEFT_CUDA_SMS_FALLBACK;
+    if (index < DEFT_CUDA_SMS_KEPT) {
+        const int kept = atomic_load(&deft_cuda_kept_sms[index]);
+        if (kept > 0) return kept;
+    }
+    int sms = 0;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, index) != cudaSuccess || sms < 1) {
+        (void)cudaGetLastError();
+        return DEFT_CUDA_SMS_FALLBACK;
+    }
+    if (index < DEFT_CUDA_SMS_KEPT) atomic_store(&deft_cuda_kept_sms[index], sms);
+    return sms;
 }
 
 deft_status deft_cuda_name(int index, char *buf, size_t n) {

@@ -1,7 +1,7 @@
 /* The CUDA side of device_internal.h in a build without CUDA: no GPU exists, and every request for one is a clear
  * DEFT_ERR_NO_CUDA rather than a crash or a link error, so the same program runs everywhere on the CPU. */
 #include "device_internal.h"
-#include "graph_internal.h"
+#include "base.h"
 
 static deft_status deft_no_cuda(int index) {
     return deft_set_error(DEFT_ERR_NO_CUDA,
@@ -47,3 +47,9 @@ deft_status deft_cuda_copy(int dst_index, void *dst, int src_index, const void *
 deft_status deft_cuda_synchronize(int index) { return deft_no_cuda(index); }
 
 deft_status deft_cuda_set_device(int index) { return deft_no_cuda(index); }
+
+/* No device to ask: the fallback, so that sizes derived from it stay sensible. */
+int deft_cuda_sm_count(int index) {
+    (void)index;
+    return DEFT_CUDA_SMS_FALLBACK;
+}

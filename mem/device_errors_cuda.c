@@ -8,7 +8,7 @@
 
 #include "device_errors.h"
 #include "device_internal.h"
-#include "graph_internal.h"
+#include "base.h"
 
 static deft_device_errors *deft_error_records[DEFT_DEVICE_ERRORS_MAX_DEVICES];
 static pthread_mutex_t deft_error_records_mu = PTHREAD_MUTEX_INITIALIZER;

@@ -1,6 +1,6 @@
 /* Without CUDA no kernel runs on a GPU, so no device error record exists: there is never anything to report. */
 #include "device_errors.h"
-#include "graph_internal.h"
+#include "base.h"
 
 deft_status deft_device_errors_get(int device, void *stream, deft_device_errors **out) {
     (void)stream;

@@ -13,7 +13,7 @@
 #include <time.h>
 
 #include "caching_internal.h"
-#include "graph_internal.h"
+#include "base.h"
 
 typedef struct deft_history_entry {
     deft_history_action action;

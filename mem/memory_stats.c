@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "caching_internal.h"
-#include "graph_internal.h"
+#include "base.h"
 
 void deft_stat_add(deft_memory_stat *s, int64_t delta) {
     s->current += delta;

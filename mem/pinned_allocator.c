@@ -36,7 +36,7 @@
 
 #include "caching_internal.h"
 #include "device_internal.h"
-#include "graph_internal.h"
+#include "base.h"
 #include "pinned_allocator.h"
 
 #define DEFT_PINNED_PAGE ((size_t)4096)

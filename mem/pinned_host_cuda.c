@@ -11,7 +11,7 @@
 #include <cuda_runtime_api.h>
 
 #include "device_internal.h"
-#include "graph_internal.h"
+#include "base.h"
 #include "pinned_allocator.h"
 
 deft_status deft_pinned_host_alloc(int index, size_t bytes, void **out) {

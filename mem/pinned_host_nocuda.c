@@ -1,7 +1,7 @@
 /* The pinned host allocator in a build without CUDA: no memory can be page-locked for a GPU, so
  * pinned_allocator.c always chooses plain host memory and never calls these; they exist so that it links, and say
  * so if they are ever reached. */
-#include "graph_internal.h"
+#include "base.h"
 #include "pinned_allocator.h"
 
 deft_status deft_pinned_host_alloc(int index, size_t bytes, void **out) {

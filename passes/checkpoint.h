@@ -14,7 +14,7 @@
 #ifndef DEFT_CHECKPOINT_H
 #define DEFT_CHECKPOINT_H
 
-#include "graph_internal.h"
+#include "compile_config.h"
 
 /* What the rest of the pipeline says about the graph as it stands: the program's bytes (arena + persistent), with
  * `redirect` (per original node, its copy's id or -1) naming where outputs now live. full: the planner's arena;
@@ -36,11 +36,11 @@ typedef struct deft_ckpt_plan {
     size_t total_without;    /* arena + persistent of the program without checkpointing */
 } deft_ckpt_plan;
 
-/* Chooses what to drop under opts' policy, then appends the copies for owner. DEFT_ERR_OOM when the policy is
- * DEFT_CHECKPOINT_BUDGET and no choice meets opts->memory_budget, with the smallest budget that can be met. */
-deft_status deft_checkpoint_rewrite(deft_graph *g, deft_tensor *const *outputs, int n_outputs,
-                                    const deft_compile_options *opts, const struct deft_program *owner,
-                                    deft_ckpt_measure measure, void *ctx, deft_ckpt_plan **out);
+/* Chooses what to drop under c's policy, then appends the copies for owner. DEFT_ERR_OOM when the policy is
+ * DEFT_CHECKPOINT_BUDGET and no choice meets c->memory_budget, with the smallest budget that can be met. */
+deft_status deft_checkpoint_rewrite(deft_graph *g, deft_tensor *const *outputs, int n_outputs, const deft_config *c,
+                                    const struct deft_program *owner, deft_ckpt_measure measure, void *ctx,
+                                    deft_ckpt_plan **out);
 /* Frees the plan, and its copies when they are still the graph's last nodes. */
 void deft_ckpt_plan_free(deft_graph *g, deft_ckpt_plan *plan);
 

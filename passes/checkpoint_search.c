@@ -167,25 +167,25 @@ static deft_status deft_ckpt_search_from_recast(deft_ckpt_search *s, size_t budg
 }
 
 /* drop starts as recast; the policy adds to it. */
-static deft_status deft_ckpt_choose(deft_ckpt_search *s, const deft_compile_options *opts, size_t without,
+static deft_status deft_ckpt_choose(deft_ckpt_search *s, const deft_config *cfg, size_t without,
                                     int n_recast) {
     memcpy(s->drop, s->recast, (size_t)s->a->n * sizeof *s->drop);
-    switch (opts->checkpoint) {
+    switch (cfg->checkpoint) {
     case DEFT_CHECKPOINT_NONE: return DEFT_OK;
     case DEFT_CHECKPOINT_BUDGET:
-        if (opts->memory_budget == 0)
+        if (cfg->memory_budget == 0)
             return deft_set_error(DEFT_ERR_INVALID,
                                   "compile: checkpointing by budget (DEFT_CHECKPOINT_BUDGET) needs a memory_budget");
-        return deft_ckpt_search_from_recast(s, opts->memory_budget, without, n_recast);
+        return deft_ckpt_search_from_recast(s, cfg->memory_budget, without, n_recast);
     case DEFT_CHECKPOINT_MARKED: deft_ckpt_drop_marked(s->a, s->drop); return DEFT_OK;
     case DEFT_CHECKPOINT_SEGMENTS:
-        if (opts->checkpoint_segments < 0)
+        if (cfg->checkpoint_segments < 0)
             return deft_set_error(DEFT_ERR_INVALID, "compile: checkpoint_segments is %d; it must be 0 or more",
-                                  opts->checkpoint_segments);
-        deft_ckpt_drop_segments(s->a, opts->checkpoint_segments, s->drop);
+                                  cfg->checkpoint_segments);
+        deft_ckpt_drop_segments(s->a, cfg->checkpoint_segments, s->drop);
         return DEFT_OK;
     default:
-        return deft_set_error(DEFT_ERR_INVALID, "compile: unknown checkpoint policy %d", opts->checkpoint);
+        return deft_set_error(DEFT_ERR_INVALID, "compile: unknown checkpoint policy %d", cfg->checkpoint);
     }
 }
 
@@ -211,14 +211,14 @@ static deft_status deft_ckpt_finish(deft_ckpt_search *s, deft_ckpt_plan *plan) {
 }
 
 /* Autocast's casts of inputs, unless the graph asks to keep them (tests compare against that). */
-static int deft_ckpt_recast(const deft_ckpt_graph *a, const deft_compile_options *opts, bool *recast) {
-    if (opts->autocast == DEFT_F32 || a->g->keep_input_casts) return 0;
+static int deft_ckpt_recast(const deft_ckpt_graph *a, const deft_config *cfg, bool *recast) {
+    if (cfg->autocast == DEFT_F32 || a->g->keep_input_casts) return 0;
     return deft_ckpt_input_casts(a, recast);
 }
 
-deft_status deft_checkpoint_rewrite(deft_graph *g, deft_tensor *const *outputs, int n_outputs,
-                                    const deft_compile_options *opts, const struct deft_program *owner,
-                                    deft_ckpt_measure measure, void *ctx, deft_ckpt_plan **out) {
+deft_status deft_checkpoint_rewrite(deft_graph *g, deft_tensor *const *outputs, int n_outputs, const deft_config *cfg,
+                                    const struct deft_program *owner, deft_ckpt_measure measure, void *ctx,
+                                    deft_ckpt_plan **out) {
     *out = NULL;
     deft_ckpt_graph a;
     deft_status st = deft_ckpt_analyse(g, outputs, n_outputs, &a);
@@ -233,13 +233,13 @@ deft_status deft_checkpoint_rewrite(deft_graph *g, deft_tensor *const *outputs, 
     if (!plan || !drop || !recast || !plan->redirect || !plan->dropped)
         st = deft_set_error(DEFT_ERR_OOM, "compile: out of host memory");
     deft_ckpt_search s = {&a, owner, measure, ctx, plan ? plan->redirect : NULL, drop, recast};
-    const int n_recast = st == DEFT_OK ? deft_ckpt_recast(&a, opts, recast) : 0;
-    const bool nothing = st == DEFT_OK && opts->checkpoint == DEFT_CHECKPOINT_NONE && n_recast == 0;
+    const int n_recast = st == DEFT_OK ? deft_ckpt_recast(&a, cfg, recast) : 0;
+    const bool nothing = st == DEFT_OK && cfg->checkpoint == DEFT_CHECKPOINT_NONE && n_recast == 0;
     if (st == DEFT_OK && !nothing) {
-        plan->policy = opts->checkpoint;
+        plan->policy = cfg->checkpoint;
         plan->n_orig = a.n;
         st = deft_ckpt_trial(&s, 1, &plan->total_without, NULL, NULL);
-        if (st == DEFT_OK) st = deft_ckpt_choose(&s, opts, plan->total_without, n_recast);
+        if (st == DEFT_OK) st = deft_ckpt_choose(&s, cfg, plan->total_without, n_recast);
         if (st == DEFT_OK) st = deft_ckpt_finish(&s, plan);
     }
     free(drop);

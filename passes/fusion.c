@@ -221,21 +221,22 @@ static bool deft_act_fusable(deft_op act) {
            act == DEFT_OP_SIGMOID;
 }
 
-/* bf16 and f16 chains fuse only with DEFT_FUSE_LOW_PRECISION=1: on the H200 the fused kernel, whose register file
+/* bf16 and f16 chains fuse only with the compile option fuse_low_precision: the fused kernel, whose register file
  * for eight elements of every member lives in local memory, ran bf16 ResNet-18 steps slower than the one-op kernels
- * (bench/RESULTS.md, fifth round); f32 chains gained. */
-static bool deft_fusion_dtype(deft_dtype dt) {
+ * (bench/RESULTS.md, "Fifth round"); f32 chains gained. */
+static bool deft_fusion_dtype(const deft_fusion *f, deft_dtype dt) {
     if (dt == DEFT_F32) return true;
-    return deft_fused_dtype_ok(dt) && deft_env_on("DEFT_FUSE_LOW_PRECISION");
+    return deft_fused_dtype_ok(dt) && f->p->config.fuse_low_precision;
 }
 
 static bool deft_elementwise_fusable(const deft_fusion *f, int id) {
     const deft_tensor *t = deft_node(f, id);
-    if (!deft_is_step(f, id) || f->group_of[id] >= 0 || t->device.type != DEFT_CUDA || !deft_fusion_dtype(t->dtype) ||
-        !deft_fused_supports(t->op) || (t->op == DEFT_OP_ACT_GRAD && !deft_act_fusable(t->p.act)))
+    if (!deft_is_step(f, id) || f->group_of[id] >= 0 || t->device.type != DEFT_CUDA ||
+        !deft_fusion_dtype(f, t->dtype) || !deft_fused_supports(t->op) ||
+        (t->op == DEFT_OP_ACT_GRAD && !deft_act_fusable(t->p.act)))
         return false;
     for (int k = 0; k < t->nsrc; k++)
-        if (!deft_fusion_dtype(t->src[k]->dtype)) return false;
+        if (!deft_fusion_dtype(f, t->src[k]->dtype)) return false;
     return true;
 }
 
@@ -294,7 +295,7 @@ static bool deft_is_chain_reduction(const deft_fusion *f, int id, int *gi) {
     const deft_tensor *t = deft_node(f, id);
     *gi = -1;
     if ((t->op != DEFT_OP_SUM && t->op != DEFT_OP_MEAN) || !deft_is_step(f, id) || f->group_of[id] >= 0 ||
-        t->device.type != DEFT_CUDA || !deft_fusion_dtype(t->dtype) || t->src[0]->dtype != t->dtype ||
+        t->device.type != DEFT_CUDA || !deft_fusion_dtype(f, t->dtype) || t->src[0]->dtype != t->dtype ||
         deft_shape_numel(t->ndim, t->shape) != 1)
         return false;
     const deft_tensor *src = t->src[0];
@@ -461,12 +462,12 @@ static bool deft_has_cuda_step(const deft_program *p) {
     return false;
 }
 
-deft_status deft_program_fuse(deft_program *p, bool batch_products) {
+deft_status deft_program_fuse(deft_program *p) {
     for (int id = 0; id < p->n_nodes; id++) p->nodes[id].group = -1;
     if (!deft_has_cuda_step(p)) return DEFT_OK;
     deft_fusion f = {p, NULL, NULL, NULL, NULL, 0};
     deft_status s = deft_fusion_index(&f);
-    if (s == DEFT_OK && batch_products) s = deft_fuse_product_batches(&f);
+    if (s == DEFT_OK && p->config.product_batches) s = deft_fuse_product_batches(&f);
     if (s == DEFT_OK) s = deft_fuse_matmuls(&f);
     if (s == DEFT_OK) s = deft_fuse_norm_epilogues(&f);
     if (s == DEFT_OK) s = deft_fuse_norm_grads(&f);

@@ -1,7 +1,7 @@
 /* Batches of products. An MLP's weight gradients are products of one shape that only the optimizer reads. Each is too
- * small to fill an H200 (the mid MLP's 1024 x 1024 outputs are 64 tiles of 128 x 128 for 132 SMs; 19.5 us each in
- * f32), and one cuBLASLt call over six of them took 84 us instead of 117 (the mid MLP's f32 step: 471 -> 444 us;
- * bench/RESULTS.md, ninth round). So the products of one device, dtype, shape and transposes that nothing reads
+ * small to fill a GPU (the mid MLP's 1024 x 1024 outputs are 64 tiles of 128 x 128, under one wave of the device's
+ * SMs), and one cuBLASLt call over several of them took less than the calls one by one, and so did the mid MLP's
+ * step (bench/RESULTS.md, "Ninth round"). So the products of one device, dtype, shape and transposes that nothing reads
  * before the last of them has run become a group that runs at the last one's step, with the bias gradients that
  * would have been their epilogues (ops/cuda/cuda_matmul.h's deft_cuda_matmul_batch). Their inputs then live until that step: a few activations and
  * output gradients more at the end of the backward pass. Products that fill the GPU by themselves gain nothing and
@@ -9,23 +9,25 @@
 #include <stdlib.h>
 
 #include "cuda_matmul.h"
+#include "cuda_tuning.h"
+#include "device_internal.h"
 #include "fused.h"
 #include "fusion_internal.h"
 
-bool deft_product_batches_wanted(const deft_compile_options *o) {
-    if (o && (o->dist || o->optimizer_in_backward || o->memory_budget || o->checkpoint)) return false;
-    return deft_env_int("DEFT_PRODUCT_BATCHES", 1) != 0;
-}
-
 #ifdef DEFT_HAVE_CUDA
-/* Below this a product's launch, not its arithmetic, is what a batch would save, and the small-product kernels
- * (cuda_matmul_small.cu) take it. */
-#define DEFT_BATCH_MIN_FLOPS 64e6
-/* 128 tiles of 128 x 128: less than one wave on an H200's 132 SMs. */
-#define DEFT_BATCH_MAX_OUTPUT ((int64_t)1 << 21)
+/* The most output elements of a product taken into a batch: no more tiles (DEFT_BATCH_TILE_ELEMENTS) than one wave of
+ * the device's SMs holds, the SM count rounded down to a power of two (132 SMs: 128 tiles, 2^21 elements). */
+static int64_t deft_batch_max_output(int dev) {
+    const int sms = deft_cuda_sm_count(dev);
+    int64_t tiles = 1;
+    while (tiles * 2 <= sms) tiles *= 2;
+    return tiles * DEFT_BATCH_TILE_ELEMENTS;
+}
 
 static const deft_tensor *deft_batch_node(const deft_fusion *f, int id) { return f->p->graph->nodes[id]; }
 
+/* Below DEFT_BATCH_MIN_FLOPS (cuda_tuning.h) a product's launch, not its arithmetic, is what a batch would save, and
+ * the small-product kernels (cuda_matmul_small.cu) take it. */
 static bool deft_batch_candidate(const deft_fusion *f, int m) {
     const deft_tensor *mm = deft_batch_node(f, m);
     if (mm->op != DEFT_OP_MATMUL || mm->device.type != DEFT_CUDA || !deft_is_step(f, m) || f->group_of[m] >= 0 ||
@@ -33,7 +35,7 @@ static bool deft_batch_candidate(const deft_fusion *f, int m) {
         return false;
     double flops, bytes;
     deft_op_cost(mm, &flops, &bytes);
-    return flops >= DEFT_BATCH_MIN_FLOPS && mm->shape[0] * mm->shape[1] <= DEFT_BATCH_MAX_OUTPUT;
+    return flops >= DEFT_BATCH_MIN_FLOPS && mm->shape[0] * mm->shape[1] <= deft_batch_max_output(mm->device.index);
 }
 
 /* The free bias gradient reading product m's b, -1 if none. */

@@ -1,5 +1,6 @@
 /* Groups of casts of parameters and constants: autocast casts each f32 master weight to bf16 or f16 once a step,
- * a couple of dozen launches of a few microseconds each on ResNet-18, where the copies themselves take little of that.
+ * a couple of dozen small launches on ResNet-18, each mostly launch latency rather than copying (bench/RESULTS.md,
+ * "Fifth round").
  * Their inputs exist before any step runs, so all the casts of one device and one dtype pair run as one launch
  * (ops/cuda's deft_cuda_casts_run) at the first one's step: every reader of any of them comes after it. Their values
  * then all live from that step on; each is read again in the backward pass (a weight's input gradient), so the

@@ -15,12 +15,6 @@
 
 #include "fusion_internal.h"
 
-/* DEFT_FOLD_RELU_GRAD=0 leaves every ReLU gradient its own kernel: what folding gives can then be measured, and
- * compared bit for bit, with everything else fused as usual. */
-static bool deft_fold_relu_grad_off(void) {
-    return deft_env_int("DEFT_FOLD_RELU_GRAD", 1) == 0;
-}
-
 static const deft_tensor *deft_ng_node(const deft_fusion *f, int id) { return f->p->graph->nodes[id]; }
 
 /* Whether node id is the gradient of a ReLU on a GPU that the pass may fold: a free step that nobody reads as an
@@ -87,7 +81,9 @@ static deft_status deft_norm_grad_group(deft_fusion *f, int mask) {
 
 deft_status deft_fuse_norm_grads(deft_fusion *f) {
     deft_status s = DEFT_OK;
-    if (deft_fold_relu_grad_off()) return s;
+    /* The compile option no_relu_grad_fold leaves every ReLU gradient its own kernel: what folding gives can then be
+     * measured, and compared bit for bit, with everything else fused as usual. */
+    if (!f->p->config.fold_relu_grad) return s;
     for (int i = 0; s == DEFT_OK && i < f->p->n_steps; i++) s = deft_norm_grad_group(f, f->p->steps[i]);
     return s;
 }

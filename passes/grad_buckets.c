@@ -20,8 +20,6 @@ static int deft_grad_key_cmp(const void *a, const void *b) {
     return x->param > y->param ? -1 : x->param < y->param;
 }
 
-static size_t deft_limit(size_t asked, size_t fallback) { return asked ? asked : fallback; }
-
 /* Gradients order[0 .. n) cut forward into buckets of at most `limit` bytes; returns the buckets made. */
 static int deft_cut_forward(const deft_tensor *step, deft_grad_buckets *b, int n, size_t limit) {
     for (int j = 0; j < n; j++) {
@@ -35,7 +33,7 @@ static int deft_cut_forward(const deft_tensor *step, deft_grad_buckets *b, int n
     return b->n_buckets;
 }
 
-deft_status deft_grad_buckets_cut(const deft_tensor *step, const deft_compile_options *o, deft_grad_buckets *out) {
+deft_status deft_grad_buckets_cut(const deft_tensor *step, const deft_config *c, deft_grad_buckets *out) {
     *out = (deft_grad_buckets){0};
     const int n = step->nsrc;
     const size_t cap = (size_t)(n ? n : 1);
@@ -54,7 +52,7 @@ deft_status deft_grad_buckets_cut(const deft_tensor *step, const deft_compile_op
     free(keys);
     out->n = n;
     /* The last bucket first, from the end: at least one gradient, then while they fit. */
-    const size_t last_limit = deft_limit(o ? o->last_bucket_bytes : 0, DEFT_LAST_BUCKET_DEFAULT_BYTES);
+    const size_t last_limit = c->last_bucket_bytes;
     int last = n;
     size_t last_bytes = 0;
     while (last > 0) {
@@ -63,7 +61,7 @@ deft_status deft_grad_buckets_cut(const deft_tensor *step, const deft_compile_op
         last_bytes += bytes;
         last--;
     }
-    deft_cut_forward(step, out, last, deft_limit(o ? o->bucket_bytes : 0, DEFT_BUCKET_DEFAULT_BYTES));
+    deft_cut_forward(step, out, last, c->bucket_bytes);
     if (last < n) {
         out->first[out->n_buckets] = last;
         out->bytes[out->n_buckets++] = last_bytes;

@@ -11,13 +11,13 @@
 #ifndef DEFT_GRAD_BUCKETS_H
 #define DEFT_GRAD_BUCKETS_H
 
-#include "graph_internal.h"
+#include "compile_config.h"
+#include "cuda_tuning.h"
 
-/* 8 MiB rather than DDP's 25: deft's steps are short, and the mid MLP's ran faster with 8 MiB buckets on an H200
- * pair and quad (0.646 and 0.690 ms) than with 1, 4 or 25 MiB (25: 0.674 and 0.748 ms), as the first all-reduce
- * starts sooner and the last one left after the backward pass is smaller. */
-#define DEFT_BUCKET_DEFAULT_BYTES ((size_t)8 << 20)
-#define DEFT_LAST_BUCKET_DEFAULT_BYTES ((size_t)1 << 20)
+/* The default sizes, DEFT_BUCKET_DEFAULT_BYTES and DEFT_LAST_BUCKET_DEFAULT_BYTES, are cuda_tuning.h's: 8 MiB
+ * rather than DDP's 25, as deft's steps are short and the mid MLP's ran faster with 8 MiB buckets on 2 and 4 GPUs
+ * than with 1, 4 or 25 MiB (bench/RESULTS.md, "Fourth round", data parallel): the first all-reduce starts sooner and
+ * the last one left after the backward pass is smaller. */
 
 typedef struct deft_grad_buckets {
     int n;               /* the step's parameters */
@@ -27,9 +27,9 @@ typedef struct deft_grad_buckets {
     size_t *bytes;       /* per bucket */
 } deft_grad_buckets;
 
-/* Cuts the gradients of optimizer step node `step` (its sources) with the limits of o (bucket_bytes,
- * last_bucket_bytes; 0 or o NULL: the defaults above). */
-deft_status deft_grad_buckets_cut(const deft_tensor *step, const deft_compile_options *o, deft_grad_buckets *out);
+/* Cuts the gradients of optimizer step node `step` (its sources) with the limits of c (bucket_bytes,
+ * last_bucket_bytes, the defaults above already applied). */
+deft_status deft_grad_buckets_cut(const deft_tensor *step, const deft_config *c, deft_grad_buckets *out);
 void deft_grad_buckets_free(deft_grad_buckets *b);
 
 #endif

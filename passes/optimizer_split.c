@@ -21,7 +21,7 @@ typedef struct deft_split_ctx {
     int *made;              /* per step node: the finisher that stands for it, or -1 */
     int *late_at, *late;    /* per parameter of the step being split: its late nodes (deft_split_ready) */
     bool per_bucket;        /* data parallel: one piece per gradient bucket, all after the backward pass */
-    const deft_compile_options *opts;
+    const deft_config *config;
     int *bucket_of;         /* per bucket: per node made (from n on), its bucket (a piece) or -1 */
     int n_made;
 } deft_split_ctx;
@@ -200,7 +200,7 @@ static int deft_split_int_cmp(const void *a, const void *b) {
 static deft_status deft_split_bucket_groups(const deft_split_ctx *c, const deft_tensor *step, deft_split_group *groups,
                                             int *n_groups) {
     deft_grad_buckets b;
-    deft_status s = deft_grad_buckets_cut(step, c->opts, &b);
+    deft_status s = deft_grad_buckets_cut(step, c->config, &b);
     if (s != DEFT_OK) return s;
     *n_groups = 0;
     for (int k = 0; k < b.n_buckets; k++) {
@@ -303,8 +303,8 @@ static int deft_split_count_steps(const deft_split_ctx *c, deft_tensor *const *o
 /* Per bucket, one step at most: two steps may read one gradient, which one bucket must hold (their pieces would
  * then wait on each other's buckets); with several, every step stays whole. */
 static deft_status deft_split_outputs(deft_split_ctx *c, deft_tensor *const *outputs, int n_outputs,
-                                      const int *redirect, const deft_compile_options *opts, deft_opt_split *out) {
-    const bool scaled = opts && opts->autocast == DEFT_F16 && !opts->loss_scale.disable;
+                                      const int *redirect, deft_opt_split *out) {
+    const bool scaled = c->config->loss_scaled;
     if (c->per_bucket && (scaled || deft_split_count_steps(c, outputs, n_outputs, redirect) != 1)) return DEFT_OK;
     for (int i = 0; i < n_outputs; i++) {
         deft_tensor *step = c->g->nodes[deft_split_target(redirect, outputs[i])];
@@ -340,13 +340,13 @@ static deft_status deft_split_redirect(deft_split_ctx *c, deft_tensor *const *ou
 }
 
 deft_status deft_optimizer_split(deft_graph *g, deft_tensor *const *outputs, int n_outputs, const int *redirect,
-                                 const deft_compile_options *opts, const struct deft_program *owner,
+                                 const deft_config *config, const struct deft_program *owner,
                                  deft_opt_split **out) {
     *out = NULL;
     const size_t n = (size_t)(g->n_nodes ? g->n_nodes : 1);
     deft_split_ctx c = {g, g->n_nodes, owner, calloc(n, sizeof(bool)), malloc(n * sizeof(int)), malloc(n * sizeof(int)),
                         calloc(n, sizeof(int)), 0, malloc(n * sizeof(int)), malloc(n * sizeof(int)), NULL, NULL,
-                        deft_optimizer_split_per_bucket(opts), opts, NULL, 0};
+                        config->split_per_bucket, config, NULL, 0};
     deft_opt_split *sp = calloc(1, sizeof *sp);
     deft_status s = DEFT_OK;
     if (!sp || !c.needed || !c.param_of || !c.ready || !c.seen || !c.stack || !c.made)
@@ -355,7 +355,7 @@ deft_status deft_optimizer_split(deft_graph *g, deft_tensor *const *outputs, int
     if (s == DEFT_OK) {
         sp->n_before = g->n_nodes;
         deft_split_mark_needed(&c, outputs, n_outputs, redirect);
-        s = deft_split_outputs(&c, outputs, n_outputs, redirect, opts, sp);
+        s = deft_split_outputs(&c, outputs, n_outputs, redirect, sp);
     }
     if (s == DEFT_OK && sp->n_steps > 0) s = deft_split_redirect(&c, outputs, n_outputs, redirect, sp);
     if (s != DEFT_OK && sp) deft_ckpt_truncate(g, sp->n_before);

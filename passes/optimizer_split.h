@@ -22,7 +22,7 @@
 #ifndef DEFT_OPTIMIZER_SPLIT_H
 #define DEFT_OPTIMIZER_SPLIT_H
 
-#include "graph_internal.h"
+#include "compile_config.h"
 
 typedef struct deft_opt_split {
     int n_before, n_after;   /* the graph's nodes before and after the rewrite */
@@ -33,19 +33,13 @@ typedef struct deft_opt_split {
     int *bucket_of;          /* per_bucket: per node from n_before on, the bucket of a piece, or -1 */
 } deft_opt_split;
 
-/* Whether the options split optimizer steps per gradient bucket (dist with dist_bucket_pieces, not
- * optimizer_in_backward, which dist refuses). */
-static inline bool deft_optimizer_split_per_bucket(const deft_compile_options *o) {
-    return o && o->dist && o->dist_bucket_pieces && !o->optimizer_in_backward;
-}
-
 /* Splits the optimizer steps among outputs (each read through redirect[id] when redirect, checkpointing's, has an
- * entry >= 0 for it). DEFT_ERR_INVALID with a message when a step cannot be split: it accumulates micro-batches or
- * clips, the options scale the loss (f16 autocast), a node the outputs need reads the step's value, or reads one of
- * its parameters after the step. *out is NULL when no output is a step. */
+ * entry >= 0 for it): per gradient bucket with config->split_per_bucket, else one piece per group of parameters.
+ * DEFT_ERR_INVALID with a message when a step cannot be split: it accumulates micro-batches or clips, the config
+ * scales the loss (f16 autocast), a node the outputs need reads the step's value, or reads one of its parameters
+ * after the step. *out is NULL when no output is a step. */
 deft_status deft_optimizer_split(deft_graph *g, deft_tensor *const *outputs, int n_outputs, const int *redirect,
-                                 const deft_compile_options *opts, const struct deft_program *owner,
-                                 deft_opt_split **out);
+                                 const deft_config *config, const struct deft_program *owner, deft_opt_split **out);
 /* Frees the record, and the nodes it made when g is given and they are still the graph's last nodes. */
 void deft_opt_split_free(deft_graph *g, deft_opt_split *s);
 

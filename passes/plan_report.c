@@ -91,7 +91,8 @@ static void deft_print_checkpoint(const deft_program *p, FILE *f) {
                     deft_op_name(p->graph->nodes[id]->op), deft_tensor_bytes(p->graph->nodes[id]));
     for (int id = c->n_orig; id < c->n_total && id < p->n_nodes; id++) {
         const deft_tensor *t = p->graph->nodes[id];
-        if (t->ckpt_role != DEFT_CKPT_RECOMPUTE || t->is_view || !p->nodes[id].needed) continue;
+        /* Before the schedule (a compile stopped early) nothing is marked needed yet: every copy is listed. */
+        if (t->ckpt_role != DEFT_CKPT_RECOMPUTE || t->is_view || (p->steps && !p->nodes[id].needed)) continue;
         double fl, by;
         deft_op_cost(t, &fl, &by);
         fprintf(f, "    recompute  %-24s %-10s %12.4g FLOP %12.4g bytes moved\n", t->ckpt_origin->name,
@@ -106,6 +107,7 @@ deft_status deft_program_print_plan(const deft_program *p, void *file) {
     deft_program_memory(p, &r);
     fprintf(f, "memory plan: %d steps, %d buffers (%d ops ran in place)\n", p->n_steps, r.buffers,
             p->n_buffers - r.buffers);
+    if (p->stopped_after) fprintf(f, "  compile stopped after stage %s: not runnable\n", p->stopped_after);
     for (int a = 0; a < p->n_arenas; a++) {
         char d[32];
         const deft_arena *ar = &p->arenas[a];

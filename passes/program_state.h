@@ -1,12 +1,14 @@
-/* The compiled program's state, private to runtime/. */
+/* The compiled program: what the passes build (schedule, buffers, groups, lanes marked) and the runtime runs. */
 #ifndef DEFT_PROGRAM_STATE_H
 #define DEFT_PROGRAM_STATE_H
 
+#include "compile_config.h"
+#include "graph_hooks.h"
 #include "graph_internal.h"
 #include "planner.h"
-#include "prefetch.h"
-#include "program_graph.h"
-#include "program_internal.h"
+
+struct deft_program_gpu;
+struct deft_prefetch;
 
 #define DEFT_MAX_ARENAS 16   /* distinct devices one program may touch */
 
@@ -85,11 +87,15 @@ struct deft_program {
     size_t persistent_bytes;
     bool ran;
     uint64_t run_count;   /* runs started, the dropout masks' counter */
-    deft_program_gpu gpu; /* its streams and CUDA Graphs, when a node lives on a GPU */
+    struct deft_program_gpu *gpu;   /* its streams and CUDA Graphs (runtime/program_graph.h); the runtime's, never
+                                     * NULL in a compiled program */
     bool pinned_host;     /* its CPU arena and CPU inputs are page-locked (deft_pinned_alloc): it touches a GPU */
     int n_groups;
     deft_group *groups;   /* fused groups (none with the compile option no_fusion, or on the CPU) */
     unsigned cuda_flags;  /* DEFT_CUDA_* bits (cuda_kernels.h) from the compile options, passed to every kernel */
+    deft_config config;   /* the compile options, resolved (compile_config.h): what the passes read */
+    const char *stopped_after;   /* the stage its compile stopped after (stop_after), NULL: compiled whole; a
+                                  * stopped program prints and dumps but never runs (passes/pipeline.h) */
     struct deft_prefetch *prefetch;   /* second input slots and their events, from the first feed_async (prefetch.c) */
     struct deft_ckpt_plan *ckpt;      /* what checkpointing dropped and the copies it made (graph/checkpoint.h) */
     struct deft_opt_split *split;     /* optimizer in backward: the pieces it made (graph/optimizer_split.h) */
@@ -113,23 +119,22 @@ deft_status deft_program_reorder(deft_program *p);
 deft_status deft_check_program_tensor(const deft_program *p, const deft_tensor *t, const char *what);
 
 /* Groups p->steps into fused kernels where its GPUs allow (runtime/fusion.c); members leave p->steps but for the
- * roots. batch_products: products of one shape may run as one batch (deft_product_batches_wanted). */
-deft_status deft_program_fuse(deft_program *p, bool batch_products);
-/* Whether a program compiled with o may batch products: not where the gradients must be ready one by one (data
- * parallel's buckets, optimizer in backward) or where inputs kept alive longer count (a memory budget,
- * checkpointing); DEFT_PRODUCT_BATCHES=0 turns it off. runtime/fusion_batch.c */
-bool deft_product_batches_wanted(const deft_compile_options *o);
+ * roots. Products of one shape run as one batch where p->config.product_batches allows. */
+deft_status deft_program_fuse(deft_program *p);
 void deft_program_groups_free(deft_program *p);
 /* Runs group g (its root's step) on `stream`; runtime/fusion_run.c. */
 deft_status deft_group_run(deft_program *p, const deft_group *g, void *stream);
 
-/* Compiling under autocast (runtime/autocast_program.c). The outputs' counterparts in the rewrite (*mapped NULL
- * when the options ask for no autocast; bad options are DEFT_ERR_INVALID); the user's outputs aliased to them once
- * they are marked; loss scaling switched on or off in the optimizers whose steps p runs (every program). */
-deft_status deft_autocast_outputs(deft_graph *g, const deft_compile_options *o, deft_tensor *const *outputs, int n,
+/* Compiling under autocast (passes/autocast_program.c). The outputs' counterparts in the rewrite (*mapped NULL
+ * when c asks for no autocast); the user's outputs aliased to them once they are marked; loss scaling switched on
+ * or off in the optimizers whose steps p runs (every program, from p->config). */
+deft_status deft_autocast_outputs(deft_graph *g, const deft_config *c, deft_tensor *const *outputs, int n,
                                   deft_tensor ***mapped);
 deft_status deft_autocast_alias(deft_program *p, deft_tensor *const *user, int n);
-deft_status deft_autocast_configure_steps(deft_program *p, const deft_compile_options *o);
+deft_status deft_autocast_configure_steps(deft_program *p);
+
+/* Where node t's value lives in p (the DOT dump's and the tests' view); passes/plan_report.c. */
+void deft_program_node_plan(const deft_program *p, const deft_tensor *t, deft_node_plan *out);
 
 /* The address of node id's value in a compiled program (persistent storage, arena, or a view into either). */
 void *deft_program_data(const deft_program *p, int id);

@@ -2,12 +2,10 @@
 #include <stdlib.h>
 
 #include "cuda_kernels.h"
-#include "program_lanes.h"
+#include "cuda_tuning.h"
 #include "program_state.h"
 #include "side_lane.h"
 
-/* Products smaller than this gain nothing beside another one and would only add an edge to the graph. */
-#define DEFT_SIDE_MIN_FLOPS 64e6
 /* The side steps a side step's inputs outlive: the side lane runs about one step behind the main stream. */
 #define DEFT_SIDE_KEEP 2
 
@@ -22,9 +20,9 @@ static bool deft_side_one_gpu(const deft_program *p) {
     return true;
 }
 
-static bool deft_side_wanted(const deft_program *p, const deft_compile_options *o) {
-    if (p->split || (o && (o->optimizer_in_backward || o->memory_budget || o->checkpoint))) return false;
-    return deft_env_int("DEFT_SIDE_STREAM", 1) != 0 && deft_side_one_gpu(p);
+/* A program that splits its optimizer (pieces per bucket) or counts its bytes tightly keeps one stream. */
+static bool deft_side_wanted(const deft_program *p) {
+    return !p->split && p->config.side_lane && deft_side_one_gpu(p);
 }
 
 /* The members of step i (its group's, or its own node). */
@@ -50,9 +48,10 @@ static bool deft_side_kind_ok(const deft_program *p, int i) {
     return true;
 }
 
-/* The products worth a stream of their own, as measured on an H200 (bench/RESULTS.md, eighth round): convolutions'
- * weight gradients (ResNet-18 in bf16: 5 % faster at batch 32, 9 % at 128, 3 % at 512) and TF32 products (mid MLP:
- * 2 %). Beside one another, f32 products on the FMA units (mid MLP: 2 % slower) and bf16 ones (2 % slower) lost. */
+/* The products worth a stream of their own, as measured (bench/RESULTS.md, "Eighth round"): convolutions' weight
+ * gradients and TF32 products gained beside other work; f32 products on the FMA units and bf16 ones lost, so they
+ * stay on the main stream. Products below DEFT_SIDE_MIN_FLOPS (cuda_tuning.h) gain nothing beside another one and
+ * would only add an edge to the graph. */
 static bool deft_side_heavy(const deft_program *p, int i) {
     const int gi = p->nodes[p->steps[i]].group;
     if (gi >= 0 && p->groups[gi].kind == DEFT_GROUP_MATMUL_BATCH) return false;   /* it runs last: beside nothing */
@@ -103,11 +102,11 @@ static void deft_side_note_side_source(deft_program *p, int i, int base, void *c
  * weight gradient, its cast, a bias gradient. The input gradients also end at the optimizer, but through the
  * products of the layers below: they are the backward pass's critical path and stay on the main stream. The side
  * steps are the heavy terminal ones and the terminal steps that read them. */
-deft_status deft_side_mark(deft_program *p, const deft_compile_options *opts, int *count) {
+deft_status deft_side_mark(deft_program *p, int *count) {
     *count = 0;
     for (int i = 0; i < p->n_steps; i++) p->nodes[p->steps[i]].side = false;
     const int n_steps = p->n_steps;
-    if (n_steps <= 0 || !deft_side_wanted(p, opts)) return DEFT_OK;
+    if (n_steps <= 0 || !deft_side_wanted(p)) return DEFT_OK;
     bool *terminal = calloc((size_t)n_steps, sizeof *terminal);
     bool *blocked = calloc((size_t)n_steps, sizeof *blocked);
     deft_status s = terminal && blocked ? DEFT_OK : deft_set_error(DEFT_ERR_OOM, "compile: out of host memory");

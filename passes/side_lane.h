@@ -2,9 +2,9 @@
  * the optimizer's step (a layer's weight gradient, and what only turns it into what the optimizer reads), so that
  * they run beside the input gradients of the layers below instead of after them. runtime/side_lane.c.
  *
- * A convolution or product of a small batch does not fill an H200 alone (cuBLAS and cuDNN split the inner dimension to
- * make enough blocks, and pay for the split); two independent ones at once fill it better. On ResNet-18 in bf16 the
- * step at batch 128 went from 1075 to 978 us. Which products qualify is measured, not assumed (side_lane.c).
+ * A convolution or product of a small batch does not fill a large GPU alone (cuBLAS and cuDNN split the inner
+ * dimension to make enough blocks, and pay for the split); two independent ones at once fill it better, and ResNet-18's
+ * steps got shorter (bench/RESULTS.md, "Eighth round"). Which products qualify is measured, not assumed (side_lane.c).
  *
  * Ordering (runtime/program_lanes.c, runtime/lane_hazards.h): the side lane is one more lane of the same GPU, whose
  * memory stays the main lane's. A side step waits for everything the main stream queued before it; a main step waits
@@ -23,9 +23,9 @@ struct deft_program;
 /* Marks the side steps of p (p->nodes[root].side) over its final order and groups, and says in *count how many there
  * are (DEFT_ERR_OOM when the host is out of memory). None unless every step runs on one GPU, the program splits no
  * optimizer (optimizer_in_backward, data parallel's pieces per bucket), has no memory budget or checkpointing, and
- * DEFT_SIDE_STREAM is not 0. A data-parallel replica's buckets wait for both lanes before their all-reduce
- * (runtime/dist_program.c). */
-deft_status deft_side_mark(struct deft_program *p, const deft_compile_options *opts, int *count);
+ * the compile option no_side_lane is not set (p->config.side_lane). A data-parallel replica's buckets wait for both
+ * lanes before their all-reduce (runtime/dist_program.c). */
+deft_status deft_side_mark(struct deft_program *p, int *count);
 
 /* Part of the schedule (runtime/program.c): the buffers that side steps read live on until DEFT_SIDE_KEEP side steps
  * later (or to the end), so that the main stream, running ahead, does not write over them while they are read.

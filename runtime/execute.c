@@ -7,13 +7,23 @@
 #include "cuda_kernels.h"
 #include "device_errors.h"
 #include "device_internal.h"
-#include "dist.h"
 #include "optimizer.h"
+#include "optimizer_run.h"
+#include "program_graph.h"
+#include "prefetch.h"
 #include "program_state.h"
+#include "replica_hooks.h"
+
+/* A compile stopped after a stage (the option stop_after) made a program to look at, without memory to run in. */
+static deft_status deft_stopped_error(const deft_program *p, const char *what) {
+    return deft_set_error(DEFT_ERR_STATE, "%s: the compile stopped after stage %s (stop_after): the program can be "
+                          "printed and dumped, not run", what, p->stopped_after);
+}
 
 deft_status deft_check_program_tensor(const deft_program *p, const deft_tensor *t, const char *what) {
     if (!p) return deft_set_error(DEFT_ERR_INVALID, "%s: program is NULL", what);
     if (!t) return deft_set_error(DEFT_ERR_INVALID, "%s: tensor is NULL", what);
+    if (p->stopped_after) return deft_stopped_error(p, what);
     if (t->graph != p->graph || t->id >= p->n_nodes)
         return deft_set_error(DEFT_ERR_STATE, "%s: %s is not part of this program's graph as compiled", what,
                               t->name);
@@ -74,18 +84,19 @@ static deft_status deft_step_failed(deft_program *p, int i, deft_status s) {
  * begins and ends. The lanes are joined back even after a failure, so that a capture ends cleanly. */
 static deft_status deft_run_steps(deft_program *p, void *stream) {
     (void)stream;
+    const deft_replica_hooks *ddp = p->ddp ? deft_replica_hooks_get() : NULL;
     deft_status s = deft_lanes_begin_run(p);
-    if (s == DEFT_OK && p->ddp) s = deft_ddp_begin_run(p);
+    if (s == DEFT_OK && ddp) s = ddp->begin_run(p);
     for (int i = 0; s == DEFT_OK && i < p->n_steps; i++) {
         void *on = NULL;
         s = deft_lanes_before_step(p, p->steps[i], &on);
-        if (s == DEFT_OK && p->ddp) s = deft_ddp_before_step(p, i);   /* joins the buckets read here */
+        if (s == DEFT_OK && ddp) s = ddp->before_step(p, i);   /* joins the buckets read here */
         if (s == DEFT_OK) s = deft_run_step(p, p->steps[i], on);
         if (s == DEFT_OK) s = deft_lanes_after_step(p, p->steps[i]);
-        if (s == DEFT_OK && p->ddp) s = deft_ddp_after_step(p, i);    /* all-reduces the buckets complete here */
+        if (s == DEFT_OK && ddp) s = ddp->after_step(p, i);    /* all-reduces the buckets complete here */
         if (s != DEFT_OK) s = deft_step_failed(p, i, s);
     }
-    deft_status ddp_joined = p->ddp ? deft_ddp_end_run(p) : DEFT_OK;
+    deft_status ddp_joined = ddp ? ddp->end_run(p) : DEFT_OK;
     if (s == DEFT_OK) s = ddp_joined;
     deft_status joined = deft_lanes_end_run(p);
     return s != DEFT_OK ? s : joined;
@@ -102,11 +113,12 @@ static void deft_stamp_run(deft_program *p) {
 /* A program that uses a GPU returns once its step is queued (reads wait for it); one on the CPU alone has finished. */
 deft_status deft_program_run(deft_program *p) {
     if (!p) return deft_set_error(DEFT_ERR_INVALID, "run: program is NULL");
+    if (p->stopped_after) return deft_stopped_error(p, "run");
     deft_status s = deft_check_fed(p);
-    if (s == DEFT_OK) s = deft_ddp_check_run(p);
+    if (s == DEFT_OK && p->ddp) s = deft_replica_hooks_get()->check_run(p);
     if (s != DEFT_OK) return s;
     deft_stamp_run(p);
-    if (p->gpu.device >= 0) {
+    if (p->gpu->device >= 0) {
         /* Slots fed asynchronously are switched in (the stream waits for their copies) before a graph is chosen. */
         s = deft_prefetch_before_run(p);
         if (s == DEFT_OK) s = deft_program_gpu_run(p, deft_run_steps);
@@ -137,9 +149,9 @@ deft_status deft_program_read(deft_program *p, const deft_tensor *t, void *host,
                               deft_tensor_bytes(t));
     if (!host) return deft_set_error(DEFT_ERR_INVALID, "read: host buffer is NULL");
     /* The legacy stream's copy below waits for lane 0's work on lane 0's GPU; anything else waits for the run. */
-    if (p->gpu.device >= 0 && (t->device.type != DEFT_CUDA || t->device.index != p->gpu.device))
+    if (p->gpu->device >= 0 && (t->device.type != DEFT_CUDA || t->device.index != p->gpu->device))
         s = deft_lanes_wait_idle(p);
-    if (s == DEFT_OK && p->ddp) s = deft_ddp_wait(p);   /* a peer that stopped is an error, not a hang */
+    if (s == DEFT_OK && p->ddp) s = deft_replica_hooks_get()->wait(p);   /* a peer that stopped is an error, not a hang */
     if (s != DEFT_OK) return s;
     s = deft_mem_copy(deft_cpu(), host, t->device, deft_program_data(p, t->id), bytes);
     if (s != DEFT_OK) return s;

@@ -7,7 +7,7 @@
  * (cudaStreamWaitEvent: the device waits, the host never does). After a run, an event on the program's stream marks
  * the last read of each current slot; the next copy into that slot (two runs later) waits for it on the copy stream,
  * so a step in flight never sees its input overwritten. A captured CUDA Graph bakes in slot addresses, so
- * runtime/program_graph.c keeps one graph per combination of slots (p->gpu.key), captured the first time it is met.
+ * runtime/program_graph.c keeps one graph per combination of slots (p->gpu->key), captured the first time it is met.
  *
  * Synchronous feeds stay correct beside this: deft_program_feed writes the current slot through the legacy stream,
  * which the program's blocking stream is ordered with; before it does, a batch fed asynchronously and not yet run
@@ -18,9 +18,10 @@
 
 #include "device_internal.h"
 #include "prefetch.h"
+#include "program_graph.h"
 #include "program_state.h"
 
-#define DEFT_PREFETCH_INPUTS 64   /* the bits of p->gpu.key */
+#define DEFT_PREFETCH_INPUTS 64   /* the bits of p->gpu->key */
 
 typedef struct deft_prefetch_input {
     int node;
@@ -49,7 +50,7 @@ static deft_status deft_prefetch_state(deft_program *p, deft_prefetch **out) {
     if (!p->prefetch) {
         deft_prefetch *pf = calloc(1, sizeof *pf);
         if (!pf) return deft_set_error(DEFT_ERR_OOM, "feed_async: out of host memory");
-        pf->device = p->gpu.device;
+        pf->device = p->gpu->device;
         deft_status s = deft_prefetch_cuda_copy_stream(pf->device, &pf->copy_stream);
         if (s != DEFT_OK) {
             free(pf);
@@ -102,7 +103,7 @@ deft_status deft_program_feed_async(deft_program *p, deft_tensor *input, const v
     deft_node_state *st = &p->nodes[input->id];
     if (!st->needed) return DEFT_OK;
     /* Eager programs on the CPU or over several devices have no stream to overlap with: a plain copy is as fast. */
-    if (p->gpu.device < 0 || input->device.type != DEFT_CUDA || input->device.index != p->gpu.device || bytes == 0)
+    if (p->gpu->device < 0 || input->device.type != DEFT_CUDA || input->device.index != p->gpu->device || bytes == 0)
         return deft_program_feed(p, input, host, bytes);
     int block = deft_pinned_is_page_locked(host);
     if (!block && !deft_prefetch_cuda_host_is_pinned(host))
@@ -134,7 +135,7 @@ deft_status deft_program_feed_async(deft_program *p, deft_tensor *input, const v
 deft_status deft_prefetch_before_feed(deft_program *p, const deft_tensor *input) {
     /* Only lane 0's GPU orders the legacy stream's copy of the feed after the run that reads the slot; the copies
      * of a CPU input and the steps of other GPUs are waited for. */
-    if (p->gpu.device >= 0 && (input->device.type != DEFT_CUDA || input->device.index != p->gpu.device)) {
+    if (p->gpu->device >= 0 && (input->device.type != DEFT_CUDA || input->device.index != p->gpu->device)) {
         deft_status s = deft_lanes_wait_idle(p);
         if (s != DEFT_OK) return s;
     }
@@ -152,7 +153,7 @@ deft_status deft_prefetch_before_run(deft_program *p) {
         deft_prefetch_input *q = &pf->inputs[i];
         if (q->pending) {
             int target = q->slot ^ 1;
-            deft_status s = deft_prefetch_cuda_stream_wait(pf->device, p->gpu.stream, q->copied[target]);
+            deft_status s = deft_prefetch_cuda_stream_wait(pf->device, p->gpu->stream, q->copied[target]);
             if (s != DEFT_OK) return s;
             deft_node_state *st = &p->nodes[q->node];
             void *cur = st->input_storage;
@@ -163,7 +164,7 @@ deft_status deft_prefetch_before_run(deft_program *p) {
         }
         if (q->slot) key |= (uint64_t)1 << i;
     }
-    p->gpu.key = key;
+    p->gpu->key = key;
     return DEFT_OK;
 }
 
@@ -171,7 +172,7 @@ deft_status deft_prefetch_after_run(deft_program *p) {
     deft_prefetch *pf = p->prefetch;
     for (int i = 0; pf && i < pf->n; i++) {
         deft_prefetch_input *q = &pf->inputs[i];
-        deft_status s = deft_prefetch_cuda_record(pf->device, q->read[q->slot], p->gpu.stream);
+        deft_status s = deft_prefetch_cuda_record(pf->device, q->read[q->slot], p->gpu->stream);
         if (s != DEFT_OK) return s;
         q->read_rec[q->slot] = true;
     }

@@ -17,7 +17,7 @@ deft_status deft_feed_check(const struct deft_program *p, const deft_tensor *inp
  * lane 0's GPU (runtime/program_lanes.h). */
 deft_status deft_prefetch_before_feed(struct deft_program *p, const deft_tensor *input);
 /* Around a run on the program's stream: before it, inputs fed asynchronously switch to the slot their copy filled
- * and the stream waits for those copies (no host sync), and p->gpu.key names the slots; after it, each slot read
+ * and the stream waits for those copies (no host sync), and p->gpu->key names the slots; after it, each slot read
  * gets an event, so that the next copy into it waits for this step. No-ops until feed_async was first used. */
 deft_status deft_prefetch_before_run(struct deft_program *p);
 deft_status deft_prefetch_after_run(struct deft_program *p);

@@ -17,7 +17,7 @@ static const deft_tensor *deft_pageable_source(const deft_program *p, const deft
 
 /* The reason a replay could not stand for an eager run, written to why[n]; 0 when it can. */
 static int deft_graph_blocker(const deft_program *p, char *why, size_t n) {
-    const deft_lanes *L = &p->gpu.lanes;
+    const deft_lanes *L = &p->gpu->lanes;
     if (L->host_steps == p->n_steps) {   /* the GPUs only hold leaves (an output that is an input, say) */
         snprintf(why, n, "no step runs on a GPU");
         return 1;
@@ -48,7 +48,7 @@ static int deft_graph_blocker(const deft_program *p, char *why, size_t n) {
 }
 
 deft_status deft_program_gpu_init(deft_program *p, int allow_graphs) {
-    deft_program_gpu *g = &p->gpu;
+    deft_program_gpu *g = p->gpu;
     *g = (deft_program_gpu){.device = -1};
     deft_status s = deft_lanes_init(p);
     if (s != DEFT_OK) return s;
@@ -73,7 +73,7 @@ static void deft_drop_execs(deft_program_gpu *g) {
 }
 
 void deft_program_gpu_free(deft_program *p) {
-    deft_program_gpu *g = &p->gpu;
+    deft_program_gpu *g = p->gpu;
     (void)deft_lanes_wait_idle(p);   /* a replay in flight still uses its graph, and every lane (joined into 0) */
     if (g->device >= 0) deft_drop_execs(g);
     deft_lanes_free(p);
@@ -108,7 +108,7 @@ static deft_status deft_launch(deft_program_gpu *g, deft_graph_exec *e) {
 /* Captures the step for the current slot key and launches it. A failed capture leaves the program eager for good,
  * with the reason kept, and runs this step eagerly; so does a step that cannot run under capture (DEFT_ERR_STATE). */
 static deft_status deft_capture_and_launch(deft_program *p, deft_status (*run_steps)(deft_program *, void *)) {
-    deft_program_gpu *g = &p->gpu;
+    deft_program_gpu *g = p->gpu;
     deft_graph_exec *e = deft_free_exec(g);
     void *graph = NULL, *exec = NULL;
     deft_status s = deft_cuda_capture_begin(g->device, g->stream);
@@ -137,7 +137,7 @@ static deft_status deft_capture_and_launch(deft_program *p, deft_status (*run_st
 }
 
 deft_status deft_program_gpu_run(deft_program *p, deft_status (*run_steps)(deft_program *, void *)) {
-    deft_program_gpu *g = &p->gpu;
+    deft_program_gpu *g = p->gpu;
     switch (g->state) {
     case DEFT_GRAPH_READY: {
         deft_graph_exec *e = deft_find_exec(g, g->key);
@@ -154,8 +154,8 @@ deft_status deft_program_gpu_run(deft_program *p, deft_status (*run_steps)(deft_
     return run_steps(p, g->stream);
 }
 
-int64_t deft_program_graph_replays(const deft_program *p) { return p ? p->gpu.replays : 0; }
+int64_t deft_program_graph_replays(const deft_program *p) { return p ? p->gpu->replays : 0; }
 
 const char *deft_program_graph_status(const deft_program *p) {
-    return !p ? "no program" : p->gpu.state == DEFT_GRAPH_READY ? "replaying a CUDA Graph" : p->gpu.why_eager;
+    return !p ? "no program" : p->gpu->state == DEFT_GRAPH_READY ? "replaying a CUDA Graph" : p->gpu->why_eager;
 }

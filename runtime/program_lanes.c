@@ -20,14 +20,9 @@ static int deft_lane_of(const deft_lanes *L, deft_device d) {
     return L->n;
 }
 
-deft_device deft_step_device(const deft_tensor *t) {
-    if (t->op == DEFT_OP_COPY && t->device.type == DEFT_CPU) return t->src[0]->device;
-    return t->device;
-}
-
 int deft_lanes_step_lane(const deft_program *p, int id) {
-    if (p->gpu.lanes.side && p->nodes[id].side) return p->gpu.lanes.side;
-    return deft_lane_of(&p->gpu.lanes, deft_step_device(p->graph->nodes[id]));
+    if (p->gpu->lanes.side && p->nodes[id].side) return p->gpu->lanes.side;
+    return deft_lane_of(&p->gpu->lanes, deft_step_device(p->graph->nodes[id]));
 }
 
 static deft_status deft_lanes_add(deft_lanes *L, deft_device d) {
@@ -41,7 +36,7 @@ static deft_status deft_lanes_add(deft_lanes *L, deft_device d) {
 /* Lane 0 is the GPU of the first step that runs on one; then the other GPUs in step order, then those that only
  * hold leaves. */
 static deft_status deft_lanes_find(deft_program *p) {
-    deft_lanes *L = &p->gpu.lanes;
+    deft_lanes *L = &p->gpu->lanes;
     deft_status s = DEFT_OK;
     for (int i = 0; s == DEFT_OK && i < p->n_steps; i++) {
         deft_device d = deft_step_device(p->graph->nodes[p->steps[i]]);
@@ -75,7 +70,7 @@ static deft_status deft_lanes_enable_peers(const deft_lanes *L) {
 
 /* One event per side step of a run. */
 static deft_status deft_lanes_side_events(deft_program *p) {
-    deft_lanes *L = &p->gpu.lanes;
+    deft_lanes *L = &p->gpu->lanes;
     if (!L->side) return DEFT_OK;
     int n = 0;
     for (int i = 0; i < p->n_steps; i++) n += deft_lanes_step_lane(p, p->steps[i]) == L->side;
@@ -90,7 +85,7 @@ static deft_status deft_lanes_side_events(deft_program *p) {
 }
 
 deft_status deft_lanes_init(deft_program *p) {
-    deft_lanes *L = &p->gpu.lanes;
+    deft_lanes *L = &p->gpu->lanes;
     memset(L, 0, sizeof *L);
     deft_status s = deft_lanes_find(p);
     for (int i = 0; s == DEFT_OK && i < L->n; i++) {
@@ -105,7 +100,7 @@ deft_status deft_lanes_init(deft_program *p) {
 }
 
 void deft_lanes_free(deft_program *p) {
-    deft_lanes *L = &p->gpu.lanes;
+    deft_lanes *L = &p->gpu->lanes;
     for (int i = 0; i < L->n; i++) {
         if (L->stream[i]) (void)deft_cuda_stream_sync(L->device[i], L->stream[i]);
         deft_prefetch_cuda_event_free(L->device[i], L->event[i]);
@@ -141,7 +136,7 @@ static deft_status deft_lane_wait_upto(deft_lanes *L, int l, int k, int64_t at) 
 static deft_range deft_node_range(const deft_program *p, int id, bool write) {
     const deft_tensor *t = p->graph->nodes[id];
     const uintptr_t lo = (uintptr_t)deft_program_data(p, id);
-    return (deft_range){deft_lane_of(&p->gpu.lanes, t->device), lo, lo + deft_tensor_bytes(t), write};
+    return (deft_range){deft_lane_of(&p->gpu->lanes, t->device), lo, lo + deft_tensor_bytes(t), write};
 }
 
 static bool deft_in(const int *ids, int n, int id) {
@@ -155,7 +150,7 @@ static bool deft_in(const int *ids, int n, int id) {
  * its inputs, and a step may touch more ranges than r holds: those are taken to write all of their GPU's memory. */
 static int deft_step_ranges(const deft_program *p, int id, deft_range *r, int max) {
     const deft_tensor *t = p->graph->nodes[id];
-    const deft_range all = {deft_lane_of(&p->gpu.lanes, t->device), 0, UINTPTR_MAX, true};
+    const deft_range all = {deft_lane_of(&p->gpu->lanes, t->device), 0, UINTPTR_MAX, true};
     if (t->op == DEFT_OP_OPTIMIZER) {
         r[0] = all;
         return 1;
@@ -183,7 +178,7 @@ static int deft_step_ranges(const deft_program *p, int id, deft_range *r, int ma
 static bool deft_lanes_one_stream(const deft_lanes *L) { return L->n == 1 && !L->host_steps; }
 
 deft_status deft_lanes_begin_run(deft_program *p) {
-    deft_lanes *L = &p->gpu.lanes;
+    deft_lanes *L = &p->gpu->lanes;
     deft_hazards_reset(&L->hazards, L->n);
     memset(L->forked, 0, sizeof L->forked);
     if (L->n == 0 || deft_lanes_one_stream(L)) return DEFT_OK;
@@ -194,7 +189,7 @@ deft_status deft_lanes_begin_run(deft_program *p) {
 }
 
 deft_status deft_lanes_before_step(deft_program *p, int id, void **stream) {
-    deft_lanes *L = &p->gpu.lanes;
+    deft_lanes *L = &p->gpu->lanes;
     *stream = L->n ? L->stream[0] : NULL;
     if (L->n == 0 || deft_lanes_one_stream(L)) return DEFT_OK;
     *stream = NULL;
@@ -214,7 +209,7 @@ deft_status deft_lanes_before_step(deft_program *p, int id, void **stream) {
 }
 
 deft_status deft_lanes_after_step(deft_program *p, int id) {
-    deft_lanes *L = &p->gpu.lanes;
+    deft_lanes *L = &p->gpu->lanes;
     if (L->n == 0 || deft_lanes_one_stream(L)) return DEFT_OK;
     const int l = deft_lanes_step_lane(p, id);
     deft_status s = deft_hazards_queued(&L->hazards, l, L->ranges, L->n_ranges);
@@ -226,7 +221,7 @@ deft_status deft_lanes_after_step(deft_program *p, int id) {
 }
 
 deft_status deft_lanes_end_run(deft_program *p) {
-    deft_lanes *L = &p->gpu.lanes;
+    deft_lanes *L = &p->gpu->lanes;
     deft_status first = DEFT_OK;
     for (int k = 1; k < L->n; k++) {
         if (!L->forked[k]) continue;
@@ -237,6 +232,6 @@ deft_status deft_lanes_end_run(deft_program *p) {
 }
 
 deft_status deft_lanes_wait_idle(deft_program *p) {
-    deft_lanes *L = &p->gpu.lanes;
+    deft_lanes *L = &p->gpu->lanes;
     return L->n ? deft_cuda_stream_sync(L->device[0], L->stream[0]) : DEFT_OK;
 }

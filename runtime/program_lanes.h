@@ -41,9 +41,6 @@ typedef struct deft_lanes {
     int n_ranges;
 } deft_lanes;
 
-/* The device that does a step's work: a copy to the host is queued by the GPU it comes from. */
-deft_device deft_step_device(const deft_tensor *t);
-
 /* 1 when some node p needs lives on a GPU: its CPU memory is then page-locked, for asynchronous copies. */
 int deft_program_touches_gpu(const struct deft_program *p);
 

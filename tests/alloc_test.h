@@ -8,8 +8,8 @@
 #include <pthread.h>
 #include <stdint.h>
 
-#include "caching_allocator.h"
 #include "check.h"
+#include "deft_testing.h"
 #include "xorshift.h"
 
 #define KiB ((size_t)1024)
@@ -126,7 +126,7 @@ static inline void fake_destroy(int index, void *event) {
     (void)index;
     ((fake_event *)event)->destroyed++;
 }
-static const deft_caching_event_hooks fake_hooks = {fake_record, fake_query, fake_wait, fake_destroy};
+static const deft_testing_event_hooks fake_hooks = {fake_record, fake_query, fake_wait, fake_destroy};
 
 /* ---- many threads on the pool: the mutex keeps the blocks and the counters whole */
 #define THREADS 4

@@ -9,44 +9,46 @@
 #include <stdio.h>
 
 #include "amp_conv_net.h"
-#include "graph_internal.h"
+#include "deft_testing.h"
 
 /* Whether t is a cast of a node in dtype `from`. */
 static inline int acp_widened_from(const deft_tensor *t, deft_dtype from) {
-    return t->op == DEFT_OP_CAST && t->src[0]->dtype == from;
+    return deft_testing_is_op(t, "cast") && deft_tensor_dtype(deft_testing_src(t, 0)) == from;
+}
+
+/* The dtype of t's input k. */
+static inline deft_dtype acp_src_dtype(const deft_tensor *t, int k) {
+    return deft_tensor_dtype(deft_testing_src(t, k));
 }
 
 /* The forward image nodes the program computes, and what each runs in. Returns the number of problems found. */
 static inline int acp_check_image_nodes(const deft_program *p, const amp_conv_net *n, deft_dtype L, int cpu) {
     int convs = 0, bns = 0, pools = 0, bad = 0;
     for (int id = 0; id < deft_graph_node_count(n->g); id++) {
-        const deft_tensor *t = n->g->nodes[id];
+        const deft_tensor *t = deft_testing_node(n->g, id);
         if (!deft_program_schedules(p, t)) continue;
-        switch (t->op) {
-        case DEFT_OP_CONV2D:
+        const deft_dtype dt = deft_tensor_dtype(t);
+        const int nsrc = deft_testing_src_count(t);
+        if (deft_testing_is_op(t, "conv2d")) {
             convs++;
-            for (int k = 0; k < t->nsrc; k++)
-                bad += cpu ? !(t->dtype == DEFT_F32 && acp_widened_from(t->src[k], L)) : t->src[k]->dtype != L;
-            bad += t->dtype != (cpu ? DEFT_F32 : L);
-            break;
-        case DEFT_OP_BN_STATS:   /* x in L, statistics in f32 */
-            bad += t->dtype != DEFT_F32 || t->src[0]->dtype != L;
-            break;
-        case DEFT_OP_BATCH_NORM:   /* x and y in L, weight and bias in f32 */
+            for (int k = 0; k < nsrc; k++) {
+                const deft_tensor *s = deft_testing_src(t, k);
+                bad += cpu ? !(dt == DEFT_F32 && acp_widened_from(s, L)) : deft_tensor_dtype(s) != L;
+            }
+            bad += dt != (cpu ? DEFT_F32 : L);
+        } else if (deft_testing_is_op(t, "bn_stats")) {   /* x in L, statistics in f32 */
+            bad += dt != DEFT_F32 || acp_src_dtype(t, 0) != L;
+        } else if (deft_testing_is_op(t, "batch_norm")) {   /* x and y in L, weight and bias in f32 */
             bns++;
-            bad += t->dtype != L || t->src[0]->dtype != L;
-            for (int k = 1; k < t->nsrc; k++) bad += t->src[k]->dtype != DEFT_F32;
-            break;
-        case DEFT_OP_MAX_POOL2D:
-        case DEFT_OP_AVG_POOL2D:
-        case DEFT_OP_ADAPTIVE_AVG_POOL2D:
+            bad += dt != L || acp_src_dtype(t, 0) != L;
+            for (int k = 1; k < nsrc; k++) bad += acp_src_dtype(t, k) != DEFT_F32;
+        } else if (deft_testing_is_op(t, "max_pool2d") || deft_testing_is_op(t, "avg_pool2d") ||
+                   deft_testing_is_op(t, "adaptive_avg_pool2d")) {
             pools++;
-            bad += t->dtype != t->src[0]->dtype;
-            break;
-        default: break;
+            bad += dt != acp_src_dtype(t, 0);
         }
         if (bad) {
-            printf("  policy broken at %s (%s %s)\n", t->name, deft_op_name(t->op), deft_dtype_name(t->dtype));
+            printf("  policy broken at %s (%s %s)\n", deft_tensor_name(t), deft_testing_op(t), deft_dtype_name(dt));
             return bad;
         }
     }
@@ -59,12 +61,13 @@ static inline int acp_check_image_nodes(const deft_program *p, const amp_conv_ne
 static inline int acp_casts_of(const deft_program *p, const deft_tensor *src, deft_dtype to, deft_tensor **one) {
     int count = 0, into = 0;
     *one = NULL;
-    for (int id = 0; id < deft_graph_node_count(src->graph); id++) {
-        deft_tensor *t = src->graph->nodes[id];
-        if (t->op != DEFT_OP_CAST || t->src[0] != src || !deft_program_schedules(p, t)) continue;
-        if (t->ckpt_role == DEFT_CKPT_RECOMPUTE) continue;
+    const deft_graph *g = deft_testing_graph_of(src);
+    for (int id = 0; id < deft_graph_node_count(g); id++) {
+        deft_tensor *t = deft_testing_node(g, id);
+        if (!deft_testing_is_op(t, "cast") || deft_testing_src(t, 0) != src || !deft_program_schedules(p, t)) continue;
+        if (deft_testing_ckpt_role(t) == DEFT_TESTING_CKPT_RECOMPUTE) continue;
         count++;
-        if (t->dtype == to) into++, *one = t;
+        if (deft_tensor_dtype(t) == to) into++, *one = t;
     }
     if (into != 1) *one = NULL;
     return count;
@@ -103,12 +106,12 @@ static inline int acp_counterpart_dtype(const amp_conv_net *n, const char *name,
     snprintf(low, sizeof low, "%s.%s", at, deft_dtype_name(L));
     const deft_tensor *t = deft_graph_find(n->g, at), *c = deft_graph_find(n->g, low);
     if (!t) return 0;
-    *dt = t->dtype;
-    const int image = t->op == DEFT_OP_CONV2D || t->op == DEFT_OP_MAX_POOL2D || t->op == DEFT_OP_ADAPTIVE_AVG_POOL2D ||
-                      t->op == DEFT_OP_AVG_POOL2D;
-    if (cpu && image && t->dtype == DEFT_F32 && acp_widened_from(t->src[0], L)) {
-        if (!c || c->src[0] != t) return 0;
-        *dt = c->dtype;
+    *dt = deft_tensor_dtype(t);
+    const int image = deft_testing_is_op(t, "conv2d") || deft_testing_is_op(t, "max_pool2d") ||
+                      deft_testing_is_op(t, "adaptive_avg_pool2d") || deft_testing_is_op(t, "avg_pool2d");
+    if (cpu && image && deft_tensor_dtype(t) == DEFT_F32 && acp_widened_from(deft_testing_src(t, 0), L)) {
+        if (!c || deft_testing_src(c, 0) != t) return 0;
+        *dt = deft_tensor_dtype(c);
     }
     return 1;
 }

@@ -1,6 +1,6 @@
 /* Autocast recasts its inputs where the backward pass reads them (graph/checkpoint.h, deft_ckpt_input_casts): the
  * checks shared by test_autocast_recast.c (CPU) and cuda_test_autocast_recast.c (cuda:0), on tests/amp_net.h.
- * The reference is the same net compiled with the internal switch deft_graph.keep_input_casts, which keeps x's cast
+ * The reference is the same net compiled with the internal switch deft_testing_keep_input_casts, which keeps x's cast
  * for the backward pass as before; recomputing a value gives the same bits, so every loss and every parameter must
  * be bit-identical to it, under any checkpoint policy. */
 #ifndef DEFT_TEST_AMP_RECAST_H
@@ -10,9 +10,7 @@
 
 #include "amp_conv_net.h"
 #include "amp_net.h"
-#include "autocast.h"
-#include "graph_internal.h"
-#include "program_internal.h"
+#include "deft_testing.h"
 
 #define RC_B 2048   /* large enough that dropping a hidden activation lowers the peak */
 #define RC_IN 32
@@ -23,9 +21,9 @@
 /* The cast of the input x the autocast rewrite inserted (NULL when there is none). */
 static inline const deft_tensor *rc_input_cast(const amp_net *n) {
     for (int id = 0; id < deft_graph_node_count(n->g); id++) {
-        const deft_tensor *t = n->g->nodes[id];
-        if (t->op == DEFT_OP_CAST && t->autocast == DEFT_AUTOCAST_CAST && t->src[0] == n->x &&
-            t->ckpt_role == DEFT_CKPT_USER)
+        const deft_tensor *t = deft_testing_node(n->g, id);
+        if (deft_testing_is_op(t, "cast") && deft_testing_autocast_mark(t) == DEFT_TESTING_AUTOCAST_CAST &&
+            deft_testing_src(t, 0) == n->x && deft_testing_ckpt_role(t) == DEFT_TESTING_CKPT_USER)
             return t;
     }
     return NULL;
@@ -34,8 +32,8 @@ static inline const deft_tensor *rc_input_cast(const amp_net *n) {
 /* Whether p drops x's cast (and so recasts it in the backward pass). */
 static inline int rc_drops_input_cast(const deft_program *p, const amp_net *n) {
     const deft_tensor *c = rc_input_cast(n);
-    deft_node_plan np;
-    if (c) deft_program_node_plan(p, c, &np);
+    deft_testing_node_plan np;
+    if (c) deft_testing_program_node_plan(p, c, &np);
     return c && np.dropped;
 }
 
@@ -57,7 +55,7 @@ static inline void rc_reference(deft_device dev, const deft_compile_options *opt
     amp_net n;
     memset(ref, 0, sizeof *ref);
     if (!amp_build(&n, dev, RC_B, RC_IN, RC_HID, RC_CLS)) return;
-    n.g->keep_input_casts = true;
+    deft_testing_keep_input_casts(n.g, 1);
     deft_program *p = amp_compile(&n, opts);
     CHECK_MSG(p != NULL, "reference compile: %s", deft_errmsg());
     if (p) {
@@ -122,7 +120,7 @@ static inline int rc_check_conv(deft_device dev, deft_layout layout) {
     for (int keep = 0; keep < 2; keep++) {
         amp_conv_net n;
         if (!acn_build(&n, dev, 8, layout)) return 0;
-        n.g->keep_input_casts = keep;
+        deft_testing_keep_input_casts(n.g, keep);
         deft_program *p = acn_compile(&n, &o);
         CHECK_MSG(p != NULL, "conv net compile: %s", deft_errmsg());
         for (int k = 0; k < 4; k++) loss[keep][k] = p ? acn_step(&n, p, (uint64_t)k) : NAN;

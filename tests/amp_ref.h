@@ -14,7 +14,7 @@
 #define DEFT_TEST_AMP_REF_H
 
 #include "amp_net.h"
-#include "optimizer.h"
+#include "deft_testing.h"
 
 #define AMP_REF_MAX 8
 
@@ -31,7 +31,7 @@ typedef struct amp_ref {
 } amp_ref;
 
 /* The parameters of n->opt, in its flat order. */
-static inline deft_tensor *amp_param(const amp_net *n, int i) { return n->opt->params[i]; }
+static inline deft_tensor *amp_param(const amp_net *n, int i) { return deft_testing_optimizer_param(n->opt, i); }
 
 static inline int amp_ref_build_opt(amp_ref *r, const amp_net *net, deft_device dev, amp_optim o) {
     r->g = deft_graph_new();
@@ -40,8 +40,10 @@ static inline int amp_ref_build_opt(amp_ref *r, const amp_net *net, deft_device 
         const deft_tensor *w = amp_param(net, i);
         char name[80];
         snprintf(name, sizeof name, "%s.grad_in", deft_tensor_name(w));
-        r->param[i] = deft_param(r->g, deft_tensor_name(w), DEFT_F32, w->ndim, w->shape, dev, DEFT_INIT_ZEROS);
-        r->gin[i] = deft_input(r->g, name, DEFT_F32, w->ndim, w->shape, dev);
+        const int ndim = deft_tensor_ndim(w);
+        const int64_t *shape = deft_testing_shape(w);
+        r->param[i] = deft_param(r->g, deft_tensor_name(w), DEFT_F32, ndim, shape, dev, DEFT_INIT_ZEROS);
+        r->gin[i] = deft_input(r->g, name, DEFT_F32, ndim, shape, dev);
         deft_tensor *term = deft_sum(deft_mul(r->param[i], r->gin[i]), 0, NULL, 0);
         loss = loss ? deft_add(loss, term) : term;
     }
@@ -61,7 +63,7 @@ static inline int amp_ref_build_opt(amp_ref *r, const amp_net *net, deft_device 
  * under autocast `dt`. */
 static inline int amp_ref_build(amp_ref *r, const amp_net *net, deft_device dev, amp_optim o, deft_dtype dt) {
     const deft_compile_options ac = {.autocast = dt};
-    *r = (amp_ref){.n = net->opt->n_params};
+    *r = (amp_ref){.n = deft_testing_optimizer_param_count(net->opt)};
     if (r->n > AMP_REF_MAX || !amp_build_with(&r->grads, dev, net->batch, net->in, net->hidden, net->classes, o))
         return 0;
     deft_tensor *outs[AMP_REF_MAX + 1] = {r->grads.loss};
@@ -158,20 +160,21 @@ static inline int amp_ref_compare(amp_net *net, deft_program *p, deft_device dev
 static inline int amp_step_sources(const deft_program *p, const deft_graph *g, deft_dtype dt, int *steps) {
     int n = 0;
     *steps = 0;
-    for (int id = 0; id < g->n_nodes; id++) {
-        const deft_tensor *t = g->nodes[id];
-        if (t->op != DEFT_OP_OPTIMIZER || !deft_program_schedules(p, t)) continue;
+    for (int id = 0; id < deft_graph_node_count(g); id++) {
+        const deft_tensor *t = deft_testing_node(g, id);
+        if (!deft_testing_is_op(t, "optimizer") || !deft_program_schedules(p, t)) continue;
         ++*steps;
-        for (int k = 0; k < t->nsrc; k++) n += t->src[k]->dtype == dt;
+        for (int k = 0; k < deft_testing_src_count(t); k++) n += deft_tensor_dtype(deft_testing_src(t, k)) == dt;
     }
     return n;
 }
 
 /* The cast to f32 of a low-precision gradient the step reads (the node it read before), or NULL. */
 static inline const deft_tensor *amp_cast_back(const deft_graph *g, const deft_tensor *low) {
-    for (int id = low->id + 1; id < g->n_nodes; id++) {
-        const deft_tensor *t = g->nodes[id];
-        if (t->op == DEFT_OP_CAST && t->dtype == DEFT_F32 && t->src[0] == low) return t;
+    for (int id = deft_testing_node_id(low) + 1; id < deft_graph_node_count(g); id++) {
+        const deft_tensor *t = deft_testing_node(g, id);
+        if (deft_testing_is_op(t, "cast") && deft_tensor_dtype(t) == DEFT_F32 && deft_testing_src(t, 0) == low)
+            return t;
     }
     return NULL;
 }

@@ -4,14 +4,28 @@
 #ifndef DEFT_TEST_CUDA_COMPARE_H
 #define DEFT_TEST_CUDA_COMPARE_H
 
+#include "deft_testing.h"
 #include "ref.h"
 
 /* Builds the op under test on `dev` from leaves x[0..] (constants holding the case's host data). */
 typedef deft_tensor *(*build_fn)(deft_graph *g, deft_device dev, deft_tensor *const *x, const void *ctx);
 
-/* Builds on `dev` and realizes into a malloc'd host buffer; NULL (with *st set) when building or running fails. */
-static inline void *build_and_realize(deft_device dev, int nin, const ref_tensor *ins, build_fn f, const void *ctx,
-                               deft_tensor **out_t, deft_graph **out_g, deft_status *st) {
+/* Compiles t (of g) with opts, runs it once and reads it into host: deft_realize with options. */
+static inline deft_status realize_with(deft_graph *g, deft_tensor *t, const deft_compile_options *opts, void *host,
+                                       size_t bytes) {
+    deft_program *p = NULL;
+    deft_status s = deft_compile_into(g, &t, 1, opts, &p);
+    if (s == DEFT_OK) s = deft_program_run(p);
+    if (s == DEFT_OK) s = deft_program_read(p, t, host, bytes);
+    deft_program_free(p);
+    return s;
+}
+
+/* Builds on `dev` and realizes into a malloc'd host buffer (compiled with opts; NULL: the defaults); NULL (with *st
+ * set) when building or running fails. */
+static inline void *build_and_realize_with(deft_device dev, int nin, const ref_tensor *ins, build_fn f,
+                                           const void *ctx, const deft_compile_options *opts, deft_tensor **out_t,
+                                           deft_graph **out_g, deft_status *st) {
     deft_graph *g = deft_graph_new();
     deft_tensor *x[8] = {0};
     for (int i = 0; i < nin; i++)
@@ -25,12 +39,17 @@ static inline void *build_and_realize(deft_device dev, int nin, const ref_tensor
         return NULL;
     }
     void *buf = malloc(deft_tensor_nbytes(t) + 8);
-    *st = deft_realize(t, buf, deft_tensor_nbytes(t));
+    *st = opts ? realize_with(g, t, opts, buf, deft_tensor_nbytes(t)) : deft_realize(t, buf, deft_tensor_nbytes(t));
     if (*st != DEFT_OK) {
         free(buf);
         return NULL;
     }
     return buf;
+}
+
+static inline void *build_and_realize(deft_device dev, int nin, const ref_tensor *ins, build_fn f, const void *ctx,
+                                      deft_tensor **out_t, deft_graph **out_g, deft_status *st) {
+    return build_and_realize_with(dev, nin, ins, f, ctx, NULL, out_t, out_g, st);
 }
 
 static inline double *to_doubles(const void *raw, deft_dtype dt, int64_t n) {
@@ -39,11 +58,11 @@ static inline double *to_doubles(const void *raw, deft_dtype dt, int64_t n) {
     return v;
 }
 
-/* One case. Where the CPU reference cannot be built or run, nothing is compared and 0 comes back; with
- * cpu_must_work that is a failed check, otherwise the case is reported as skipped. tol < 0 means the dtype's
- * tolerance. 1: the case ran. */
-static inline int compare_case(const char *name, int nin, const ref_tensor *ins, build_fn f, const void *ctx,
-                               double tol, int cpu_must_work) {
+/* One case, the GPU's program compiled with gpu_opts (NULL: the defaults). Where the CPU reference cannot be built
+ * or run, nothing is compared and 0 comes back; with cpu_must_work that is a failed check, otherwise the case is
+ * reported as skipped. tol < 0 means the dtype's tolerance. 1: the case ran. */
+static inline int compare_case_with(const char *name, int nin, const ref_tensor *ins, build_fn f, const void *ctx,
+                                    double tol, int cpu_must_work, const deft_compile_options *gpu_opts) {
     deft_tensor *tc, *tg;
     deft_graph *gc, *gg;
     deft_status sc, sg;
@@ -56,7 +75,7 @@ static inline int compare_case(const char *name, int nin, const ref_tensor *ins,
         deft_graph_free(gc);
         return 0;
     }
-    void *got = build_and_realize(deft_cuda(0), nin, ins, f, ctx, &tg, &gg, &sg);
+    void *got = build_and_realize_with(deft_cuda(0), nin, ins, f, ctx, gpu_opts, &tg, &gg, &sg);
     CHECK_MSG(got != NULL, "%s on cuda:0 failed: %s: %s", name, deft_status_name(sg), deft_errmsg());
     if (got) {
         const deft_dtype dt = deft_tensor_dtype(tc);
@@ -73,6 +92,11 @@ static inline int compare_case(const char *name, int nin, const ref_tensor *ins,
     deft_graph_free(gc);
     deft_graph_free(gg);
     return 1;
+}
+
+static inline int compare_case(const char *name, int nin, const ref_tensor *ins, build_fn f, const void *ctx,
+                               double tol, int cpu_must_work) {
+    return compare_case_with(name, nin, ins, f, ctx, tol, cpu_must_work, NULL);
 }
 
 static const char *const dt_names[] = {"f32", "f64", "f16", "bf16", "i32"};

@@ -64,11 +64,12 @@ static void test_casts_gone(void) {
     const int low = amp_step_sources(p, n.g, DEFT_BF16, &steps);
     CHECK_MSG(steps == 1 && low >= 3, "%d step nodes read %d bf16 gradients", steps, low);
     int computed = 0;
-    for (int id = 0; id < n.g->n_nodes; id++) {
-        const deft_tensor *t = n.g->nodes[id];
-        if (t->op != DEFT_OP_OPTIMIZER || !deft_program_schedules(p, t)) continue;
-        for (int k = 0; k < t->nsrc; k++) {
-            const deft_tensor *cast = t->src[k]->dtype == DEFT_BF16 ? amp_cast_back(n.g, t->src[k]) : NULL;
+    for (int id = 0; id < deft_graph_node_count(n.g); id++) {
+        const deft_tensor *t = deft_testing_node(n.g, id);
+        if (!deft_testing_is_op(t, "optimizer") || !deft_program_schedules(p, t)) continue;
+        for (int k = 0; k < deft_testing_src_count(t); k++) {
+            const deft_tensor *src = deft_testing_src(t, k);
+            const deft_tensor *cast = deft_tensor_dtype(src) == DEFT_BF16 ? amp_cast_back(n.g, src) : NULL;
             computed += cast && deft_program_schedules(p, cast);
         }
     }
@@ -82,7 +83,7 @@ static void test_casts_gone(void) {
  * reported only). */
 static double params_close(amp_net *a, amp_net *b, const char *what, float tol) {
     double worst = 0;
-    for (int i = 0; i < a->opt->n_params; i++) {
+    for (int i = 0; i < deft_testing_optimizer_param_count(a->opt); i++) {
         const int64_t n = deft_tensor_numel(amp_param(a, i));
         float *x = malloc((size_t)n * sizeof *x), *y = malloc((size_t)n * sizeof *y);
         if (!x || !y) {

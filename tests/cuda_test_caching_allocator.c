@@ -2,9 +2,8 @@
  * stream-ordered reuse with real streams and events. Skips (77) where no GPU works. */
 #include <stdint.h>
 
-#include "caching_allocator.h"
 #include "check.h"
-#include "device_internal.h"
+#include "deft_testing.h"
 
 #ifdef DEFT_HAVE_CUDA
 #include <cuda_runtime_api.h>

@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "check.h"
-#include "program_internal.h"
+#include "deft_testing.h"
 #include "ref.h"
 
 static deft_device GPU;
@@ -48,8 +48,8 @@ static cg_outs cg_run(deft_graph *g, deft_tensor *const *outs, int n, int fusion
     }
     *grouped = 0;
     for (int i = 0; i < n_check; i++) {
-        deft_node_plan np;
-        deft_program_node_plan(p, outs[i], &np);
+        deft_testing_node_plan np;
+        deft_testing_program_node_plan(p, outs[i], &np);
         *grouped += np.group >= 0;
     }
     deft_program_free(p);

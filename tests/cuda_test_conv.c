@@ -6,7 +6,7 @@
  * pooling kernels against the plain ones, over odd sizes: tests/cuda_test_norm_pool.c. Then a small conv net trained a few
  * steps on the CPU and on the GPU must give the same losses and weights, and the GPU program replayed as a CUDA
  * Graph must give what it gives eagerly. Skips (exit 77) where no GPU works. */
-#include "build_conv.h"
+#include "deft_testing.h"
 #include "cuda_compare.h"
 
 #define CPU deft_cpu()
@@ -489,8 +489,6 @@ static void test_conv_net(void) {
 #ifdef DEFT_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
-#include "cuda/cuda_kernels.h"
-
 #define CUDA_OK(expr)                                                                                 \
     do {                                                                                              \
         cudaError_t cuda_e_ = (expr);                                                                 \
@@ -506,7 +504,7 @@ static void run_captured(const deft_tensor *n, void *out, const void *const *in,
     CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
     const deft_status s = deft_cuda_run_node(n, out, in, st, 0);
-    CHECK_MSG(s == DEFT_OK, "%s inside a capture: %s", deft_op_name(n->op), deft_errmsg());
+    CHECK_MSG(s == DEFT_OK, "%s inside a capture: %s", deft_testing_op(n), deft_errmsg());
     CUDA_OK(cudaStreamEndCapture(st, &graph));
     if (graph) CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
     if (exec) CUDA_OK(cudaGraphLaunch(exec, st));

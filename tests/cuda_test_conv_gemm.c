@@ -1,16 +1,18 @@
 /* The explicit-product convolutions of ops/cuda/cuda_conv_gemm.cu (NHWC, fewer than 8 input channels: a network's
- * stem) against the CPU, with the rows cut into chunks of 256 (DEFT_CONV_GEMM_ROWS) so that several products make
- * one output and the weight gradient sums several chunks, the last one short; unchunked; and with the path off
- * (DEFT_CONV_GEMM=0, cuDNN) so both are checked on the same data; the fast im2col kernel and the plain one
- * (DEFT_CONV_GEMM_PLAIN=1) both. Forward and weight gradient, f32, f16 and bf16;
+ * stem) against the CPU, with the rows cut into chunks of 256 (debug knob CONV_GEMM_ROWS) so that several products
+ * make one output and the weight gradient sums several chunks, the last one short; unchunked; and with the path off
+ * (conv_gemm DEFT_CONV_GEMM_NEVER, cuDNN) so both are checked on the same data; the fast im2col kernel and the plain
+ * one (debug knob CONV_GEMM_PLAIN) both. Forward and weight gradient, f32, f16 and bf16;
  * the unchunked path runs in cuda_test_conv's stem cases. Skips (exit 77) where no GPU works. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdlib.h>
 
-#include "build_conv.h"
+#include "deft_testing.h"
 #include "cuda_compare.h"
 
 static uint64_t rng = 0xc0117e3aull;
+/* The GPU programs' options: conv_gemm picks the path under test (main sets it before each pass). */
+static deft_compile_options gemm_opts;
 
 typedef struct stem_case {
     int64_t n, c, h, w, o, k, stride, pad, dil;
@@ -54,7 +56,7 @@ static void stem_one(const stem_case *k, deft_dtype dt, int weight_grad, const c
              path, weight_grad ? " dw" : "", dt_names[dt], (long long)k->n, (long long)k->h, (long long)k->w,
              (long long)k->c, (long long)k->o, (long long)k->k, (long long)k->stride, (long long)k->pad,
              (long long)k->dil, (long long)(k->n * oh * ow));
-    compare_case(name, 3, in, build_stem, &ctx, tol_of(dt), 1);
+    compare_case_with(name, 3, in, build_stem, &ctx, tol_of(dt), 1, &gemm_opts);
     for (int i = 0; i < 3; i++) ref_free(&in[i]);
 }
 
@@ -74,15 +76,15 @@ static void run_all(const char *path) {
 
 int main(void) {
     SKIP_WITHOUT_GPU();
-    setenv("DEFT_CONV_GEMM", "2", 1);   /* f32 too */
-    setenv("DEFT_CONV_GEMM_ROWS", "256", 1);
+    gemm_opts.conv_gemm = DEFT_CONV_GEMM_WITH_F32;   /* f32 too */
+    CHECK_OK(deft_testing_set_debug("CONV_GEMM_ROWS", 256));
     run_all("chunked");
-    setenv("DEFT_CONV_GEMM_PLAIN", "1", 1);
+    CHECK_OK(deft_testing_set_debug("CONV_GEMM_PLAIN", 1));
     run_all("chunked plain im2col");
-    unsetenv("DEFT_CONV_GEMM_ROWS");
-    unsetenv("DEFT_CONV_GEMM_PLAIN");
+    CHECK_OK(deft_testing_set_debug("CONV_GEMM_ROWS", 0));
+    CHECK_OK(deft_testing_set_debug("CONV_GEMM_PLAIN", 0));
     run_all("unchunked");
-    setenv("DEFT_CONV_GEMM", "0", 1);
+    gemm_opts.conv_gemm = DEFT_CONV_GEMM_NEVER;
     run_all("cudnn");
     return deft_check_finish();
 }

@@ -9,7 +9,7 @@
 
 #include "check.h"
 #include "deft.h"
-#include "device_internal.h"
+#include "deft_testing.h"
 
 static void test_facts(int count) {
     for (int i = 0; i < count; i++) {

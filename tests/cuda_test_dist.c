@@ -17,16 +17,14 @@
  *   end bit-identical and equal to the one-GPU run; when rank 1 dies after joining, rank 0's read fails with
  *   DEFT_ERR_RUNTIME within its timeout instead of hanging. */
 #define _POSIX_C_SOURCE 200809L
+#include <stdbool.h>
 #include <stdint.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "check.h"
-#include "dist.h"             /* deft_ddp_bucket_layout */
-#include "optimizer.h"
-#include "optimizer_split.h"
-#include "program_state.h"   /* deft_compile_into: the status of a compile */
+#include "deft_testing.h"   /* deft_ddp_bucket_layout, deft_compile_into: the status of a compile */
 
 static double now_s(void) {
     struct timespec ts;
@@ -276,21 +274,25 @@ static void check_layout(const mlp *m, bool whole) {
     if (nb < 3 || nb > 64) return;
     printf("%s: %d buckets, the last %zu bytes\n", whole ? "whole step" : "pieces", nb, bytes[nb - 1]);
     CHECK_MSG(bytes[nb - 1] == (size_t)WIDTH * WIDTH * sizeof(float), "the last bucket has %zu bytes", bytes[nb - 1]);
-    CHECK(whole == (p->split == NULL));
+    deft_testing_split sp;
+    const int n_steps = deft_program_step_count(p);
+    CHECK(whole == !deft_testing_program_split(p, &sp));
     if (whole) {
-        for (int k = 0; k < nb; k++) CHECK(joins[k] == joins[0] && joins[k] < p->n_steps);
+        for (int k = 0; k < nb; k++) CHECK(joins[k] == joins[0] && joins[k] < n_steps);
         return;
     }
-    CHECK(p->split->per_bucket && p->split->n_pieces == nb);
-    int first_piece = p->n_steps;
-    for (int i = p->n_steps - 1; i >= 0; i--)
-        if (p->graph->nodes[p->steps[i]]->op == DEFT_OP_OPTIMIZER) first_piece = i;
-    CHECK_MSG(first_piece == p->n_steps - nb - 1, "the pieces start at step %d of %d", first_piece, p->n_steps);
+    CHECK(sp.per_bucket && sp.n_pieces == nb);
+    int first_piece = n_steps;
+    for (int i = n_steps - 1; i >= 0; i--)
+        if (deft_testing_is_op(deft_testing_step_node(p, i), "optimizer")) first_piece = i;
+    CHECK_MSG(first_piece == n_steps - nb - 1, "the pieces start at step %d of %d", first_piece, n_steps);
     for (int k = 0; k < nb; k++) {
-        const deft_tensor *t = p->graph->nodes[p->steps[joins[k]]];
-        CHECK_MSG(t->op == DEFT_OP_OPTIMIZER && t->p.optimizer->part && !t->p.optimizer->part->finisher &&
-                      p->split->bucket_of[t->id - p->split->n_before] == k && joins[k] == first_piece + k,
-                  "bucket %d joins at step %d (%s)", k, joins[k], t->name);
+        const deft_tensor *t = deft_testing_step_node(p, joins[k]);
+        int finisher = 1;
+        const int piece = deft_testing_optimizer_part(deft_testing_step_optimizer(t), NULL, &finisher) != NULL;
+        CHECK_MSG(piece && !finisher && sp.bucket_of[deft_testing_node_id(t) - sp.n_before] == k &&
+                      joins[k] == first_piece + k,
+                  "bucket %d joins at step %d (%s)", k, joins[k], deft_tensor_name(t));
     }
 }
 
@@ -329,7 +331,7 @@ static void test_one_rank(void) {
 
 /* Under TF32 at batch 1024, over two GPUs where there are two (else one rank): fc0..fc2's weight gradients run on
  * the side lane (runtime/side_lane.h) and the buckets' all-reduces wait for both streams; rank 0's parameters follow
- * those of the same replicas compiled with DEFT_SIDE_STREAM=0 within 1e-4 (relative) after every step, with several
+ * those of the same replicas compiled with no_side_lane within 1e-4 (relative) after every step, with several
  * buckets and with one. Not bit for bit: the side lane's smaller cuBLAS scratch may take another split of the
  * products' sums. A bucket reduced before its last gradient was written would be off by the whole update (a world
  * of one rank queues no all-reduce, so only the pair checks that). */
@@ -345,16 +347,14 @@ static void test_side_lane_replicas(void) {
         deft_program *reps[2][SIDE_RANKS_MAX] = {{NULL}};
         int ok = 1;
         for (int w = 0; w < 2; w++) {
-            if (w) setenv("DEFT_SIDE_STREAM", "0", 1);
             for (int r = 0; r < nr; r++) {
                 /* The MLP (0.8 MB) fits the last bucket's 1 MiB default: both limits are cut for several. */
                 const deft_compile_options o = {.dist = d, .dist_local = r, .tf32 = 1,
                                                 .bucket_bytes = buckets ? 64 << 10 : 0,
-                                                .last_bucket_bytes = buckets ? 64 << 10 : 0};
+                                                .last_bucket_bytes = buckets ? 64 << 10 : 0, .no_side_lane = w};
                 ok &= mlp_build(&m[w][r], deft_dist_device(d, r), batch, &o);
                 reps[w][r] = m[w][r].p;
             }
-            unsetenv("DEFT_SIDE_STREAM");
         }
         if (ok) {
             CHECK_MSG(deft_program_side_steps(m[0][0].p) == LAYERS - 1 && deft_program_side_steps(m[1][0].p) == 0,

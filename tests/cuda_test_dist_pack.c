@@ -4,8 +4,7 @@
 #include <stdint.h>
 
 #include "check.h"
-#include "device_internal.h"
-#include "dist.h"
+#include "deft_testing.h"
 
 #ifdef DEFT_HAVE_CUDA
 

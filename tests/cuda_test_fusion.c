@@ -1,18 +1,21 @@
 /* Fusion on a GPU: chains of elementwise nodes (f32, bf16, f16, casts between them) run as one kernel and store
  * exactly what the one-op kernels store; matmuls with a bias (and ReLU) or a bias gradient run as one cuBLASLt call;
  * a fused program trains like the same program compiled with no_fusion, and the DOT dump shows what was fused. */
-#define _POSIX_C_SOURCE 200112L /* setenv */
+#define _POSIX_C_SOURCE 200112L
 #include <stdint.h>
 #include <stdlib.h>
 
 #include "check.h"
-#include "build_grad_ops.h"
-#include "fused.h"
+#include "deft_testing.h"
 #include "ref.h"
 
 #define GPU deft_cuda(0)
 #define ROWS 37
 #define COLS 29
+
+/* The compile option fuse_low_precision for the fused programs: bf16 and f16 chains fuse only when asked
+ * (passes/fusion.c); main turns it on once the f32 chains ran without it. */
+static int fuse_low_precision;
 
 /* ---- random elementwise chains: fused and unfused outputs equal bit for bit ---- */
 typedef struct chain {
@@ -98,7 +101,8 @@ static void test_random_chains(deft_dtype dt) {
         const void *host[3] = {ha, hb, hc};
         chain c;
         chain_build(&c, seed, 3 + (int)(seed % 20), dt);
-        deft_program *pf = deft_compile(c.g, c.outs, c.n_outs, NULL);
+        deft_program *pf =
+            deft_compile(c.g, c.outs, c.n_outs, &(deft_compile_options){.fuse_low_precision = fuse_low_precision});
         deft_program *pu = deft_compile(c.g, c.outs, c.n_outs, &(deft_compile_options){.no_fusion = 1});
         CHECK_MSG(pf && pu, "compile: %s", deft_errmsg());
         if (pf && pu) {
@@ -136,7 +140,7 @@ static void test_chain_reduction(int mean, int64_t rows, int64_t cols, int want_
         ha[i] = (float)ref_unif(&rng, -2, 2);
         hb[i] = (float)ref_unif(&rng, -2, 2);
     }
-    deft_program *pf = deft_compile(g, outs, 2, NULL);
+    deft_program *pf = deft_compile(g, outs, 2, &(deft_compile_options){.fuse_low_precision = fuse_low_precision});
     deft_program *pu = deft_compile(g, outs, 2, &(deft_compile_options){.no_fusion = 1});
     CHECK_MSG(pf && pu, "compile: %s", deft_errmsg());
     if (pf && pu) {
@@ -188,7 +192,8 @@ static void mlp_build(mlp *m, int mse, int fusion, int tf32) {
     deft_optimizer *opt = deft_sgd(m->g, &(deft_sgd_options){.lr = 0.05, .momentum = 0.9}, NULL);
     m->step = deft_optimizer_step(opt);
     m->p = deft_compile(m->g, (deft_tensor *[]){m->loss, m->step}, 2,
-                        &(deft_compile_options){.no_fusion = !fusion, .tf32 = tf32});
+                        &(deft_compile_options){.no_fusion = !fusion, .tf32 = tf32,
+                                                .fuse_low_precision = fuse_low_precision});
     CHECK_MSG(m->p != NULL, "compile: %s", deft_errmsg());
 }
 
@@ -284,7 +289,8 @@ static void lowp_run(lowp *c, deft_program *p, void *const *host, void **bufs) {
  * eager, capture, replay) give the same bytes in every output. Frees c's graph. */
 static void lowp_check(const char *name, lowp *c, int want_steps) {
     CHECK_MSG(deft_graph_error(c->g) == DEFT_OK, "%s: %s", name, deft_graph_errmsg(c->g));
-    deft_program *pf = deft_compile(c->g, c->out, c->n_out, NULL);
+    deft_program *pf =
+        deft_compile(c->g, c->out, c->n_out, &(deft_compile_options){.fuse_low_precision = fuse_low_precision});
     deft_program *pu = deft_compile(c->g, c->out, c->n_out, &(deft_compile_options){.no_fusion = 1});
     CHECK_MSG(pf && pu, "%s: compile: %s", name, deft_errmsg());
     if (pf && pu) {
@@ -331,7 +337,7 @@ static void test_add_relu(deft_dtype dt, int64_t rows, int64_t cols) {
 static void test_add_act_grad(deft_dtype dt, int64_t n) {
     lowp c = {.g = deft_graph_new()};
     deft_tensor *dy = deft_add(lowp_input(&c, dt, 1, &n), lowp_input(&c, dt, 1, &n));
-    c.out[c.n_out++] = deft_act_grad(DEFT_OP_RELU, dy, lowp_input(&c, dt, 1, &n));
+    c.out[c.n_out++] = deft_testing_act_grad("relu", dy, lowp_input(&c, dt, 1, &n));
     char name[64];
     snprintf(name, sizeof name, "%s add->act_grad(relu) %lld", deft_dtype_name(dt), (long long)n);
     lowp_check(name, &c, 1);
@@ -412,20 +418,7 @@ static void test_unfused_dtypes(void) {
 /* A kernel description with a dtype the fused kernel does not load is refused before anything runs. */
 static void test_bad_kernel(void) {
 #ifdef DEFT_HAVE_CUDA
-    deft_fused_kernel k;
-    memset(&k, 0, sizeof k);
-    k.n_inputs = 1;
-    k.n_ops = 1;
-    k.n_stores = 1;
-    k.ndim = 1;
-    k.numel = k.shape[0] = 4;
-    k.input_dtype[0] = DEFT_F64;
-    k.ops[0] = (deft_fused_instr){.op = DEFT_OP_RELU, .a = 0, .b = 0, .dtype = DEFT_F32};
-    k.store_reg[0] = 1;
-    k.store_dtype[0] = DEFT_F32;
-    void *out[1] = {NULL};
-    const void *in[1] = {NULL};
-    CHECK_ERR(deft_cuda_fused_run(&k, out, in, NULL), DEFT_ERR_DTYPE, "other than f32, bf16 or f16");
+    CHECK_ERR(deft_testing_fused_relu(DEFT_F64, 4), DEFT_ERR_DTYPE, "other than f32, bf16 or f16");
 #endif
 }
 
@@ -457,14 +450,14 @@ int main(void) {
         return DEFT_CHECK_SKIP;
     }
     test_random_chains(DEFT_F32);
-    setenv("DEFT_FUSE_LOW_PRECISION", "1", 1);   /* bf16 and f16 chains fuse only when asked (runtime/fusion.c) */
+    fuse_low_precision = 1;   /* bf16 and f16 chains fuse only when asked (passes/fusion.c) */
     test_random_chains(DEFT_BF16);
     test_random_chains(DEFT_F16);
     test_fusion_lowp();
-    setenv("DEFT_FUSED_REFERENCE", "1", 1);   /* the one-element kernel on the same chains */
+    CHECK_OK(deft_testing_set_debug("FUSED_REFERENCE", 1));   /* the one-element kernel on the same chains */
     test_fusion_lowp();
     test_random_chains(DEFT_BF16);
-    setenv("DEFT_FUSED_REFERENCE", "0", 1);
+    CHECK_OK(deft_testing_set_debug("FUSED_REFERENCE", 0));
     test_chain_reduction(1, 32, 1, 1);      /* the tiny MLP's MSE */
     test_chain_reduction(0, 37, 29, 1);
     test_chain_reduction(1, 256, 256, 1);   /* the largest chain one block reduces */

@@ -9,7 +9,7 @@
 #ifdef DEFT_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
-#include "cuda/cuda_fault.h"
+#include "deft_testing.h"
 
 #define STEPS 4
 

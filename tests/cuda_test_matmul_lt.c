@@ -16,8 +16,7 @@
 #ifdef DEFT_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
-#include "cuda/cuda_kernels.h"
-#include "cuda/cuda_matmul.h"
+#include "deft_testing.h"
 
 #define GUARD 8   /* poisoned elements kept past each output, which nothing may write */
 
@@ -95,24 +94,24 @@ typedef struct mm_case {
 /* The index of output batch i's matrix in src, whose batch dims broadcast against the output's. */
 static int64_t src_matrix(const deft_tensor *src, const deft_tensor *out, int64_t i) {
     int64_t idx = 0, stride = 1;
-    for (int d = out->ndim - 3, ds = src->ndim - 3; d >= 0; d--, ds--) {
-        const int64_t c = i % out->shape[d];
-        i /= out->shape[d];
+    for (int d = deft_tensor_ndim(out) - 3, ds = deft_tensor_ndim(src) - 3; d >= 0; d--, ds--) {
+        const int64_t c = i % deft_tensor_dim(out, d);
+        i /= deft_tensor_dim(out, d);
         if (ds < 0) continue;
-        if (src->shape[ds] != 1) idx += c * stride;
-        stride *= src->shape[ds];
+        if (deft_tensor_dim(src, ds) != 1) idx += c * stride;
+        stride *= deft_tensor_dim(src, ds);
     }
     return idx;
 }
 
 static double *cpu_product(const mm_case *c) {
     const deft_tensor *n = c->node;
-    const int ta = n->p.matmul.trans_a != 0, tb = n->p.matmul.trans_b != 0;
+    const int ta = deft_testing_matmul_transposed(n, 0), tb = deft_testing_matmul_transposed(n, 1);
     const int64_t M = c->M, N = c->N, K = c->K;
     double *out = malloc((size_t)(c->n_out + 1) * sizeof(double));
     for (int64_t bi = 0; bi < c->batch; bi++) {
-        const double *A = c->a.v + src_matrix(n->src[0], n, bi) * M * K;
-        const double *B = c->b.v + src_matrix(n->src[1], n, bi) * K * N;
+        const double *A = c->a.v + src_matrix(deft_testing_src(n, 0), n, bi) * M * K;
+        const double *B = c->b.v + src_matrix(deft_testing_src(n, 1), n, bi) * K * N;
         for (int64_t m = 0; m < M; m++)
             for (int64_t j = 0; j < N; j++) {
                 double s = 0.0;
@@ -139,8 +138,8 @@ static int case_make(mm_case *c, deft_dtype dt, int na, const int64_t *as, int n
     c->da = upload(&c->a);
     c->db = upload(&c->b);
     const deft_tensor *n = c->node;
-    c->M = n->shape[n->ndim - 2];
-    c->N = n->shape[n->ndim - 1];
+    c->M = deft_tensor_dim(n, -2);
+    c->N = deft_tensor_dim(n, -1);
     c->K = as[na - (ta ? 2 : 1)];
     c->n_out = deft_tensor_numel(n);
     c->batch = c->M * c->N > 0 ? c->n_out / (c->M * c->N) : 0;
@@ -157,14 +156,14 @@ static void case_free(mm_case *c) {
 
 /* Runs the node through deft_cuda_run_node (the reference path when `reference`), into a fresh poisoned buffer. */
 static double *run_plain(const mm_case *c, unsigned flags, int reference, const char *name) {
-    void *out = poisoned(c->n_out, c->node->dtype);
+    void *out = poisoned(c->n_out, deft_tensor_dtype(c->node));
     if (!out) return NULL;
     const void *in[2] = {c->da, c->db};
-    if (reference) setenv("DEFT_MATMUL_REFERENCE", "1", 1);
+    if (reference) CHECK_OK(deft_testing_set_debug("MATMUL_REFERENCE", 1));
     CHECK_OK(deft_cuda_run_node(c->node, out, in, stream, flags));
-    if (reference) unsetenv("DEFT_MATMUL_REFERENCE");
+    if (reference) CHECK_OK(deft_testing_set_debug("MATMUL_REFERENCE", 0));
     cuda_ok(cudaStreamSynchronize(stream), name);
-    double *v = download(out, c->n_out, c->node->dtype, name);
+    double *v = download(out, c->n_out, deft_tensor_dtype(c->node), name);
     cudaFree(out);
     return v;
 }
@@ -254,16 +253,16 @@ static const char *const epi_names[] = {"none", "bias", "bias+relu", "bgrad_b"};
 
 /* The epilogue's float64 expectations: the output (with bias and ReLU applied) and, for BGRAD_B, the sums over k
  * of op(b). */
-static void epilogue_want(const mm_case *c, deft_mm_epilogue_kind kind, const ref_tensor *bias, double *out,
+static void epilogue_want(const mm_case *c, int kind, const ref_tensor *bias, double *out,
                           double *grad) {
     const int64_t M = c->M, N = c->N, K = c->K;
-    const int tb = c->node->p.matmul.trans_b != 0;
-    if (kind == DEFT_MM_EPI_BIAS || kind == DEFT_MM_EPI_BIAS_RELU)
+    const int tb = deft_testing_matmul_transposed(c->node, 1);
+    if (kind == DEFT_TESTING_MM_BIAS || kind == DEFT_TESTING_MM_BIAS_RELU)
         for (int64_t i = 0; i < M * N; i++) {
             const double v = out[i] + bias->v[i % N];
-            out[i] = kind == DEFT_MM_EPI_BIAS_RELU && v < 0.0 ? 0.0 : v;
+            out[i] = kind == DEFT_TESTING_MM_BIAS_RELU && v < 0.0 ? 0.0 : v;
         }
-    if (kind == DEFT_MM_EPI_BGRAD_B)
+    if (kind == DEFT_TESTING_MM_BGRAD_B)
         for (int64_t j = 0; j < N; j++) {
             double s = 0.0;
             for (int64_t k = 0; k < K; k++) s += tb ? c->b.v[j * K + k] : c->b.v[k * N + j];
@@ -272,22 +271,22 @@ static void epilogue_want(const mm_case *c, deft_mm_epilogue_kind kind, const re
 }
 
 /* One fused run into fresh poisoned buffers; the fallback kernels when `reference`. */
-static void run_fused(const mm_case *c, deft_mm_epilogue_kind kind, const void *dbias, unsigned flags,
+static void run_fused(const mm_case *c, int kind, const void *dbias, unsigned flags,
                       int reference, const char *name, double **out, double **grad) {
-    const deft_dtype dt = c->node->dtype;
+    const deft_dtype dt = deft_tensor_dtype(c->node);
     void *dout = poisoned(c->n_out, dt), *dgrad = poisoned(c->N, dt);
-    deft_mm_epilogue ep = {kind, dbias, kind == DEFT_MM_EPI_BGRAD_B ? dgrad : NULL};
-    if (reference) setenv("DEFT_MATMUL_REFERENCE", "1", 1);
-    CHECK_OK(deft_cuda_matmul_fused(c->node, dout, c->da, c->db, &ep, stream, flags));
-    if (reference) unsetenv("DEFT_MATMUL_REFERENCE");
+    deft_testing_mm_epilogue ep = {kind, dbias, kind == DEFT_TESTING_MM_BGRAD_B ? dgrad : NULL};
+    if (reference) CHECK_OK(deft_testing_set_debug("MATMUL_REFERENCE", 1));
+    CHECK_OK(deft_testing_matmul_fused(c->node, dout, c->da, c->db, &ep, stream, flags));
+    if (reference) CHECK_OK(deft_testing_set_debug("MATMUL_REFERENCE", 0));
     cuda_ok(cudaStreamSynchronize(stream), name);
     *out = download(dout, c->n_out, dt, name);
-    *grad = kind == DEFT_MM_EPI_BGRAD_B ? download(dgrad, c->N, dt, name) : NULL;
+    *grad = kind == DEFT_TESTING_MM_BGRAD_B ? download(dgrad, c->N, dt, name) : NULL;
     cudaFree(dout);
     cudaFree(dgrad);
 }
 
-static void check_fused(deft_dtype dt, int64_t M, int64_t N, int64_t K, int ta, int tb, deft_mm_epilogue_kind kind,
+static void check_fused(deft_dtype dt, int64_t M, int64_t N, int64_t K, int ta, int tb, int kind,
                         int tf32) {
     mm_case c;
     const int64_t as[2] = {ta ? K : M, ta ? M : K}, bs[2] = {tb ? N : K, tb ? K : N};
@@ -296,7 +295,7 @@ static void check_fused(deft_dtype dt, int64_t M, int64_t N, int64_t K, int ta, 
         char name[160];
         snprintf(name, sizeof name, "fused %s %s %lldx%lldx%lld ta=%d tb=%d%s", epi_names[kind], dt_name(dt),
                  (long long)M, (long long)N, (long long)K, ta, tb, tf32 ? " tf32" : "");
-        CHECK_MSG(deft_cuda_matmul_fusable(c.node, kind, flags), "%s: not fusable", name);
+        CHECK_MSG(deft_testing_matmul_fusable(c.node, kind, flags), "%s: not fusable", name);
         /* A bias around the products' size, so ReLU clips about half the outputs. */
         ref_tensor bias = ref_random(&rng, dt, 1, &N, -1, 1);
         void *dbias = upload(&bias);
@@ -308,7 +307,7 @@ static void check_fused(deft_dtype dt, int64_t M, int64_t N, int64_t K, int ta, 
         const double tol = tol_of(dt, tf32);
         check_close(name, out, want, c.n_out, tol);
         check_close(name, fout, want, c.n_out, tol_of(dt, 0));
-        if (kind == DEFT_MM_EPI_BGRAD_B) {
+        if (kind == DEFT_TESTING_MM_BGRAD_B) {
             char gname[180];
             snprintf(gname, sizeof gname, "%s: bias gradient", name);
             check_close(gname, grad, want_grad, N, tol_of(dt, 0));
@@ -330,22 +329,22 @@ static void test_fused(void) {
     for (int si = 0; si < N_SHAPES; si++)
         for (int di = 0; di < 3; di++)
             for (int t = 0; t < 4; t++)
-                for (int k = DEFT_MM_EPI_NONE; k <= DEFT_MM_EPI_BGRAD_B; k++) {
+                for (int k = DEFT_TESTING_MM_NONE; k <= DEFT_TESTING_MM_BGRAD_B; k++) {
                     const int ta = t & 1, tb = t >> 1;
-                    if (k == DEFT_MM_EPI_BGRAD_B && tb) continue;   /* refused: see test_refusals */
+                    if (k == DEFT_TESTING_MM_BGRAD_B && tb) continue;   /* refused: see test_refusals */
                     for (int tf32 = 0; tf32 <= (dtypes[di] == DEFT_F32); tf32++)
                         check_fused(dtypes[di], shapes[si][0], shapes[si][1], shapes[si][2], ta, tb,
-                                    (deft_mm_epilogue_kind)k, tf32);
+                                    k, tf32);
                 }
     /* The linear layer's shapes: forward x[B, in] w[in, out] + bias, and dW = x^T dy with db beside it. */
-    check_fused(DEFT_F32, 512, 1024, 768, 0, 0, DEFT_MM_EPI_BIAS_RELU, 0);
-    check_fused(DEFT_BF16, 512, 1024, 768, 0, 0, DEFT_MM_EPI_BIAS, 0);
-    check_fused(DEFT_F32, 768, 1024, 512, 1, 0, DEFT_MM_EPI_BGRAD_B, 0);
+    check_fused(DEFT_F32, 512, 1024, 768, 0, 0, DEFT_TESTING_MM_BIAS_RELU, 0);
+    check_fused(DEFT_BF16, 512, 1024, 768, 0, 0, DEFT_TESTING_MM_BIAS, 0);
+    check_fused(DEFT_F32, 768, 1024, 512, 1, 0, DEFT_TESTING_MM_BGRAD_B, 0);
     /* A classifier's weight gradient (cuda_matmul_small.cu's thin kernel), with and without its bias gradient. */
-    check_fused(DEFT_F32, 1024, 10, 256, 1, 0, DEFT_MM_EPI_BGRAD_B, 0);
-    check_fused(DEFT_F32, 1000, 16, 77, 1, 0, DEFT_MM_EPI_NONE, 0);
-    check_fused(DEFT_F32, 33, 3, 1100, 1, 0, DEFT_MM_EPI_BGRAD_B, 1);
-    check_fused(DEFT_F16, 768, 1024, 512, 1, 0, DEFT_MM_EPI_BGRAD_B, 0);
+    check_fused(DEFT_F32, 1024, 10, 256, 1, 0, DEFT_TESTING_MM_BGRAD_B, 0);
+    check_fused(DEFT_F32, 1000, 16, 77, 1, 0, DEFT_TESTING_MM_NONE, 0);
+    check_fused(DEFT_F32, 33, 3, 1100, 1, 0, DEFT_TESTING_MM_BGRAD_B, 1);
+    check_fused(DEFT_F16, 768, 1024, 512, 1, 0, DEFT_TESTING_MM_BGRAD_B, 0);
 }
 
 /* ---- CUDA Graph capture ---- */
@@ -363,22 +362,22 @@ static void check_captured(int64_t M, int64_t N, int64_t K, int warm) {
              warm ? " after an eager run" : " first seen in the capture");
     ref_tensor bias = ref_random(&rng, DEFT_F32, 1, &N, -1, 1);
     void *dbias = upload(&bias), *dout = poisoned(c.n_out, DEFT_F32);
-    deft_mm_epilogue ep = {DEFT_MM_EPI_BIAS_RELU, dbias, NULL};
+    deft_testing_mm_epilogue ep = {DEFT_TESTING_MM_BIAS_RELU, dbias, NULL};
     if (warm) {
-        CHECK_OK(deft_cuda_matmul_fused(c.node, dout, c.da, c.db, &ep, stream, 0));
+        CHECK_OK(deft_testing_matmul_fused(c.node, dout, c.da, c.db, &ep, stream, 0));
         cuda_ok(cudaStreamSynchronize(stream), name);
         cuda_ok(cudaMemset(dout, 0xff, (size_t)(c.n_out + GUARD) * sizeof(float)), "poison");
     }
     cudaGraph_t graph = NULL;
     cudaGraphExec_t exec = NULL;
     if (cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "begin capture")) {
-        CHECK_OK(deft_cuda_matmul_fused(c.node, dout, c.da, c.db, &ep, stream, 0));
+        CHECK_OK(deft_testing_matmul_fused(c.node, dout, c.da, c.db, &ep, stream, 0));
         if (cuda_ok(cudaStreamEndCapture(stream, &graph), "end capture") &&
             cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate")) {
             cuda_ok(cudaGraphLaunch(exec, stream), "launch");
             cuda_ok(cudaStreamSynchronize(stream), name);
             double *want = cpu_product(&c), *got = download(dout, c.n_out, DEFT_F32, name);
-            epilogue_want(&c, DEFT_MM_EPI_BIAS_RELU, &bias, want, NULL);
+            epilogue_want(&c, DEFT_TESTING_MM_BIAS_RELU, &bias, want, NULL);
             check_close(name, got, want, c.n_out, tol_of(DEFT_F32, 0));
             free(want);
             free(got);
@@ -409,27 +408,28 @@ static void test_refusals(void) {
     deft_tensor *tb = node_of(g, DEFT_F32, 2, as + 1, bst, 1, deft_cuda(0));
     deft_tensor *ok = node_of(g, DEFT_F32, 2, as + 1, bs + 1, 0, deft_cuda(0));
     CHECK(batched && f64 && cpu && tb && ok);
-    for (int k = DEFT_MM_EPI_NONE; k <= DEFT_MM_EPI_BGRAD_B; k++) {
-        const deft_mm_epilogue_kind kind = (deft_mm_epilogue_kind)k;
-        CHECK_MSG(!deft_cuda_matmul_fusable(batched, kind, 0), "batched matmul fusable with %s", epi_names[k]);
-        CHECK_MSG(!deft_cuda_matmul_fusable(f64, kind, 0), "f64 matmul fusable with %s", epi_names[k]);
-        CHECK_MSG(!deft_cuda_matmul_fusable(i32, kind, 0), "i32 matmul fusable with %s", epi_names[k]);
-        CHECK_MSG(!deft_cuda_matmul_fusable(cpu, kind, 0), "CPU matmul fusable with %s", epi_names[k]);
-        CHECK_MSG(deft_cuda_matmul_fusable(ok, kind, 0) && deft_cuda_matmul_fusable(ok, kind, DEFT_CUDA_ALLOW_TF32),
+    for (int k = DEFT_TESTING_MM_NONE; k <= DEFT_TESTING_MM_BGRAD_B; k++) {
+        const int kind = k;
+        CHECK_MSG(!deft_testing_matmul_fusable(batched, kind, 0), "batched matmul fusable with %s", epi_names[k]);
+        CHECK_MSG(!deft_testing_matmul_fusable(f64, kind, 0), "f64 matmul fusable with %s", epi_names[k]);
+        CHECK_MSG(!deft_testing_matmul_fusable(i32, kind, 0), "i32 matmul fusable with %s", epi_names[k]);
+        CHECK_MSG(!deft_testing_matmul_fusable(cpu, kind, 0), "CPU matmul fusable with %s", epi_names[k]);
+        CHECK_MSG(deft_testing_matmul_fusable(ok, kind, 0) &&
+                      deft_testing_matmul_fusable(ok, kind, DEFT_CUDA_ALLOW_TF32),
                   "plain 2-d f32 matmul not fusable with %s", epi_names[k]);
-        CHECK_MSG(deft_cuda_matmul_fusable(tb, kind, 0) == (kind != DEFT_MM_EPI_BGRAD_B),
+        CHECK_MSG(deft_testing_matmul_fusable(tb, kind, 0) == (kind != DEFT_TESTING_MM_BGRAD_B),
                   "matmul with b transposed: fusable with %s is wrong", epi_names[k]);
     }
-    CHECK(!deft_cuda_matmul_fusable(deft_input(g, "x", DEFT_F32, 2, as + 1, deft_cuda(0)), DEFT_MM_EPI_BIAS, 0));
-    CHECK(!deft_cuda_matmul_fusable(NULL, DEFT_MM_EPI_BIAS, 0));
+    CHECK(!deft_testing_matmul_fusable(deft_input(g, "x", DEFT_F32, 2, as + 1, deft_cuda(0)), DEFT_TESTING_MM_BIAS, 0));
+    CHECK(!deft_testing_matmul_fusable(NULL, DEFT_TESTING_MM_BIAS, 0));
     /* Running a refused fusion is an error, never a launch. */
     float *d = NULL;
     if (cuda_ok(cudaMalloc((void **)&d, 4096), "cudaMalloc")) {
-        deft_mm_epilogue ep = {DEFT_MM_EPI_BGRAD_B, NULL, d};
-        CHECK_ERR(deft_cuda_matmul_fused(tb, d, d, d, &ep, stream, 0), DEFT_ERR_INVALID, "cannot be fused");
-        CHECK_ERR(deft_cuda_matmul_fused(batched, d, d, d, &ep, stream, 0), DEFT_ERR_INVALID, "cannot be fused");
-        deft_mm_epilogue no_bias = {DEFT_MM_EPI_BIAS, NULL, NULL};
-        CHECK_ERR(deft_cuda_matmul_fused(ok, d, d, d, &no_bias, stream, 0), DEFT_ERR_INVALID, "no vector");
+        deft_testing_mm_epilogue ep = {DEFT_TESTING_MM_BGRAD_B, NULL, d};
+        CHECK_ERR(deft_testing_matmul_fused(tb, d, d, d, &ep, stream, 0), DEFT_ERR_INVALID, "cannot be fused");
+        CHECK_ERR(deft_testing_matmul_fused(batched, d, d, d, &ep, stream, 0), DEFT_ERR_INVALID, "cannot be fused");
+        deft_testing_mm_epilogue no_bias = {DEFT_TESTING_MM_BIAS, NULL, NULL};
+        CHECK_ERR(deft_testing_matmul_fused(ok, d, d, d, &no_bias, stream, 0), DEFT_ERR_INVALID, "no vector");
         cudaFree(d);
     }
     deft_graph_free(g);

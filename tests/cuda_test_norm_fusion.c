@@ -3,15 +3,15 @@
  * through the group) and evaluation, NHWC through the vector kernels (channels in whole 16-byte vectors) and the
  * scalar ones (37 channels, NCHW), in f32, f16, bf16 and f64. Each program is compiled with fusion and with
  * no_fusion and run three times (eager, captured, replayed): every output and gradient must be the same bytes,
- * with the fast kernels and with the plain ones (DEFT_BN_REFERENCE=1), and the values between the members must not
+ * with the fast kernels and with the plain ones (debug knob BN_REFERENCE), and the values between the members must not
  * be stored. A batch norm whose value is read twice is left alone. Skips (exit 77) where no GPU works. */
-#define _POSIX_C_SOURCE 200112L /* setenv */
+#define _POSIX_C_SOURCE 200112L
 #include <stdlib.h>
 #include <string.h>
 
 #include "check.h"
 #include "fusion_runs.h"
-#include "program_internal.h"
+#include "deft_testing.h"
 #include "ref.h"
 
 static deft_device GPU;
@@ -48,9 +48,9 @@ static deft_tensor *nf_param(deft_graph *g, const char *name, deft_dtype dt, int
 }
 
 static int nf_stored(deft_program *p, const deft_tensor *t) {
-    deft_node_plan np;
-    deft_program_node_plan(p, t, &np);
-    return np.place != DEFT_PLACE_FUSED;
+    deft_testing_node_plan np;
+    deft_testing_program_node_plan(p, t, &np);
+    return np.place != DEFT_TESTING_PLACE_FUSED;
 }
 
 /* Builds the case, compiles it with or without fusion, runs it RUNS times and keeps its outputs' bytes. */
@@ -93,7 +93,7 @@ static void nf_free(nf_run *r) {
 }
 
 static void nf_check(const nf_case *k, int reference) {
-    setenv("DEFT_BN_REFERENCE", reference ? "1" : "0", 1);
+    CHECK_OK(deft_testing_set_debug("BN_REFERENCE", reference));
     static const char *const tails[] = {"relu(bn)", "relu(bn + r)", "bn + r read twice", "bn read twice"};
     char s[64];
     const uint64_t seed = ref_next(&rng);

@@ -4,20 +4,19 @@
  * and f16 (f64 once), NHWC through the vector kernels (channels in whole 16-byte vectors) and the scalar ones (37
  * channels), and NCHW; gradients holding -0 and NaN and an input channel holding a NaN. Each program is compiled with
  * fusion and with no_fusion and run three times (eager, captured, replayed): every output and gradient must be the
- * same bytes, with the fast kernels and with the plain ones (DEFT_BN_REFERENCE=1), and the folded ReLU gradients
+ * same bytes, with the fast kernels and with the plain ones (debug knob BN_REFERENCE), and the folded ReLU gradients
  * must not be stored. Where the ReLU's gradient has another reader (an output, an op, a residual's gradient) it
  * must not fold, and the results must still match. A small ResNet (examples/resnet18.h) trained a few steps, as
  * CUDA Graph replays, in f32 (NCHW, NHWC) and under bf16 autocast, ends with the same loss, parameters and running
- * statistics, byte for byte, with its three foldable ReLU gradients folded and with DEFT_FOLD_RELU_GRAD=0.
+ * statistics, byte for byte, with its three foldable ReLU gradients folded and with no_relu_grad_fold.
  * Skips (exit 77) where no GPU works. */
-#define _POSIX_C_SOURCE 200112L /* setenv */
+#define _POSIX_C_SOURCE 200112L
 #include <stdlib.h>
 #include <string.h>
 
 #include "check.h"
 #include "fusion_runs.h"
-#include "program_internal.h"
-#include "program_state.h"
+#include "deft_testing.h"
 #include "ref.h"
 
 #include "../examples/resnet18.h"
@@ -93,12 +92,12 @@ static deft_tensor *ng_norm(deft_graph *g, const ng_case *k, deft_tensor *x, int
 /* How many ReLU gradients p computes inside a batch norm backward group without storing them. */
 static int ng_folded(deft_program *p, const deft_graph *g) {
     int n = 0;
-    for (int id = 0; id < g->n_nodes; id++) {
-        const deft_tensor *t = g->nodes[id];
-        if (t->op != DEFT_OP_ACT_GRAD || t->p.act != DEFT_OP_RELU) continue;
-        deft_node_plan np;
-        deft_program_node_plan(p, t, &np);
-        n += np.place == DEFT_PLACE_FUSED && np.group >= 0 && p->groups[np.group].kind == DEFT_GROUP_NORM_GRAD;
+    for (int id = 0; id < deft_graph_node_count(g); id++) {
+        const deft_tensor *t = deft_testing_node(g, id);
+        if (!deft_testing_is_op(t, "act_grad") || strcmp(deft_testing_act(t), "relu") != 0) continue;
+        deft_testing_node_plan np;
+        deft_testing_program_node_plan(p, t, &np);
+        n += np.place == DEFT_TESTING_PLACE_FUSED && np.group >= 0 && !strcmp(np.group_kind, "norm_grad");
     }
     return n;
 }
@@ -148,7 +147,7 @@ static int ng_want_folded(enum ng_kind kind) {
 }
 
 static void ng_check(const ng_case *k, int reference) {
-    setenv("DEFT_BN_REFERENCE", reference ? "1" : "0", 1);
+    CHECK_OK(deft_testing_set_debug("BN_REFERENCE", reference));
     char s[64];
     const uint64_t seed = ref_next(&rng);
     ng_run fused = ng_build_run(k, 1, seed), plain = ng_build_run(k, 0, seed);
@@ -168,7 +167,7 @@ static void ng_check(const ng_case *k, int reference) {
     ng_free(&plain);
 }
 
-/* ---- a small ResNet, folding against DEFT_FOLD_RELU_GRAD=0 ---- */
+/* ---- a small ResNet, folding against the compile option no_relu_grad_fold ---- */
 enum { RN_IMAGE = 8, RN_CLASSES = 4, RN_BATCH = 16, RN_STEPS = 4 };
 
 typedef struct rn_run {
@@ -193,14 +192,13 @@ static void rn_train(deft_layout layout, deft_dtype autocast, int fold, rn_run *
     out->g = t.g;
     CHECK_MSG(s == DEFT_OK, "resnet build: %s", deft_errmsg());
     if (s != DEFT_OK) return;
-    setenv("DEFT_FOLD_RELU_GRAD", fold ? "1" : "0", 1);
     deft_compile_options co = {0};
+    co.no_relu_grad_fold = !fold;
     co.autocast = autocast;
     /* cuDNN's default weight-gradient algorithms in NCHW f32 sum with atomics: two runs of one program differ in
      * the last bits, so byte equality is only a claim about the fold once the convolutions are deterministic. */
     co.deterministic = 1;
     deft_program *p = deft_compile(t.g, (deft_tensor *[]){t.loss, t.step}, 2, &co);
-    unsetenv("DEFT_FOLD_RELU_GRAD");
     CHECK_MSG(p != NULL, "resnet compile: %s", deft_errmsg());
     if (!p) return;
     float x[RN_BATCH * 3 * RN_IMAGE * RN_IMAGE];
@@ -219,16 +217,16 @@ static void rn_train(deft_layout layout, deft_dtype autocast, int fold, rn_run *
 
 /* Every parameter (running statistics included) of a and b, built alike, byte for byte. */
 static void rn_same_params(const deft_graph *a, const deft_graph *b, const char *what, const char *how) {
-    for (int id = 0; id < a->n_nodes && id < b->n_nodes; id++) {
-        const deft_tensor *u = a->nodes[id], *v = b->nodes[id];
-        if (u->op != DEFT_OP_PARAM) continue;
+    for (int id = 0; id < deft_graph_node_count(a) && id < deft_graph_node_count(b); id++) {
+        const deft_tensor *u = deft_testing_node(a, id), *v = deft_testing_node(b, id);
+        if (!deft_testing_is_op(u, "param")) continue;
         const size_t n = deft_tensor_nbytes(u);
         void *x = malloc(n), *y = malloc(n);
-        CHECK(x && y && v->op == DEFT_OP_PARAM && deft_tensor_nbytes(v) == n);
-        if (x && y && v->op == DEFT_OP_PARAM && deft_tensor_nbytes(v) == n) {
+        CHECK(x && y && deft_testing_is_op(v, "param") && deft_tensor_nbytes(v) == n);
+        if (x && y && deft_testing_is_op(v, "param") && deft_tensor_nbytes(v) == n) {
             CHECK_OK(deft_param_get(u, x, n));
             CHECK_OK(deft_param_get(v, y, n));
-            CHECK_MSG(!memcmp(x, y, n), "%s: parameter %s differs %s", what, u->name, how);
+            CHECK_MSG(!memcmp(x, y, n), "%s: parameter %s differs %s", what, deft_tensor_name(u), how);
         }
         free(x);
         free(y);
@@ -245,7 +243,7 @@ static void rn_check(deft_layout layout, deft_dtype autocast) {
     rn_train(layout, autocast, 0, &again);   /* the `deterministic` option: the same program twice, the same bytes */
     /* The stem's ReLU and each block's first: the blocks' last ReLUs also feed the shortcut's gradient. */
     CHECK_MSG(folded.folded == 3, "%s: %d ReLU gradients folded, want 3", what, folded.folded);
-    CHECK_MSG(kept.folded == 0, "%s: DEFT_FOLD_RELU_GRAD=0 folded %d", what, kept.folded);
+    CHECK_MSG(kept.folded == 0, "%s: no_relu_grad_fold folded %d", what, kept.folded);
     for (int s = 0; s < RN_STEPS; s++) {
         CHECK_MSG(!memcmp(&folded.loss[s], &kept.loss[s], sizeof(float)), "%s: step %d loss %.9g folded, %.9g not",
                   what, s, folded.loss[s], kept.loss[s]);
@@ -288,7 +286,7 @@ int main(void) {
         ng_check(&extra[i], 0);
         ng_check(&extra[i], 1);
     }
-    setenv("DEFT_BN_REFERENCE", "0", 1);
+    CHECK_OK(deft_testing_set_debug("BN_REFERENCE", 0));
     rn_check(DEFT_NCHW, DEFT_F32);
     rn_check(DEFT_NHWC, DEFT_F32);
     rn_check(DEFT_NHWC, DEFT_BF16);

@@ -1,5 +1,5 @@
 /* The fast batch-norm and pooling kernels on cuda:0 (ops/cuda/cuda_norm_fast.cu, cuda_pool_fast.cu) against the
- * plain ones kept as their reference (DEFT_BN_REFERENCE=1, DEFT_POOL_REFERENCE=1) and against the CPU, over the
+ * plain ones kept as their reference (debug knobs BN_REFERENCE, POOL_REFERENCE) and against the CPU, over the
  * sizes that stress their grids: channels not a multiple of 32, H W = 1, N = 1, many elements per channel (many
  * chunks, and a mean far from zero so that a variance from unshifted sums would cancel), many channels, a 2-d
  * input, both layouts. Batch norm runs three times per program (eager, captured, replayed), so the running
@@ -10,7 +10,7 @@
  * walk's vector loads (in its wider blocks from 8192 rows on) and its scalar path. Max pooling is checked exactly against the plain kernels, on inputs
  * full of ties (and a NaN). Skips (exit 77) where no GPU works; DEFT_TEST_GPU_AS_CPU=1 runs it with the CPU in the
  * GPU's place. */
-#define _POSIX_C_SOURCE 200112L /* setenv */
+#define _POSIX_C_SOURCE 200112L
 #include <stdlib.h>
 
 #include "cuda_compare.h"
@@ -24,8 +24,8 @@ static int is_half(deft_dtype dt) { return dt == DEFT_F16 || dt == DEFT_BF16; }
 
 /* The fast kernels (0) or the plain ones (1), for the runs that follow. */
 static void use_reference(int on) {
-    setenv("DEFT_BN_REFERENCE", on ? "1" : "0", 1);
-    setenv("DEFT_POOL_REFERENCE", on ? "1" : "0", 1);
+    CHECK_OK(deft_testing_set_debug("BN_REFERENCE", on));
+    CHECK_OK(deft_testing_set_debug("POOL_REFERENCE", on));
 }
 
 /* A parameter on dev holding the values v in dt. */

@@ -4,10 +4,8 @@
  *
  * The mid-run case must come first in the process: what a run allocates lazily (the matmul workspace on a device's
  * first matmul, once per process) exists only before the first matmul anything in this process runs. */
-#include "caching_allocator.h"
 #include "check.h"
-#include "cuda/cuda_kernels.h"
-#include "optimizer.h"
+#include "deft_testing.h"
 #include "train_net.h"
 
 #define MiB ((size_t)1 << 20)
@@ -65,7 +63,8 @@ static void test_oom_mid_run(void) {
     before.allocated_bytes.current += (int64_t)DEFT_CUBLAS_WORKSPACE_BYTES;
     CHECK_MSG(strstr(deft_errmsg(), "optimizer") && strstr(deft_errmsg(), "deft_memory_set_limit"),
               "the message names the optimizer and the limit: %s", deft_errmsg());
-    CHECK_MSG(n.opt->n_gathers == 0, "a failed gather table stayed registered (%d)", n.opt->n_gathers);
+    CHECK_MSG(deft_testing_optimizer_gather_tables(n.opt) == 0, "a failed gather table stayed registered (%d)",
+              deft_testing_optimizer_gather_tables(n.opt));
     CHECK(deft_optimizer_updates(n.opt) == 0);
     printf("first update under the limit: %s\n", deft_errmsg());
     check_allocator_unchanged("gather table", &before);
@@ -102,7 +101,8 @@ static void test_oom_mid_compile(void) {
     printf("compile under the limit: %s\n", deft_errmsg());
     check_allocator_unchanged("compile", &before);
     /* The frozen parameter is the graph's, but its device copy was made by the compile that failed. */
-    CHECK_MSG(deft_graph_find(n.g, "scale")->dev_data == NULL, "the failed compile kept a device copy of scale");
+    CHECK_MSG(!deft_testing_has_device_copy(deft_graph_find(n.g, "scale")),
+              "the failed compile kept a device copy of scale");
     deft_program_free(p);
 
     const size_t raised = (size_t)before.reserved_bytes.current + rep.arena_bytes + rep.persistent_bytes + 64 * MiB;

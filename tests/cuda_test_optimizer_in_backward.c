@@ -8,7 +8,7 @@
  * to choose the same algorithms for both: a loss that differs already at run 0 points at the matmuls, not at the
  * step (DEFT_MATMUL_REFERENCE=1 tells them apart).
  * Skips (exit 77) where no GPU works. DEFT_TEST_GPU_AS_CPU=1 runs it with the CPU standing in for cuda:0. */
-#define _POSIX_C_SOURCE 200809L /* setenv */
+#define _POSIX_C_SOURCE 200809L
 #include "obwd_net.h"
 
 static deft_device GPU;
@@ -53,8 +53,8 @@ static void test_plan(void) {
         CHECK_OK(deft_program_memory(whole, &rw));
         CHECK_OK(deft_program_memory(split, &rs));
         size_t grads = 0, largest2 = 0, a = 0, b = 0;
-        for (int i = 0; i < n.opt->n_params; i++) {
-            const size_t bytes = deft_tensor_bytes(n.opt->params[i]);
+        for (int i = 0; i < deft_testing_optimizer_param_count(n.opt); i++) {
+            const size_t bytes = deft_tensor_nbytes(deft_testing_optimizer_param(n.opt, i));
             grads += bytes;
             if (bytes > a) {
                 b = a;

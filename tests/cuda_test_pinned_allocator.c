@@ -12,7 +12,7 @@
 #include <time.h>
 
 #include "check.h"
-#include "pinned_allocator.h"
+#include "deft_testing.h"
 
 #ifdef DEFT_HAVE_CUDA
 #include <cuda_runtime_api.h>

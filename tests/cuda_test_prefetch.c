@@ -11,9 +11,7 @@
 #include <time.h>
 
 #include "check.h"
-#include "device_internal.h"
-#include "pinned_allocator.h"
-#include "prefetch.h"
+#include "deft_testing.h"
 
 #ifdef DEFT_HAVE_CUDA
 #include <cuda_runtime_api.h>

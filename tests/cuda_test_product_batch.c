@@ -1,28 +1,26 @@
 /* Batched products (ops/cuda/cuda_matmul_batch.cu, runtime/fusion_batch.c):
- *  1. deft_cuda_matmul_batch on weight-gradient shapes (a [K, M] transposed, b [K, N]) in f32, TF32, bf16 and f16,
- *     some parts with bias gradients: every output and bias gradient against a float64 CPU product and sum, through
- *     the cuBLASLt batch and through the reference path (DEFT_MATMUL_REFERENCE=1, one product at a time); outputs
- *     poisoned with NaN first, so an element left unwritten fails; a capture into a CUDA Graph after an eager run
- *     gives the eager bits; and the batches it must refuse;
+ *  1. the batch kernel (deft_testing_matmul_batch) on weight-gradient shapes (a [K, M] transposed, b [K, N]) in f32,
+ *     TF32, bf16 and f16, some parts with bias gradients: every output and bias gradient against a float64 CPU
+ *     product and sum, through the cuBLASLt batch and through the reference path (debug knob MATMUL_REFERENCE, one
+ *     product at a time); outputs poisoned with NaN first, so an element left unwritten fails; a capture into a CUDA
+ *     Graph after an eager run gives the eager bits; and the batches it must refuse;
  *  2. an MLP's plan: its layers' weight gradients batched in f32 and TF32, none where they are small, with
- *     DEFT_PRODUCT_BATCHES=0, optimizer_in_backward, checkpointing or no_fusion;
+ *     no_product_batches, optimizer_in_backward, checkpointing or no_fusion;
  *  3. the MLP trained with and without batches: losses, step norms and parameters within f32 rounding of each other
  *     after every run; and batched replays equal to batched eager runs bit for bit.
  * Skips (exit 77) where no GPU works. DEFT_TEST_GPU_AS_CPU=1 runs part 2 and 3 on the CPU, where nothing is batched. */
-#define _POSIX_C_SOURCE 200809L /* setenv */
+#define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 
 #include "check.h"
+#include "deft_testing.h"
 #include "obwd_net.h"
 #include "ref.h"
 
 #ifdef DEFT_HAVE_CUDA
 #include <cuda_runtime_api.h>
-
-#include "cuda/cuda_kernels.h"
-#include "cuda/cuda_matmul.h"
 #endif
 
 static deft_device GPU;
@@ -90,9 +88,9 @@ static void case_free(batch_case *c) {
 }
 
 /* The parts, parts 1 and 3 without a bias gradient. */
-static void parts_of(const batch_case *c, deft_mm_part *p) {
+static void parts_of(const batch_case *c, deft_testing_mm_part *p) {
     for (int i = 0; i < PARTS; i++)
-        p[i] = (deft_mm_part){c->mm[i], c->dout[i], c->da[i], c->db[i], i % 2 ? NULL : c->dgrad[i]};
+        p[i] = (deft_testing_mm_part){c->mm[i], c->dout[i], c->da[i], c->db[i], i % 2 ? NULL : c->dgrad[i]};
 }
 
 /* ||got - want|| / ||want|| for part i's output and bias gradient. */
@@ -126,12 +124,12 @@ static void check_part(const batch_case *c, int i, double tol, const char *what)
 }
 
 static void run_batch(batch_case *c, unsigned flags, int reference, cudaStream_t st, const char *what) {
-    deft_mm_part p[PARTS];
+    deft_testing_mm_part p[PARTS];
     parts_of(c, p);
     poison(c);
-    if (reference) setenv("DEFT_MATMUL_REFERENCE", "1", 1);
-    CHECK_OK(deft_cuda_matmul_batch(p, PARTS, st, flags));
-    if (reference) unsetenv("DEFT_MATMUL_REFERENCE");
+    if (reference) CHECK_OK(deft_testing_set_debug("MATMUL_REFERENCE", 1));
+    CHECK_OK(deft_testing_matmul_batch(p, PARTS, st, flags));
+    if (reference) CHECK_OK(deft_testing_set_debug("MATMUL_REFERENCE", 0));
     CHECK_MSG(cudaStreamSynchronize(st) == cudaSuccess, "%s: synchronize", what);
     const double tol = c->dt == DEFT_F32 ? (flags ? 5e-3 : 1e-5) : 2e-2;
     for (int i = 0; i < PARTS; i++) check_part(c, i, reference ? (c->dt == DEFT_F32 ? 1e-5 : tol) : tol, what);
@@ -151,7 +149,7 @@ static unsigned char *outputs_of(const batch_case *c) {
 
 /* After an eager run, the batch captured into a CUDA Graph and replayed gives the eager run's bits. */
 static void check_captured(batch_case *c, unsigned flags, cudaStream_t st, const char *what) {
-    deft_mm_part p[PARTS];
+    deft_testing_mm_part p[PARTS];
     parts_of(c, p);
     unsigned char *eager = outputs_of(c);
     poison(c);
@@ -159,7 +157,7 @@ static void check_captured(batch_case *c, unsigned flags, cudaStream_t st, const
     cudaGraph_t graph = NULL;
     cudaGraphExec_t exec = NULL;
     CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
-    CHECK_OK(deft_cuda_matmul_batch(p, PARTS, st, flags));
+    CHECK_OK(deft_testing_matmul_batch(p, PARTS, st, flags));
     CHECK(cudaStreamEndCapture(st, &graph) == cudaSuccess);
     CHECK(graph && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
     CHECK(exec && cudaGraphLaunch(exec, st) == cudaSuccess && cudaStreamSynchronize(st) == cudaSuccess);
@@ -197,32 +195,33 @@ static void test_refusals(void) {
         case_free(&c);
         return;
     }
-    deft_mm_part p[PARTS];
+    deft_testing_mm_part p[PARTS];
     parts_of(&c, p);
-    CHECK(deft_cuda_matmul_batch(p, 0, NULL, 0) == DEFT_ERR_INVALID);
-    CHECK(deft_cuda_matmul_batch(NULL, 2, NULL, 0) == DEFT_ERR_INVALID);
-    CHECK(deft_cuda_matmul_batch(p, DEFT_MM_BATCH_MAX + 1, NULL, 0) == DEFT_ERR_INVALID);
-    deft_mm_part q[2] = {p[0], p[1]};
+    CHECK(deft_testing_matmul_batch(p, 0, NULL, 0) == DEFT_ERR_INVALID);
+    CHECK(deft_testing_matmul_batch(NULL, 2, NULL, 0) == DEFT_ERR_INVALID);
+    CHECK(deft_testing_matmul_batch(p, DEFT_MM_BATCH_MAX + 1, NULL, 0) == DEFT_ERR_INVALID);
+    deft_testing_mm_part q[2] = {p[0], p[1]};
     const int64_t other[2] = {32, 40};   /* b with another N */
-    q[1].mm = deft_matmul_t(c.mm[0]->src[0], deft_input(c.g, "b2", DEFT_F32, 2, other, deft_cuda(0)), 1, 0);
-    CHECK(q[1].mm && deft_cuda_matmul_batch(q, 2, NULL, 0) == DEFT_ERR_INVALID);
+    deft_tensor *a0 = deft_testing_src(c.mm[0], 0);   /* the first product's a */
+    q[1].mm = deft_matmul_t(a0, deft_input(c.g, "b2", DEFT_F32, 2, other, deft_cuda(0)), 1, 0);
+    CHECK(q[1].mm && deft_testing_matmul_batch(q, 2, NULL, 0) == DEFT_ERR_INVALID);
     q[1] = p[1];
     const int64_t as[2] = {32, 64}, bs[2] = {32, 48};   /* the same shape in bf16 */
     q[1].mm = deft_matmul_t(deft_input(c.g, "a16", DEFT_BF16, 2, as, deft_cuda(0)),
                             deft_input(c.g, "b16", DEFT_BF16, 2, bs, deft_cuda(0)), 1, 0);
-    CHECK(q[1].mm && deft_cuda_matmul_batch(q, 2, NULL, 0) == DEFT_ERR_INVALID);
-    deft_tensor elsewhere = *c.mm[1];   /* the same product on another GPU, which this machine may not have */
-    elsewhere.device.index = 1;
-    q[1].mm = &elsewhere;
-    CHECK(deft_cuda_matmul_batch(q, 2, NULL, 0) == DEFT_ERR_INVALID);
+    CHECK(q[1].mm && deft_testing_matmul_batch(q, 2, NULL, 0) == DEFT_ERR_INVALID);
+    deft_tensor *elsewhere = deft_testing_node_copy_on(c.mm[1], deft_cuda(1));   /* on a GPU this machine may lack */
+    q[1].mm = elsewhere;
+    CHECK(elsewhere && deft_testing_matmul_batch(q, 2, NULL, 0) == DEFT_ERR_INVALID);
+    deft_testing_node_copy_free(elsewhere);
     const int64_t bt[2] = {48, 32};   /* b transposed: no bias gradient */
-    deft_tensor *tb = deft_matmul_t(c.mm[0]->src[0], deft_input(c.g, "bt", DEFT_F32, 2, bt, deft_cuda(0)), 1, 1);
-    deft_mm_part r[2] = {{tb, p[0].out, p[0].a, p[0].b, c.dgrad[0]}, {tb, p[1].out, p[1].a, p[1].b, NULL}};
-    CHECK(tb && deft_cuda_matmul_batch(r, 2, NULL, 0) == DEFT_ERR_INVALID);
+    deft_tensor *tb = deft_matmul_t(a0, deft_input(c.g, "bt", DEFT_F32, 2, bt, deft_cuda(0)), 1, 1);
+    deft_testing_mm_part r[2] = {{tb, p[0].out, p[0].a, p[0].b, c.dgrad[0]}, {tb, p[1].out, p[1].a, p[1].b, NULL}};
+    CHECK(tb && deft_testing_matmul_batch(r, 2, NULL, 0) == DEFT_ERR_INVALID);
     q[0] = p[0];
     q[1] = p[1];
     q[1].out = NULL;
-    CHECK(deft_cuda_matmul_batch(q, 2, NULL, 0) == DEFT_ERR_INVALID);
+    CHECK(deft_testing_matmul_batch(q, 2, NULL, 0) == DEFT_ERR_INVALID);
     case_free(&c);
 }
 #endif
@@ -233,7 +232,7 @@ static int expected(int on_gpu) { return GPU.type == DEFT_CUDA ? on_gpu : 0; }
 static int batched_of(const obwd_spec *s, const deft_compile_options *o, int off) {
     obwd_net n;
     if (!obwd_build(&n, s)) return -1;
-    deft_program *p = obwd_compile_without(&n, o, off ? "DEFT_PRODUCT_BATCHES" : NULL);
+    deft_program *p = obwd_compile_without(&n, o, off ? OBWD_NO_PRODUCT_BATCHES : OBWD_ALL_ON);
     const int count = p ? deft_program_batched_products(p) : -1;
     float l = 0, norm = 0;
     CHECK(!p || (obwd_run(&n, p, 0, &l, &norm) && isfinite(l) && isfinite(norm)));
@@ -272,8 +271,8 @@ static void test_training(const deft_compile_options *o, double tol, const char 
     const obwd_spec s = {.depth = 4, .batch = 256, .width = 512, .classes = 10, .device = GPU};
     obwd_net a, b;
     if (!obwd_build(&a, &s) || !obwd_build(&b, &s)) return;
-    deft_program *pa = obwd_compile_without(&a, o, NULL);
-    deft_program *pb = obwd_compile_without(&b, o, "DEFT_PRODUCT_BATCHES");
+    deft_program *pa = obwd_compile_without(&a, o, OBWD_ALL_ON);
+    deft_program *pb = obwd_compile_without(&b, o, OBWD_NO_PRODUCT_BATCHES);
     CHECK(!pa || deft_program_batched_products(pa) == expected(s.depth));
     for (int r = 0; pa && pb && r < 5; r++) {
         float la, lb, na, nb;

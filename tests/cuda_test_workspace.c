@@ -5,7 +5,7 @@
 #include <stdlib.h>
 
 #include "check.h"
-#include "cuda/cuda_kernels.h"
+#include "deft_testing.h"
 
 #define GPU deft_cuda(0)
 

@@ -1,8 +1,7 @@
 /* A deep MLP for the optimizer-in-backward tests: x -> (linear -> relu) x depth -> linear -> cross-entropy with y,
  * its backward pass and SGD (momentum, weight decay) or AdamW. Two nets built with the same spec start from the same
  * parameters and see the same batches, so a program compiled with optimizer_in_backward can be compared, bit for
- * bit, with one compiled without it. The flat storage and the optimizer's state are read through the internal
- * optimizer struct (graph/optimizer.h). */
+ * bit, with one compiled without it. The flat storage and the optimizer's state are read through deft_testing.h. */
 #ifndef DEFT_TEST_OBWD_NET_H
 #define DEFT_TEST_OBWD_NET_H
 
@@ -11,8 +10,7 @@
 #include <string.h>
 
 #include "check.h"
-#include "device_internal.h"
-#include "optimizer.h"
+#include "deft_testing.h"
 #include "xorshift.h"
 
 typedef struct obwd_spec {
@@ -69,12 +67,16 @@ static inline deft_program *obwd_compile(obwd_net *n, const deft_compile_options
     return deft_compile(n->g, (deft_tensor *[]){n->loss, n->step}, 2, o);
 }
 
-/* obwd_compile with the environment switch `off` (e.g. "DEFT_SIDE_STREAM") set to 0 while compiling, NULL: none;
- * a failed compile is a failed check. */
-static inline deft_program *obwd_compile_without(obwd_net *n, const deft_compile_options *o, const char *off) {
-    if (off) setenv(off, "0", 1);
-    deft_program *p = obwd_compile(n, o);
-    if (off) unsetenv(off);
+/* The GPU optimisations obwd_compile_without can turn off on top of the options given. */
+enum { OBWD_ALL_ON = 0, OBWD_NO_SIDE_LANE, OBWD_NO_PRODUCT_BATCHES };
+
+/* obwd_compile with o and the optimisation `off` (OBWD_NO_SIDE_LANE: the compile option no_side_lane;
+ * OBWD_NO_PRODUCT_BATCHES: no_product_batches; OBWD_ALL_ON: none) turned off; a failed compile is a failed check. */
+static inline deft_program *obwd_compile_without(obwd_net *n, const deft_compile_options *o, int off) {
+    deft_compile_options with = o ? *o : (deft_compile_options){0};
+    if (off == OBWD_NO_SIDE_LANE) with.no_side_lane = 1;
+    if (off == OBWD_NO_PRODUCT_BATCHES) with.no_product_batches = 1;
+    deft_program *p = obwd_compile(n, &with);
     CHECK_MSG(p != NULL, "compile: %s", deft_errmsg());
     return p;
 }
@@ -102,13 +104,12 @@ static inline int obwd_run(obwd_net *n, deft_program *p, int r, float *loss, flo
 /* The flat parameters and the optimizer's state, copied to the host (malloc'd; NULL on failure). */
 static inline unsigned char *obwd_state(const obwd_net *n, size_t *bytes) {
     const deft_optimizer *o = n->opt;
-    const size_t one = (size_t)o->total * deft_dtype_size(o->dtype);
-    const void *parts[3] = {o->flat_params, o->state0, o->state1};
-    const int n_parts = o->kind == DEFT_OPTIM_ADAMW ? 3 : 2;
+    const size_t one = deft_testing_optimizer_array_bytes(o);
+    const int n_parts = deft_testing_optimizer_arrays(o);
     unsigned char *h = malloc(one * 3);
     if (!h) return NULL;
-    deft_status s = o->device.type == DEFT_CPU ? DEFT_OK : deft_device_synchronize(o->device);
-    for (int i = 0; s == DEFT_OK && i < n_parts; i++) s = deft_mem_copy(deft_cpu(), h + i * one, o->device, parts[i], one);
+    deft_status s = DEFT_OK;
+    for (int i = 0; s == DEFT_OK && i < n_parts; i++) s = deft_testing_optimizer_read(o, i, h + i * one, one);
     CHECK_MSG(s == DEFT_OK, "reading the optimizer's state: %s", deft_errmsg());
     *bytes = one * (size_t)n_parts;
     if (s != DEFT_OK) {
@@ -119,7 +120,7 @@ static inline unsigned char *obwd_state(const obwd_net *n, size_t *bytes) {
 }
 
 /* Runs two nets of spec s side by side for `runs` runs, the first compiled with oa, the second with ob and, when
- * one_stream_b, DEFT_SIDE_STREAM=0 (every step on one stream): losses, norms, parameters and state must agree bit
+ * one_stream_b, no_side_lane (every step on one stream): losses, norms, parameters and state must agree bit
  * for bit after every run, and the update counts too. Returns the number of runs that agreed. */
 static inline int obwd_compare_programs(const obwd_spec *s, const deft_compile_options *oa,
                                         const deft_compile_options *ob, int one_stream_b, int runs, const char *what) {
@@ -132,7 +133,7 @@ static inline int obwd_compare_programs(const obwd_spec *s, const deft_compile_o
     }
     deft_program *pa = obwd_compile(&a, oa);
     CHECK_MSG(pa != NULL, "%s: compile: %s", what, deft_errmsg());
-    deft_program *pb = pa ? obwd_compile_without(&b, ob, one_stream_b ? "DEFT_SIDE_STREAM" : NULL) : NULL;
+    deft_program *pb = pa ? obwd_compile_without(&b, ob, one_stream_b ? OBWD_NO_SIDE_LANE : OBWD_ALL_ON) : NULL;
     for (int r = 0; pa && pb && r < runs; r++) {
         float la, lb, na, nb;
         if (!obwd_run(&a, pa, r, &la, &na) || !obwd_run(&b, pb, r, &lb, &nb)) break;

@@ -11,10 +11,12 @@
  * lives in the forward pass only:
  *   bf16:  2 B H + 4 B C
  * so the matmul activation a is exactly half. Both are live together at the cross-entropy's gradient, so each sum is
- * the peak. Keeping x.bf16 (the internal switch deft_graph.keep_input_casts) would add its 2 B IN. A program without
+ * the peak. Keeping x.bf16 (the internal switch deft_testing_keep_input_casts) would add its 2 B IN. A program without
  * the backward pass keeps nothing for it: 0. */
+#include <stdbool.h>
+
 #include "amp_net.h"
-#include "graph_internal.h"
+#include "deft_testing.h"
 
 #define B 32
 #define IN 8
@@ -51,9 +53,9 @@ static int tiny_build(tiny *t) {
 }
 
 static size_t compiled_activations(tiny *t, deft_tensor **outs, int n, deft_dtype autocast, bool keep_casts) {
-    t->g->keep_input_casts = keep_casts;
+    deft_testing_keep_input_casts(t->g, keep_casts);
     deft_program *p = deft_compile(t->g, outs, n, &(deft_compile_options){.autocast = autocast});
-    t->g->keep_input_casts = false;
+    deft_testing_keep_input_casts(t->g, 0);
     CHECK_MSG(p != NULL, "compile: %s", deft_errmsg());
     size_t bytes = p ? activation_bytes(p) : 0;
     deft_program_free(p);

@@ -13,7 +13,7 @@
 #include <stdint.h>
 
 #include "amp_ref.h"
-#include "autocast.h"
+#include "deft_testing.h"
 
 #define B 64
 #define IN 32
@@ -53,16 +53,19 @@ static void test_casts_gone(void) {
     const int low = amp_step_sources(p, g, DEFT_BF16, &steps);
     CHECK_MSG(steps == 1 && low >= 3, "%d step nodes read %d bf16 gradients (the three weights at least)", steps, low);
     const deft_tensor *twin = NULL;
-    for (int id = 0; id < g->n_nodes && !twin; id++)
-        if (g->nodes[id]->op == DEFT_OP_OPTIMIZER && deft_program_schedules(p, g->nodes[id])) twin = g->nodes[id];
+    for (int id = 0; id < deft_graph_node_count(g) && !twin; id++) {
+        const deft_tensor *t = deft_testing_node(g, id);
+        if (deft_testing_is_op(t, "optimizer") && deft_program_schedules(p, t)) twin = t;
+    }
     int gone = 0;
-    for (int k = 0; twin && k < twin->nsrc; k++) {
-        const deft_tensor *src = twin->src[k], *param = n.opt->params[k];
-        const bool weight = strstr(param->name, ".weight") != NULL;
-        CHECK_MSG(!weight || src->dtype == DEFT_BF16, "the step reads %s's gradient in %s", param->name,
-                  deft_dtype_name(src->dtype));
-        CHECK(src->dtype == DEFT_BF16 || src->dtype == DEFT_F32);
-        if (src->dtype != DEFT_BF16) continue;
+    for (int k = 0; twin && k < deft_testing_src_count(twin); k++) {
+        const deft_tensor *src = deft_testing_src(twin, k), *param = deft_testing_optimizer_param(n.opt, k);
+        const deft_dtype sdt = deft_tensor_dtype(src);
+        const int weight = strstr(deft_tensor_name(param), ".weight") != NULL;
+        CHECK_MSG(!weight || sdt == DEFT_BF16, "the step reads %s's gradient in %s", deft_tensor_name(param),
+                  deft_dtype_name(sdt));
+        CHECK(sdt == DEFT_BF16 || sdt == DEFT_F32);
+        if (sdt != DEFT_BF16) continue;
         /* A gradient the checkpoint rewrite copied (the first layer's, which reads the recast input) has no cast
          * back at all; the others have one that is not computed. */
         const deft_tensor *cast = amp_cast_back(g, src);
@@ -72,8 +75,8 @@ static void test_casts_gone(void) {
 
     /* Asking for every parameter's gradient brings exactly those casts back: one step each. */
     deft_tensor *outs[2 + AMP_REF_MAX] = {n.loss, n.step};
-    const int np = n.opt->n_params;
-    for (int i = 0; i < np && i < AMP_REF_MAX; i++) outs[2 + i] = deft_grad(n.opt->params[i]);
+    const int np = deft_testing_optimizer_param_count(n.opt);
+    for (int i = 0; i < np && i < AMP_REF_MAX; i++) outs[2 + i] = deft_grad(deft_testing_optimizer_param(n.opt, i));
     deft_program *with_grads = deft_compile(n.g, outs, 2 + np, &BF16);
     CHECK_MSG(with_grads != NULL, "compile with the gradients: %s", deft_errmsg());
     if (with_grads)
@@ -81,9 +84,10 @@ static void test_casts_gone(void) {
                   "steps: %d with the gradients as outputs, %d without, %d casts", deft_program_step_count(with_grads),
                   deft_program_step_count(p), low);
     amp_step(&n, p, 0, 1.0f);
-    for (int k = 0; twin && k < twin->nsrc; k++) {
-        const deft_tensor *cast = twin->src[k]->dtype == DEFT_BF16 ? amp_cast_back(g, twin->src[k]) : NULL;
-        if (cast) CHECK_MSG(deft_program_node_runs(p, cast) == 0, "%s ran", cast->name);
+    for (int k = 0; twin && k < deft_testing_src_count(twin); k++) {
+        const deft_tensor *src = deft_testing_src(twin, k);
+        const deft_tensor *cast = deft_tensor_dtype(src) == DEFT_BF16 ? amp_cast_back(g, src) : NULL;
+        if (cast) CHECK_MSG(deft_program_node_runs(p, cast) == 0, "%s ran", deft_tensor_name(cast));
     }
 
     /* Optimizer in backward: the pieces (a finisher and at least one piece) read the same bf16 gradients. */
@@ -107,19 +111,20 @@ static void test_casts_gone(void) {
 static void test_f32_rewrite(void) {
     amp_net n;
     if (!amp_build(&n, deft_cpu(), B, IN, HID, CLS)) return;
-    deft_autocast *keep = NULL, *low = NULL;
-    CHECK_OK(deft_autocast_get(n.g, DEFT_BF16, 0, 1, &keep));
-    CHECK_OK(deft_autocast_get(n.g, DEFT_BF16, 0, 0, &low));
+    deft_testing_autocast *keep = NULL, *low = NULL;
+    CHECK_OK(deft_testing_autocast_get(n.g, DEFT_BF16, 0, 1, &keep));
+    CHECK_OK(deft_testing_autocast_get(n.g, DEFT_BF16, 0, 0, &low));
     CHECK(keep && low && keep != low);
-    const deft_tensor *a = keep ? keep->map[n.step->id] : NULL, *b = low ? low->map[n.step->id] : NULL;
-    CHECK(a && b && a != b && a->nsrc == b->nsrc);
+    const deft_tensor *a = keep ? deft_testing_autocast_map(keep, n.step) : NULL;
+    const deft_tensor *b = low ? deft_testing_autocast_map(low, n.step) : NULL;
+    const int na = deft_testing_src_count(a);
+    CHECK(a && b && a != b && na == deft_testing_src_count(b));
     int f32 = 0, bf16 = 0;
-    for (int k = 0; a && b && k < a->nsrc; k++) {
-        f32 += a->src[k]->dtype == DEFT_F32;
-        bf16 += b->src[k]->dtype == DEFT_BF16;
+    for (int k = 0; a && b && k < na; k++) {
+        f32 += deft_tensor_dtype(deft_testing_src(a, k)) == DEFT_F32;
+        bf16 += deft_tensor_dtype(deft_testing_src(b, k)) == DEFT_BF16;
     }
-    CHECK_MSG(a && f32 == a->nsrc && bf16 >= 3, "f32 twin: %d of %d f32 sources; low twin: %d bf16", f32,
-              a ? a->nsrc : 0, bf16);
+    CHECK_MSG(a && f32 == na && bf16 >= 3, "f32 twin: %d of %d f32 sources; low twin: %d bf16", f32, na, bf16);
     amp_free(&n);
 }
 

@@ -39,7 +39,7 @@ static void test_policies(void) {
     const deft_checkpoint_report base = rc_report(&n, &plain);
     /* Keeping x's cast, the search must find by itself what the recast plan meets (checkpointing sees the forward
      * pass of the autocast rewrite). */
-    n.g->keep_input_casts = true;
+    deft_testing_keep_input_casts(n.g, 1);
     deft_checkpoint_report kept = rc_report(&n, &(deft_compile_options){.autocast = DEFT_BF16,
                                                                         .checkpoint = DEFT_CHECKPOINT_BUDGET,
                                                                         .memory_budget = base.peak_bytes});
@@ -84,8 +84,9 @@ static void test_policies(void) {
 static int rc_twins(const amp_net *n) {
     int twins = 0;
     for (int id = 0; id < deft_graph_node_count(n->g); id++) {
-        const deft_tensor *t = n->g->nodes[id];
-        twins += t->op == DEFT_OP_OPTIMIZER && t->autocast != DEFT_AUTOCAST_NONE && t->ckpt_role == DEFT_CKPT_USER;
+        const deft_tensor *t = deft_testing_node(n->g, id);
+        twins += deft_testing_is_op(t, "optimizer") && deft_testing_autocast_mark(t) != DEFT_TESTING_AUTOCAST_NONE &&
+                 deft_testing_ckpt_role(t) == DEFT_TESTING_CKPT_USER;
     }
     return twins;
 }

@@ -217,7 +217,7 @@ static void test_stream_order(void) {
 
 /* Blocks that wait for other streams, with the fake events of alloc_test.h. */
 static void test_record_stream(void) {
-    CHECK_OK(deft_caching_set_event_hooks(DEFT_CPU, &fake_hooks));
+    CHECK_OK(deft_testing_caching_set_event_hooks(DEFT_CPU, &fake_hooks));
     void *a = alloc_on(1000, S1, "shared");
     CHECK_OK(deft_caching_record_stream(cpu, a, S2));
     CHECK_OK(deft_caching_record_stream(cpu, a, S2));   /* once per stream */
@@ -228,7 +228,7 @@ static void test_record_stream(void) {
     CHECK(s.allocated_bytes.current == 0 && s.active_bytes.current == 1024 && s.allocation.current == 0);
     consistent();
     CHECK_ERR(deft_caching_free(cpu, a), DEFT_ERR_INVALID, "waits on another stream");
-    CHECK_ERR(deft_caching_set_event_hooks(DEFT_CPU, NULL), DEFT_ERR_STATE, "still wait");
+    CHECK_ERR(deft_testing_caching_set_event_hooks(DEFT_CPU, NULL), DEFT_ERR_STATE, "still wait");
 
     void *b = alloc_on(1000, S1, "meanwhile");   /* a still waits: not reused */
     CHECK(b != a);
@@ -244,8 +244,8 @@ static void test_record_stream(void) {
     CHECK(n_fake_events == 2 && !fake_events[1].done);
     CHECK_OK(deft_memory_empty_cache(cpu));
     CHECK(fake_events[1].waited && fake_events[1].destroyed == 1);
-    CHECK_OK(deft_caching_set_event_hooks(DEFT_CPU, NULL));
-    CHECK_ERR(deft_caching_set_event_hooks(DEFT_CPU, &(deft_caching_event_hooks){0}), DEFT_ERR_INVALID, "hook");
+    CHECK_OK(deft_testing_caching_set_event_hooks(DEFT_CPU, NULL));
+    CHECK_ERR(deft_testing_caching_set_event_hooks(DEFT_CPU, &(deft_testing_event_hooks){0}), DEFT_ERR_INVALID, "hook");
     check_empty();
 }
 

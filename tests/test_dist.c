@@ -9,7 +9,7 @@
 
 #include "check.h"
 #include "indexed_dataset.h"
-#include "dist.h"
+#include "deft_testing.h"
 
 typedef struct rank_job {
     const char *spec;

@@ -2,8 +2,8 @@
  * there is one), and holds the segments, blocks, states, tags and events that a known sequence must produce. */
 #include <stdint.h>
 
-#include "caching_allocator.h"
 #include "check.h"
+#include "deft_testing.h"
 #include "read_file.h"
 
 #define KiB ((size_t)1024)
@@ -294,7 +294,7 @@ static void fake_wait(int index, void *event) {
     *(int *)event = 1;
 }
 static void fake_destroy(int index, void *event) { (void)index, (void)event; }
-static const deft_caching_event_hooks fake_hooks = {fake_record, fake_query, fake_wait, fake_destroy};
+static const deft_testing_event_hooks fake_hooks = {fake_record, fake_query, fake_wait, fake_destroy};
 
 #define ODD_TAG "say \"hi\"\\ \n\t\x01 caf\xc3\xa9 \xff!"
 #define ODD_TAG_DECODED "say \"hi\"\\ \n\t\x01 caf\xc3\xa9 \xef\xbf\xbd!"
@@ -366,7 +366,7 @@ static void check_history(const jval *root, uintptr_t first_block) {
 static void test_snapshot(void) {
     deft_device cpu = deft_cpu();
     CHECK_OK(deft_memory_record_history(100));
-    CHECK_OK(deft_caching_set_event_hooks(DEFT_CPU, &fake_hooks));
+    CHECK_OK(deft_testing_caching_set_event_hooks(DEFT_CPU, &fake_hooks));
     char *a = must_alloc(1000, NULL, "layer1.weight");
     void *big = must_alloc(3 * MiB, NULL, "arena:cpu");
     void *odd = must_alloc(100, NULL, ODD_TAG);
@@ -405,7 +405,7 @@ static void test_snapshot(void) {
     CHECK_OK(deft_caching_free(cpu, big));
     CHECK_OK(deft_memory_empty_cache(cpu));
     CHECK(fake_done == 1);
-    CHECK_OK(deft_caching_set_event_hooks(DEFT_CPU, NULL));
+    CHECK_OK(deft_testing_caching_set_event_hooks(DEFT_CPU, NULL));
     CHECK_OK(deft_memory_snapshot("test_memory_snapshot.json"));
     if (parse_file("test_memory_snapshot.json", &root)) {
         CHECK(j_len(j_get(&root, "history")) == 0);

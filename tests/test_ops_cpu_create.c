@@ -2,7 +2,7 @@
  * from the seed, value i a function of (seed, i) only (the contract the CUDA backend shares), in range, and with the
  * right mean, spread and shape of distribution over 100k samples. */
 #include "ref.h"
-#include "rng.h"
+#include "deft_testing.h"
 
 static void test_full(void) {
     static const deft_dtype dts[] = REF_ALL_DTYPES;
@@ -132,7 +132,8 @@ static void test_random(void) {
             CHECK_NEAR(sd, 5.0 / sqrt(12.0), 0.02);
             /* Value i depends on (seed, i) only: the generator's formula, rounded once, for any shape. */
             double *want = malloc((size_t)n * sizeof(double));
-            for (int64_t i = 0; i < n; i++) want[i] = ref_round(dt, -2.0 + 5.0 * deft_rng_uniform01(42, (uint64_t)i));
+            for (int64_t i = 0; i < n; i++)
+                want[i] = ref_round(dt, -2.0 + 5.0 * deft_testing_rng_uniform01(42, (uint64_t)i));
             char what[64];
             snprintf(what, sizeof what, "uniform %s against rng.h", dn);
             ref_close_tol(what, u1, want, n, 0.0);
@@ -165,7 +166,8 @@ static void test_random(void) {
             CHECK_NEAR(m, 1.5, 0.04);
             CHECK_NEAR(sd, 2.0, 0.03);
             double *want = malloc((size_t)n * sizeof(double));
-            for (int64_t i = 0; i < n; i++) want[i] = ref_round(dt, 1.5 + 2.0 * deft_rng_normal(7, (uint64_t)i));
+            for (int64_t i = 0; i < n; i++)
+                want[i] = ref_round(dt, 1.5 + 2.0 * deft_testing_rng_normal(7, (uint64_t)i));
             char what[64];
             snprintf(what, sizeof what, "normal %s against rng.h", dn);
             ref_close_tol(what, n1, want, n, 0.0);

@@ -10,10 +10,11 @@
  *     without the option beside it runs the one-node step;
  *  4. what cannot be split is an error with a message: accumulation, clipping, f16 loss scaling, a node reading the
  *     step's value, a node reading a parameter after the step. */
-#define _POSIX_C_SOURCE 200809L /* setenv */
+#define _POSIX_C_SOURCE 200809L
+#include <stdbool.h>
+
+#include "deft_testing.h"
 #include "obwd_net.h"
-#include "optimizer_split.h"
-#include "program_state.h"
 
 static const obwd_spec SGD_NET = {.depth = 6, .batch = 16, .width = 48, .classes = 10, .adamw = 0};
 static const obwd_spec ADAMW_NET = {.depth = 6, .batch = 16, .width = 48, .classes = 10, .adamw = 1};
@@ -30,45 +31,60 @@ static void test_bit_identical(void) {
     CHECK(obwd_compare(&a, &ck, 3, "adamw, checkpoint segments") == 3);
 }
 
-static bool is_part(const deft_tensor *t) { return t->op == DEFT_OP_OPTIMIZER && t->p.optimizer->part; }
+static bool is_part(const deft_tensor *t) {
+    return deft_testing_optimizer_part(deft_testing_step_optimizer(t), NULL, NULL) != NULL;
+}
+
+/* The step at which p runs t, -1 when it runs none for it (a leaf, a view, or a node p does not compute). */
+static int step_of(const deft_program *p, const deft_tensor *t) {
+    deft_testing_node_plan np;
+    deft_testing_program_node_plan(p, t, &np);
+    return np.step;
+}
 
 /* Every piece after the producers of its gradients and every reader of its parameters, with nothing but pieces
  * between the last of them and it; the finisher after every piece. Returns the number of pieces. */
 static int check_order(const deft_program *p, const deft_optimizer *opt) {
     int pieces = 0, last_piece = -1, finisher = -1;
-    for (int i = 0; i < p->n_steps; i++) {
-        const deft_tensor *t = p->graph->nodes[p->steps[i]];
+    const deft_graph *g = deft_testing_program_graph(p);
+    for (int i = 0; i < deft_program_step_count(p); i++) {
+        const deft_tensor *t = deft_testing_step_node(p, i);
         if (!is_part(t)) continue;
-        const deft_optimizer_part *part = t->p.optimizer->part;
-        CHECK(part->whole == opt);
-        if (part->finisher) {
+        const deft_optimizer *piece = deft_testing_step_optimizer(t);
+        int finishes = 0;
+        CHECK(deft_testing_optimizer_part(piece, NULL, &finishes) == opt);
+        if (finishes) {
             finisher = i;
             continue;
         }
         pieces++;
         last_piece = i;
         int anchor = -1;
-        for (int k = 0; k < t->nsrc; k++) {
-            const int st = p->nodes[deft_view_base(p->graph, t->src[k]->id, NULL)].step;
-            CHECK_MSG(st < i, "%s runs at %d, before its gradient %s (step %d)", t->name, i, t->src[k]->name, st);
+        for (int k = 0; k < deft_testing_src_count(t); k++) {
+            const deft_tensor *grad = deft_testing_src(t, k);
+            const int st = step_of(p, deft_testing_view_base(grad));
+            CHECK_MSG(st < i, "%s runs at %d, before its gradient %s (step %d)", deft_tensor_name(t), i,
+                      deft_tensor_name(grad), st);
             if (st > anchor) anchor = st;
         }
-        for (int id = 0; id < p->n_nodes; id++) {
-            const deft_tensor *r = p->graph->nodes[id];
-            if (!p->nodes[id].needed || p->nodes[id].step < 0) continue;
-            for (int k = 0; k < r->nsrc; k++) {
-                const int base = deft_view_base(p->graph, r->src[k]->id, NULL);
-                for (int m = 0; m < t->p.optimizer->n_params; m++) {
-                    if (t->p.optimizer->params[m]->id != base) continue;
-                    CHECK_MSG(p->nodes[id].step < i, "%s updates %s at step %d, before its reader %s (step %d)",
-                              t->name, r->src[k]->name, i, r->name, p->nodes[id].step);
-                    if (p->nodes[id].step > anchor) anchor = p->nodes[id].step;
+        for (int id = 0; id < deft_graph_node_count(g); id++) {
+            const deft_tensor *r = deft_testing_node(g, id);
+            const int r_step = step_of(p, r);
+            if (r_step < 0) continue;
+            for (int k = 0; k < deft_testing_src_count(r); k++) {
+                const deft_tensor *base = deft_testing_view_base(deft_testing_src(r, k));
+                for (int m = 0; m < deft_testing_optimizer_param_count(piece); m++) {
+                    if (deft_testing_optimizer_param(piece, m) != base) continue;
+                    CHECK_MSG(r_step < i, "%s updates %s at step %d, before its reader %s (step %d)",
+                              deft_tensor_name(t), deft_tensor_name(deft_testing_src(r, k)), i, deft_tensor_name(r),
+                              r_step);
+                    if (r_step > anchor) anchor = r_step;
                 }
             }
         }
         for (int j = anchor + 1; j < i; j++)
-            CHECK_MSG(is_part(p->graph->nodes[p->steps[j]]), "%s runs at %d, not right after step %d: %s between",
-                      t->name, i, anchor, p->graph->nodes[p->steps[j]]->name);
+            CHECK_MSG(is_part(deft_testing_step_node(p, j)), "%s runs at %d, not right after step %d: %s between",
+                      deft_tensor_name(t), i, anchor, deft_tensor_name(deft_testing_step_node(p, j)));
     }
     CHECK_MSG(finisher > last_piece, "the finisher at %d, the last piece at %d", finisher, last_piece);
     return pieces;
@@ -76,8 +92,8 @@ static int check_order(const deft_program *p, const deft_optimizer *opt) {
 
 static size_t grad_bytes(const deft_optimizer *o, size_t *largest2) {
     size_t total = 0, a = 0, b = 0;
-    for (int i = 0; i < o->n_params; i++) {
-        const size_t n = deft_tensor_bytes(o->params[i]);
+    for (int i = 0; i < deft_testing_optimizer_param_count(o); i++) {
+        const size_t n = deft_tensor_nbytes(deft_testing_optimizer_param(o, i));
         total += n;
         if (n > a) {
             b = a;
@@ -115,7 +131,8 @@ static void test_plan(const deft_compile_options *extra, const char *what) {
     CHECK_MSG(p != NULL, "%s: %s", what, deft_errmsg());
     if (p) {
         CHECK_MSG(check_order(p, n.opt) == s.depth + 1, "%s: pieces are not one per layer", what);
-        CHECK(p->split && p->split->n_pieces == s.depth + 1 && p->split->n_steps == 1);
+        deft_testing_split sp;
+        CHECK(deft_testing_program_split(p, &sp) && sp.n_pieces == s.depth + 1 && sp.n_steps == 1);
         float l, norm;
         CHECK(obwd_run(&n, p, 0, &l, &norm) && isfinite(norm) && norm > 0.0f);
         deft_program_free(p);
@@ -136,8 +153,8 @@ static void test_beside(void) {
     deft_program *whole = obwd_compile(&n, NULL);
     CHECK(split && whole);
     int steps_whole = 0;
-    for (int i = 0; whole && i < whole->n_steps; i++) {
-        const deft_tensor *t = whole->graph->nodes[whole->steps[i]];
+    for (int i = 0; whole && i < deft_program_step_count(whole); i++) {
+        const deft_tensor *t = deft_testing_step_node(whole, i);
         CHECK(!is_part(t));
         steps_whole += t == n.step;
     }
@@ -174,6 +191,18 @@ static int reader_build(reader_net *n) {
     return n->step != NULL;
 }
 
+/* Whether the flat parameters of a and b (of one size) hold the same bytes. */
+static int same_params(const deft_optimizer *a, const deft_optimizer *b) {
+    const size_t bytes = deft_testing_optimizer_array_bytes(a);
+    unsigned char *x = malloc(bytes), *y = malloc(bytes);
+    const int same = x && y && bytes == deft_testing_optimizer_array_bytes(b) &&
+                     deft_testing_optimizer_read(a, 0, x, bytes) == DEFT_OK &&
+                     deft_testing_optimizer_read(b, 0, y, bytes) == DEFT_OK && memcmp(x, y, bytes) == 0;
+    free(x);
+    free(y);
+    return same;
+}
+
 static void test_reader_after_grad(void) {
     reader_net a, b;
     if (!reader_build(&a) || !reader_build(&b)) return;
@@ -196,8 +225,7 @@ static void test_reader_after_grad(void) {
         CHECK_OK(deft_program_read(pb, b.step, &nb, sizeof nb));
         CHECK_MSG(la == lb && na == nb, "run %d: loss %.9g / %.9g, norm %.9g / %.9g", r, (double)la, (double)lb,
                   (double)na, (double)nb);
-        CHECK_MSG(memcmp(a.opt->flat_params, b.opt->flat_params, (size_t)a.opt->total * sizeof(float)) == 0,
-                  "run %d: parameters differ", r);
+        CHECK_MSG(same_params(a.opt, b.opt), "run %d: parameters differ", r);
     }
     deft_graph_free(a.g);
     deft_graph_free(b.g);

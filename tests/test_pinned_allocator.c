@@ -6,7 +6,6 @@
  * It runs where a GPU works too: the pool is then page-locked (cudaHostAlloc) and every figure is the same, since
  * the rules do not depend on the backend. tests/cuda_test_pinned_allocator.c covers real streams. */
 #include "alloc_test.h"
-#include "pinned_allocator.h"
 
 static int page_locked;   /* a GPU works: the blocks are page-locked */
 
@@ -252,7 +251,7 @@ static void test_bad_free(void) {
 
 /* Blocks that wait for the streams recorded on them, with the fake events of alloc_test.h. */
 static void test_record_stream(void) {
-    CHECK_OK(deft_pinned_set_event_hooks(&fake_hooks));
+    CHECK_OK(deft_testing_pinned_set_event_hooks(&fake_hooks));
     /* Freed with no stream recorded: reusable at once, no event. */
     deft_memory_stats s0 = stats();
     void *z = palloc(1000);
@@ -272,7 +271,7 @@ static void test_record_stream(void) {
     consistent();
     CHECK_ERR(deft_pinned_free(a), DEFT_ERR_INVALID, "waits on another stream");
     CHECK_ERR(deft_pinned_record_stream(a, S2), DEFT_ERR_INVALID, "is not a live block");
-    CHECK_ERR(deft_pinned_set_event_hooks(NULL), DEFT_ERR_STATE, "still wait");
+    CHECK_ERR(deft_testing_pinned_set_event_hooks(NULL), DEFT_ERR_STATE, "still wait");
 
     char *b = palloc(1000);   /* a waits: not reused */
     CHECK(b == (char *)a + 1024);
@@ -297,8 +296,8 @@ static void test_record_stream(void) {
     CHECK_OK(deft_pinned_empty_cache());
     CHECK(fake_events[2].waited && fake_events[2].destroyed == 1);
     CHECK(stats().reserved_bytes.current == 0 && stats().active_bytes.current == 0);
-    CHECK_OK(deft_pinned_set_event_hooks(NULL));
-    CHECK_ERR(deft_pinned_set_event_hooks(&(deft_caching_event_hooks){0}), DEFT_ERR_INVALID, "hook");
+    CHECK_OK(deft_testing_pinned_set_event_hooks(NULL));
+    CHECK_ERR(deft_testing_pinned_set_event_hooks(&(deft_testing_event_hooks){0}), DEFT_ERR_INVALID, "hook");
     check_empty();
 
     /* Without a GPU the default events never wait: no stream can be reading host memory. (With one, the stream

@@ -4,15 +4,13 @@
 #include <stdint.h>
 
 #include "check.h"
-#include "graph_internal.h"
-#include "planner.h"
-#include "program_internal.h"
+#include "deft_testing.h"
 #include "xorshift.h"
 
 static uint64_t rng_state = 88172645463325252ull;
 static int rand_below(int n) { return xorshift64_below(&rng_state, n); }
 
-static int overlaps(const deft_plan_buffer *a, const deft_plan_buffer *b) {
+static int overlaps(const deft_testing_plan_buffer *a, const deft_testing_plan_buffer *b) {
     int live_together = a->first <= b->last && b->first <= a->last;
     int share_bytes = a->offset < b->offset + b->size && b->offset < a->offset + a->size;
     return live_together && share_bytes;
@@ -20,12 +18,12 @@ static int overlaps(const deft_plan_buffer *a, const deft_plan_buffer *b) {
 
 /* Plans bufs and checks the plan: aligned, inside the arena, no two live buffers overlapping, arena between the lower
  * bound and the no-reuse size. */
-static void plan_and_check(deft_plan_buffer *bufs, int n, int trial) {
-    deft_plan_stats st;
-    CHECK_OK(deft_plan_offsets(bufs, n, 0, &st));
+static void plan_and_check(deft_testing_plan_buffer *bufs, int n, int trial) {
+    deft_testing_plan_stats st;
+    CHECK_OK(deft_testing_plan(bufs, n, 0, &st));
     int bad = 0;
     for (int i = 0; i < n; i++) {
-        bad += bufs[i].offset % DEFT_PLAN_ALIGN != 0 || bufs[i].offset + bufs[i].size > st.arena_bytes;
+        bad += bufs[i].offset % DEFT_TESTING_PLAN_ALIGN != 0 || bufs[i].offset + bufs[i].size > st.arena_bytes;
         for (int j = i + 1; j < n; j++) bad += overlaps(&bufs[i], &bufs[j]);
     }
     CHECK_MSG(bad == 0, "trial %d: %d overlapping or misplaced buffers", trial, bad);
@@ -34,31 +32,31 @@ static void plan_and_check(deft_plan_buffer *bufs, int n, int trial) {
 
 static void test_planner_random_lifetimes(void) {
     enum { N = 300 };
-    static deft_plan_buffer bufs[N];
+    static deft_testing_plan_buffer bufs[N];
     for (int trial = 0; trial < 50; trial++) {
         int n = 1 + rand_below(N);
         for (int i = 0; i < n; i++) {
             int first = rand_below(200), len = rand_below(20);
-            bufs[i] = (deft_plan_buffer){(size_t)(1 + rand_below(100000)), first, first + len, 0};
+            bufs[i] = (deft_testing_plan_buffer){(size_t)(1 + rand_below(100000)), first, first + len, 0};
         }
         plan_and_check(bufs, n, trial);
     }
-    deft_plan_buffer backwards = {16, 5, 2, 0};
-    CHECK_ERR(deft_plan_offsets(&backwards, 1, 0, &(deft_plan_stats){0}), DEFT_ERR_INVALID, "lifetime [5, 2]");
+    deft_testing_plan_buffer backwards = {16, 5, 2, 0};
+    CHECK_ERR(deft_testing_plan(&backwards, 1, 0, &(deft_testing_plan_stats){0}), DEFT_ERR_INVALID, "lifetime [5, 2]");
 }
 
 /* Long and short lifetimes mixed, sizes over three orders of magnitude: the shapes that make the repair pass move
  * buffers and displace others. */
 static void test_planner_mixed_lifetimes(void) {
     enum { N = 600 };
-    static deft_plan_buffer bufs[N];
+    static deft_testing_plan_buffer bufs[N];
     for (int trial = 0; trial < 40; trial++) {
         int n = 50 + rand_below(N - 50), steps = 50 + rand_below(2000);
         for (int i = 0; i < n; i++) {
             int first = rand_below(steps), len = rand_below(8) == 0 ? rand_below(steps) : rand_below(12);
             size_t size = (size_t)256 << rand_below(6);
             if (rand_below(3) == 0) size -= (size_t)rand_below(200);
-            bufs[i] = (deft_plan_buffer){size, first, first + len, 0};
+            bufs[i] = (deft_testing_plan_buffer){size, first, first + len, 0};
         }
         plan_and_check(bufs, n, trial);
     }
@@ -67,15 +65,15 @@ static void test_planner_mixed_lifetimes(void) {
 /* Step numbers far apart (the planner renumbers them to their ranks): the same overlaps, the same lower bound. */
 static void test_planner_sparse_steps(void) {
     enum { N = 200 };
-    static deft_plan_buffer bufs[N], dense[N];
+    static deft_testing_plan_buffer bufs[N], dense[N];
     for (int i = 0; i < N; i++) {
         int first = rand_below(300), len = rand_below(30);
-        dense[i] = (deft_plan_buffer){(size_t)(1 + rand_below(5000)), first, first + len, 0};
-        bufs[i] = (deft_plan_buffer){dense[i].size, first * 6000000, (first + len) * 6000000 + 5, 0};
+        dense[i] = (deft_testing_plan_buffer){(size_t)(1 + rand_below(5000)), first, first + len, 0};
+        bufs[i] = (deft_testing_plan_buffer){dense[i].size, first * 6000000, (first + len) * 6000000 + 5, 0};
     }
-    deft_plan_stats st, st_dense;
-    CHECK_OK(deft_plan_offsets(bufs, N, 0, &st));
-    CHECK_OK(deft_plan_offsets(dense, N, 0, &st_dense));
+    deft_testing_plan_stats st, st_dense;
+    CHECK_OK(deft_testing_plan(bufs, N, 0, &st));
+    CHECK_OK(deft_testing_plan(dense, N, 0, &st_dense));
     CHECK(st.lower_bound == st_dense.lower_bound);
     CHECK(bufs[0].first == dense[0].first * 6000000);   /* the caller's lifetimes stay as they were */
     int bad = 0;
@@ -85,37 +83,37 @@ static void test_planner_sparse_steps(void) {
 }
 
 static void test_planner_edges(void) {
-    deft_plan_stats st;
-    CHECK_OK(deft_plan_offsets(NULL, 0, 0, &st));
+    deft_testing_plan_stats st;
+    CHECK_OK(deft_testing_plan(NULL, 0, 0, &st));
     CHECK(st.arena_bytes == 0 && st.lower_bound == 0 && st.no_reuse_bytes == 0);
-    deft_plan_buffer one = {1, 3, 3, 77};
-    CHECK_OK(deft_plan_offsets(&one, 1, 0, &st));
+    deft_testing_plan_buffer one = {1, 3, 3, 77};
+    CHECK_OK(deft_testing_plan(&one, 1, 0, &st));
     CHECK(one.offset == 0 && st.arena_bytes == 256 && st.lower_bound == 256);
     /* Two buffers live together never share; apart, they do. */
-    deft_plan_buffer two[2] = {{1000, 0, 1, 0}, {1000, 1, 2, 0}};
-    CHECK_OK(deft_plan_offsets(two, 2, 0, &st));
+    deft_testing_plan_buffer two[2] = {{1000, 0, 1, 0}, {1000, 1, 2, 0}};
+    CHECK_OK(deft_testing_plan(two, 2, 0, &st));
     CHECK(st.arena_bytes == 2048 && two[0].offset != two[1].offset);
     two[1].first = 2;
-    CHECK_OK(deft_plan_offsets(two, 2, 0, &st));
+    CHECK_OK(deft_testing_plan(two, 2, 0, &st));
     CHECK(st.arena_bytes == 1024 && two[0].offset == 0 && two[1].offset == 0);
-    CHECK_OK(deft_plan_offsets(two, 2, 1, &st));
+    CHECK_OK(deft_testing_plan(two, 2, 1, &st));
     CHECK(st.arena_bytes == 2048 && st.lower_bound == 1024 && two[1].offset == 1024);
-    deft_plan_buffer endless = {16, 0, INT_MAX, 0};
-    CHECK_ERR(deft_plan_offsets(&endless, 1, 0, &st), DEFT_ERR_INVALID, "lifetime [0, 2147483647]");
-    CHECK_ERR(deft_plan_offsets(&one, -1, 0, &st), DEFT_ERR_INVALID, "-1 buffers");
+    deft_testing_plan_buffer endless = {16, 0, INT_MAX, 0};
+    CHECK_ERR(deft_testing_plan(&endless, 1, 0, &st), DEFT_ERR_INVALID, "lifetime [0, 2147483647]");
+    CHECK_ERR(deft_testing_plan(&one, -1, 0, &st), DEFT_ERR_INVALID, "-1 buffers");
 }
 
 /* Same-size buffers: any step's live set stacks without holes, so the plan must reach the lower bound. */
 static void test_planner_equal_sizes_reach_bound(void) {
     enum { N = 400 };
-    static deft_plan_buffer bufs[N];
+    static deft_testing_plan_buffer bufs[N];
     for (int trial = 0; trial < 20; trial++) {
         for (int i = 0; i < N; i++) {
             int first = rand_below(500), len = rand_below(40);
-            bufs[i] = (deft_plan_buffer){4096, first, first + len, 0};
+            bufs[i] = (deft_testing_plan_buffer){4096, first, first + len, 0};
         }
-        deft_plan_stats st;
-        CHECK_OK(deft_plan_offsets(bufs, N, 0, &st));
+        deft_testing_plan_stats st;
+        CHECK_OK(deft_testing_plan(bufs, N, 0, &st));
         CHECK_MSG(st.arena_bytes == st.lower_bound, "trial %d: arena %zu, bound %zu", trial, st.arena_bytes,
                   st.lower_bound);
     }
@@ -166,19 +164,19 @@ static int build_random_dag(deft_tensor **in, int n_in, int n_nodes, deft_tensor
 
 /* No two arena buffers that live at the same step share a byte. */
 static void check_program_plan(const deft_graph *g, const deft_program *p) {
-    deft_node_plan plans[1024];
+    deft_testing_node_plan plans[1024];
     int n = 0;
-    for (int i = 0; i < g->n_nodes && n < 1024; i++) {
-        deft_program_node_plan(p, g->nodes[i], &plans[n]);
+    for (int i = 0; i < deft_graph_node_count(g) && n < 1024; i++) {
+        deft_testing_program_node_plan(p, deft_testing_node(g, i), &plans[n]);
         int seen = 0;   /* nodes that ran in place share their buffer: count each buffer once */
         for (int j = 0; j < n; j++) seen |= plans[j].buffer == plans[n].buffer;
-        if (plans[n].place == DEFT_PLACE_ARENA && !seen) n++;
+        if (plans[n].place == DEFT_TESTING_PLACE_ARENA && !seen) n++;
     }
     int bad = 0;
     for (int i = 0; i < n; i++)
         for (int j = i + 1; j < n; j++) {
-            deft_plan_buffer a = {plans[i].size, plans[i].first, plans[i].last, plans[i].offset};
-            deft_plan_buffer b = {plans[j].size, plans[j].first, plans[j].last, plans[j].offset};
+            deft_testing_plan_buffer a = {plans[i].size, plans[i].first, plans[i].last, plans[i].offset};
+            deft_testing_plan_buffer b = {plans[j].size, plans[j].first, plans[j].last, plans[j].offset};
             bad += overlaps(&a, &b);
         }
     CHECK_MSG(bad == 0, "%d pairs of live buffers overlap", bad);

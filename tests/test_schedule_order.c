@@ -5,7 +5,7 @@
 #include <time.h>
 
 #include "check.h"
-#include "schedule_order.h"
+#include "deft_testing.h"
 #include "xorshift.h"
 
 static uint64_t rng_state = 0x2545f4914f6cdd1dull;
@@ -13,13 +13,13 @@ static int rand_below(int n) { return xorshift64_below(&rng_state, n); }
 
 /* A step list under construction. */
 typedef struct sched_graph {
-    deft_order_step steps[512];
+    deft_testing_order_step steps[512];
     int deps[4096];
     int n, n_deps;
 } sched_graph;
 
 static int add_step(sched_graph *g, size_t bytes, int keep_alive, int n_deps, const int *deps) {
-    deft_order_step *s = &g->steps[g->n];
+    deft_testing_order_step *s = &g->steps[g->n];
     s->bytes = bytes;
     s->keep_alive = keep_alive;
     s->dep_begin = g->n_deps;
@@ -30,7 +30,7 @@ static int add_step(sched_graph *g, size_t bytes, int keep_alive, int n_deps, co
 
 /* The reference peak, straight from the definition: at each position, the outputs already made that are kept, are
  * read at that position or later, or are made right there. */
-static size_t peak_of(const deft_order_step *steps, int n, const int *deps, const int *order) {
+static size_t peak_of(const deft_testing_order_step *steps, int n, const int *deps, const int *order) {
     static int pos[100000];
     for (int k = 0; k < n; k++) pos[order[k]] = k;
     size_t peak = 0;
@@ -50,7 +50,7 @@ static size_t peak_of(const deft_order_step *steps, int n, const int *deps, cons
 }
 
 /* Every step exactly once, each after all its dependencies. */
-static int is_topological(const deft_order_step *steps, int n, const int *deps, const int *order) {
+static int is_topological(const deft_testing_order_step *steps, int n, const int *deps, const int *order) {
     static int pos[100000];
     for (int i = 0; i < n; i++) pos[i] = -1;
     for (int k = 0; k < n; k++) {
@@ -83,7 +83,7 @@ static void test_random_dags(void) {
             size_t bytes = rand_below(6) == 0 ? 0 : (size_t)1 << rand_below(16);
             add_step(&g, bytes, rand_below(8) == 0 || i == n - 1, nd, d);
         }
-        CHECK_OK(deft_schedule_order(g.steps, n, g.deps, order));
+        CHECK_OK(deft_testing_schedule_order(g.steps, n, g.deps, order));
         CHECK_MSG(is_topological(g.steps, n, g.deps, order), "trial %d: not a topological order", trial);
         identity(given, n);
         size_t mine = peak_of(g.steps, n, g.deps, order), theirs = peak_of(g.steps, n, g.deps, given);
@@ -103,7 +103,7 @@ static void test_two_chains(void) {
     add_step(&g, 1, 1, 1, &b1);
     int order[4], given[4] = {0, 1, 2, 3};
     CHECK(peak_of(g.steps, g.n, g.deps, given) == 201);
-    CHECK_OK(deft_schedule_order(g.steps, g.n, g.deps, order));
+    CHECK_OK(deft_testing_schedule_order(g.steps, g.n, g.deps, order));
     CHECK(order[0] == 0 && order[1] == 2 && order[2] == 1 && order[3] == 3);
     CHECK(peak_of(g.steps, g.n, g.deps, order) == 102);
 }
@@ -120,7 +120,7 @@ static void test_fan_out_then_reduce(void) {
     int order[10], given[10];
     identity(given, g.n);
     CHECK(peak_of(g.steps, g.n, g.deps, given) == 410);
-    CHECK_OK(deft_schedule_order(g.steps, g.n, g.deps, order));
+    CHECK_OK(deft_testing_schedule_order(g.steps, g.n, g.deps, order));
     CHECK(is_topological(g.steps, g.n, g.deps, order));
     size_t peak = peak_of(g.steps, g.n, g.deps, order);
     CHECK_MSG(peak == 113, "peak %zu, wanted 113", peak);
@@ -137,13 +137,13 @@ static void test_keeps_given_order_when_greedy_loses(void) {
     add_step(&g, 50, 0, 2, (int[]){0, 1});
     add_step(&g, 10, 1, 0, NULL);
     int order[6];
-    CHECK_OK(deft_schedule_order(g.steps, g.n, g.deps, order));
+    CHECK_OK(deft_testing_schedule_order(g.steps, g.n, g.deps, order));
     for (int i = 0; i < 4; i++) CHECK(order[i] == i);
     CHECK(peak_of(g.steps, g.n, g.deps, order) == 75);
     /* A chain has one order only. */
     g.n = g.n_deps = 0;
     for (int i = 0; i < 6; i++) add_step(&g, 64, i == 5, i ? 1 : 0, (int[]){i - 1});
-    CHECK_OK(deft_schedule_order(g.steps, g.n, g.deps, order));
+    CHECK_OK(deft_testing_schedule_order(g.steps, g.n, g.deps, order));
     for (int i = 0; i < 6; i++) CHECK(order[i] == i);
 }
 
@@ -154,37 +154,37 @@ static void test_bad_input(void) {
     add_step(&g, 8, 0, 0, NULL);
     add_step(&g, 8, 0, 1, (int[]){2});
     add_step(&g, 8, 1, 1, (int[]){0});
-    CHECK_ERR(deft_schedule_order(g.steps, g.n, g.deps, order), DEFT_ERR_INVALID, "step 1 depends on step 2");
+    CHECK_ERR(deft_testing_schedule_order(g.steps, g.n, g.deps, order), DEFT_ERR_INVALID, "step 1 depends on step 2");
     g.deps[0] = 1;   /* on itself */
-    CHECK_ERR(deft_schedule_order(g.steps, g.n, g.deps, order), DEFT_ERR_INVALID, "step 1 depends on step 1");
+    CHECK_ERR(deft_testing_schedule_order(g.steps, g.n, g.deps, order), DEFT_ERR_INVALID, "step 1 depends on step 1");
     g.deps[0] = -3;
-    CHECK_ERR(deft_schedule_order(g.steps, g.n, g.deps, order), DEFT_ERR_INVALID, "step 1 depends on step -3");
+    CHECK_ERR(deft_testing_schedule_order(g.steps, g.n, g.deps, order), DEFT_ERR_INVALID, "step 1 depends on step -3");
     g.deps[0] = 0;
     g.steps[2].dep_end = g.steps[2].dep_begin - 1;
-    CHECK_ERR(deft_schedule_order(g.steps, g.n, g.deps, order), DEFT_ERR_INVALID, "step 2 has dependencies");
+    CHECK_ERR(deft_testing_schedule_order(g.steps, g.n, g.deps, order), DEFT_ERR_INVALID, "step 2 has dependencies");
     g.steps[2].dep_end = g.steps[2].dep_begin + 1;
-    CHECK_ERR(deft_schedule_order(g.steps, g.n, NULL, order), DEFT_ERR_INVALID, "deps is NULL");
-    CHECK_ERR(deft_schedule_order(g.steps, -1, g.deps, order), DEFT_ERR_INVALID, "-1 steps");
-    CHECK_OK(deft_schedule_order(g.steps, g.n, g.deps, order));
+    CHECK_ERR(deft_testing_schedule_order(g.steps, g.n, NULL, order), DEFT_ERR_INVALID, "deps is NULL");
+    CHECK_ERR(deft_testing_schedule_order(g.steps, -1, g.deps, order), DEFT_ERR_INVALID, "-1 steps");
+    CHECK_OK(deft_testing_schedule_order(g.steps, g.n, g.deps, order));
     CHECK(order[0] == 0 && order[1] == 1 && order[2] == 2);
-    CHECK_OK(deft_schedule_order(NULL, 0, NULL, NULL));
+    CHECK_OK(deft_testing_schedule_order(NULL, 0, NULL, NULL));
 }
 
 /* 100k steps in layers of 100 independent chains given layer by layer: the order must stay valid and come fast. */
 static void test_large(void) {
     enum { N = 100000, CHAINS = 100 };
-    static deft_order_step steps[N];
+    static deft_testing_order_step steps[N];
     static int deps[2 * N], order[N];
     int nd = 0;
     for (int i = 0; i < N; i++) {
-        steps[i] = (deft_order_step){(size_t)(256 << rand_below(6)), i >= N - CHAINS, nd, nd};
+        steps[i] = (deft_testing_order_step){(size_t)(256 << rand_below(6)), i >= N - CHAINS, nd, nd};
         if (i >= CHAINS) deps[nd++] = i - CHAINS;
         if (i >= 4 * CHAINS && rand_below(10) == 0) deps[nd++] = rand_below(i - CHAINS);
         steps[i].dep_end = nd;
     }
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    CHECK_OK(deft_schedule_order(steps, N, deps, order));
+    CHECK_OK(deft_testing_schedule_order(steps, N, deps, order));
     clock_gettime(CLOCK_MONOTONIC, &t1);
     double ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
     CHECK(is_topological(steps, N, deps, order));

@@ -33,7 +33,7 @@ int deft_cpu_coalesce(int ndim, int64_t *shape, int nops, int64_t (*strs)[DEFT_M
     return nd;
 }
 
-int deft_cpu_has_blas(void) {
+int deft_has_blas(void) {
 #ifdef DEFT_HAVE_BLAS
     return 1;
 #else

@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "cpu_kernels.h"
+#include "cpu_tuning.h"
 #include "element.h"
 #include "half.h"
 
@@ -19,12 +20,9 @@
 #define DEFT_OMP(...)
 #endif
 
-/* Below this many elements, starting a parallel region costs more than it saves. */
-#define DEFT_CPU_PAR_MIN 32768
-
-/* Elementwise walks split rows into segments of at most this many elements, so that a few long rows still spread
- * over every thread. */
-#define DEFT_CPU_SEGMENT 16384
+/* cpu_tuning.h: below DEFT_CPU_PAR_MIN elements, starting a parallel region costs more than it saves; elementwise
+ * walks split rows into segments of at most DEFT_CPU_SEGMENT elements, so that a few long rows still spread over
+ * every thread. */
 
 static inline int deft_cpu_is_float(deft_dtype dt) {
     return dt == DEFT_F32 || dt == DEFT_F64 || dt == DEFT_F16 || dt == DEFT_BF16;

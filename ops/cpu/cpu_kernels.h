@@ -9,7 +9,14 @@
  * Returns DEFT_ERR_DTYPE (with a message) for a dtype the op does not support on the CPU. */
 deft_status deft_cpu_run_node(const deft_tensor *n, void *out, const void *const *in);
 
-/* 1 if matmul goes through a CBLAS. */
-int deft_cpu_has_blas(void);
+struct deft_optimizer;
+/* An optimizer's whole step on the CPU (ops/cpu/cpu_optimizer.c): gathers this run's gradients (grads[i], the value
+ * of srcs[i]) and every accumulate_steps-th run clips and updates; out is the norm. */
+deft_status deft_cpu_optimizer_run(struct deft_optimizer *o, deft_tensor *const *srcs, const void *const *grads,
+                                   void *out);
+/* A part of a split step: a piece's block sums into out, or the finisher's norm from the pieces' sums. */
+deft_status deft_cpu_optimizer_part_run(struct deft_optimizer *o, deft_tensor *const *srcs, const void *const *grads,
+                                        void *out);
+
 
 #endif

@@ -9,9 +9,10 @@
 #include <string.h>
 
 #include "cpu_internal.h"
+#include "cpu_tuning.h"
 
-#define RED_BLOCK 8192   /* reduced elements per block (per output) */
-#define RED_CHUNK 256    /* neighbouring outputs per task when the innermost run is kept */
+#define RED_BLOCK DEFT_CPU_RED_BLOCK   /* reduced elements per block (per output): cpu_tuning.h */
+#define RED_CHUNK DEFT_CPU_RED_CHUNK   /* neighbouring outputs per task when the innermost run is kept: cpu_tuning.h */
 
 typedef struct red_plan {
     int nk, nr;                                        /* kept and reduced runs, outermost first */

@@ -3,9 +3,11 @@
 #include <string.h>
 
 #include "cpu_internal.h"
+#include "cpu_tuning.h"
 
-/* Square tiles for gathers whose input stride is not 1: a transpose then reads and writes whole cache lines. */
-#define TILE 32
+/* Square tiles for gathers whose input stride is not 1: a transpose then reads and writes whole cache lines. Their
+ * side is cpu_tuning.h's. */
+#define TILE DEFT_CPU_TRANSPOSE_TILE
 
 #define GATHER_TILE(T)                                                                                           \
     do {                                                                                                         \

@@ -1,9 +1,11 @@
 /* Softmax and log-softmax along one axis, on floating dtypes. The row maximum is subtracted before exp, so logits
  * of any size stay finite; the sum of exponentials accumulates in double. f16/bf16 compute in float. */
 #include "cpu_internal.h"
+#include "cpu_tuning.h"
 
-/* Columns handled together when the axis is not the innermost one: the passes then read contiguous rows. */
-#define SM_CHUNK 256
+/* Columns handled together when the axis is not the innermost one: the passes then read contiguous rows. How many is
+ * cpu_tuning.h's. */
+#define SM_CHUNK DEFT_CPU_SOFTMAX_CHUNK
 
 /* The input viewed as [outer, len, inner] around the axis. Three passes per row: the maximum, the sum of
  * exponentials, the output. When the output type is the compute type (f32, f64) the exponentials of pass two are

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "cpu_internal.h"
+#include "cpu_tuning.h"
 #include "rng.h"
 
 #define LD_ID(v) (v)
@@ -210,9 +211,9 @@ deft_status deft_cpu_slice_grad(const deft_tensor *n, void *out, const void *dy)
 }
 
 /* ---------------------------------------------------------------- cross-entropy */
-/* Rows are summed in this many fixed chunks, then the chunks in order: the loss does not depend on the number of
- * threads. */
-#define CE_CHUNKS 64
+/* Rows are summed in a fixed number of chunks (cpu_tuning.h), then the chunks in order: the loss does not depend on
+ * the number of threads. */
+#define CE_CHUNKS DEFT_CPU_CE_CHUNKS
 
 /* Per dtype: the loss of one row, lse(x) - x[t], and the gradient of one row, (softmax(x) - onehot(t)) * scale. The
  * row maximum is subtracted before exp (so huge logits stay finite), the exponentials are summed in double, and the

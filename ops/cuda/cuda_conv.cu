@@ -3,13 +3,14 @@
  * deft's [O, KH, KW, C/groups]), stride, padding, dilation and groups. f32 computes in f32 (FMA only unless the
  * program allows TF32), f16 and bf16 accumulate in f32, f64 in f64.
  *
- * Each distinct problem (device, op, shape, options, dtype, math mode, pointer alignments) chooses its algorithm
- * once and keeps its descriptors and choice in a host cache for the life of the process: the heuristic's first
- * choice (cudnnGet*_v7), which needs no run. With DEFT_CUDNN_FIND=1 in the environment the choice is measured
- * instead (cudnnFind*Ex, on the op's own buffers and stream, which it synchronises), outside a stream capture only.
- * The heuristic is the default because it gave the faster steps: ResNet-18 on an H200 ran 2-7 % (f32, TF32) and up
- * to 25 % (bf16, batch 128) slower on the algorithms cudnnFind timed fastest one by one. Only what fits the
- * stream's fixed workspace is chosen (cuda_workspace.cu), so a captured step never needs a new allocation. */
+ * Each distinct problem (device, op, shape, options, dtype, math mode, pointer alignments, way of choosing) chooses
+ * its algorithm once and keeps its descriptors and choice in a host cache for the life of the process: the
+ * heuristic's first choice (cudnnGet*_v7), which needs no run. With the compile option cudnn_find
+ * (DEFT_CUDA_CUDNN_FIND) the choice is measured instead (cudnnFind*Ex, on the op's own buffers and stream, which it
+ * synchronises), outside a stream capture only.
+ * The heuristic is the default because it gave the faster steps: ResNet-18 ran slower on the algorithms cudnnFind
+ * timed fastest one by one (bench/RESULTS.md, "cuDNN algorithm choice: heuristic against cudnnFind"). Only what fits
+ * the stream's fixed workspace is chosen (cuda_workspace.cu), so a captured step never needs a new allocation. */
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
@@ -109,6 +110,7 @@ static deft_status deft_cudnn_handle(const deft_tensor *n, cudaStream_t st, int 
 /* ---- the problem and its cache entry ---- */
 typedef struct deft_conv_key {
     int dev, op, dtype, nhwc, math, deterministic;
+    int find;   /* chosen by measuring (DEFT_CUDA_CUDNN_FIND): a program without it never takes a measured choice */
     int N, C, H, W, O, KH, KW, OH, OW, G;
     int sh, sw, ph, pw, dh, dw;
     unsigned align_x, align_w, align_y;
@@ -166,6 +168,7 @@ static deft_status deft_conv_key_of(const deft_tensor *n, const deft_conv_ptrs &
     const int nhwc = n->p.conv.layout == DEFT_NHWC, c = nhwc ? 3 : 1, h = nhwc ? 1 : 2, w = nhwc ? 2 : 3;
     k->dev = dev, k->op = (int)n->op, k->dtype = (int)n->dtype, k->nhwc = nhwc;
     k->deterministic = (flags & DEFT_CUDA_DETERMINISTIC) != 0;
+    k->find = (flags & DEFT_CUDA_CUDNN_FIND) != 0;
     /* f32 without TF32 is FMA_MATH, which keeps cuDNN to FMA kernels; f64 has nothing else */
     if (n->dtype == DEFT_F64) k->math = (int)CUDNN_DEFAULT_MATH;
     else if (n->dtype == DEFT_F32 && !(flags & DEFT_CUDA_ALLOW_TF32)) k->math = (int)CUDNN_FMA_MATH;
@@ -305,11 +308,6 @@ static deft_status deft_conv_choose(const deft_tensor *n, cudnnHandle_t h, deft_
                           k.deterministic ? " that is deterministic" : "");
 }
 
-/* DEFT_CUDNN_FIND=1 in the environment: measure the candidates (outside a capture) instead of taking the
- * heuristic's choice. */
-static bool deft_conv_find_wanted(void) {
-    return deft_env_on("DEFT_CUDNN_FIND");
-}
 
 /* Whether `st` is capturing into a CUDA Graph; a stream that cannot be asked counts as capturing. */
 static bool deft_conv_capturing(cudaStream_t st) {
@@ -373,7 +371,7 @@ static deft_status deft_conv_entry_for(const deft_tensor *n, cudnnHandle_t h, co
     memset(&e, 0, sizeof e);
     e.key = k;
     cudnnStatus_t cs = deft_conv_describe(&e);
-    deft_status s = cs == CUDNN_STATUS_SUCCESS ? deft_conv_choose(n, h, &e, p, ws, deft_conv_find_wanted())
+    deft_status s = cs == CUDNN_STATUS_SUCCESS ? deft_conv_choose(n, h, &e, p, ws, k.find != 0)
                                                : deft_cudnn_error(n, "cuDNN descriptor setup", cs);
     if (s != DEFT_OK) {
         deft_conv_entry_free(&e);
@@ -393,7 +391,7 @@ static deft_status deft_conv_run(const deft_tensor *n, deft_conv_ptrs p, cudaStr
     void *ws = NULL;
     s = deft_cudnn_handle(n, st, dev, &h, &ws, &p.ws_bytes);
     if (s != DEFT_OK) return s;
-    if (deft_conv_gemm_takes(n, p.x, p.w)) {
+    if (deft_conv_gemm_takes(n, p.x, p.w, flags)) {
         bool done = false;
         s = deft_conv_gemm_run(n, p.x, p.w, p.y, p.px, n->op == DEFT_OP_CONV2D ? p.pw : p.py,
                                n->op == DEFT_OP_CONV2D ? p.py : p.pw, ws, p.ws_bytes, st, flags, &done);

@@ -1,8 +1,7 @@
 /* conv2d and its weight gradient as an explicit product, for NHWC convolutions with fewer than 8 input channels
  * (a network's stem: 3 colour channels). cuDNN pads such inputs to 8 channels itself and then runs kernels made for
- * wide channels; on an H200 ResNet-18's 7x7 stem (bf16, batch 512) took about 200 us a step that way, its largest
- * single cost. Here the input windows are laid out as rows (im2col), and one cuBLASLt product per chunk of rows
- * does the arithmetic:
+ * wide channels, which made ResNet-18's 7x7 stem its largest single cost (bench/RESULTS.md, "Sixth round"). Here the
+ * input windows are laid out as rows (im2col), and one cuBLASLt product per chunk of rows does the arithmetic:
  *   forward:        y[m, o]   = sum_k cols[m, k] w[o, k]          (m: an output pixel, k: (kh, kw, c))
  *   weight grad:    dw[o, k]  = sum_m dy[m, o] cols[m, k]
  * The rows are padded to a multiple of 8 elements with zeros (and the weights with them) so that every operand is
@@ -10,23 +9,26 @@
  * for; rows that do not fit are done in several chunks, and the weight gradient sums the chunks in f32 before
  * rounding once to its dtype.
  *
- * Halves only by default: f32's columns are twice the bytes, and on the H200 f32 with TF32 measured 2 % faster at
- * batch 128 but 1.5 % slower at 512 than cuDNN (bf16: 2 % and 4.7 % faster). DEFT_CONV_GEMM=0 in the environment
- * sends these convolutions back to cuDNN, DEFT_CONV_GEMM=2 takes f32 too (to compare); DEFT_CONV_GEMM_ROWS=n caps
- * the rows per chunk (tests use it to exercise chunking on small inputs). */
+ * Halves only by default: f32's columns are twice the bytes, and f32 with TF32 was not faster than cuDNN at every
+ * batch, where the halves were (bench/RESULTS.md, "Sixth round"). The compile option conv_gemm
+ * (DEFT_CUDA_CONV_GEMM_* in the kernels' flags) sends these convolutions back to cuDNN, or takes f32 too (to
+ * compare); the debug knob DEFT_DEBUG_CONV_GEMM_ROWS caps the rows per chunk (tests use it to exercise chunking on
+ * small inputs). */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "config.h"
 #include "cuda_conv_gemm.cuh"
+#include "cuda_kernels.h"
 #include "cuda_matmul_impl.cuh"
+#include "cuda_tuning.h"
 
 /* Widest input taken: cuDNN's NHWC kernels want 8-channel multiples; from 8 on they are its business. */
 #define DEFT_CONV_GEMM_MAX_C 7
-/* Largest window row (KH * KW * C, padded) taken: the stems of image networks are well below it. */
-#define DEFT_CONV_GEMM_MAX_K 1024
-/* Fewest rows worth a chunk: below this the products are too thin to beat cuDNN. */
-#define DEFT_CONV_GEMM_MIN_ROWS 256
+/* cuda_tuning.h's DEFT_CONV_GEMM_MAX_K: the largest window row (KH * KW * C, padded) taken (the stems of image
+ * networks are well below it); DEFT_CONV_GEMM_MIN_ROWS: the fewest rows worth a chunk (below it the products are too
+ * thin to beat cuDNN). */
 
 typedef struct deft_conv_geom {
     int64_t N, H, W, C, O, KH, KW, OH, OW;
@@ -72,8 +74,8 @@ __global__ void deft_im2col_nhwc_kernel(T *cols, const T *x, deft_conv_geom g, i
 
 /* ---- the fast im2col: one thread per 8 consecutive columns of a row, written as one aligned vector, in 32-bit
  * index arithmetic with the divisions done once per thread (the plain kernel's 64-bit divisions and 2-byte stores
- * per element made it 10x slower than the product it feeds) ---- */
-#define DEFT_IM2COL_VEC 8
+ * per element made it far slower than the product it feeds: bench/RESULTS.md, "Sixth round"); the 8 is cuda_tuning.h's
+ * DEFT_IM2COL_VEC ---- */
 
 typedef struct deft_conv_geom32 {
     int H, W, C, KW, OH, OW, sh, sw, ph, pw, dh, dw, K, Kp;
@@ -109,13 +111,13 @@ __global__ void deft_im2col_vec_kernel(T *cols, const T *x, deft_conv_geom32 g, 
     }
 }
 
-/* Lays out rows r0 .. r0 + nrows: the fast kernel where the indices fit 32 bits, unless DEFT_CONV_GEMM_PLAIN=1 asks
- * for the plain one (the tests run both). */
+/* Lays out rows r0 .. r0 + nrows: the fast kernel where the indices fit 32 bits, unless the debug knob
+ * DEFT_DEBUG_CONV_GEMM_PLAIN asks for the plain one (the tests run both). */
 template <class T>
 static deft_status deft_im2col(const deft_tensor *n, T *cols, const T *x, const deft_conv_geom &g, int64_t r0,
                                int64_t nrows, cudaStream_t st) {
     deft_conv_geom32 q;
-    if (deft_env_int("DEFT_CONV_GEMM_PLAIN", 0) == 0 && deft_conv_geom32_of(g, nrows, &q)) {
+    if (deft_debug(DEFT_DEBUG_CONV_GEMM_PLAIN) == 0 && deft_conv_geom32_of(g, nrows, &q)) {
         const int64_t total = nrows * (q.Kp / DEFT_IM2COL_VEC);
         deft_im2col_vec_kernel<T><<<deft_cuda_blocks(total, DEFT_CUDA_THREADS), DEFT_CUDA_THREADS, 0, st>>>(
             cols, x, q, (int)r0, (int)nrows);
@@ -166,7 +168,7 @@ static bool deft_conv_gemm_plan_make(const deft_conv_geom &g, const deft_tensor 
     p->wbuf = ws;
     p->cols = (char *)ws + wbytes;
     int64_t fit = (int64_t)((ws_bytes - wbytes) / ((size_t)g.Kp * p->elt));
-    const int64_t cap = deft_env_int("DEFT_CONV_GEMM_ROWS", 0);
+    const int64_t cap = deft_debug(DEFT_DEBUG_CONV_GEMM_ROWS);
     if (cap > 0 && cap < fit) fit = cap;
     fit = fit / 256 * 256;
     p->chunk = fit < g.rows ? fit : g.rows;
@@ -197,12 +199,12 @@ static deft_lt_gemm deft_conv_gemm_chunk(const deft_tensor *n, const deft_conv_g
     return m;
 }
 
-bool deft_conv_gemm_takes(const deft_tensor *n, const deft_tensor *x, const deft_tensor *w) {
+bool deft_conv_gemm_takes(const deft_tensor *n, const deft_tensor *x, const deft_tensor *w, unsigned flags) {
     if (n->op != DEFT_OP_CONV2D && n->op != DEFT_OP_CONV2D_WEIGHT_GRAD) return false;
     if (n->p.conv.layout != DEFT_NHWC || n->p.conv.groups != 1) return false;
-    const int64_t wanted = deft_env_int("DEFT_CONV_GEMM", 1);
-    if (wanted == 0) return false;
-    if (n->dtype != DEFT_F16 && n->dtype != DEFT_BF16 && !(n->dtype == DEFT_F32 && wanted == 2)) return false;
+    if (flags & DEFT_CUDA_CONV_GEMM_NEVER) return false;
+    const bool f32 = (flags & DEFT_CUDA_CONV_GEMM_F32) != 0;
+    if (n->dtype != DEFT_F16 && n->dtype != DEFT_BF16 && !(n->dtype == DEFT_F32 && f32)) return false;
     if (x->shape[3] > DEFT_CONV_GEMM_MAX_C || w->shape[1] * w->shape[2] * x->shape[3] > DEFT_CONV_GEMM_MAX_K)
         return false;
     return true;

@@ -5,10 +5,10 @@
 
 #include "cuda_common.cuh"
 
-/* Whether node n (DEFT_OP_CONV2D or DEFT_OP_CONV2D_WEIGHT_GRAD, with input x and weights w) is one this path takes:
- * NHWC, one group, f16/bf16 (f32 with DEFT_CONV_GEMM=2), at most 7 input channels, not turned off by
- * DEFT_CONV_GEMM=0. */
-bool deft_conv_gemm_takes(const deft_tensor *n, const deft_tensor *x, const deft_tensor *w);
+/* Whether node n (DEFT_OP_CONV2D or DEFT_OP_CONV2D_WEIGHT_GRAD, with input x and weights w) is one this path takes
+ * under the program's DEFT_CUDA_* flags: NHWC, one group, f16/bf16 (f32 too with DEFT_CUDA_CONV_GEMM_F32), at most
+ * 7 input channels, not turned off by DEFT_CUDA_CONV_GEMM_NEVER. */
+bool deft_conv_gemm_takes(const deft_tensor *n, const deft_tensor *x, const deft_tensor *w, unsigned flags);
 
 /* Queues n on st: px is x's data; in1 is w's (forward) or dy's (weight gradient); out is n's output; ws and
  * ws_bytes the stream's cuDNN scratch, which holds the columns. *done = false, with nothing queued, where the

@@ -5,7 +5,8 @@
  * The table goes by value (a captured graph keeps it); each row of blocks (blockIdx.y) copies one gradient, 16 bytes
  * at a time when both sides are aligned for it, a byte at a time otherwise and for the tail. */
 #include "cuda_common.cuh"
-#include "dist.h"
+#include "cuda_kernels.h"
+#include "cuda_tuning.h"
 
 struct deft_pack_args {
     char *tensor[DEFT_PACK_MAX];
@@ -40,9 +41,10 @@ deft_status deft_cuda_dist_pack(void *const *tensors, const size_t *offsets, con
             a.bytes[i] = bytes[first + i];
             if (a.bytes[i] > most) most = a.bytes[i];
         }
-        /* A few blocks per gradient: the largest sets the width, the small ones' extra blocks leave at once. */
+        /* A few blocks per gradient (at most DEFT_PACK_BLOCKS_MAX, cuda_tuning.h): the largest sets the width, the
+         * small ones' extra blocks leave at once. */
         unsigned x = deft_cuda_blocks((int64_t)(most / 16) + 1, DEFT_CUDA_THREADS);
-        if (x > 64) x = 64;
+        if (x > DEFT_PACK_BLOCKS_MAX) x = DEFT_PACK_BLOCKS_MAX;
         deft_k_dist_pack<<<dim3(x, (unsigned)rows), DEFT_CUDA_THREADS, 0, (cudaStream_t)stream>>>(a, (char *)packed,
                                                                                                  unpack != 0);
         cudaError_t e = deft_cuda_launch_error();

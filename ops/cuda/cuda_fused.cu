@@ -8,10 +8,12 @@
  * plain float loads and stores and no rounding), and the vector kernel, where every input is the chain's shape or one
  * element and every pointer is 16-byte aligned: a thread then takes V consecutive elements (16 bytes of f32, or of
  * halves when LOWP) with 16-byte loads and stores, and decodes each instruction once for all V.
- * DEFT_FUSED_REFERENCE=1 runs the one-element kernel everywhere (its reference, and a way to measure the other). */
+ * DEFT_DEBUG_FUSED_REFERENCE (base/config.h) runs the one-element kernel everywhere (its reference, and a way
+ * to measure the other). */
 #include <stdlib.h>
 #include <string.h>
 
+#include "config.h"
 #include "cuda_block_reduce.cuh"
 #include "cuda_common.cuh"
 #include "cuda_elementwise_fn.cuh"
@@ -289,7 +291,7 @@ static bool deft_fused_vectorisable(const deft_fused_kernel *k, const deft_fused
 }
 
 static bool deft_fused_reference_requested(void) {
-    return deft_env_on("DEFT_FUSED_REFERENCE");
+    return deft_debug(DEFT_DEBUG_FUSED_REFERENCE) != 0;
 }
 
 template <bool LOWP> static void deft_fused_launch(const deft_fused_kernel *k, const deft_fused_ptrs &p, bool reduce,

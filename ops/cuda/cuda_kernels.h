@@ -11,6 +11,9 @@ extern "C" {
 /* How a program asks kernels to run (bits of `flags`). */
 #define DEFT_CUDA_ALLOW_TF32 1u      /* f32 matmuls may use TF32 tensor cores (compile option `tf32`) */
 #define DEFT_CUDA_DETERMINISTIC 2u   /* only cuDNN algorithms that give the same bits every run (`deterministic`) */
+#define DEFT_CUDA_CONV_GEMM_NEVER 4u /* no convolution as im2col and a product (`conv_gemm` DEFT_CONV_GEMM_NEVER) */
+#define DEFT_CUDA_CONV_GEMM_F32 8u   /* f32 convolutions as im2col and a product too (DEFT_CONV_GEMM_WITH_F32) */
+#define DEFT_CUDA_CUDNN_FIND 16u     /* cuDNN measures its candidate algorithms (`cudnn_find`) */
 
 /* Runs node n on the current CUDA device, enqueued on `stream` (a cudaStream_t; NULL for the legacy stream).
  * Pointers are device pointers with the same contract as deft_cpu_run_node. Returns a status carrying the CUDA or
@@ -35,6 +38,22 @@ deft_status deft_cuda_batch_norm_grad_masked(const deft_tensor *n, void *out, co
 #define DEFT_CASTS_MAX 24   /* casts per launch: a fused group's members (DEFT_FUSED_MAX_OPS) */
 deft_status deft_cuda_casts_run(const deft_tensor *const *casts, void *const *out, const void *const *in, int n,
                                 void *stream);
+
+struct deft_optimizer;
+struct deft_optimizer_segment;
+/* An optimizer's step (ops/cuda/cuda_optimizer.cu) on `stream`, reading its gradients through `table` (one row per
+ * gradient, runtime/optimizer_tables_cuda.c); out is the norm. Queued without a host wait. */
+deft_status deft_cuda_optimizer_run(struct deft_optimizer *o, const struct deft_optimizer_segment *table, void *out,
+                                    void *stream);
+/* A part of a split step: a piece's block sums into out (f64), or the finisher's norm from the pieces' sums. */
+deft_status deft_cuda_optimizer_part_run(struct deft_optimizer *o, const struct deft_optimizer_segment *table,
+                                         void *out, void *stream);
+
+/* Data parallel's bucket packing: bytes[i] of tensors[i] to packed + offsets[i], or back (unpack), in launches of
+ * at most DEFT_PACK_MAX gradients. */
+#define DEFT_PACK_MAX 64   /* gradients per packing launch */
+deft_status deft_cuda_dist_pack(void *const *tensors, const size_t *offsets, const size_t *bytes, int n, void *packed,
+                                int unpack, void *stream);
 
 /* DEFT_CUBLAS_WORKSPACE_BYTES and DEFT_CUDNN_WORKSPACE_BYTES: the scratch a stream's cuBLAS and cuDNN calls get
  * from the caching allocator (shown in memory footprints). */

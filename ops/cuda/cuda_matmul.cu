@@ -1,8 +1,8 @@
 /* Batched matrix products: the dispatch, the shape analysis, and the reference path through cuBLAS, with broadcast
  * batch dims. cuda_matmul_lt.cu runs the same products through cuBLASLt (TF32 when allowed, fused epilogues); every
  * product it takes goes there, and this file's cublasGemmEx path stays as the plain, obviously correct reference:
- * f64, broadcasts no single stride describes, shapes cuBLASLt has no algorithm for, and every product when the
- * environment sets DEFT_MATMUL_REFERENCE=1 (so tests can run both on the same node).
+ * f64, broadcasts no single stride describes, shapes cuBLASLt has no algorithm for, and every product under the
+ * debug knob DEFT_DEBUG_MATMUL_REFERENCE (so tests can run both on the same node).
  *
  * cuBLAS is column-major and deft row-major: a row-major X is a column-major X^T with the same leading dimension,
  * so C = op(A) op(B) is computed as C^T = op(B)^T op(A)^T, i.e. cuBLAS gets B first, A second and (m, n) = (N, M).
@@ -16,6 +16,7 @@
 #include <mutex>
 
 #include "caching_allocator.h"
+#include "config.h"
 #include "cuda_matmul_impl.cuh"
 #include "cuda_matmul_small.cuh"
 
@@ -188,10 +189,10 @@ static deft_status deft_matmul_run(cublasHandle_t h, const deft_gemm_types &t, c
     return deft_gemm_each(h, t, s, (const char *)a, (const char *)b, (char *)c, esz);
 }
 
-/* DEFT_MATMUL_REFERENCE=1 sends every product down the reference path. Read at each call (a getenv is nothing
- * beside a launch, and replays do not call here), so a test can switch it between runs. */
+/* The debug knob DEFT_DEBUG_MATMUL_REFERENCE sends every product down the reference path. Read at each call (an
+ * atomic load, and replays do not call here), so a test can switch it between runs. */
 bool deft_matmul_reference_requested(void) {
-    return deft_env_on("DEFT_MATMUL_REFERENCE");
+    return deft_debug(DEFT_DEBUG_MATMUL_REFERENCE) != 0;
 }
 
 deft_status deft_cuda_matmul_reference(const deft_tensor *n, const deft_mm &mm, void *out, const void *a,

@@ -55,8 +55,8 @@ int deft_cuda_matmul_batchable(const deft_tensor *first, const deft_tensor *mm);
 
 /* Runs the n parts (1 .. DEFT_MM_BATCH_MAX, each batchable with the first; a bias gradient only where b is not
  * transposed) on `stream`: one cuBLASLt call over arrays of pointers, and one launch for every bias gradient; where
- * cuBLASLt has no algorithm (or DEFT_MATMUL_REFERENCE=1), each part as deft_cuda_matmul_fused would run it.
- * Capturable as deft_cuda_matmul_fused is. DEFT_ERR_INVALID for parts that cannot be batched together. */
+ * cuBLASLt has no algorithm (or under DEFT_DEBUG_MATMUL_REFERENCE), each part as deft_cuda_matmul_fused would run
+ * it. Capturable as deft_cuda_matmul_fused is. DEFT_ERR_INVALID for parts that cannot be batched together. */
 deft_status deft_cuda_matmul_batch(const deft_mm_part *parts, int n, void *stream, unsigned flags);
 
 #ifdef __cplusplus

@@ -1,5 +1,5 @@
-/* Batches of products of one shape (cuda_matmul.h): the weight gradients of an MLP's layers, each too small to fill an
- * H200 (a 1024 x 1024 output is 64 tiles of 128 x 128 for 132 SMs), run as one cuBLASLt pointer-array call, which
+/* Batches of products of one shape (cuda_matmul.h): the weight gradients of an MLP's layers, each too small to fill a
+ * GPU (fewer 128 x 128 output tiles than one wave: cuda_tuning.h), run as one cuBLASLt pointer-array call, which
  * fills it. The bias gradients the single products would compute in their epilogue take one launch of their own,
  * since cuBLASLt offers no bias-gradient epilogue over arrays of pointers. */
 #include <string.h>

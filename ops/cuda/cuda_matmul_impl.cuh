@@ -26,7 +26,7 @@ deft_status deft_cublas_error(const char *what, cublasStatus_t s);
 /* The current device's index, checked against DEFT_CUBLAS_MAX_DEVICES. */
 deft_status deft_matmul_device(int *dev);
 
-/* Whether DEFT_MATMUL_REFERENCE=1 sends every product down the reference path (cuda_matmul.cu). */
+/* Whether the debug knob DEFT_DEBUG_MATMUL_REFERENCE sends every product down the reference path (cuda_matmul.cu). */
 bool deft_matmul_reference_requested(void);
 
 /* The reference path: cublasGemmEx / cublasGemmStridedBatchedEx, f32 never TF32 (cuda_matmul.cu). */

@@ -481,7 +481,8 @@ extern "C" deft_status deft_cuda_matmul_fused(const deft_tensor *mm, void *out, 
     deft_mm s;
     deft_status r = deft_mm_make(mm, &s);
     if (r != DEFT_OK) return r;
-    /* Empty products (cuBLASLt wants every dimension positive) and DEFT_MATMUL_REFERENCE take the fallback. */
+    /* Empty products (cuBLASLt wants every dimension positive) and the debug knob DEFT_DEBUG_MATMUL_REFERENCE take
+     * the fallback. */
     if (s.M > 0 && s.N > 0 && s.K > 0 && !deft_matmul_reference_requested()) {
         if (deft_matmul_small_fits(mm, s)) return deft_cuda_matmul_small(mm, s, out, a, b, ep, st);
         deft_lt_call c;

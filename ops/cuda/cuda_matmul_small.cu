@@ -2,25 +2,20 @@
  *  - f32 products of a few warps (a linear layer of a handful of units, such as Linear(10, 1) on a batch of 32).
  *    cuBLASLt spends a launch on the product and another on a bias gradient, each costing more than the arithmetic
  *    here; in a step of a few kernels replayed from a CUDA Graph those launches are the step's time.
- *  - products with a side of at most 16 (a classifier's layer and its gradients), below. In f32 on an H200 the mid
- *    MLP's classifier (256 x 10 x 1024) and its gradients took cuBLASLt 24 us in six launches (split K, its
- *    reduction, a separate bias gradient).
+ *  - products with a side of at most 16 (a classifier's layer and its gradients), below. cuBLASLt runs the mid MLP's
+ *    f32 classifier (256 x 10 x 1024) and its gradients in six launches (split K, its reduction, a separate bias
+ *    gradient), which took longer than these kernels (bench/RESULTS.md, "Figures formerly in code comments").
  * One warp per output element, its lanes splitting K (partial sums, then a fixed shuffle tree: the same value on
  * every run), or for halves with K <= 32 one thread per output summing in k order. Accumulated in f32. */
 #include "cuda_matmul_small.cuh"
+#include "cuda_tuning.h"
 
-#define DEFT_SMALL_WARPS_PER_BLOCK 4
-
-/* Largest f32 product (M * N * K multiply-adds) and K taken here. */
-#define DEFT_SMALL_MAX_MACS ((int64_t)1 << 15)
-#define DEFT_SMALL_MAX_K 4096
-/* Products with a side of at most DEFT_SKINNY_SIDE (a classifier of 10 classes, or its gradients, where K is
- * the 10) and up to DEFT_SKINNY_MAX_MACS. cuBLAS(Lt) has no aligned kernel for a leading dimension of 10 halves
- * (20 bytes) and falls back to ones that took 33 us for ResNet-18's 512 x 512 x 10 classifier on an H200. */
-#define DEFT_SKINNY_SIDE 16
-#define DEFT_SKINNY_MAX_MACS ((int64_t)1 << 24)
-/* K up to which one thread computes an output alone (no lanes to split K over). */
-#define DEFT_SMALL_THREAD_K 32
+/* The bounds are cuda_tuning.h's: DEFT_SMALL_WARPS_PER_BLOCK warps a block; the largest f32 product (M * N * K
+ * multiply-adds) and K taken here, DEFT_SMALL_MAX_MACS and DEFT_SMALL_MAX_K; K up to which one thread computes an
+ * output alone (no lanes to split K over), DEFT_SMALL_THREAD_K. Products with a side of at most DEFT_SKINNY_SIDE (a
+ * classifier of 10 classes, or its gradients, where K is the 10) and up to DEFT_SKINNY_MAX_MACS are taken too:
+ * cuBLAS(Lt) has no aligned kernel for a leading dimension of 10 halves (20 bytes) and falls back to slower ones
+ * (bench/RESULTS.md, "Sixth round"). */
 
 __device__ __forceinline__ float deft_warp_sum(float v) {
     for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
@@ -82,10 +77,9 @@ __global__ void deft_k_matmul_short_k(T *out, const T *a, const T *b, int64_t M,
  * s + S, ... for its slice s = t / DEFT_THIN_COLS of the S = DEFT_THIN_SLICES slices, so each group's loads of a
  * are one 32-byte sector and its loads of b's row a broadcast, keeping N sums; then the slices' sums are added in
  * slice order and the epilogue applied as deft_small_finish does. The warp-per-output kernel strided its loads of a
- * by M: the mid MLP's 1024 x 10 x 256 took 15.6 us there, 10.3 in cuBLASLt's three launches, 8.4 with 32 columns a
- * block (too few blocks). With a bias gradient, one more block sums b's columns, a warp a column. */
-#define DEFT_THIN_THREADS 512
-#define DEFT_THIN_COLS 8
+ * by M and was slower than cuBLASLt there; 32 columns a block made too few blocks (bench/RESULTS.md, "Figures
+ * formerly in code comments"). With a bias gradient, one more block sums b's columns, a warp a column.
+ * DEFT_THIN_THREADS and DEFT_THIN_COLS are cuda_tuning.h's. */
 #define DEFT_THIN_SLICES (DEFT_THIN_THREADS / DEFT_THIN_COLS)
 template <class T>
 __global__ void __launch_bounds__(DEFT_THIN_THREADS)

@@ -1,5 +1,5 @@
 /* Batch norm on CUDA: the entry point, and the plain kernels that mirror the CPU's (ops/cpu/cpu_norm.c), kept as the
- * reference for the fast ones (cuda_norm_fast.cu; DEFT_BN_REFERENCE=1 selects these). The statistics node computes
+ * reference for the fast ones (cuda_norm_fast.cu; DEFT_DEBUG_BN_REFERENCE selects these). The statistics node computes
  * each channel's mean and 1 / sqrt(var + eps) (and, in training with running statistics, updates them in place
  * with the momentum rule and the unbiased variance); the sums node gives the sums of dy and of dy xhat per channel;
  * the normalising node and dx read them. Per-channel sums run one block per channel, in double as on the CPU, the
@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "config.h"
 #include "cuda_block_reduce.cuh"
 #include "cuda_kernels.h"
 #include "cuda_norm.cuh"
@@ -164,7 +165,7 @@ static deft_status deft_bn_grad_sums(const deft_tensor *n, void *out, const void
 }
 
 bool deft_bn_reference_requested(void) {
-    return deft_env_on("DEFT_BN_REFERENCE");
+    return deft_debug(DEFT_DEBUG_BN_REFERENCE) != 0;
 }
 
 /* Every op, the fast kernels first unless the plain ones are asked for; `mask` as in deft_cuda_batch_norm_fast. */

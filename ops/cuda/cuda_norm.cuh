@@ -118,7 +118,7 @@ static inline deft_bn_pass_inputs<T, P> deft_bn_input_grad_inputs(const deft_ten
                                       n->p.bn.has_weight ? (const P *)in[batch ? 4 : 2] : NULL, NULL};
 }
 
-/* Whether DEFT_BN_REFERENCE=1 sends batch norm through the plain kernels (cuda_norm.cu). */
+/* Whether the debug knob DEFT_DEBUG_BN_REFERENCE sends batch norm through the plain kernels (cuda_norm.cu). */
 bool deft_bn_reference_requested(void);
 
 /* The fast kernels (cuda_norm_fast.cu) for every op of deft_cuda_batch_norm. *done = false when they do not take

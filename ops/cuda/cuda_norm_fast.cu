@@ -1,5 +1,6 @@
 /* Batch norm's fast kernels on CUDA. The plain ones (cuda_norm.cu) give each channel one block, which leaves most of
- * a GPU idle when there are few channels with many elements each (64 channels of 128 x 32 x 32 on 132 SMs).
+ * a GPU idle when there are few channels with many elements each (64 channels of 128 x 32 x 32 on a GPU of a hundred
+ * or more SMs).
  *
  * The two per-channel reductions (the statistics: sums of x - K and (x - K)^2, shifted by the channel's first
  * element K so that the variance does not cancel; the gradient sums: of dy and dy (x - mean)) run over a grid of
@@ -19,23 +20,17 @@
 
 #include "cuda_block_reduce.cuh"
 #include "cuda_norm.cuh"
+#include "cuda_tuning.h"
+#include "device_internal.h"
 
 #define DEFT_BN_COUNTERS DEFT_NORM_COUNTERS        /* columns (channels, or 64 bytes of channels in the row walk) */
 #define DEFT_BN_PARTIALS DEFT_NORM_PARTIALS        /* double2 partials: channels x chunks */
 static_assert(sizeof(unsigned) == 4 && sizeof(double2) == 16, "DEFT_NORM_WORKSPACE_BYTES counts 4- and 16-byte items");
-#define DEFT_BN_PLANE_CHUNK 4096                   /* elements of a channel per block in the plane walk */
-#define DEFT_BN_ROW_THREADS 256                    /* the row walk's block: channel groups x rows */
-/* From this many rows on, the row walk's blocks have DEFT_BN_WIDE_THREADS threads: twice the loads in flight for the
- * same number of partials. ResNet-18 steps on an H200 (bf16 b128 / b512, f32 b512): 1078 / 1594 / 2448 us with 256
- * threads everywhere, 1073 / 1574 / 2414 with 512 from 8192 rows, 1130 / 1620 (bf16) with 512 everywhere, and
- * slower with 1024. */
-#define DEFT_BN_WIDE_ROWS 8192
-#define DEFT_BN_WIDE_THREADS 512
-#define DEFT_BN_ROW_BYTES 64                       /* of a row per block: two 32-byte sectors */
-/* The row walk's grid: one block per SM. More blocks read no faster, and leave more partials for the last block to
- * add: ResNet-18 bf16 steps on an H200 took 1176 / 1201 / 1220 us at batch 128 with 1 / 4 / 8 blocks per SM, and
- * 1814 / 1888 / 1980 us at 512. */
-#define DEFT_BN_ROW_BLOCKS_PER_SM 1
+/* The launch shapes are cuda_tuning.h's: DEFT_BN_PLANE_CHUNK elements of a channel per block in the plane walk; the
+ * row walk's block (channel groups x rows) of DEFT_BN_ROW_THREADS threads, or DEFT_BN_WIDE_THREADS from
+ * DEFT_BN_WIDE_ROWS rows on (twice the loads in flight for the same number of partials), each taking
+ * DEFT_BN_ROW_BYTES of a row (two 32-byte sectors); and the row walk's grid, DEFT_BN_ROW_BLOCKS_PER_SM blocks per SM:
+ * more blocks read no faster, and leave more partials for the last block to add. */
 
 /* The stream's workspace (cuda_workspace.cu: its counts zeroed when first taken); *have = false (nothing allocated)
  * when the stream has none yet and is capturing, where allocating and zeroing are not allowed, or when memory is
@@ -314,14 +309,16 @@ template <class Term> static deft_status deft_bn_plane_sums(const deft_tensor *n
     return deft_cuda_check_launch(n, "batch norm plane sums");
 }
 
-/* The current device's SMs: the row walk sizes its grid to fill them. */
+/* The current device's SMs (deft_cuda_sm_count): the row walk sizes its grid to fill them. */
 static deft_status deft_bn_sm_count(const deft_tensor *n, int *sms) {
     int dev = 0;
-    cudaError_t e = cudaGetDevice(&dev);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, dev);
-    if (e == cudaSuccess) return DEFT_OK;
+    const cudaError_t e = cudaGetDevice(&dev);
+    if (e == cudaSuccess) {
+        *sms = deft_cuda_sm_count(dev);
+        return DEFT_OK;
+    }
     (void)cudaGetLastError();
-    return deft_set_error(DEFT_ERR_RUNTIME, "cuda %s: batch norm: multiprocessor count: %s", deft_op_name(n->op),
+    return deft_set_error(DEFT_ERR_RUNTIME, "cuda %s: batch norm: current device: %s", deft_op_name(n->op),
                           cudaGetErrorString(e));
 }
 

@@ -12,15 +12,17 @@
  * give the same parameters; the pieces of a split step give the same parameters and the same norm, as they walk the
  * same blocks with the same code.
  *
- * The kernels are specialised by optimizer kind: SGD's step needs far fewer registers than AdamW's, and at 70 of
- * them (the kind chosen at run time) three blocks fitted an SM, too few loads in flight for the memory's rate. */
+ * The kernels are specialised by optimizer kind: SGD's step needs far fewer registers than AdamW's, and with the kind
+ * chosen at run time too few blocks fitted an SM to keep enough loads in flight for the memory's rate
+ * (bench/RESULTS.md, "Seventh round"). */
 #include "caching_allocator.h"
 #include "cuda_optimizer_math.cuh"
+#include "cuda_tuning.h"
 
 /* A block's elements [lo, hi), one element at a time: thread t takes lo + t, lo + t + blockDim.x, ... in that order,
- * U at a time, every load of a group issued before any store (the restrict qualifiers let the compiler keep them
- * together). Returns the thread's sum of squares of its gradients, added in element order. */
-#define DEFT_OPT_UNROLL 4
+ * U (DEFT_OPT_UNROLL, cuda_tuning.h) at a time, every load of a group issued before any store (the restrict
+ * qualifiers let the compiler keep them together). Returns the thread's sum of squares of its gradients, added in
+ * element order. */
 template <class T, class G, int KIND>
 __device__ double deft_opt_range_scalar(T *__restrict__ p, T *__restrict__ s0, T *__restrict__ s1,
                                         const G *__restrict__ g, int64_t lo, int64_t hi, const deft_opt_hyper &h,
@@ -67,9 +69,8 @@ __device__ double deft_opt_range_scalar(T *__restrict__ p, T *__restrict__ s0, T
  * where [lo, hi) starts on such a vector in every array: thread t takes vectors t, t + blockDim.x, ... two at a time,
  * then the last hi - lo mod 4 elements go one to a thread (0, 1, 2). Its sum adds its vectors' squares in element
  * order, then its tail element. One element at a time moved 4 bytes per load, and the step ran well under the
- * memory's rate. The arithmetic per element is the scalar walk's. */
-#define DEFT_OPT_VEC 4
-#define DEFT_OPT_VEC_UNROLL 2
+ * memory's rate. The arithmetic per element is the scalar walk's. The four is DEFT_OPT_VEC and the two
+ * DEFT_OPT_VEC_UNROLL (cuda_tuning.h). */
 template <class T, class G> __device__ __forceinline__ void deft_opt_load_vec(const G *g, T (&out)[DEFT_OPT_VEC]) {
     const deft_vec<G, DEFT_OPT_VEC> v = *reinterpret_cast<const deft_vec<G, DEFT_OPT_VEC> *>(g);
 #pragma unroll
@@ -191,8 +192,8 @@ __global__ void __launch_bounds__(DEFT_OPT_THREADS)
 /* The one-launch step of a small model as one thread block: the norm blocks one after the other (a model of a few
  * parameters has one per parameter, and a launch of several blocks pays the ticket and its fences, a good part of
  * such a step). Block b's sum is added by thread b % blockDim.x, in increasing b, and the threads' values then go
- * through the same tree: the last block of deft_k_opt_fused adds the sums in exactly this order. */
-#define DEFT_OPT_ONE_BLOCK_MAX ((int64_t)1 << 16)
+ * through the same tree: the last block of deft_k_opt_fused adds the sums in exactly this order. Models of up to
+ * DEFT_OPT_ONE_BLOCK_MAX elements (cuda_tuning.h). */
 template <class T, int KIND>
 __global__ void deft_k_opt_fused_one(T *p, T *s0, T *s1, const deft_optimizer_segment *seg,
                                      const deft_optimizer_block *blocks, int n_blocks, deft_optimizer_dev *dev,

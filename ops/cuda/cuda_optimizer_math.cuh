@@ -5,6 +5,7 @@
 #define DEFT_CUDA_OPTIMIZER_MATH_CUH
 
 #include "cuda_common.cuh"
+#include "cuda_tuning.h"
 #include "optimizer.h"
 
 /* The hyperparameters, fixed when the optimizer is built: passed by value, so a captured graph keeps them. */
@@ -20,7 +21,7 @@ struct deft_opt_hyper {
     int interval;
 };
 
-#define DEFT_OPT_THREADS 256
+/* An optimizer block's threads: DEFT_OPT_THREADS (cuda_tuning.h). */
 
 /* ---------------------------------------------------------------- gradients in another dtype
  * A gradient element of type G as the parameters' type T: bf16 and f16 widen exactly (only f32 weights take them,

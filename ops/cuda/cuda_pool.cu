@@ -1,6 +1,6 @@
 /* Max, average and adaptive average pooling and their gradients on CUDA: the entry point, and plain kernels that
  * mirror the CPU's (ops/cpu/cpu_pool.c) window for window, kept as the reference for the fast ones
- * (cuda_pool_fast.cu; DEFT_POOL_REFERENCE=1 selects these). Forward: one thread per output element. Backward: one
+ * (cuda_pool_fast.cu; DEFT_DEBUG_POOL_REFERENCE selects these). Forward: one thread per output element. Backward: one
  * thread per input element, which gathers from every window that covers it (in the order the CPU scatters them), so no two threads
  * write one element and no atomics are needed. Max pooling's gradient goes to each window's first maximum in
  * row-major order (the last NaN where there is one), found again from x, as the CPU does. f32, f64, f16 and bf16
@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "config.h"
 #include "cuda_pool.cuh"
 
 typedef deft_pool_span<int64_t> deft_pool_win;
@@ -118,7 +119,7 @@ static deft_pool_geom deft_pool_geometry(const deft_tensor *n) {
 }
 
 static bool deft_pool_reference_requested(void) {
-    return deft_env_on("DEFT_POOL_REFERENCE");
+    return deft_debug(DEFT_DEBUG_POOL_REFERENCE) != 0;
 }
 
 deft_status deft_cuda_pool2d(const deft_tensor *n, void *out, const void *const *in, cudaStream_t st) {

@@ -1,5 +1,5 @@
 /* Pooling's fast kernels on CUDA, for tensors whose indices fit 32 bits (the plain kernels in cuda_pool.cu take the
- * rest, and every tensor with DEFT_POOL_REFERENCE=1). Same walks and the same order of additions as the plain ones
+ * rest, and every tensor under DEFT_DEBUG_POOL_REFERENCE). Same walks and the same order of additions as the plain ones
  * (so the same bits): forward one thread per output, backward one thread per input gathering from the windows that
  * cover it, no atomics. What makes them fast: index arithmetic in 32 bits (the plain kernels' 64-bit divisions and
  * window recomputations dominated); in NCHW, max pooling's backward no longer finds each covering window's maximum:
@@ -8,6 +8,7 @@
  * channels per thread and finds each covering window's choice for all of them at once, every lane of a warp doing
  * the same loads (asking per channel let the slowest lane set the pace of the warp). */
 #include "cuda_pool.cuh"
+#include "cuda_tuning.h"
 
 typedef deft_pool_span<int> deft_pool_win32;
 
@@ -180,8 +181,8 @@ __global__ void deft_pool_fast_max_backward_nhwc_kernel(deft_pool_geom32 g, cons
  * DEFT_POOL_TILE windows of one image (the rows and columns from its first window's start to the next tile's; the
  * first and last tiles reach the edges, so the tiles share out every input), first finds the choice of every window
  * that covers any of them (deft_pool_choose once per window and channel, kept in shared memory), then gathers each
- * input's dx from them (deft_pool_gather_nhwc): the kernel above's search and additions, so the same bits. */
-#define DEFT_POOL_TILE 4
+ * input's dx from them (deft_pool_gather_nhwc): the kernel above's search and additions, so the same bits.
+ * DEFT_POOL_TILE is cuda_tuning.h's. */
 #define DEFT_POOL_TILE_SHARED (40 * 1024)   /* bytes of choices a block may keep */
 
 struct deft_pool_tile {

@@ -8,6 +8,7 @@
 
 #include "cuda_block_reduce.cuh"
 #include "cuda_common.cuh"
+#include "cuda_tuning.h"
 
 /* ---- sum / mean / max ---- */
 /* The input regrouped into kept runs and reduced runs (adjacent axes of one kind merge, size-1 axes vanish), each
@@ -113,7 +114,8 @@ template <class T, int OP> __global__ void deft_k_reduce_block(T *o, const T *x,
 /* Sums over the rows of a row-major [R, C] (a bias gradient: the sum of dy over the batch): block b takes columns
  * 32b .. 32b+31, thread (x, y) rows y, y + 32, ... of column 32b + x, so each warp reads 32 neighbouring columns of
  * one row at a time; the 32 partials of a column are then added in row-block order. The one-block-per-column path
- * strided down each column alone, a quarter of the memory's rate on a [2048, 4096] gradient. */
+ * strided down each column alone, well under the memory's rate on a wide gradient (bench/RESULTS.md, "Figures
+ * formerly in code comments"). */
 #define DEFT_COLS_TILE 32
 template <class T, int OP> __global__ void deft_k_reduce_cols(T *o, const T *x, int64_t R, int64_t C) {
     typedef typename deft_red_acc<T>::A A;
@@ -152,8 +154,9 @@ static deft_status deft_reduce_launch(const deft_tensor *n, T *o, const T *x, co
     /* One thread per output when there are enough outputs to fill the GPU and each is short, or when outputs are
      * neighbours in memory; otherwise a block per output, whose threads read consecutive reduced elements. A
      * thread walking a few outputs' elements alone waits on each load in turn: the mean of a 32-element loss that
-     * way took longer than the rest of a small training step. */
-    if ((p.rtot <= 32 && p.nout >= 2048) || (p.inner_kept && p.nout >= 8192)) {
+     * way took longer than the rest of a small training step. The bounds are cuda_tuning.h's. */
+    if ((p.rtot <= DEFT_REDUCE_THREAD_MAX_LEN && p.nout >= DEFT_REDUCE_THREAD_MIN_OUTPUTS) ||
+        (p.inner_kept && p.nout >= DEFT_REDUCE_KEPT_MIN_OUTPUTS)) {
         deft_k_reduce_thread<T, OP><<<deft_cuda_blocks(p.nout, DEFT_CUDA_THREADS), DEFT_CUDA_THREADS, 0, st>>>(o, x, p);
     } else {
         unsigned blocks = (unsigned)(p.nout < DEFT_CUDA_MAX_BLOCKS ? p.nout : DEFT_CUDA_MAX_BLOCKS);

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "cuda_common.cuh"
+#include "cuda_tuning.h"
 #include "device_errors.h"
 #include "cuda_elementwise_fn.cuh"
 #include "rng.h"
@@ -17,8 +18,8 @@ template <class T, class F> __global__ void deft_k_act_grad(T *o, const T *dy, c
 }
 
 /* The same, four elements a load where out, dy and x all start on a whole vector: thread t takes vectors t,
- * t + threads, ..., then the last n mod 4 elements go one to a thread. One element a load moved 4 bytes at a time:
- * the mid MLP's ReLU gradients (256 x 1024 in f32) took 3 us each on an H200. */
+ * t + threads, ..., then the last n mod 4 elements go one to a thread. One element a load moved 4 bytes at a time,
+ * and the mid MLP's ReLU gradients were slower that way (bench/RESULTS.md, "Ninth round"). */
 template <class T, class F> __global__ void deft_k_act_grad_vec(T *o, const T *dy, const T *x, int64_t n, F f) {
     typedef deft_ty<T> Ty;
     typedef deft_vec<T, 4> V;
@@ -180,8 +181,7 @@ __device__ void deft_ce_row_stats(const T *x, int64_t c, int lane, typename deft
  * divides by N. The partition depends only on N, so the loss does not depend on scheduling. The loss of a row is
  * formed as (max - x[t]) + log(sum) in double, which keeps its precision when the logits are large.
  * deft_ce_partial is one buffer per device: two cross-entropy losses must not run at once on one device (the
- * executor runs a device's steps in order on one stream). */
-#define DEFT_CE_MAX_BLOCKS 1024
+ * executor runs a device's steps in order on one stream). At most DEFT_CE_MAX_BLOCKS blocks (cuda_tuning.h). */
 #define DEFT_CE_ROWS_PER_BLOCK (DEFT_CUDA_THREADS / 32)
 __device__ double deft_ce_partial[DEFT_CE_MAX_BLOCKS];
 

@@ -4,22 +4,19 @@
 
 #include <stddef.h>
 
+#include "cuda_tuning.h"
 #include "deft.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#define DEFT_CUBLAS_WORKSPACE_BYTES ((size_t)32 << 20)
-#define DEFT_CUDNN_WORKSPACE_BYTES ((size_t)64 << 20)
-/* A program's side lane (runtime/side_lane.h) runs weight gradients beside the main stream, each stream with scratch
- * of its own: smaller scratch there keeps the second stream from adding 96 MiB to the program's peak. */
-#define DEFT_CUDNN_SIDE_WORKSPACE_BYTES ((size_t)16 << 20)
-#define DEFT_CUBLAS_SIDE_WORKSPACE_BYTES ((size_t)4 << 20)
-/* Batch norm's fast reductions (cuda_norm_fast.cu): per-column arrival counts, kept at zero between launches, then
- * the per-chunk partial sums. */
-#define DEFT_NORM_COUNTERS 65536
-#define DEFT_NORM_PARTIALS 229376
+/* The sizes are cuda_tuning.h's: DEFT_CUBLAS_WORKSPACE_BYTES and DEFT_CUDNN_WORKSPACE_BYTES for a main stream. A
+ * program's side lane (runtime/side_lane.h) runs weight gradients beside the main stream, each stream with scratch
+ * of its own: smaller scratch there (DEFT_CUDNN_SIDE_WORKSPACE_BYTES, DEFT_CUBLAS_SIDE_WORKSPACE_BYTES) keeps the
+ * second stream from adding 96 MiB to the program's peak. Batch norm's fast reductions (cuda_norm_fast.cu):
+ * DEFT_NORM_COUNTERS per-column arrival counts, kept at zero between launches, then DEFT_NORM_PARTIALS per-chunk
+ * partial sums. */
 #define DEFT_NORM_WORKSPACE_BYTES ((size_t)DEFT_NORM_COUNTERS * 4 + (size_t)DEFT_NORM_PARTIALS * 16)
 
 typedef enum deft_workspace_kind {

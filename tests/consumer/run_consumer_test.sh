@@ -27,6 +27,19 @@ step() { printf '\n== %s\n' "$*"; }
 step "install deft into $prefix"
 cmake --install "$build" --prefix "$prefix" ${config:+--config "$config"}
 
+# deft.h includes the headers under include/deft/: they come with it. The test support (deft_testing.h and its
+# library) is deft's own and never installed.
+for h in core compile train memory data dist; do
+    if [ -z "$(find "$prefix" -path "*/include/deft/$h.h")" ]; then
+        echo "FAIL: include/deft/$h.h was not installed beside deft.h" >&2
+        exit 1
+    fi
+done
+if [ -n "$(find "$prefix" -name 'deft_testing*')" ]; then
+    echo "FAIL: the test support was installed: $(find "$prefix" -name 'deft_testing*')" >&2
+    exit 1
+fi
+
 # ---- 1. CMake: find_package(deft) ----
 step "configure the consumer project with CMAKE_PREFIX_PATH=$prefix"
 cmake -S "$src" -B "$work/cmake" -G "$generator" \

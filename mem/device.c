@@ -7,34 +7,8 @@
 #include <unistd.h>
 
 #include "caching_allocator.h"
-#include "cpu_kernels.h"
 #include "device_internal.h"
-#include "graph_internal.h"
-#include "node.h"
-
-deft_device deft_cpu(void) { return (deft_device){DEFT_CPU, 0}; }
-
-deft_device deft_cuda(int index) { return (deft_device){DEFT_CUDA, index}; }
-
-int deft_device_equal(deft_device a, deft_device b) {
-    return a.type == b.type && (a.type == DEFT_CPU || a.index == b.index);
-}
-
-const char *deft_device_str(deft_device d, char *buf, size_t n) {
-    if (d.type == DEFT_CPU) snprintf(buf, n, "cpu");
-    else snprintf(buf, n, "cuda:%d", d.index);
-    return buf;
-}
-
-int deft_has_cuda_build(void) {
-#ifdef DEFT_HAVE_CUDA
-    return 1;
-#else
-    return 0;
-#endif
-}
-
-int deft_has_blas(void) { return deft_cpu_has_blas(); }
+#include "base.h"
 
 int deft_cuda_device_count(void) { return deft_cuda_count(); }
 
@@ -134,11 +108,6 @@ deft_status deft_mem_copy(deft_device dst_dev, void *dst, deft_device src_dev, c
 deft_status deft_device_synchronize(deft_device d) {
     if (d.type == DEFT_CPU) return DEFT_OK;
     return deft_cuda_synchronize(d.index);
-}
-
-void deft_node_release_device_data(deft_tensor *t) {
-    deft_mem_free(t->device, t->dev_data);
-    t->dev_data = NULL;
 }
 
 static deft_status deft_host_memory(size_t *free_bytes, size_t *total_bytes) {

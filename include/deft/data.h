@@ -1,0 +1,150 @@
+/* Data (included by deft.h): asynchronous feeding and loaders, parameter files, idx datasets and CIFAR-10. */
+#ifndef DEFT_PUBLIC_DATA_H
+#define DEFT_PUBLIC_DATA_H
+
+#include "deft/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- prefetch and loading ----
+ * deft_program_feed_async queues the copy of a batch from pinned host memory into a second slot of the input and
+ * returns at once (like tensor.to("cuda", non_blocking=True) from pin_memory()). The next deft_program_run reads
+ * that slot once the copy is done, its stream waiting on the device, never the host; so feeding batch k+1 right
+ * after running step k overlaps the copy with the step. A copy never overwrites a slot that a step still in flight
+ * reads, and CUDA Graph replays go on (one graph per slot combination). The host buffer must come from
+ * deft_pinned_alloc (or be page-locked by cudaHostAlloc / cudaHostRegister); other memory is DEFT_ERR_INVALID. It
+ * must not be written until the copy is done: deft_pinned_free it (the pool hands it out again only after the
+ * copy, as with Tensor.record_stream), or let a deft_loader recycle it. Feeding the same buffer again at once is
+ * safe (copies run in order); a later deft_program_feed of the input replaces a batch fed asynchronously and not
+ * yet run. Programs that do not run on one GPU's stream (CPU steps, several devices, dropout) copy synchronously,
+ * as deft_program_feed does, from any host memory. */
+deft_status deft_program_feed_async(deft_program *p, deft_tensor *input, const void *pinned_host, size_t bytes);
+
+/* A loader (torch.utils.data.DataLoader with pin_memory): a thread of its own fills `depth` pinned batches ahead of
+ * the training loop by calling `fill` for batch (epoch, index), index in [0, batches_per_epoch), in order, batch
+ * after batch, epoch after epoch; deft_loader_next feeds the next one asynchronously into a program and recycles
+ * its buffers once their copies are done. Batches come in the same order whatever the threads' timing.
+ * `fill` runs on the loader's thread and writes buffers[i] (deft_tensor_nbytes of inputs[i]) for each input; a
+ * status other than DEFT_OK stops the loader, and deft_loader_next returns it with the message the callback left
+ * (deft_loader_error sets one) once the batches filled before it are taken. */
+typedef struct deft_loader deft_loader;
+typedef deft_status (*deft_loader_fill)(void *ctx, int64_t epoch, int64_t index, void *const *buffers);
+/* depth 0 means 3; otherwise 2..64. The inputs must stay alive while the loader does. */
+deft_status deft_loader_new(deft_tensor *const *inputs, int n_inputs, int64_t batches_per_epoch, int depth,
+                            deft_loader_fill fill, void *ctx, deft_loader **out);
+/* The built-in loader over a dataset: x ([batch, features], f32) and y ([batch], i32) get consecutive batches of
+ * d (which must outlive the loader), the last incomplete one dropped; with shuffle, each epoch in a new order drawn
+ * from seed and the epoch number (deft_shuffle). */
+struct deft_dataset;   /* below, with the idx files */
+deft_status deft_loader_new_dataset(const struct deft_dataset *d, deft_tensor *x, deft_tensor *y, int shuffle,
+                                    uint64_t seed, int depth, deft_loader **out);
+typedef struct deft_loader_batch {
+    int64_t epoch, index;    /* the batch just fed (index -1 when end is set) */
+    int64_t fed;             /* batches fed by this loader so far, this one included */
+    int end;                 /* 1: the epoch is over and nothing was fed; the next call starts the next epoch */
+} deft_loader_batch;
+/* Feeds the next batch into p (deft_program_feed_async of each input) and says which it was; after the last batch
+ * of an epoch, one call returns with end set. out may be NULL. */
+deft_status deft_loader_next(deft_loader *l, deft_program *p, deft_loader_batch *out);
+/* Stops the thread (waiting for a fill in progress) and frees the buffers once their copies are done. */
+void deft_loader_free(deft_loader *l);
+/* For fill callbacks: sets the calling thread's message (printf format) and returns s. */
+deft_status deft_loader_error(deft_status s, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+/* ---- parameter files ----
+ * Format (little-endian): "DEFTPARM", u32 version (1), u32 count; then per parameter: u32 name length, the name,
+ * u32 dtype, u32 ndim, ndim x i64 dims, u64 data bytes, the data, u32 CRC-32 of the data. Loading checks every
+ * record against the graph's parameter of that name (dtype, shape) and the checksum before changing anything. */
+deft_status deft_params_save(const deft_graph *g, const char *path);
+deft_status deft_params_load(deft_graph *g, const char *path);
+
+/* ---- datasets in the idx format (MNIST's files) ---- */
+typedef struct deft_idx {
+    int type;                /* the idx type code: 0x08 u8, 0x09 i8, 0x0B i16, 0x0C i32, 0x0D f32, 0x0E f64 */
+    int ndim;
+    int64_t dims[DEFT_MAX_DIMS];
+    void *data;              /* dims' product elements, host byte order */
+    size_t bytes;
+} deft_idx;
+/* Reads a whole idx file; a bad magic, a short file or sizes that do not match the header are DEFT_ERR_IO with the
+ * path and what was wrong. */
+deft_status deft_idx_read(const char *path, deft_idx *out);
+deft_status deft_idx_write(const char *path, const deft_idx *in);
+void deft_idx_free(deft_idx *d);
+/* A classification dataset: images as f32 in [0, 1] ([n, features]) and labels as i32. */
+typedef struct deft_dataset {
+    int64_t n, features;
+    int n_classes;           /* 1 + the largest label */
+    float *images;
+    int32_t *labels;
+} deft_dataset;
+/* Loads an images idx file (u8, [n, rows, cols] or [n, features]) and a labels idx file (u8, [n]); the counts must
+ * agree. */
+deft_status deft_dataset_load_idx(const char *images_path, const char *labels_path, deft_dataset *out);
+void deft_dataset_free(deft_dataset *d);
+/* Copies `batch` samples starting at position `start` of `order` (a permutation of [0, n), or NULL for 0, 1, ...)
+ * into x ([batch, features]) and y ([batch]). */
+deft_status deft_dataset_batch(const deft_dataset *d, const int64_t *order, int64_t start, int64_t batch, float *x,
+                               int32_t *y);
+/* Fills order with a permutation of [0, n) drawn from seed (Fisher-Yates). NULL order (n > 0) or n < 0: an error. */
+deft_status deft_shuffle(int64_t *order, int64_t n, uint64_t seed);
+
+/* ---- CIFAR-10 (the binary version: data_batch_1..5.bin, test_batch.bin) ----
+ * A record is one label byte (0..9) and 3072 pixel bytes: the red, green and blue 32x32 planes, row-major. */
+#define DEFT_CIFAR_IMAGE_BYTES 3072
+#define DEFT_CIFAR_CLASSES 10
+typedef struct deft_cifar {
+    int64_t n;
+    uint8_t *pixels;         /* [n, 3, 32, 32] bytes, as in the files */
+    int32_t *labels;         /* [n], 0..9 */
+} deft_cifar;
+/* Reads the records of the files in order. A file that is empty or not a whole number of records (truncated), a
+ * label above 9 or a file that cannot be read is DEFT_ERR_IO with the path and what was wrong; nothing is kept. */
+deft_status deft_cifar_read(const char *const *paths, int n_paths, deft_cifar *out);
+/* train: dir/data_batch_1.bin .. dir/data_batch_5.bin; else dir/test_batch.bin. */
+deft_status deft_cifar_load(const char *dir, int train, deft_cifar *out);
+void deft_cifar_free(deft_cifar *d);
+/* How batches are made. Pixels become (p / 255 - mean[c]) / std[c] with CIFAR-10's mean (0.4914, 0.4822, 0.4465)
+ * and std (0.2470, 0.2435, 0.2616), in f32 [batch, 3, 32, 32] (DEFT_NCHW) or [batch, 32, 32, 3] (DEFT_NHWC).
+ * Augmentation as torchvision's RandomCrop(32, padding=crop_padding) (zero pixels around) then
+ * RandomHorizontalFlip(), drawn from seed, the epoch and the sample's index in the dataset: deterministic. Zeros
+ * mean: NCHW, no augmentation, no shuffling. */
+typedef struct deft_cifar_options {
+    deft_layout layout;
+    int crop_padding;        /* 0: no crop; 4 is the usual; at most 16 */
+    int flip;                /* 1: mirror left-right with probability 1/2 */
+    int shuffle;             /* 1 (feeds only): each epoch in a new order from seed and the epoch (deft_shuffle) */
+    uint64_t seed;
+} deft_cifar_options;
+/* The crop offset and flip that sample `sample` gets in `epoch`: output pixel (y, x) is input pixel
+ * (y + dy, (flip ? 31 - x : x) + dx), zero outside the image. */
+typedef struct deft_cifar_augmentation {
+    int dy, dx, flip;
+} deft_cifar_augmentation;
+deft_cifar_augmentation deft_cifar_augment_draw(const deft_cifar_options *o, int64_t epoch, int64_t sample);
+/* As deft_dataset_batch: `batch` samples from position `start` of order (NULL: 0, 1, ...) into x and y, augmented
+ * for `epoch` as opts says (NULL: NCHW, plain). */
+deft_status deft_cifar_batch(const deft_cifar *d, const int64_t *order, int64_t start, int64_t batch,
+                             const deft_cifar_options *opts, int64_t epoch, float *x, int32_t *y);
+/* A feed makes batch (epoch, index) of d (which must outlive it) for a deft_loader: deft_cifar_feed_fill is a
+ * deft_loader_fill over it, so decoding, normalising and augmenting run on the loader's thread. The last incomplete
+ * batch of an epoch is dropped. */
+typedef struct deft_cifar_feed deft_cifar_feed;
+deft_status deft_cifar_feed_new(const deft_cifar *d, int64_t batch, const deft_cifar_options *opts,
+                                deft_cifar_feed **out);
+int64_t deft_cifar_feed_batches(const deft_cifar_feed *f);                       /* per epoch */
+deft_status deft_cifar_feed_fill(void *feed, int64_t epoch, int64_t index, void *const *buffers);
+void deft_cifar_feed_free(deft_cifar_feed *f);   /* after the loader that uses it */
+/* A loader over the feed into x (f32, the feed's layout and batch) and y (i32 [batch]); other shapes are refused. */
+deft_status deft_loader_new_cifar(deft_cifar_feed *f, deft_tensor *x, deft_tensor *y, int depth, deft_loader **out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
