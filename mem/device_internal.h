@@ -33,7 +33,7 @@ deft_status deft_cuda_copy(int dst_index, void *dst, int src_index, const void *
 deft_status deft_cuda_synchronize(int index);
 deft_status deft_cuda_set_device(int index);
 /* The SMs (multiprocessors) of cuda:index: one wave of one-block-per-SM work, which kernel grids and GPU fusion
- * decisions are sized to (ops/cuda/cuda_tuning.h). Asked of the device once and kept. DEFT_CUDA_SMS_FALLBACK where
+ * decisions are sized to (base/cuda_tuning.h). Asked of the device once and kept. DEFT_CUDA_SMS_FALLBACK where
  * it cannot be asked (a build without CUDA, no such device, a failed query); no error is set. */
 int deft_cuda_sm_count(int index);
 #define DEFT_CUDA_SMS_FALLBACK 132   /* an H100 SXM's or an H200's, the cards deft's tuning was measured on */

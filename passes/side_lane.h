@@ -12,7 +12,7 @@
  * step (each records an event); the optimizer's step, which writes everything, waits for all of it; the run joins
  * the side lane back into the main stream at its end. So that those waits stay rare, the planner keeps a side step's
  * inputs alive until two side steps later. The side lane's stream has smaller cuBLAS and cuDNN scratch
- * (ops/cuda/cuda_workspace.h), its algorithms chosen to fit. */
+ * (mem/cuda_workspace.h), its algorithms chosen to fit. */
 #ifndef DEFT_SIDE_LANE_H
 #define DEFT_SIDE_LANE_H
 

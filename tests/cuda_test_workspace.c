@@ -1,4 +1,4 @@
-/* cuBLAS and cuDNN scratch per stream (ops/cuda/cuda_workspace.cu): a program's footprint names the workspaces its
+/* cuBLAS and cuDNN scratch per stream (mem/cuda_workspace.cu): a program's footprint names the workspaces its
  * steps use (cuBLAS's for products, cuDNN's for convolutions); each program's stream gets its own from the caching
  * allocator on its first run, and gives it back when the program is freed. */
 #include <stdint.h>

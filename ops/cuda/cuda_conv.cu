@@ -17,7 +17,6 @@
 #include <mutex>
 #include <vector>
 
-#include "caching_allocator.h"
 #include "cuda_conv_gemm.cuh"
 #include "cuda_image.cuh"
 

@@ -15,7 +15,6 @@
 #include <string.h>
 #include <mutex>
 
-#include "caching_allocator.h"
 #include "config.h"
 #include "cuda_matmul_impl.cuh"
 #include "cuda_matmul_small.cuh"

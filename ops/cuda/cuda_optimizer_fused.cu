@@ -15,7 +15,6 @@
  * The kernels are specialised by optimizer kind: SGD's step needs far fewer registers than AdamW's, and with the kind
  * chosen at run time too few blocks fitted an SM to keep enough loads in flight for the memory's rate
  * (bench/RESULTS.md, "Seventh round"). */
-#include "caching_allocator.h"
 #include "cuda_optimizer_math.cuh"
 #include "cuda_tuning.h"
 

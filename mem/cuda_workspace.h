@@ -1,4 +1,4 @@
-/* Library scratch per device and stream (ops/cuda/cuda_workspace.cu says why). Callable from C. */
+/* Library scratch per device and stream (mem/cuda_workspace.cu says why). Callable from C. */
 #ifndef DEFT_CUDA_WORKSPACE_H
 #define DEFT_CUDA_WORKSPACE_H
 

@@ -9,7 +9,7 @@
 
 #include "caching_allocator.h"
 #include "cuda_workspace.h"
-#include "graph_internal.h"
+#include "base.h"
 
 typedef struct deft_stream_scratch {
     int dev;
