@@ -17,6 +17,7 @@
 #include "optimizer.h"
 #include "optimizer_split.h"
 #include "program_graph.h"
+#include "program_run.h"
 #include "program_state.h"
 #include "replica_hooks.h"
 

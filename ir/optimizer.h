@@ -164,12 +164,6 @@ static inline bool deft_optimizer_keeps_grads(const struct deft_optimizer *opt) 
     return opt->device.type == DEFT_CPU || opt->accumulate_steps > 1 || opt->max_grad_norm > 0.0 || opt->scaler.on;
 }
 
-/* Where the current loss scale (one f32) lives: on the optimizer's device, once its step node is built (NULL before).
- * A seed node of an autocast backward pass borrows it as its storage. */
-void *deft_optimizer_scale_storage(struct deft_optimizer *opt);
-/* Turns loss scaling on with these (checked) options, or off (o NULL). Turning it on the first time sets the scale
- * to o->init_scale; later it goes on from its current value. On a GPU this waits for the queued steps. */
-deft_status deft_optimizer_set_scaling(struct deft_optimizer *opt, const deft_loss_scale_options *o);
 
 /* Whether the step can run in pieces during the backward pass: each update needs nothing but its own gradient (one
  * micro-batch per update, no clipping; the program must not scale its loss either, which compile checks). */
@@ -204,6 +198,11 @@ static inline bool deft_optimizer_grad_dtype_ok(deft_dtype param, deft_dtype gra
  * accepts. DEFT_ERR_DTYPE or DEFT_ERR_INVALID naming the step node `step_name` and the parameter otherwise. */
 deft_status deft_optimizer_check_grads(const struct deft_optimizer *opt, const char *step_name,
                                        deft_tensor *const *srcs, int n);
+
+/* Where the current loss scale (one f32) lives: on the optimizer's device, once a program running its step was compiled; the
+ * host's before (NULL before the step node exists).
+ * A seed node of an autocast backward pass borrows it as its storage. */
+void *deft_optimizer_scale_storage(struct deft_optimizer *opt);
 
 /* ---- optimizer in backward (graph/optimizer_split.c) ---- */
 /* The piece of `whole` over parameters [first, first + n), or its finisher over the pieces that split its parameters

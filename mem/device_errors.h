@@ -35,11 +35,6 @@ deft_status deft_device_errors_get(int device, void *stream, deft_device_errors 
  * recorded or no record exists. */
 deft_status deft_device_errors_take(int device);
 
-/* deft_device_errors_take for every GPU on which p runs a kernel that records errors; DEFT_OK at no cost for the
- * others. */
-struct deft_program;
-deft_status deft_program_take_device_errors(const struct deft_program *p);
-
 #ifdef __cplusplus
 }
 #endif

@@ -7,6 +7,10 @@
 #include "optimizer.h"
 #include "program_state.h"
 
+int deft_program_schedules(const deft_program *p, const deft_tensor *t) {
+    return p && t && t->graph == p->graph && t->id < p->n_nodes && p->nodes[t->id].needed;
+}
+
 void deft_program_node_plan(const deft_program *p, const deft_tensor *t, deft_node_plan *out) {
     *out = (deft_node_plan){DEFT_PLACE_NONE, -1, 0, 0, -1, -1, -1, 0, -1, 0, 0, 0};
     out->dropped = p && p->ckpt && t && t->graph == p->graph && t->id < p->ckpt->n_orig && p->ckpt->dropped[t->id];

@@ -104,26 +104,16 @@ struct deft_program {
                            * outputs asked for, itself elsewhere); NULL without autocast (autocast_program.c) */
 };
 
-/* deft_compile, returning its status. */
-deft_status deft_compile_into(deft_graph *g, deft_tensor *const *outputs, int n_outputs,
-                              const deft_compile_options *opts, deft_program **out);
-
 /* The node whose storage node id's value lives in (itself unless a view), and the byte offset in it (may be NULL). */
 int deft_view_base(const deft_graph *g, int id, size_t *offset);
 
 /* Reorders p->steps (compile option `reorder`) to lower the peak of live bytes; runtime/program_reorder.c. */
 deft_status deft_program_reorder(deft_program *p);
 
-/* DEFT_ERR_INVALID / DEFT_ERR_STATE (with message) unless t is a node of p's graph as compiled; `what` names the
- * caller in the message. */
-deft_status deft_check_program_tensor(const deft_program *p, const deft_tensor *t, const char *what);
-
 /* Groups p->steps into fused kernels where its GPUs allow (runtime/fusion.c); members leave p->steps but for the
  * roots. Products of one shape run as one batch where p->config.product_batches allows. */
 deft_status deft_program_fuse(deft_program *p);
 void deft_program_groups_free(deft_program *p);
-/* Runs group g (its root's step) on `stream`; runtime/fusion_run.c. */
-deft_status deft_group_run(deft_program *p, const deft_group *g, void *stream);
 
 /* Compiling under autocast (passes/autocast_program.c). The outputs' counterparts in the rewrite (*mapped NULL
  * when c asks for no autocast); the user's outputs aliased to them once they are marked; loss scaling switched on
@@ -131,12 +121,8 @@ deft_status deft_group_run(deft_program *p, const deft_group *g, void *stream);
 deft_status deft_autocast_outputs(deft_graph *g, const deft_config *c, deft_tensor *const *outputs, int n,
                                   deft_tensor ***mapped);
 deft_status deft_autocast_alias(deft_program *p, deft_tensor *const *user, int n);
-deft_status deft_autocast_configure_steps(deft_program *p);
 
 /* Where node t's value lives in p (the DOT dump's and the tests' view); passes/plan_report.c. */
 void deft_program_node_plan(const deft_program *p, const deft_tensor *t, deft_node_plan *out);
-
-/* The address of node id's value in a compiled program (persistent storage, arena, or a view into either). */
-void *deft_program_data(const deft_program *p, int id);
 
 #endif

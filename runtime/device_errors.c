@@ -2,6 +2,7 @@
 #include <stdbool.h>
 
 #include "device_errors.h"
+#include "program_run.h"
 #include "program_state.h"
 
 /* The ops whose CUDA kernels record data errors instead of failing the run (ops/cuda/cuda_train.cu). */

@@ -11,6 +11,7 @@
 #include "optimizer_run.h"
 #include "program_graph.h"
 #include "prefetch.h"
+#include "program_run.h"
 #include "program_state.h"
 #include "replica_hooks.h"
 
@@ -203,10 +204,6 @@ int deft_program_batched_products(const deft_program *p) {
             n += p->graph->nodes[g->members[m]]->op == DEFT_OP_MATMUL;
     }
     return n;
-}
-
-int deft_program_schedules(const deft_program *p, const deft_tensor *t) {
-    return p && t && t->graph == p->graph && t->id < p->n_nodes && p->nodes[t->id].needed;
 }
 
 int64_t deft_program_node_runs(const deft_program *p, const deft_tensor *t) {

@@ -1,6 +1,7 @@
 /* Feeding a compiled program's inputs from host memory (asynchronous feeds are in runtime/prefetch.c). */
 #include "device_internal.h"
 #include "prefetch.h"
+#include "program_run.h"
 #include "program_state.h"
 
 deft_status deft_feed_check(const deft_program *p, const deft_tensor *input, const void *host, size_t bytes,

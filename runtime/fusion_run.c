@@ -4,6 +4,7 @@
 #include "device_internal.h"
 #include "fused.h"
 #include "fusion_internal.h"
+#include "program_run.h"
 #include "program_state.h"
 
 #ifdef DEFT_HAVE_CUDA

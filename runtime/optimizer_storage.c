@@ -7,8 +7,10 @@
 #include <string.h>
 
 #include "device_internal.h"
+#include "autocast.h"
 #include "optimizer.h"
 #include "optimizer_storage.h"
+#include "program_run.h"
 
 /* Moves each parameter's value into the flat block and points its storage there. */
 static deft_status deft_flatten_params(deft_optimizer *opt) {
@@ -214,4 +216,41 @@ void deft_optimizer_release(deft_optimizer *opt) {
     opt->dev = NULL;
     opt->dev_blocks = NULL;
     opt->dev_block_sums = NULL;
+}
+
+/* Another live program of the graph steps `opt` with the other kind of step (scaled or not). */
+static const deft_tensor *deft_step_conflict(const deft_program *p, const deft_optimizer *opt, bool scaled) {
+    const deft_graph *g = p->graph;
+    for (int i = 0; i < g->n_programs; i++) {
+        const deft_program *q = g->programs[i];
+        if (q == p || !q->nodes) continue;
+        for (int id = 0; id < q->n_nodes; id++) {
+            const deft_tensor *t = g->nodes[id];
+            if (q->nodes[id].needed && t->op == DEFT_OP_OPTIMIZER && t->p.optimizer == opt &&
+                deft_autocast_step_scaled(g, t) != scaled)
+                return t;
+        }
+    }
+    return NULL;
+}
+
+deft_status deft_autocast_configure_steps(deft_program *p) {
+    /* A scaled step compiled by hand, outside the f16 policy, runs with GradScaler's defaults (the config's then). */
+    deft_loss_scale_options ls = p->config.loss_scale;
+    deft_status s = DEFT_OK;
+    for (int id = 0; s == DEFT_OK && id < p->n_nodes; id++) {
+        const deft_tensor *t = p->graph->nodes[id];
+        if (!p->nodes[id].needed || t->op != DEFT_OP_OPTIMIZER) continue;
+        deft_optimizer *opt = t->p.optimizer;
+        bool scaled = deft_autocast_step_scaled(p->graph, t);
+        const deft_tensor *other = deft_step_conflict(p, opt, scaled);
+        if (other)
+            return deft_set_error(DEFT_ERR_STATE,
+                                  "compile: %s steps its optimizer %s f16 loss scaling, and a live program steps it "
+                                  "%s (%s); one optimizer cannot step both ways at once: free that program first",
+                                  t->name, scaled ? "with" : "without", scaled ? "without" : "with", other->name);
+        if (scaled) s = deft_optimizer_set_scaling(opt, &ls);
+        else if (opt->scaler.on) s = deft_optimizer_set_scaling(opt, NULL);
+    }
+    return s;
 }

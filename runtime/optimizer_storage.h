@@ -10,4 +10,8 @@ deft_status deft_optimizers_materialize(deft_graph *g);
 /* The graph hook: frees an optimizer's storage once the device finished the steps that read it. */
 void deft_optimizer_release(deft_optimizer *opt);
 
+/* Turns loss scaling on with these (checked) options, or off (o NULL). Turning it on the first time sets the scale
+ * to o->init_scale; later it goes on from its current value. On a GPU this waits for the queued steps. */
+deft_status deft_optimizer_set_scaling(struct deft_optimizer *opt, const deft_loss_scale_options *o);
+
 #endif

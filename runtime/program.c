@@ -15,6 +15,7 @@
 #include "replica_hooks.h"
 #include "prefetch.h"
 #include "pipeline.h"
+#include "program_run.h"
 #include "program_state.h"
 #include "schedule.h"
 

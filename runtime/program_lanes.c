@@ -4,6 +4,7 @@
 
 #include "prefetch.h"
 #include "program_graph.h"
+#include "program_run.h"
 #include "program_state.h"
 
 int deft_program_touches_gpu(const deft_program *p) {

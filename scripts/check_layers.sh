@@ -4,13 +4,20 @@
 # (a folder may include only itself, the folders before it in LAYERS, and include/) and on any cycle between
 # folders. The CMake targets enforce the same order for what compiles; this also covers headers no target reaches.
 #
-#   scripts/check_layers.sh [-v]      -v: print every edge with its count
+# With a build directory it also reads the folders' objects (nm): a function one folder calls must be defined in that
+# folder or one before it, so that a prototype written by hand cannot hide a call against the direction.
+#
+#   scripts/check_layers.sh [-v] [BUILD_DIR]      -v: print every edge with its count
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 # Lowest first: the order of the pipeline's dependencies (README, "Architecture").
 LAYERS=(base mem ir plan ops passes runtime data dist testing)
-verbose=${1:-}
+verbose=""
+build=""
+for a in "$@"; do
+    if [ "$a" = -v ]; then verbose=1; else build=$a; fi
+done
 
 files=$(for d in "${LAYERS[@]}" include; do
     [ -d "$d" ] && find "$d" -type f \( -name '*.c' -o -name '*.cu' -o -name '*.h' -o -name '*.cuh' \)
@@ -83,4 +90,26 @@ function dfs(v, path,    m, k, w, found) {
 }
 ' /tmp/deft_layers.$$ /tmp/deft_headers.$$ /tmp/deft_includes.$$ && rc=0 || rc=$?
 rm -f /tmp/deft_layers.$$ /tmp/deft_headers.$$ /tmp/deft_includes.$$
+
+# Calls, from the objects of each folder's CMake target (deft_<folder>).
+if [ -n "$build" ]; then
+    defs=$(mktemp) undefs=$(mktemp)
+    for l in "${LAYERS[@]}"; do
+        d="$build/CMakeFiles/deft_$l.dir"
+        [ -d "$d" ] || continue
+        find "$d" -name '*.o' -exec nm --defined-only {} + 2>/dev/null | awk -v l="$l" '$2 ~ /^[TDBR]$/ { print $3, l }'
+    done > "$defs"
+    for l in "${LAYERS[@]}"; do
+        d="$build/CMakeFiles/deft_$l.dir"
+        [ -d "$d" ] || continue
+        find "$d" -name '*.o' -exec nm -u {} + 2>/dev/null | awk -v l="$l" 'NF == 2 { print l, $2 }' | sort -u
+    done > "$undefs"
+    awk -v order="${LAYERS[*]}" '
+        BEGIN { n = split(order, o, " "); for (i = 1; i <= n; i++) rank[o[i]] = i }
+        NR == FNR { def[$1] = $2; next }
+        ($2 in def) && rank[def[$2]] > rank[$1] { printf "call against the pipeline: %s calls %s (%s)\n", $1, $2, def[$2]; bad++ }
+        END { printf "calls: %d against the pipeline\n", bad; exit bad ? 1 : 0 }
+    ' "$defs" "$undefs" || rc=1
+    rm -f "$defs" "$undefs"
+fi
 exit $rc
