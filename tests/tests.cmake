@@ -46,4 +46,8 @@ add_test(NAME test_support_includes
                  -P ${PROJECT_SOURCE_DIR}/testing/check_includes.cmake)
 set_tests_properties(test_support_includes PROPERTIES LABELS cpu TIMEOUT 60)
 
+# The layers: no include, and no call between the folders' objects, against the pipeline; no cycle.
+add_test(NAME check_layers COMMAND ${PROJECT_SOURCE_DIR}/scripts/check_layers.sh ${CMAKE_BINARY_DIR})
+set_tests_properties(check_layers PROPERTIES LABELS cpu TIMEOUT 120)
+
 include(${PROJECT_SOURCE_DIR}/tests/extra_tests.cmake OPTIONAL)
