@@ -12,7 +12,7 @@
  *          --no-cudnn-tf32)
  *   bf16   NHWC, compiled with deft_compile_options.autocast = DEFT_BF16 (the peer: channels_last and
  *          torch.autocast(dtype=torch.bfloat16)): convolutions and fc in bf16, batch norm on bf16 x with f32
- *          weight and statistics, pooling in its input's dtype (graph/autocast_image.c)
+ *          weight and statistics, pooling in its input's dtype (ir/autocast_image.c)
  *   f16    as bf16 with DEFT_F16 and its dynamic loss scaling on the device (the peer: a GradScaler); the scale and
  *          the skipped steps are printed
  * The batch is generated (x uniform in [-1, 1) and labels from an integer hash of each element's index, the same

@@ -1,4 +1,4 @@
-/* The checks every dataset's batch call makes on its arguments (runtime/dataset.c, runtime/cifar_batch.c): the
+/* The checks every dataset's batch call makes on its arguments (data/dataset.c, data/cifar_batch.c): the
  * samples [start, start + batch) within the dataset's n, and every index of `order` (may be NULL) within [0, n).
  * `what` names the call in the message. */
 #ifndef DEFT_BATCH_RANGE_H

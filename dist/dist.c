@@ -1,6 +1,6 @@
 /* deft_dist: NCCL communicators for data parallel training, made for every local GPU at once or for one rank that
  * meets the others through a rendezvous (deft_dist_run, which runs the local replicas' steps together, is in
- * runtime/dist_run.c). */
+ * dist/dist_run.c). */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
 #include <stdlib.h>

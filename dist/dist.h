@@ -1,6 +1,6 @@
-/* Data parallel training, private to runtime/: communicators (runtime/dist.c), the rendezvous that hands NCCL's id
- * to every rank (runtime/dist_rendezvous.c), the NCCL calls (runtime/dist_nccl.c, or dist_nonccl.c without NCCL)
- * and the replica's gradient buckets placed in its step (runtime/dist_program.c). */
+/* Data parallel training, private to dist/: communicators (dist/dist.c), the rendezvous that hands NCCL's id
+ * to every rank (dist/dist_rendezvous.c), the NCCL calls (dist/dist_nccl.c, or dist_nonccl.c without NCCL)
+ * and the replica's gradient buckets placed in its step (dist/dist_program.c). */
 #ifndef DEFT_DIST_H
 #define DEFT_DIST_H
 
@@ -33,7 +33,7 @@ struct deft_dist {
     int running;                        /* deft_dist_run is running the replicas together */
     bool aborted;                       /* a deadline passed or NCCL failed: the communicators were aborted */
     char failure[512];
-    struct deft_dist_workers *workers;  /* the threads that queue the local replicas' steps (runtime/dist_run.c) */
+    struct deft_dist_workers *workers;  /* the threads that queue the local replicas' steps (dist/dist_run.c) */
 };
 
 /* Stops and joins the threads of deft_dist_run, if it started them (deft_dist_free). */
@@ -81,7 +81,7 @@ void deft_nccl_event_free(int device, void *event);
 /* `waiter` waits for what is queued on `stream` now, through `event`. */
 deft_status deft_nccl_stream_after(int device, void *waiter, void *stream, void *event);
 
-/* ---- the replica's step (runtime/dist_program.c), called by runtime/execute.c and runtime/program.c ---- */
+/* ---- the replica's step (dist/dist_program.c), called by runtime/execute.c and runtime/program.c ---- */
 /* Checks the data-parallel options (o: p's compile options resolved, passes/compile_config.h) and places the buckets
  * in p's step (compile). */
 struct deft_config;

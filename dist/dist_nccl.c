@@ -1,4 +1,4 @@
-/* The NCCL calls of data parallel training (runtime/dist.h). Communicators made for one rank of several processes
+/* The NCCL calls of data parallel training (dist/dist.h). Communicators made for one rank of several processes
  * are non-blocking (config.blocking = 0): every call may answer ncclInProgress, and the host then polls
  * ncclCommGetAsyncError until the call is through, an error comes, or the deadline passes, when every communicator
  * is aborted (ncclCommAbort). So a peer that never joins or stops answering is an error here, never a hang. */

@@ -1,4 +1,4 @@
-/* Without NCCL no deft_dist can be made (runtime/dist.c says so first); these answer the same, should anything
+/* Without NCCL no deft_dist can be made (dist/dist.c says so first); these answer the same, should anything
  * reach them. */
 #include <stdio.h>
 

@@ -1,7 +1,7 @@
 /* A data parallel replica: the gradients its optimizers read, cut into buckets in the order the backward pass
- * produces them (graph/grad_buckets.h), each all-reduced (averaged over the ranks) on a communication stream right
+ * produces them (passes/grad_buckets.h), each all-reduced (averaged over the ranks) on a communication stream right
  * after the step that produces its last gradient, and joined back into the program's stream just before the first
- * step that reads one of them: the optimizer's piece for that bucket (graph/optimizer_split.h; the pieces run after
+ * step that reads one of them: the optimizer's piece for that bucket (passes/optimizer_split.h; the pieces run after
  * the backward pass, in bucket order, so the earlier buckets' updates overlap the last all-reduce), or the whole
  * step, which then waits for every bucket. Between the two the backward pass goes on: no step there reads or writes a bucket's
  * gradients (the planner keeps each gradient's buffer until its last reader, which comes at or after the join), so
@@ -28,7 +28,7 @@ typedef struct deft_ddp_bucket {
     size_t bytes;
     deft_dist_buffers bufs;
     void *fork, *done;        /* events: the program's stream to the communication stream, and back */
-    void *fork_side;          /* the side lane's to the communication stream (runtime/side_lane.h), when it has one */
+    void *fork_side;          /* the side lane's to the communication stream (passes/side_lane.h), when it has one */
     bool issued, joined;      /* in the run being queued */
     void *packed;             /* many gradients of one dtype: packed here and all-reduced by one call (NULL: not) */
     size_t packed_bytes;
@@ -71,7 +71,7 @@ static void deft_ddp_add(const deft_program *p, deft_ddp *dd, int id, int key) {
     dd->ready[dd->n_grads++] = deft_ddp_step_of(p, id);
 }
 
-/* A whole step's gradients, in its buckets (graph/grad_buckets.h); each bucket's key is new and negative. */
+/* A whole step's gradients, in its buckets (passes/grad_buckets.h); each bucket's key is new and negative. */
 static deft_status deft_ddp_add_whole(const deft_program *p, deft_ddp *dd, const deft_tensor *t,
                                       const deft_config *o, int *next_key) {
     deft_grad_buckets gb;
@@ -82,7 +82,7 @@ static deft_status deft_ddp_add_whole(const deft_program *p, deft_ddp *dd, const
     return s;
 }
 
-/* The gradients the optimizer steps of p read, bucket by bucket: a piece's (per bucket, graph/optimizer_split.h) in
+/* The gradients the optimizer steps of p read, bucket by bucket: a piece's (per bucket, passes/optimizer_split.h) in
  * its bucket, keyed by it (a bucket's pieces run one after another); a whole step's cut as the split would cut it. */
 static deft_status deft_ddp_collect(deft_program *p, deft_ddp *dd, const deft_config *o) {
     int cap = 0;

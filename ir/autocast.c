@@ -1,4 +1,4 @@
-/* The autocast rewrite's driver (graph/autocast.h says how it works): the forward pass re-built under the policy, the
+/* The autocast rewrite's driver (ir/autocast.h says how it works): the forward pass re-built under the policy, the
  * backward pass derived again from each re-built loss, the optimizer's step re-pointed at the new gradients, and the
  * map from the user's nodes to their counterparts. */
 #include <stdio.h>
@@ -137,7 +137,7 @@ static deft_status deft_map_grads(deft_autocast *ac, deft_graph *g, const bool *
 /* What the twin of a step reads for the gradient gr (f32, the weight's dtype, from step 3): a weight used through a
  * cast to the low dtype has as gradient the cast back to f32 of a bf16/f16 value; the optimizer reads that value
  * itself and widens it on load (exact), so the cast has no reader and is not computed. Kept f32 for a rewrite whose
- * gradients must stay f32 (data parallel averages them: graph/autocast.h). */
+ * gradients must stay f32 (data parallel averages them: ir/autocast.h). */
 static deft_tensor *deft_step_grad(const deft_autocast *ac, const deft_optimizer *opt, deft_tensor *gr) {
     if (ac->f32_grads || gr->id < ac->n_user || gr->op != DEFT_OP_CAST || gr->dtype != DEFT_F32) return gr;
     deft_tensor *low = gr->src[0];

@@ -3,10 +3,10 @@
  *
  * How it works. The graph already holds the backward pass and the optimizer's node when it is compiled, so the
  * rewrite does not touch them: it appends to the graph, once per policy, a second step made of
- *   1. the forward pass re-built node by node under the policy (graph/autocast_policy.c), casts inserted where a
+ *   1. the forward pass re-built node by node under the policy (ir/autocast_policy.c), casts inserted where a
  *      node's policy wants another dtype than its input has; a node whose inputs and dtype do not change is not
  *      re-built but shared (leaves always are: inputs, f32 master weights, constants);
- *   2. the backward pass derived again from the re-built loss of each deft_backward call (graph/autodiff.c), started
+ *   2. the backward pass derived again from the re-built loss of each deft_backward call (ir/autodiff.c), started
  *      from the optimizer's loss scale under f16 with loss scaling, from 1 otherwise;
  *   3. for each optimizer step node, a twin reading the new gradients, updating the same flat storage. A weight's
  *      gradient is the cast back to f32 of the gradient of its cast to the low dtype: the twin reads that bf16/f16
@@ -53,7 +53,7 @@ void deft_autocast_free_all(deft_graph *g);
  * start from the scale, so its optimizer must unscale. */
 bool deft_autocast_step_scaled(const deft_graph *g, const deft_tensor *step);
 
-/* ---- graph/autocast_policy.c ---- */
+/* ---- ir/autocast_policy.c ---- */
 /* x in dtype dt: x itself, or the one cast node made for (x, dt) (marked, named after x). */
 deft_tensor *deft_autocast_cast(deft_autocast *ac, deft_tensor *x, deft_dtype dt);
 /* t (a forward node of the user's graph) under the policy, given its inputs' counterparts src: t itself when nothing
@@ -61,7 +61,7 @@ deft_tensor *deft_autocast_cast(deft_autocast *ac, deft_tensor *x, deft_dtype dt
  * DEFT_ERR_INVALID (graph untouched) for an op the rewrite cannot re-build. */
 deft_tensor *deft_autocast_node(deft_autocast *ac, deft_tensor *t, deft_tensor **src);
 
-/* ---- graph/autocast_image.c ---- */
+/* ---- ir/autocast_image.c ---- */
 /* Conv2d, pooling and batch norm's two nodes: re-built by deft_autocast_image. */
 bool deft_autocast_is_image_op(deft_op op);
 /* The dtype source k of batch norm node bn (its stats node or its normalising node) runs in. */

@@ -1,4 +1,4 @@
-/* The autocast policy for image ops (graph/autocast_policy.c has the rest): conv2d, pooling and batch norm, each
+/* The autocast policy for image ops (ir/autocast_policy.c has the rest): conv2d, pooling and batch norm, each
  * re-built on the sources the policy gave it, and the CPU's stand-in for the half kernels it lacks.
  *
  *   conv2d      to L: x, weight and bias cast to L (a weight's cast is made once per step, whatever reads it); the
@@ -70,7 +70,7 @@ static deft_tensor *deft_rebuild_pool(const deft_tensor *t, deft_tensor *x) {
 }
 
 /* Batch norm's two nodes have no public builder of their own: the same node on the new sources; the statistics
- * stay in the f32 they were built in (graph/build_norm.c keeps them f32 for a half x), y takes x's dtype. */
+ * stay in the f32 they were built in (ir/build_norm.c keeps them f32 for a half x), y takes x's dtype. */
 static deft_tensor *deft_rebuild_batch_norm(const deft_tensor *t, deft_tensor **src) {
     const deft_dtype dt = t->op == DEFT_OP_BN_STATS ? t->dtype : src[0]->dtype;
     deft_tensor *n = deft_node_new(t->graph, t->op, dt, t->device, t->ndim, t->shape, t->nsrc, src);

@@ -8,7 +8,7 @@
  *               (a bias, a scale): then it is cast to L, as torch's F.linear casts its bias
  *   norm        batch norm: per source, as deft_batch_norm_input_dtype says (each keeps its dtype)
  *   keep        activations, scalar ops, shape ops, dropout, device moves, pooling: their input's dtype
- * Conv2d, pooling and batch norm are re-built by graph/autocast_image.c, which says more about them.
+ * Conv2d, pooling and batch norm are re-built by ir/autocast_image.c, which says more about them.
  * Only f32 nodes change: f64 and i32 ones, and explicit casts, keep the dtype the user gave them. */
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,5 +1,5 @@
-/* What graph/autodiff.c offers the rest of graph/ beyond deft_backward: the record of its calls and a backward pass
- * that hands its gradients back instead of publishing them (the autocast rewrite, graph/autocast.c, re-derives the
+/* What ir/autodiff.c offers the rest of the library beyond deft_backward: the record of its calls and a backward pass
+ * that hands its gradients back instead of publishing them (the autocast rewrite, ir/autocast.c, re-derives the
  * backward pass of its low-precision forward with it). */
 #ifndef DEFT_AUTODIFF_H
 #define DEFT_AUTODIFF_H

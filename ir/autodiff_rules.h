@@ -1,4 +1,4 @@
-/* One backward rule per differentiable op (graph/autodiff_rules.c), used by deft_backward (graph/autodiff.c). */
+/* One backward rule per differentiable op (ir/autodiff_rules.c), used by deft_backward (ir/autodiff.c). */
 #ifndef DEFT_AUTODIFF_RULES_H
 #define DEFT_AUTODIFF_RULES_H
 
@@ -7,7 +7,7 @@
 /* Adds to grads[src->id] the gradient that flows from t (whose gradient is dy) into each source with reach[src->id]
  * set. Returns DEFT_ERR_INVALID for an op with no rule. */
 deft_status deft_grad_rule(deft_tensor *t, deft_tensor *dy, const bool *reach, deft_tensor **grads);
-/* The same for the image ops (conv2d, pooling, batch norm; graph/autodiff_rules_conv.c): false for other ops. */
+/* The same for the image ops (conv2d, pooling, batch norm; ir/autodiff_rules_conv.c): false for other ops. */
 bool deft_grad_rule_image(deft_tensor *t, deft_tensor *dy, const bool *reach, deft_tensor **grads);
 
 #endif

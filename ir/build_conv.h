@@ -1,4 +1,4 @@
-/* What the convolution, pooling and batch norm builders share with their backward rules (graph/autodiff_rules_conv.c):
+/* What the convolution, pooling and batch norm builders share with their backward rules (ir/autodiff_rules_conv.c):
  * the geometry of an image tensor and the builders of the gradient ops. */
 #ifndef DEFT_BUILD_CONV_H
 #define DEFT_BUILD_CONV_H

@@ -1,4 +1,4 @@
-/* Builders for the ops only the backward pass makes (graph/autodiff.c); the kernels are in ops/. */
+/* Builders for the ops only the backward pass makes (ir/autodiff.c); the kernels are in ops/. */
 #ifndef DEFT_BUILD_GRAD_OPS_H
 #define DEFT_BUILD_GRAD_OPS_H
 

@@ -65,7 +65,7 @@ deft_status deft_graph_dump_dot(const deft_graph *g, const deft_program *p, cons
         fprintf(f, "  n%d [shape=%s, fillcolor=\"%s\", label=\"%s\\n%s %s %s %s", t->id, deft_node_shape(t),
                 deft_device_colour(t->device), t->name, deft_op_name(t->op), deft_dtype_name(t->dtype),
                 deft_shape_str(t->ndim, t->shape, shape, sizeof shape), deft_device_str(t->device, dev, sizeof dev));
-        /* Casts the autocast rewrite inserted (graph/autocast.h): labelled and drawn apart from the user's nodes. */
+        /* Casts the autocast rewrite inserted (ir/autocast.h): labelled and drawn apart from the user's nodes. */
         const bool cast = t->autocast == DEFT_AUTOCAST_CAST;
         if (cast) fprintf(f, "\\nautocast");
         deft_dot_plan_line(f, g, p, t, &dead, &output);

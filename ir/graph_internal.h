@@ -1,4 +1,4 @@
-/* The graph's own structures, shared by graph/, ops/, alloc/ and runtime/. Not installed. */
+/* The graph's own structures, shared by every folder above ir/. Not installed. */
 #ifndef DEFT_GRAPH_INTERNAL_H
 #define DEFT_GRAPH_INTERNAL_H
 
@@ -74,7 +74,7 @@ typedef enum deft_op {
     DEFT_OP_CROSS_ENTROPY_GRAD, /* src (dloss [], logits, targets); out [N, C] = (softmax - onehot) * dloss / N */
     DEFT_OP_DROPOUT,            /* p.dropout */
     DEFT_OP_OPTIMIZER,          /* src: the gradients; p.optimizer; updates parameters in place */
-    /* images (graph/build_conv.c, graph/build_norm.c); the layout is in p.conv, p.pool or p.bn */
+    /* images (ir/build_conv.c, ir/build_norm.c); the layout is in p.conv, p.pool or p.bn */
     DEFT_OP_CONV2D,                 /* src (x, w[, bias]); p.conv */
     DEFT_OP_CONV2D_INPUT_GRAD,      /* src (dy, w); this node is dx, x's shape */
     DEFT_OP_CONV2D_WEIGHT_GRAD,     /* src (dy, x); this node is dw, w's shape */
@@ -120,7 +120,7 @@ static inline bool deft_kind_is_elementwise(deft_op_kind k) {
 
 const deft_op_info *deft_op_info_of(deft_op op);
 const char *deft_op_name(deft_op op);
-/* What running node t's kernel costs, from its op and shapes (ops/op_cost.c): floating-point operations, and bytes
+/* What running node t's kernel costs, from its op and shapes (ir/op_cost.c): floating-point operations, and bytes
  * read and written. Leaves and views cost nothing. */
 void deft_op_cost(const struct deft_tensor *t, double *flops, double *bytes);
 
@@ -172,14 +172,14 @@ struct deft_tensor {
     deft_tensor *grad;
     /* A parameter whose storage an optimizer owns (flat): host_data/dev_data point into it and are not freed here. */
     bool storage_borrowed;
-    /* Checkpointing (graph/checkpoint*.c). ckpt_marked: inside a span given to deft_checkpoint_span. A node the
+    /* Checkpointing (passes/checkpoint*.c). ckpt_marked: inside a span given to deft_checkpoint_span. A node the
      * rewrite made for one program has ckpt_role != 0 and ckpt_origin, the user's node it stands for; user nodes
      * never read such nodes, so other compiles never see them. */
     bool ckpt_marked;
     unsigned char ckpt_role;      /* a deft_ckpt_role */
     deft_tensor *ckpt_origin;
     const struct deft_program *ckpt_owner;
-    /* Made by the autocast rewrite (graph/autocast.c): a deft_autocast_mark; 0 for the user's own nodes. */
+    /* Made by the autocast rewrite (ir/autocast.c): a deft_autocast_mark; 0 for the user's own nodes. */
     uint8_t autocast;
 };
 
@@ -187,7 +187,7 @@ typedef enum deft_ckpt_role {
     DEFT_CKPT_USER = 0,
     DEFT_CKPT_RECOMPUTE,          /* a forward node run again in the backward pass */
     DEFT_CKPT_BACKWARD_COPY,      /* a backward node that reads recomputed values instead of saved ones */
-    DEFT_CKPT_OPTIMIZER_PART      /* a piece of an optimizer's step, or its finisher (graph/optimizer_split.h) */
+    DEFT_CKPT_OPTIMIZER_PART      /* a piece of an optimizer's step, or its finisher (passes/optimizer_split.h) */
 } deft_ckpt_role;
 
 struct deft_program;
@@ -204,12 +204,12 @@ struct deft_graph {
     int n_programs, cap_programs;
     struct deft_optimizer **optimizers;   /* built on this graph, freed with it */
     int n_optimizers;
-    /* deft_backward's calls (graph/autodiff.c), so that a rewrite can re-derive the backward pass: each loss and the
+    /* deft_backward's calls (ir/autodiff.c), so that a rewrite can re-derive the backward pass: each loss and the
      * range of node ids the call added. */
     struct deft_backward_call *backward_calls;
     int n_backward_calls;
-    struct deft_autocast *autocasts;      /* the autocast rewrites made so far (graph/autocast.c), freed with it */
-    bool keep_input_casts;   /* tests only: autocast keeps the casts of inputs for the backward pass (graph/checkpoint.h) */
+    struct deft_autocast *autocasts;      /* the autocast rewrites made so far (ir/autocast.c), freed with it */
+    bool keep_input_casts;   /* tests only: autocast keeps the casts of inputs for the backward pass (passes/checkpoint.h) */
 };
 
 /* ---- errors of a graph (ir/graph.c) ---- */

@@ -1,4 +1,4 @@
-/* An optimizer's state, shared by graph/optimizer.c (building), runtime/optimizer_run.c (running on the CPU) and
+/* An optimizer's state, shared by ir/optimizer.c (building), runtime/optimizer_run.c (running on the CPU) and
  * ops/cuda/cuda_optimizer.cu (running on a GPU). Plain C: the CUDA side includes it too. */
 #ifndef DEFT_OPTIMIZER_H
 #define DEFT_OPTIMIZER_H
@@ -61,7 +61,7 @@ typedef struct deft_optimizer_gather {
 } deft_optimizer_gather;
 
 /* Dynamic loss scaling, as torch.cuda.amp.GradScaler, on while the programs that run this optimizer's step start
- * their backward pass from the scale (the step twin of an f16 autocast rewrite; runtime/autocast_program.c turns it on
+ * their backward pass from the scale (the step twin of an f16 autocast rewrite; passes/autocast_program.c turns it on
  * or off when a program is compiled, and refuses to mix scaled and unscaled steps of one optimizer). */
 typedef struct deft_optimizer_scaler {
     int on;
@@ -80,7 +80,7 @@ typedef struct deft_optimizer_scaler {
 /* The gradient norm is summed in blocks that never cross a parameter: parameter i's elements, in runs of `chunk`
  * (at least DEFT_OPTIMIZER_BLOCK_MIN, more when the storage is large), are blocks block_first[i] .. block_first[i+1]
  * - 1. Each block's sum of squares is formed alone and the sums are added in block order, so a step split into
- * pieces of whole parameters (optimizer in backward, graph/optimizer_split.c) gives the same norm, bit for bit, as
+ * pieces of whole parameters (optimizer in backward, passes/optimizer_split.c) gives the same norm, bit for bit, as
  * the whole step. */
 #define DEFT_OPTIMIZER_BLOCK_MIN 2048
 
@@ -96,7 +96,7 @@ typedef struct deft_optimizer_block {
  * as the whole step would, writes the norm and advances the counters (once per step). A part is itself a struct
  * deft_optimizer (so that nodes keep one kind of pointer) whose `part` is set: its parameter arrays and state are
  * whole's, borrowed; only its gather tables are its own. Parts are made on demand and kept by `whole` until the
- * graph goes (graph/optimizer_split.c). */
+ * graph goes (passes/optimizer_split.c). */
 typedef struct deft_optimizer_part {
     struct deft_optimizer *whole;
     bool finisher;
@@ -188,7 +188,7 @@ static inline size_t deft_optimizer_state_bytes(const struct deft_optimizer *opt
 
 /* Whether a gradient in dtype `grad` can feed a parameter in dtype `param`: its own dtype, or for f32 weights a bf16
  * or f16 gradient. The autocast step reads the low-precision gradient of a weight itself rather than its cast back to
- * f32 (graph/autocast.c); widening on load is exact, so the update is the same bit for bit. */
+ * f32 (ir/autocast.c); widening on load is exact, so the update is the same bit for bit. */
 static inline bool deft_optimizer_grad_dtype_ok(deft_dtype param, deft_dtype grad) {
     return grad == param || (param == DEFT_F32 && (grad == DEFT_BF16 || grad == DEFT_F16));
 }
@@ -204,7 +204,7 @@ deft_status deft_optimizer_check_grads(const struct deft_optimizer *opt, const c
  * A seed node of an autocast backward pass borrows it as its storage. */
 void *deft_optimizer_scale_storage(struct deft_optimizer *opt);
 
-/* ---- optimizer in backward (graph/optimizer_split.c) ---- */
+/* ---- optimizer in backward (passes/optimizer_split.c) ---- */
 /* The piece of `whole` over parameters [first, first + n), or its finisher over the pieces that split its parameters
  * at `firsts` (n_pieces entries, increasing, the first 0): one made before, or a new one; NULL with a message when out
  * of memory. */

@@ -1,5 +1,5 @@
 /* The norm's blocks of an optimizer, and the parts of its step that optimizer in backward runs as nodes of their own
- * (graph/optimizer.h explains both). */
+ * (ir/optimizer.h explains both). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

@@ -12,7 +12,7 @@ extern "C" {
 #endif
 
 /* The sizes are cuda_tuning.h's: DEFT_CUBLAS_WORKSPACE_BYTES and DEFT_CUDNN_WORKSPACE_BYTES for a main stream. A
- * program's side lane (runtime/side_lane.h) runs weight gradients beside the main stream, each stream with scratch
+ * program's side lane (passes/side_lane.h) runs weight gradients beside the main stream, each stream with scratch
  * of its own: smaller scratch there (DEFT_CUDNN_SIDE_WORKSPACE_BYTES, DEFT_CUBLAS_SIDE_WORKSPACE_BYTES) keeps the
  * second stream from adding 96 MiB to the program's peak. Batch norm's fast reductions (cuda_norm_fast.cu):
  * DEFT_NORM_COUNTERS per-column arrival counts, kept at zero between launches, then DEFT_NORM_PARTIALS per-chunk

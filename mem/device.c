@@ -81,7 +81,7 @@ deft_status deft_device_memory(deft_device d, size_t *free_bytes, size_t *total_
     return deft_cuda_memory(d.index, free_bytes, total_bytes);
 }
 
-/* Every device byte goes through the caching allocator (alloc/caching_allocator.c), so that the statistics,
+/* Every device byte goes through the caching allocator (mem/caching_allocator.c), so that the statistics,
  * snapshots and OOM messages see all of it; the default stream orders reuse. */
 deft_status deft_mem_alloc(deft_device d, size_t bytes, void **out) {
     return deft_caching_alloc(d, bytes, NULL, NULL, out);

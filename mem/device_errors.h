@@ -3,8 +3,8 @@
  * and the host reports it where it waits for the device anyway: deft_program_read. A step therefore never
  * synchronises the host to check its data, eager or replayed as a CUDA Graph alike.
  *
- * runtime/device_errors.c decides which records a program reads; runtime/device_errors_cuda.c owns the records
- * (runtime/device_errors_nocuda.c without CUDA, where no kernel can write one). */
+ * runtime/device_errors.c decides which records a program reads; mem/device_errors_cuda.c owns the records
+ * (mem/device_errors_nocuda.c without CUDA, where no kernel can write one). */
 #ifndef DEFT_DEVICE_ERRORS_H
 #define DEFT_DEVICE_ERRORS_H
 

@@ -1,4 +1,4 @@
-/* The device error records (runtime/device_errors.h): one small cudaMalloc per GPU, made on first use and kept for
+/* The device error records (mem/device_errors.h): one small cudaMalloc per GPU, made on first use and kept for
  * the life of the process, like cuBLAS handles. They bypass the caching allocator on purpose: a record must exist
  * for the data checks to run at all, so neither a memory limit nor the allocator's statistics should see it. */
 #include <pthread.h>

@@ -21,7 +21,7 @@ deft_status deft_mem_copy(deft_device dst_dev, void *dst, deft_device src_dev, c
 /* Waits for all work queued on the device. */
 deft_status deft_device_synchronize(deft_device d);
 
-/* ---- the CUDA side (runtime/cuda_device_cuda.c when built with CUDA, runtime/cuda_device_nocuda.c otherwise) ---- */
+/* ---- the CUDA side (mem/cuda_device_cuda.c when built with CUDA, mem/cuda_device_nocuda.c otherwise) ---- */
 int deft_cuda_count(void);      /* visible, working GPUs; 0 without CUDA or without a GPU */
 deft_status deft_cuda_name(int index, char *buf, size_t n);
 deft_status deft_cuda_memory(int index, size_t *free_bytes, size_t *total_bytes);

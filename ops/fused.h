@@ -2,7 +2,7 @@
  * kernel, each thread computing every member's element i in registers and storing only the members read outside the
  * chain. Members and inputs are f32, bf16 or f16 (a chain may mix them through casts): registers hold f32, and each
  * instruction's result is rounded to its node's dtype, as the one-op kernel's store would round it. Built by the
- * program's fusion pass (runtime/fusion.c), run by ops/cuda/cuda_fused.cu. Plain C. */
+ * program's fusion pass (passes/fusion.c), run by ops/cuda/cuda_fused.cu. Plain C. */
 #ifndef DEFT_FUSED_H
 #define DEFT_FUSED_H
 

@@ -1,4 +1,4 @@
-/* Activation memory from the plan (runtime/activation_bytes.h): which forward values the steps after the forward
+/* Activation memory from the plan (passes/activation_bytes.h): which forward values the steps after the forward
  * pass read, and the peak of their buffers' bytes over the schedule. Issue 7 asks mixed precision for "activation
  * memory about half of fp32's"; the arena alone does not show it, as f32 weight gradients may set its size. */
 #include <stdlib.h>

@@ -1,4 +1,4 @@
-/* The activation memory of a compiled program, read from its plan (runtime/activation_bytes.c). */
+/* The activation memory of a compiled program, read from its plan (passes/activation_bytes.c). */
 #ifndef DEFT_ACTIVATION_BYTES_H
 #define DEFT_ACTIVATION_BYTES_H
 

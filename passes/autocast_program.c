@@ -1,4 +1,4 @@
-/* Compiling under autocast (graph/autocast.h): the outputs mapped to their counterparts in the rewrite, the user's
+/* Compiling under autocast (ir/autocast.h): the outputs mapped to their counterparts in the rewrite, the user's
  * tensors aliased to them for reading. Loss scaling in the optimizers is the runtime's (runtime/optimizer_storage.c).
  * The options were checked and resolved once (compile_config.c). */
 #include <stdlib.h>

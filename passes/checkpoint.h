@@ -1,4 +1,4 @@
-/* Activation checkpointing as a graph rewrite (graph/checkpoint*.c), run by compile after differentiation and
+/* Activation checkpointing as a graph rewrite (passes/checkpoint*.c), run by compile after differentiation and
  * before scheduling and planning.
  *
  * The rewrite never changes a node the user built. For one program it appends to the graph:
@@ -71,7 +71,7 @@ deft_status deft_ckpt_apply(const deft_ckpt_graph *a, const bool *drop, const st
 /* Removes every node from id n on (copies made by a trial). */
 void deft_ckpt_truncate(deft_graph *g, int n);
 
-/* The drop sets of the fixed policies (graph/checkpoint_policy.c): each sets drop[id] for what it drops and leaves
+/* The drop sets of the fixed policies (passes/checkpoint_policy.c): each sets drop[id] for what it drops and leaves
  * the rest of drop as it was. */
 void deft_ckpt_drop_marked(const deft_ckpt_graph *a, bool *drop);
 void deft_ckpt_drop_segments(const deft_ckpt_graph *a, int segments, bool *drop);

@@ -1,5 +1,5 @@
 /* The checkpoint rewrite's mechanics: which forward values the backward pass reads (the candidates for dropping),
- * and the copies that recompute dropped values and read them (graph/checkpoint.h explains the design). */
+ * and the copies that recompute dropped values and read them (passes/checkpoint.h explains the design). */
 #include <stdlib.h>
 #include <string.h>
 

@@ -26,7 +26,7 @@ typedef struct deft_config {
     bool split_per_bucket;         /* dist with dist_bucket_pieces: optimizer pieces per gradient bucket */
     /* what the GPU passes may do */
     bool fusion;                   /* not no_fusion */
-    bool product_batches;          /* products of one shape may run as one batch (runtime/fusion_batch.c) */
+    bool product_batches;          /* products of one shape may run as one batch (passes/fusion_batch.c) */
     bool side_lane;                /* weight-gradient work may take a GPU's second stream (passes/side_lane.h) */
     bool fold_relu_grad;           /* ReLU gradients may fold into batch norm's backward */
     bool fuse_low_precision;       /* bf16 and f16 elementwise chains fuse too */

@@ -4,11 +4,11 @@
  *                   matmul and the sum over the rows of its second operand (a bias gradient), which cuBLASLt computes
  *                   while it reads that operand
  *   batches         products of one shape, each too small to fill the GPU, that nothing reads before the last of
- *                   them: an MLP's weight gradients, as one cuBLASLt call (runtime/fusion_batch.c)
- *   batch norm      a normalisation and the add and ReLU after it (runtime/fusion_norm.c); its backward nodes
- *                   and the ReLU gradient they read, masked on load (runtime/fusion_norm_grad.c)
+ *                   them: an MLP's weight gradients, as one cuBLASLt call (passes/fusion_batch.c)
+ *   batch norm      a normalisation and the add and ReLU after it (passes/fusion_norm.c); its backward nodes
+ *                   and the ReLU gradient they read, masked on load (passes/fusion_norm_grad.c)
  *   casts           the casts of parameters and constants to one dtype (autocast's weights), in one launch
- *                   (runtime/fusion_casts.c)
+ *                   (passes/fusion_casts.c)
  *   elementwise     a chain of same-shape elementwise nodes in f32, bf16 or f16, casts between them included
  *                   (ops/fused.h): one pass over memory instead of one per node, and the members read only inside
  *                   the chain never get a buffer; a sum or mean over every element of the chain may end it (a loss's

@@ -1,4 +1,4 @@
-/* What the fusion pass's files share (runtime/fusion.c builds the groups; runtime/fusion_norm.c adds batch norm's). */
+/* What the fusion pass's files share (passes/fusion.c builds the groups; passes/fusion_norm.c adds batch norm's). */
 #ifndef DEFT_FUSION_INTERNAL_H
 #define DEFT_FUSION_INTERNAL_H
 
@@ -28,16 +28,16 @@ bool deft_readers_after(const deft_fusion *f, int gi, int joining, int at);
 /* Whether s is the sum over k of op(b)[k, n] for matmul mm's b (a bias gradient its epilogue can compute). */
 bool deft_is_bias_grad_of(const deft_tensor *s, const deft_tensor *mm);
 
-/* Batches of products of one shape (runtime/fusion_batch.c), formed first, from the products free then. */
+/* Batches of products of one shape (passes/fusion_batch.c), formed first, from the products free then. */
 deft_status deft_fuse_product_batches(deft_fusion *f);
 
-/* Batch norm groups (runtime/fusion_norm.c), formed before the elementwise chains so that these take what is left. */
+/* Batch norm groups (passes/fusion_norm.c), formed before the elementwise chains so that these take what is left. */
 deft_status deft_fuse_norm_epilogues(deft_fusion *f);
 
-/* Batch norm's backward nodes with the ReLU gradient they read folded in (runtime/fusion_norm_grad.c). */
+/* Batch norm's backward nodes with the ReLU gradient they read folded in (passes/fusion_norm_grad.c). */
 deft_status deft_fuse_norm_grads(deft_fusion *f);
 
-/* Groups of casts of parameters and constants (runtime/fusion_casts.c). */
+/* Groups of casts of parameters and constants (passes/fusion_casts.c). */
 deft_status deft_fuse_leaf_casts(deft_fusion *f);
 
 #endif

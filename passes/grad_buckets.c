@@ -1,4 +1,4 @@
-/* Data parallel gradient buckets (graph/grad_buckets.h). */
+/* Data parallel gradient buckets (passes/grad_buckets.h). */
 #include <stdlib.h>
 
 #include "grad_buckets.h"

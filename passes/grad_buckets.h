@@ -1,6 +1,6 @@
 /* Data parallel: the buckets an optimizer step's gradients are all-reduced in, a pure function of the graph and the
- * compile options, so that the optimizer's split (graph/optimizer_split.c, one piece per bucket) and the replica's
- * collectives (runtime/dist_program.c) cut the same way.
+ * compile options, so that the optimizer's split (passes/optimizer_split.c, one piece per bucket) and the replica's
+ * collectives (dist/dist_program.c) cut the same way.
  *
  * The gradients are taken in the order the backward pass produces them (their nodes' ids, which the schedule
  * follows; a weight's and a bias's gradient from one node in reverse storage order). The last ones, up to

@@ -1,4 +1,4 @@
-/* The waits between a program's lanes (runtime/lane_hazards.h says the rules). */
+/* The waits between a program's lanes (passes/lane_hazards.h says the rules). */
 #include <stdlib.h>
 #include <string.h>
 

@@ -1,4 +1,4 @@
-/* Optimizer in backward: placing the pieces of a split step (runtime/optimizer_place.h). */
+/* Optimizer in backward: placing the pieces of a split step (passes/optimizer_place.h). */
 #include <stdlib.h>
 #include <string.h>
 

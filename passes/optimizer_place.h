@@ -1,4 +1,4 @@
-/* Optimizer in backward: where the pieces of a split step run (graph/optimizer_split.h). */
+/* Optimizer in backward: where the pieces of a split step run (passes/optimizer_split.h). */
 #ifndef DEFT_OPTIMIZER_PLACE_H
 #define DEFT_OPTIMIZER_PLACE_H
 

@@ -1,5 +1,5 @@
 /* Optimizer in backward: the step of an optimizer split into pieces that update the parameters as their gradients
- * become ready, and a finisher (graph/optimizer_split.h explains the design). */
+ * become ready, and a finisher (passes/optimizer_split.h explains the design). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -194,7 +194,7 @@ static int deft_split_int_cmp(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-/* Per bucket (graph/grad_buckets.h): each bucket's parameters in runs consecutive in the flat storage (a piece
+/* Per bucket (passes/grad_buckets.h): each bucket's parameters in runs consecutive in the flat storage (a piece
  * updates such a run; a model's buckets are one run each when its parameters were made in the order the forward pass
  * reads them). */
 static deft_status deft_split_bucket_groups(const deft_split_ctx *c, const deft_tensor *step, deft_split_group *groups,
@@ -227,7 +227,7 @@ static deft_status deft_split_plan(deft_split_ctx *c, deft_tensor *step, deft_sp
     return s;
 }
 
-/* Per bucket, the bucket of each piece made, for the replica's collectives (runtime/dist_program.c). */
+/* Per bucket, the bucket of each piece made, for the replica's collectives (dist/dist_program.c). */
 static void deft_split_note(deft_split_ctx *c, const deft_tensor *t, int bucket) {
     if (!c->bucket_of) return;
     while (c->n_made <= t->id - c->n) c->bucket_of[c->n_made++] = -1;

@@ -6,18 +6,18 @@
  * its own gradient and the step's counters. For one program the rewrite appends to the graph, per step node asked for:
  *  - pieces: one node per group of parameters that become ready together (consecutive in the flat storage, and no
  *    one's gradient waiting on another's last reader), reading their gradients, updating them in place and giving
- *    the sums of squares of their norm blocks (graph/optimizer.h);
+ *    the sums of squares of their norm blocks (ir/optimizer.h);
  *  - a finisher, reading the pieces' sums in flat order: the norm, and the counters advanced once; the program reads
  *    the step node's value from it.
  * The schedule then moves each piece to just after the last step that produces one of its gradients or reads one of
- * its parameters (runtime/optimizer_place.c), so each gradient's buffer dies there. Like checkpointing's copies the
+ * its parameters (passes/optimizer_place.c), so each gradient's buffer dies there. Like checkpointing's copies the
  * nodes belong to the program (ckpt_owner, role DEFT_CKPT_OPTIMIZER_PART), no user node reads them, and they leave
  * the graph with the program when they are its last nodes.
  *
  * Data parallel with the compile option dist_bucket_pieces splits too: one piece per gradient bucket
- * (graph/grad_buckets.h; a bucket whose parameters are not consecutive in the flat storage gets one piece per run of
- * them), made in bucket order, and left by the schedule after the backward pass (runtime/optimizer_place.c), where
- * each piece waits for its own bucket's all-reduce alone (runtime/dist_program.c). There a step that cannot split
+ * (passes/grad_buckets.h; a bucket whose parameters are not consecutive in the flat storage gets one piece per run of
+ * them), made in bucket order, and left by the schedule after the backward pass (passes/optimizer_place.c), where
+ * each piece waits for its own bucket's all-reduce alone (dist/dist_program.c). There a step that cannot split
  * stays whole, without an error. */
 #ifndef DEFT_OPTIMIZER_SPLIT_H
 #define DEFT_OPTIMIZER_SPLIT_H

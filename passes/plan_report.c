@@ -141,7 +141,7 @@ static int deft_footprint_slot(deft_device_footprint *fp, int *n, int max, deft_
 
 /* The scratch of the program's streams on d (mem/cuda_workspace.cu): on the main stream cuBLAS's if it
  * multiplies matrices there, cuDNN's if it convolves, batch norm's if it sums per channel (batch statistics, gradient
- * sums); on the side lane (runtime/side_lane.h) the smaller cuBLAS and cuDNN scratch, as its steps need them. */
+ * sums); on the side lane (passes/side_lane.h) the smaller cuBLAS and cuDNN scratch, as its steps need them. */
 static size_t deft_workspaces_used(const deft_program *p, deft_device d) {
     if (d.type != DEFT_CUDA || !deft_has_cuda_build()) return 0;
     bool cublas[2] = {false, false}, cudnn[2] = {false, false}, norm = false;

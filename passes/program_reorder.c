@@ -1,5 +1,5 @@
 /* The compile option `reorder`: hand the schedule's dependencies and buffer sizes to the order search
- * (alloc/schedule_order.c) and apply the order it finds. */
+ * (plan/schedule_order.c) and apply the order it finds. */
 #include <stdlib.h>
 
 #include "program_state.h"

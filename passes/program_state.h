@@ -33,7 +33,7 @@ typedef struct deft_node_state {
     int64_t runs;
     int group;            /* index in groups of the fused group it belongs to, -1 if none */
     int redirect;         /* checkpointing: the id of the copy that computes this node instead, 0 if none */
-    bool side;            /* a step's root: it runs on its GPU's side lane (runtime/side_lane.h) */
+    bool side;            /* a step's root: it runs on its GPU's side lane (passes/side_lane.h) */
 } deft_node_state;
 
 typedef struct deft_buffer {
@@ -43,15 +43,15 @@ typedef struct deft_buffer {
     deft_plan_buffer plan;
 } deft_buffer;
 
-/* Nodes that run as one kernel (runtime/fusion.c). The group runs at its root's step; members other than the stores
+/* Nodes that run as one kernel (passes/fusion.c). The group runs at its root's step; members other than the stores
  * never reach memory. */
 typedef enum deft_group_kind {
     DEFT_GROUP_ELEMENTWISE,   /* a chain of same-shape f32, bf16 or f16 elementwise ops: ops/fused.h */
     DEFT_GROUP_MATMUL,        /* a matmul with a cuBLASLt epilogue: ops/cuda/cuda_matmul.h */
-    DEFT_GROUP_NORM,          /* a batch norm and the add and ReLU after it: runtime/fusion_norm.c */
-    DEFT_GROUP_CASTS,         /* casts of parameters, run together at the first one's step: runtime/fusion_casts.c */
-    DEFT_GROUP_NORM_GRAD,     /* batch norm's backward reading a ReLU's gradient masked: runtime/fusion_norm_grad.c */
-    DEFT_GROUP_MATMUL_BATCH   /* products of one shape (and their bias gradients) as one call: runtime/fusion_batch.c */
+    DEFT_GROUP_NORM,          /* a batch norm and the add and ReLU after it: passes/fusion_norm.c */
+    DEFT_GROUP_CASTS,         /* casts of parameters, run together at the first one's step: passes/fusion_casts.c */
+    DEFT_GROUP_NORM_GRAD,     /* batch norm's backward reading a ReLU's gradient masked: passes/fusion_norm_grad.c */
+    DEFT_GROUP_MATMUL_BATCH   /* products of one shape (and their bias gradients) as one call: passes/fusion_batch.c */
 } deft_group_kind;
 
 typedef struct deft_group {
@@ -97,9 +97,9 @@ struct deft_program {
     const char *stopped_after;   /* the stage its compile stopped after (stop_after), NULL: compiled whole; a
                                   * stopped program prints and dumps but never runs (passes/pipeline.h) */
     struct deft_prefetch *prefetch;   /* second input slots and their events, from the first feed_async (prefetch.c) */
-    struct deft_ckpt_plan *ckpt;      /* what checkpointing dropped and the copies it made (graph/checkpoint.h) */
-    struct deft_opt_split *split;     /* optimizer in backward: the pieces it made (graph/optimizer_split.h) */
-    struct deft_ddp *ddp;             /* data parallel: the replica's gradient buckets (runtime/dist_program.c) */
+    struct deft_ckpt_plan *ckpt;      /* what checkpointing dropped and the copies it made (passes/checkpoint.h) */
+    struct deft_opt_split *split;     /* optimizer in backward: the pieces it made (passes/optimizer_split.h) */
+    struct deft_ddp *ddp;             /* data parallel: the replica's gradient buckets (dist/dist_program.c) */
     int *alias;           /* autocast: per node id, the node whose value reading it gives (its counterpart for the
                            * outputs asked for, itself elsewhere); NULL without autocast (autocast_program.c) */
 };
@@ -107,10 +107,10 @@ struct deft_program {
 /* The node whose storage node id's value lives in (itself unless a view), and the byte offset in it (may be NULL). */
 int deft_view_base(const deft_graph *g, int id, size_t *offset);
 
-/* Reorders p->steps (compile option `reorder`) to lower the peak of live bytes; runtime/program_reorder.c. */
+/* Reorders p->steps (compile option `reorder`) to lower the peak of live bytes; passes/program_reorder.c. */
 deft_status deft_program_reorder(deft_program *p);
 
-/* Groups p->steps into fused kernels where its GPUs allow (runtime/fusion.c); members leave p->steps but for the
+/* Groups p->steps into fused kernels where its GPUs allow (passes/fusion.c); members leave p->steps but for the
  * roots. Products of one shape run as one batch where p->config.product_batches allows. */
 deft_status deft_program_fuse(deft_program *p);
 void deft_program_groups_free(deft_program *p);

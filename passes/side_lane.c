@@ -1,4 +1,4 @@
-/* Which steps run on a GPU's side lane (runtime/side_lane.h says why and how they are ordered). */
+/* Which steps run on a GPU's side lane (passes/side_lane.h says why and how they are ordered). */
 #include <stdlib.h>
 
 #include "cuda_kernels.h"

@@ -1,12 +1,12 @@
 /* A GPU's second stream, the side lane: the steps of a one-GPU program that the main stream never waits for before
  * the optimizer's step (a layer's weight gradient, and what only turns it into what the optimizer reads), so that
- * they run beside the input gradients of the layers below instead of after them. runtime/side_lane.c.
+ * they run beside the input gradients of the layers below instead of after them. passes/side_lane.c.
  *
  * A convolution or product of a small batch does not fill a large GPU alone (cuBLAS and cuDNN split the inner
  * dimension to make enough blocks, and pay for the split); two independent ones at once fill it better, and ResNet-18's
  * steps got shorter (bench/RESULTS.md, "Eighth round"). Which products qualify is measured, not assumed (side_lane.c).
  *
- * Ordering (runtime/program_lanes.c, runtime/lane_hazards.h): the side lane is one more lane of the same GPU, whose
+ * Ordering (runtime/program_lanes.c, passes/lane_hazards.h): the side lane is one more lane of the same GPU, whose
  * memory stays the main lane's. A side step waits for everything the main stream queued before it; a main step waits
  * for the side lane where it reads what a side step wrote or overwrites what one read, and then only for that side
  * step (each records an event); the optimizer's step, which writes everything, waits for all of it; the run joins
@@ -24,7 +24,7 @@ struct deft_program;
  * are (DEFT_ERR_OOM when the host is out of memory). None unless every step runs on one GPU, the program splits no
  * optimizer (optimizer_in_backward, data parallel's pieces per bucket), has no memory budget or checkpointing, and
  * the compile option no_side_lane is not set (p->config.side_lane). A data-parallel replica's buckets wait for both
- * lanes before their all-reduce (runtime/dist_program.c). */
+ * lanes before their all-reduce (dist/dist_program.c). */
 deft_status deft_side_mark(struct deft_program *p, int *count);
 
 /* Part of the schedule (runtime/program.c): the buffers that side steps read live on until DEFT_SIDE_KEEP side steps

@@ -1,4 +1,4 @@
-/* Which device error records a program reads when its outputs are read (runtime/device_errors.h). */
+/* Which device error records a program reads when its outputs are read (mem/device_errors.h). */
 #include <stdbool.h>
 
 #include "device_errors.h"

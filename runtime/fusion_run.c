@@ -1,4 +1,4 @@
-/* Running a fused group (runtime/fusion.c) at its root's step. */
+/* Running a fused group (passes/fusion.c) at its root's step. */
 #include "cuda_kernels.h"
 #include "cuda_matmul.h"
 #include "device_internal.h"

@@ -47,7 +47,7 @@ void deft_program_gpu_free(struct deft_program *p);
 deft_status deft_program_gpu_run(struct deft_program *p, deft_status (*run_steps)(struct deft_program *, void *));
 
 /* ---- the CUDA calls (runtime/program_graph_cuda.c; without CUDA, program_graph_nocuda.c answers DEFT_ERR_NO_CUDA) ---- */
-/* side: the stream of a side lane (runtime/side_lane.h), whose cuDNN and cuBLAS scratch are the smaller
+/* side: the stream of a side lane (passes/side_lane.h), whose cuDNN and cuBLAS scratch are the smaller
  * DEFT_CUDNN_SIDE_WORKSPACE_BYTES and DEFT_CUBLAS_SIDE_WORKSPACE_BYTES (mem/cuda_workspace.h). */
 deft_status deft_cuda_stream_create(int device, int side, void **stream);
 void deft_cuda_stream_destroy(int device, void *stream);

@@ -3,11 +3,11 @@
  *
  * A step is queued on the lane of the device that does its work (a copy to the host on its source's GPU, any other
  * copy on its destination's). Before it, its lane waits for the lanes whose work on the same memory it must follow
- * (runtime/lane_hazards.h: a copy waits for what produced its source; a GPU overwriting a buffer waits for the other
+ * (passes/lane_hazards.h: a copy waits for what produced its source; a GPU overwriting a buffer waits for the other
  * GPU's copy still reading it), recording an event there and waiting on it only where the lane changes: steps on
  * one GPU never wait on events. A run forks the lanes it uses from lane 0 and joins them back into it at its end, so
  * one run is one piece of work on lane 0's stream: it can be captured there as one CUDA Graph, and the next run
- * starts after it. A one-GPU program with side steps has a second lane on its GPU (runtime/side_lane.h), ordered
+ * starts after it. A one-GPU program with side steps has a second lane on its GPU (passes/side_lane.h), ordered
  * by the same rules. */
 #ifndef DEFT_PROGRAM_LANES_H
 #define DEFT_PROGRAM_LANES_H
@@ -29,7 +29,7 @@ typedef struct deft_lanes {
     void *event[DEFT_MAX_LANES];             /* recorded on a lane when another lane, or the host, waits for it */
     void *fork;                              /* recorded on lane 0 as a run starts; other lanes wait on it first */
     int host_steps;                          /* steps that run on the CPU */
-    int side;                                /* the side lane (runtime/side_lane.h): a second stream of lane 0's GPU,
+    int side;                                /* the side lane (passes/side_lane.h): a second stream of lane 0's GPU,
                                               * whose memory is lane 0's; 0 when the program has none */
     int n_side_events;
     void **side_events;                      /* [j]: recorded after the side lane's step j of a run, so that the main

@@ -14,7 +14,7 @@
 _Static_assert(DEFT_TESTING_PLACE_NONE == DEFT_PLACE_NONE && DEFT_TESTING_PLACE_PERSISTENT == DEFT_PLACE_PERSISTENT &&
                    DEFT_TESTING_PLACE_ARENA == DEFT_PLACE_ARENA && DEFT_TESTING_PLACE_VIEW == DEFT_PLACE_VIEW &&
                    DEFT_TESTING_PLACE_FUSED == DEFT_PLACE_FUSED,
-               "deft_testing.h's placements follow runtime/program_internal.h");
+               "deft_testing.h's placements follow ir/graph_hooks.h");
 
 deft_graph *deft_testing_program_graph(const deft_program *p) { return p ? p->graph : NULL; }
 

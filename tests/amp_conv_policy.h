@@ -1,5 +1,5 @@
 /* Checks of where autocast put the conv net's casts (tests/amp_conv_net.h), read from the compiled graph itself;
- * shared by test_autocast_conv.c (CPU) and cuda_test_autocast_conv.c (cuda:0). The policy (graph/autocast_image.c):
+ * shared by test_autocast_conv.c (CPU) and cuda_test_autocast_conv.c (cuda:0). The policy (ir/autocast_image.c):
  * conv2d in L on L sources; batch norm in f32; pooling in its input's dtype. On the CPU, which has no half
  * convolution or pooling kernels, those nodes run in f32 on sources widened from L, and their result is rounded to
  * L at once. */
@@ -57,7 +57,7 @@ static inline int acp_check_image_nodes(const deft_program *p, const amp_conv_ne
 }
 
 /* The casts of the rewrite the program runs with source `src`, and the one of them into dtype `to` (NULL when none or
- * several). The program's recomputations of x's cast in the backward pass (graph/checkpoint.h) are not the rewrite's. */
+ * several). The program's recomputations of x's cast in the backward pass (passes/checkpoint.h) are not the rewrite's. */
 static inline int acp_casts_of(const deft_program *p, const deft_tensor *src, deft_dtype to, deft_tensor **one) {
     int count = 0, into = 0;
     *one = NULL;

@@ -1,4 +1,4 @@
-/* Autocast recasts its inputs where the backward pass reads them (graph/checkpoint.h, deft_ckpt_input_casts): the
+/* Autocast recasts its inputs where the backward pass reads them (passes/checkpoint.h, deft_ckpt_input_casts): the
  * checks shared by test_autocast_recast.c (CPU) and cuda_test_autocast_recast.c (cuda:0), on tests/amp_net.h.
  * The reference is the same net compiled with the internal switch deft_testing_keep_input_casts, which keeps x's cast
  * for the backward pass as before; recomputing a value gives the same bits, so every loss and every parameter must

@@ -1,4 +1,4 @@
-/* Casts of parameters run as one launch per device and dtype pair (runtime/fusion_casts.c, deft_cuda_casts_run) on
+/* Casts of parameters run as one launch per device and dtype pair (passes/fusion_casts.c, deft_cuda_casts_run) on
  * cuda:0: the values equal those of the separate casts bit for bit (sizes of 1 to 65536 elements, whole vectors of
  * four and not; to bf16, f16 and f64), more casts than one launch takes make two groups, a cast of another dtype
  * pair is not taken in, and a cast that follows an optimizer step reads the updated parameter, as it does unfused.

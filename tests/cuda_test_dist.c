@@ -9,7 +9,7 @@
  *   and several;
  *   the bucket layout: the last bucket is one gradient (last_bucket_bytes), each bucket joins at its own piece, the
  *   pieces after the backward pass in bucket order (without dist_bucket_pieces every bucket joins at the one step);
- * - on one rank under TF32, the side lane's weight gradients (runtime/side_lane.h) and one stream give the same bits;
+ * - on one rank under TF32, the side lane's weight gradients (passes/side_lane.h) and one stream give the same bits;
  * - misuse: a local replica run alone, a replica on the wrong GPU, optimizer_in_backward, dist_local out of range;
  *   deft_dist_run given replicas out of place, one twice, or a program that is no replica; a run whose replicas all
  *   fail (never fed) names a rank, and the kept threads of deft_dist_run run the next one;
@@ -330,7 +330,7 @@ static void test_one_rank(void) {
 }
 
 /* Under TF32 at batch 1024, over two GPUs where there are two (else one rank): fc0..fc2's weight gradients run on
- * the side lane (runtime/side_lane.h) and the buckets' all-reduces wait for both streams; rank 0's parameters follow
+ * the side lane (passes/side_lane.h) and the buckets' all-reduces wait for both streams; rank 0's parameters follow
  * those of the same replicas compiled with no_side_lane within 1e-4 (relative) after every step, with several
  * buckets and with one. Not bit for bit: the side lane's smaller cuBLAS scratch may take another split of the
  * products' sums. A bucket reduced before its last gradient was written would be off by the whole update (a world

@@ -1,4 +1,4 @@
-/* Batch norm and the add and ReLU after it as one kernel (runtime/fusion_norm.c, deft_cuda_batch_norm_epilogue) on
+/* Batch norm and the add and ReLU after it as one kernel (passes/fusion_norm.c, deft_cuda_batch_norm_epilogue) on
  * cuda:0: relu(bn(x)), relu(bn(x) + r), and bn(x) + r whose sum is read twice, in training (the backward pass
  * through the group) and evaluation, NHWC through the vector kernels (channels in whole 16-byte vectors) and the
  * scalar ones (37 channels, NCHW), in f32, f16, bf16 and f64. Each program is compiled with fusion and with

@@ -1,4 +1,4 @@
-/* A ReLU's gradient folded into the backward kernels of the batch norm under it (runtime/fusion_norm_grad.c,
+/* A ReLU's gradient folded into the backward kernels of the batch norm under it (passes/fusion_norm_grad.c,
  * deft_cuda_batch_norm_grad_masked) on cuda:0: relu(bn(x)) alone, two of them stacked (the upper dx is the lower
  * ReLU's incoming gradient), without weight and bias (dx then the sums' only reader), and in evaluation; in f32, bf16
  * and f16 (f64 once), NHWC through the vector kernels (channels in whole 16-byte vectors) and the scalar ones (37

@@ -174,7 +174,7 @@ static void test_cross_entropy(void) {
 }
 
 /* A bad target is found on the GPU without a host wait in the run and reported, with the CPU's message, by the next
- * read of an output (runtime/device_errors.h); a good run afterwards is not affected. */
+ * read of an output (mem/device_errors.h); a good run afterwards is not affected. */
 static void test_cross_entropy_targets(void) {
     const int64_t shape[2] = {300, 10}, rows = 300;
     float *logits = malloc(3000 * sizeof(float));

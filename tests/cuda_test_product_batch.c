@@ -1,4 +1,4 @@
-/* Batched products (ops/cuda/cuda_matmul_batch.cu, runtime/fusion_batch.c):
+/* Batched products (ops/cuda/cuda_matmul_batch.cu, passes/fusion_batch.c):
  *  1. the batch kernel (deft_testing_matmul_batch) on weight-gradient shapes (a [K, M] transposed, b [K, N]) in f32,
  *     TF32, bf16 and f16, some parts with bias gradients: every output and bias gradient against a float64 CPU
  *     product and sum, through the cuBLASLt batch and through the reference path (debug knob MATMUL_REFERENCE, one

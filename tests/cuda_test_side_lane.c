@@ -1,4 +1,4 @@
-/* The side lane on cuda:0 (runtime/side_lane.h):
+/* The side lane on cuda:0 (passes/side_lane.h):
  *  1. a deep MLP under TF32, whose weight gradients are big enough to leave the main stream, trained side by side
  *     with the same net compiled with no_side_lane (every step on one stream): losses, step norms, parameters,
  *     optimizer state and update counts bit for bit equal after every run, replayed as CUDA Graphs, eager, with SGD

@@ -1,4 +1,4 @@
-/* Autocast (the compile option, graph/autocast.h) on the CPU:
+/* Autocast (the compile option, ir/autocast.h) on the CPU:
  *  1. a bf16 run of tests/amp_net.h follows the f32 loss curve: every one of 30 steps within 0.02 + 2% of the f32
  *     loss (bf16 keeps 8 significant bits: 0.4% per rounding), and the last loss below 60% of the first;
  *  2. what the rewrite built: one cast per weight, read by the forward and the backward matmuls; matmuls and the
@@ -80,7 +80,7 @@ static void test_rewrite(void) {
     CHECK(deft_program_node_runs(p, c1) == 2);   /* once per step */
 
     /* Compiling again under bf16 reuses the rewrite: once that program and its own nodes (the recast of x,
-     * graph/checkpoint.h) are gone, the graph is as before. */
+     * passes/checkpoint.h) are gone, the graph is as before. */
     deft_program *p2 = deft_compile(n.g, outs, 2, &BF16);
     CHECK_MSG(p2 != NULL, "compile again: %s", deft_errmsg());
     deft_program_free(p2);

@@ -1,4 +1,4 @@
-/* The activation figure of the plan (deft_device_footprint.activation_bytes, runtime/activation_bytes.c) on a tiny
+/* The activation figure of the plan (deft_device_footprint.activation_bytes, passes/activation_bytes.c) on a tiny
  * MLP, against the bytes counted by hand from the shapes:
  *   x [B, IN] -> fc1 -> relu (a [B, H]) -> fc2 (logits [B, C]) -> cross-entropy with i32 labels; backward; SGD.
  * The backward pass reads, of the forward values: a (relu's gradient reads its output; fc2's weight gradient reads
@@ -7,7 +7,7 @@
  *   f32:   4 B H + 4 B C
  * Under bf16 the matmuls read x.bf16 and a is bf16 (saved in L); the logits are cast to f32 for the cross-entropy,
  * which keeps that f32 copy; the weights' bf16 copies depend on no input and are not activations; x.bf16, the cast of
- * an input, is not kept for fc1's weight gradient but cast again from x just before it (graph/checkpoint.h), so it
+ * an input, is not kept for fc1's weight gradient but cast again from x just before it (passes/checkpoint.h), so it
  * lives in the forward pass only:
  *   bf16:  2 B H + 4 B C
  * so the matmul activation a is exactly half. Both are live together at the cross-entropy's gradient, so each sum is

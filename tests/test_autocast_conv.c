@@ -1,4 +1,4 @@
-/* Autocast of a convolution net on the CPU (tests/amp_conv_net.h; the policy is graph/autocast_image.c's):
+/* Autocast of a convolution net on the CPU (tests/amp_conv_net.h; the policy is ir/autocast_image.c's):
  *  1. where the casts are, read from the compiled graph, under bf16 and f16, NHWC and NCHW: every convolution on
  *     sources in L (on the CPU: widened from L, its result rounded to L), batch norm on its L x, each pool in its input's
  *     dtype; one cast to L of x and of each conv and fc parameter (w3, read by two convolutions, too), none of batch

@@ -1,5 +1,5 @@
 /* The autocast optimizer on the CPU: the step twin of a bf16 rewrite reads the bf16 gradients of the f32 weights and
- * widens them on load (graph/autocast.h, runtime/optimizer_run.c):
+ * widens them on load (ir/autocast.h, runtime/optimizer_run.c):
  *  1. tests/amp_net.h's MLP trained under autocast gives, bit for bit, the losses and parameters of the same training
  *     with the optimizer fed the f32 gradients (tests/amp_ref.h): SGD with momentum and AdamW under bf16, SGD with
  *     two micro-batches per update and clipping, AdamW with clipping under f16 (no loss scaling), and under
@@ -97,7 +97,7 @@ static void test_casts_gone(void) {
     const int split_low = split ? amp_step_sources(split, g, DEFT_BF16, &parts) : -1;
     CHECK_MSG(split_low == low && parts >= 2, "%d parts read %d bf16 gradients", parts, split_low);
 
-    /* f16 (with loss scaling): the twin reads the f32 gradients (runtime/autocast_program.c keeps f16's widened). */
+    /* f16 (with loss scaling): the twin reads the f32 gradients (passes/autocast_program.c keeps f16's widened). */
     deft_program_free(split);
     deft_program_free(with_grads);
     deft_program_free(p);
@@ -107,7 +107,7 @@ static void test_casts_gone(void) {
     amp_free(&n);
 }
 
-/* A rewrite that keeps f32 gradients (data parallel's, runtime/autocast_program.c) makes a twin that reads them. */
+/* A rewrite that keeps f32 gradients (data parallel's, passes/autocast_program.c) makes a twin that reads them. */
 static void test_f32_rewrite(void) {
     amp_net n;
     if (!amp_build(&n, deft_cpu(), B, IN, HID, CLS)) return;

@@ -1,4 +1,4 @@
-/* The waits between the streams of a program over several devices (runtime/lane_hazards.c), without a GPU: two GPU
+/* The waits between the streams of a program over several devices (passes/lane_hazards.c), without a GPU: two GPU
  * lanes (0, 1) and the host (2); memory 0 and 1 are the GPUs', 2 the host's. Each case queues steps as
  * runtime/program_lanes.c would and asserts which lanes a step must wait for: a copy waits for what produced its
  * source, a GPU overwriting a range another lane's copy still reads waits for that lane, and nothing else waits

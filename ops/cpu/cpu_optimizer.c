@@ -8,7 +8,7 @@
 #include "half.h"
 #include "optimizer.h"
 
-/* A bf16 or f16 gradient of an f32 weight (the autocast step's, graph/autocast.h) widened into dst: stored, or added
+/* A bf16 or f16 gradient of an f32 weight (the autocast step's, ir/autocast.h) widened into dst: stored, or added
  * to what dst holds. Widening is exact, so this is what the cast back to f32 and an f32 gradient gave. */
 static void deft_widen(float *dst, const uint16_t *src, deft_dtype dt, int64_t n, bool add) {
     for (int64_t j = 0; j < n; j++) {
@@ -41,7 +41,7 @@ static void deft_widen(float *dst, const uint16_t *src, deft_dtype dt, int64_t n
         return sum;                                                                                                  \
     }
 
-/* Block by block (graph/optimizer.h), the blocks' sums added in order: the sum a split step forms the same way. */
+/* Block by block (ir/optimizer.h), the blocks' sums added in order: the sum a split step forms the same way. */
 #define DEFT_NORM(T)                                                                                                 \
     static double deft_norm_##T(const deft_optimizer *o, double scale) {                                             \
         const T *g = o->flat_grads;                                                                                  \
@@ -94,7 +94,7 @@ static void deft_widen(float *dst, const uint16_t *src, deft_dtype dt, int64_t n
         }                                                                                                            \
     }
 
-/* One piece of a split step (graph/optimizer.h): per parameter, its blocks' sums into sums, then its update, with
+/* One piece of a split step (ir/optimizer.h): per parameter, its blocks' sums into sums, then its update, with
  * the whole step's formulas and counters (a scale of 1: one micro-batch, no clipping). grads are in T (a low-precision
  * gradient was widened by deft_piece_run). */
 #define DEFT_PIECE(T)                                                                                                \

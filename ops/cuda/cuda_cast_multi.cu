@@ -1,4 +1,4 @@
-/* Several casts of one dtype pair in one launch: a fused group of runtime/fusion_casts.c (autocast's casts of the
+/* Several casts of one dtype pair in one launch: a fused group of passes/fusion_casts.c (autocast's casts of the
  * f32 master weights, a couple of dozen small launches a step otherwise, each mostly launch latency).
  *
  * The casts' elements are cut into units of four; a thread takes a unit, finds its cast by bisection over the

@@ -32,7 +32,7 @@ int deft_cuda_coalesce(deft_cuda_strides *s, int nops) {
 
 /* The dtype input i must have: the output's, except for casts (any), the class-index targets of cross-entropy
  * (i32) and batch norm, whose x and gradients may be f16 or bf16 beside f32 weight and statistics (the mixes
- * graph/build_norm.c allows; its kernels dispatch on both). Returns DEFT_DTYPE_COUNT for "any". */
+ * ir/build_norm.c allows; its kernels dispatch on both). Returns DEFT_DTYPE_COUNT for "any". */
 static deft_dtype deft_cuda_input_dtype(const deft_tensor *n, int i) {
     if (n->op == DEFT_OP_CAST || n->op == DEFT_OP_BN_STATS || n->op == DEFT_OP_BATCH_NORM ||
         n->op == DEFT_OP_BATCH_NORM_GRAD || n->op == DEFT_OP_BATCH_NORM_WEIGHT_GRAD)

@@ -1,4 +1,4 @@
-/* Data parallel's packed buckets (runtime/dist_program.c): a bucket of many small gradients is copied into one
+/* Data parallel's packed buckets (dist/dist_program.c): a bucket of many small gradients is copied into one
  * contiguous buffer, all-reduced by one NCCL call and copied back, since NCCL runs a group of small all-reduces below
  * its bandwidth.
  *

@@ -22,19 +22,19 @@ deft_status deft_cuda_run_node(const deft_tensor *n, void *out, const void *cons
 
 /* Batch norm node n (DEFT_OP_BATCH_NORM) followed by the add of `residual` (n's shape and dtype, contiguous; NULL for
  * none) and a ReLU (relu != 0), stored once in `out`: each step rounded as its own kernel would round it, so the
- * result is that of the three kernels bit for bit. Runs a fused group of runtime/fusion_norm.c. */
+ * result is that of the three kernels bit for bit. Runs a fused group of passes/fusion_norm.c. */
 deft_status deft_cuda_batch_norm_epilogue(const deft_tensor *n, void *out, const void *const *in, const void *residual,
                                           int relu, void *stream);
 
 /* Batch norm's backward node n (DEFT_OP_BATCH_NORM_WEIGHT_GRAD or DEFT_OP_BATCH_NORM_GRAD) reading, in place of its
  * dy, the gradient of a ReLU: in[0] is that ReLU's incoming gradient and relu_out its output, masked on load as the
  * act_grad kernel masks them (the same values bit for bit); the other inputs as n's own step passes them. Runs a
- * fused group of runtime/fusion_norm_grad.c. */
+ * fused group of passes/fusion_norm_grad.c. */
 deft_status deft_cuda_batch_norm_grad_masked(const deft_tensor *n, void *out, const void *const *in,
                                              const void *relu_out, void *stream);
 
 /* Casts casts[0..n) (DEFT_OP_CAST nodes of one source and one destination dtype) in one launch: in[i] the source of
- * casts[i], out[i] its value; the same values as n separate casts. Runs a fused group of runtime/fusion_casts.c. */
+ * casts[i], out[i] its value; the same values as n separate casts. Runs a fused group of passes/fusion_casts.c. */
 #define DEFT_CASTS_MAX 24   /* casts per launch: a fused group's members (DEFT_FUSED_MAX_OPS) */
 deft_status deft_cuda_casts_run(const deft_tensor *const *casts, void *const *out, const void *const *in, int n,
                                 void *stream);

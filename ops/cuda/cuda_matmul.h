@@ -1,5 +1,5 @@
 /* Matrix products with fused epilogues on CUDA (cuBLASLt), callable from C: what the program's fusion pass
- * (runtime/fusion.c) launches when a matmul node is followed by a bias add (and an activation), or when a bias
+ * (passes/fusion.c) launches when a matmul node is followed by a bias add (and an activation), or when a bias
  * gradient (a sum over the rows of a matmul operand) can be computed by the product that reads that operand.
  * Defined in ops/cuda/cuda_matmul_lt.cu; declared in every build. */
 #ifndef DEFT_CUDA_MATMUL_H
@@ -39,7 +39,7 @@ int deft_cuda_matmul_fusable(const deft_tensor *mm, deft_mm_epilogue_kind kind, 
 deft_status deft_cuda_matmul_fused(const deft_tensor *mm, void *out, const void *a, const void *b,
                                    const deft_mm_epilogue *ep, void *stream, unsigned flags);
 
-/* ---- batches: products of one shape that the program runs together (runtime/fusion_batch.c) ---- */
+/* ---- batches: products of one shape that the program runs together (passes/fusion_batch.c) ---- */
 #define DEFT_MM_BATCH_MAX 12
 
 typedef struct deft_mm_part {

@@ -67,7 +67,7 @@ template <class F> static inline deft_status deft_bn_with_dtypes(const deft_tens
 
 /* What an add of r and a ReLU after the normalisation store, from the normalised value y already rounded to T: each
  * step rounded to T as its own one-op kernel rounds it (cuda_elementwise.cu), so that a fused group
- * (runtime/fusion_norm.c) stores what the three kernels would, bit for bit. r NULL: no add. */
+ * (passes/fusion_norm.c) stores what the three kernels would, bit for bit. r NULL: no add. */
 template <class T>
 __device__ __forceinline__ T deft_bn_epilogue(T y, const T *r, int64_t i, bool relu) {
     typedef typename deft_ty<T>::C A;
@@ -77,7 +77,7 @@ __device__ __forceinline__ T deft_bn_epilogue(T y, const T *r, int64_t i, bool r
 }
 
 /* The gradient batch norm's backward kernels read. With MASK, a ReLU's gradient folded into them
- * (runtime/fusion_norm_grad.c): g is the ReLU's incoming gradient and y its output, and element i is what the
+ * (passes/fusion_norm_grad.c): g is the ReLU's incoming gradient and y its output, and element i is what the
  * act_grad kernel (cuda_train.cu) would have stored there, deft_ag_relu's mask rounded to T, bit for bit (NaN and -0
  * included). Without it, g is dy and y is not read: the flag is a template parameter, so the unmasked kernels are
  * the same code as before. */
@@ -95,7 +95,7 @@ template <class F> static inline deft_status deft_bn_with_mask(const void *mask,
     return f(std::false_type());
 }
 
-/* The inputs of an elementwise pass, by role, as the graph orders them (graph/build_norm.c): the normalisation reads
+/* The inputs of an elementwise pass, by role, as the graph orders them (ir/build_norm.c): the normalisation reads
  * (x, stats[, weight][, bias]); dx in training (dy, x, stats, sums[, weight]), in evaluation (dy, stats[, weight]).
  * What a node lacks is NULL. */
 template <class T, class P> struct deft_bn_pass_inputs {

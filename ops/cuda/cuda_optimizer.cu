@@ -1,5 +1,5 @@
 /* The optimizer's step on a GPU: SGD (momentum, dampening, Nesterov, weight decay) and AdamW over the flat storage
- * (graph/optimizer.h), with the formulas of the CPU path (runtime/optimizer_run.c, torch.optim's), line by line.
+ * (ir/optimizer.h), with the formulas of the CPU path (runtime/optimizer_run.c, torch.optim's), line by line.
  *
  * Built so that a whole training step can be captured into one CUDA Graph and replayed: the per-run state (runs
  * since the last update, the update count, the learning rate, the last norm) lives on the device in
@@ -17,13 +17,13 @@
  *
  * With one micro-batch per update, no clipping and no loss scaling (the common case) one kernel does all four
  * (cuda_optimizer_fused.cu); a step that may be skipped must know the whole norm before it changes any parameter. Under the compile option
- * optimizer_in_backward the same step runs split (graph/optimizer_split.h): a piece kernel per group of parameters as
+ * optimizer_in_backward the same step runs split (passes/optimizer_split.h): a piece kernel per group of parameters as
  * soon as their gradients exist, and a finisher; both paths sum the norm over the same blocks in the same order.
  *
  * The host compares this run's gradient addresses with those of the tables it built before (no synchronisation);
  * only a new set of addresses (a program's first run) builds a table, which must not happen inside a capture.
  *
- * Under autocast an f32 weight's gradient may come in bf16 or f16 (graph/autocast.h): each table row carries its
+ * Under autocast an f32 weight's gradient may come in bf16 or f16 (ir/autocast.h): each table row carries its
  * gradient's dtype and the kernels pick the load per segment (per norm block in the one-launch step), never per
  * element, so an f32 gradient is read exactly as before; widening is exact, so the results are bit for bit those of
  * the f32 gradients the cast back would have given. */

@@ -1,10 +1,10 @@
 /* The optimizer's one-launch step on a GPU, and the pieces and finisher of a split step (optimizer in backward, data
- * parallel pieces): every update of a run in one kernel over the norm's blocks (graph/optimizer.h). The general path
+ * parallel pieces): every update of a run in one kernel over the norm's blocks (ir/optimizer.h). The general path
  * (gather, norm, prepare, update) and the host side are in cuda_optimizer.cu; the formulas are shared
  * (cuda_optimizer_math.cuh).
  *
  * With one micro-batch per update and no clipping, nothing in an update waits on the norm, so a single kernel does
- * the whole step: block b takes the norm's block b (graph/optimizer.h: a run of one parameter's elements), reads its
+ * the whole step: block b takes the norm's block b (ir/optimizer.h: a run of one parameter's elements), reads its
  * gradients through the gather table (there are no flat gradients: deft_optimizer_keeps_grads), updates them with the
  * coefficients of this run (from the device's counters, which no block changes before every block has read them),
  * and writes the block's sum of squares; the last block to finish (a ticket after a fence) adds the sums in block

@@ -16,7 +16,7 @@ struct deft_opt_hyper {
     double momentum, dampening, sgd_weight_decay;
     int nesterov;
     double beta1, beta2, eps, adamw_weight_decay;
-    int loss_scaling;         /* dynamic loss scaling (graph/optimizer.h's deft_optimizer_scaler) */
+    int loss_scaling;         /* dynamic loss scaling (ir/optimizer.h's deft_optimizer_scaler) */
     double growth, backoff;
     int interval;
 };

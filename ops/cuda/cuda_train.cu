@@ -142,7 +142,7 @@ deft_status deft_cuda_slice_grad(const deft_tensor *n, void *out, const void *dy
 
 /* ---------------------------------------------------------------- cross-entropy */
 /* A target outside [0, C) is data, known only once the kernel runs: the kernel records the lowest such row in the
- * device's error record (runtime/device_errors.h) and carries on, its rows giving NaN; the host reports the record
+ * device's error record (mem/device_errors.h) and carries on, its rows giving NaN; the host reports the record
  * when it next reads an output, so no launch waits for the host. The row is clamped so that no key equals "none". */
 __device__ __forceinline__ void deft_ce_record_bad(deft_device_errors *rec, int64_t row, int32_t target, int64_t c) {
     const unsigned long long r = (unsigned long long)(row < 0xfffffffell ? row : 0xfffffffell);
