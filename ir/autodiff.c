@@ -35,6 +35,7 @@ static deft_tensor *deft_one_like(const deft_tensor *loss) {
                          deft_dtype_size(loss->dtype));
 }
 
+/* A refused loss leaves the graph as it was (its first error untouched), so that a valid loss still differentiates. */
 static deft_status deft_check_loss(const deft_tensor *loss) {
     if (!loss) return deft_set_error(DEFT_ERR_INVALID, "backward: the loss is NULL (an earlier builder failed: %s)",
                                      deft_errmsg());
@@ -43,14 +44,14 @@ static deft_status deft_check_loss(const deft_tensor *loss) {
         return deft_set_error(g->first_error, "backward: the graph has an error: %s", g->first_errmsg);
     if (deft_shape_numel(loss->ndim, loss->shape) != 1) {
         char s[96];
-        return deft_graph_fail(g, DEFT_ERR_SHAPE,
-                               "backward: the loss must be a scalar (one element), got shape %s; reduce it first "
-                               "(deft_mean or deft_sum)",
-                               deft_shape_str(loss->ndim, loss->shape, s, sizeof s));
+        return deft_set_error(DEFT_ERR_SHAPE,
+                              "backward: the loss must be a scalar (one element), got shape %s; reduce it first "
+                              "(deft_mean or deft_sum)",
+                              deft_shape_str(loss->ndim, loss->shape, s, sizeof s));
     }
     if (!deft_dtype_is_float(loss->dtype))
-        return deft_graph_fail(g, DEFT_ERR_DTYPE, "backward: the loss is %s; it must be a floating dtype",
-                               deft_dtype_name(loss->dtype));
+        return deft_set_error(DEFT_ERR_DTYPE, "backward: the loss is %s; it must be a floating dtype",
+                              deft_dtype_name(loss->dtype));
     return DEFT_OK;
 }
 
@@ -83,9 +84,9 @@ static deft_status deft_backward_sweep(deft_tensor *loss, deft_tensor *seed, def
     deft_mark_reach(g, last, reach);
     if (!reach[last]) {
         free(reach);
-        return deft_graph_fail(g, DEFT_ERR_INVALID,
-                               "backward: the loss %s does not depend on any parameter that requires a gradient",
-                               loss->name);
+        return deft_set_error(DEFT_ERR_INVALID,
+                              "backward: the loss %s does not depend on any parameter that requires a gradient",
+                              loss->name);
     }
     grads[last] = seed ? seed : deft_one_like(loss);
     deft_status s = DEFT_OK;

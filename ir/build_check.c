@@ -1,4 +1,5 @@
 /* Checks shared by the builders: one place for each message users see. */
+#include "checked.h"
 #include "device_internal.h"
 #include "node.h"
 
@@ -45,12 +46,33 @@ bool deft_check_leaf(deft_graph *g, const char *what, deft_dtype dt, int ndim, c
             return false;
         }
     }
+    if (!deft_check_size(g, what, dt, ndim, shape)) return false;
     deft_status s = deft_device_check(dev);
     if (s != DEFT_OK) {
         deft_graph_fail(g, s, "%s: %s", what, deft_errmsg());
         return false;
     }
     return true;
+}
+
+bool deft_check_size(deft_graph *g, const char *what, deft_dtype dt, int ndim, const int64_t *shape) {
+    size_t bytes;
+    if (deft_shape_bytes(ndim, shape, deft_dtype_size(dt), &bytes)) return true;
+    char s[DEFT_MAX_DIMS * 24];
+    deft_shape_str(ndim, shape, s, sizeof s);
+    double elems = 1.0;   /* exact enough to say how far past the limit it is */
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] < 0) {
+            deft_graph_fail(g, DEFT_ERR_SHAPE, "%s: shape %s has dimension %d of %lld; sizes must not be negative",
+                            what, s, i, (long long)shape[i]);
+            return false;
+        }
+        elems *= (double)shape[i];
+    }
+    deft_graph_fail(g, DEFT_ERR_SHAPE,
+                    "%s: shape %s of %s is too large: %.4g elements, %.4g bytes; a tensor may have at most %zu bytes",
+                    what, s, deft_dtype_name(dt), elems, elems * (double)deft_dtype_size(dt), DEFT_MAX_BYTES);
+    return false;
 }
 
 bool deft_norm_axis(deft_graph *g, const char *op, int axis, int ndim, int *out) {

@@ -4,6 +4,7 @@
 #include <stdio.h>
 
 #include "build_conv.h"
+#include "checked.h"
 #include "node.h"
 
 /* An image input: 4-D, floating, in a known layout. */
@@ -39,14 +40,24 @@ static bool deft_pair(deft_graph *g, const char *op, const char *what, const int
     return true;
 }
 
-/* The output length of a window sliding along `len` (padding both sides), or a message when it has no room. */
-static bool deft_out_len(deft_graph *g, const char *op, const char *axis, int64_t len, int64_t pad, int64_t span,
-                         int64_t stride, int64_t *out) {
-    int64_t room = len + 2 * pad - span;
+/* The output length of a window of `kernel` taps `dil` apart sliding along `len` (padding both sides), or a message
+ * when it has no room. The options are the user's int64s, so the span and the padded length are checked. */
+static bool deft_out_len(deft_graph *g, const char *op, const char *axis, int64_t len, int64_t pad, int64_t kernel,
+                         int64_t dil, int64_t stride, int64_t *out) {
+    int64_t span, padded;
+    if (!deft_i64_mul(dil, kernel - 1, &span) || !deft_i64_add(span, 1, &span) || !deft_i64_mul(pad, 2, &padded) ||
+        !deft_i64_add(padded, len, &padded)) {
+        deft_graph_fail(g, DEFT_ERR_SHAPE,
+                        "%s: along %s, the input of %lld with padding %lld and a kernel of %lld dilated %lld spans "
+                        "more than %lld", op, axis, (long long)len, (long long)pad, (long long)kernel, (long long)dil,
+                        (long long)INT64_MAX);
+        return false;
+    }
+    const int64_t room = padded - span;
     if (room < 0) {
         deft_graph_fail(g, DEFT_ERR_SHAPE,
                         "%s: the window spans %lld along %s but the padded input has only %lld (%lld + 2 x %lld)", op,
-                        (long long)span, axis, (long long)(len + 2 * pad), (long long)len, (long long)pad);
+                        (long long)span, axis, (long long)padded, (long long)len, (long long)pad);
         return false;
     }
     *out = room / stride + 1;
@@ -125,10 +136,8 @@ deft_tensor *deft_conv2d(deft_tensor *x, deft_tensor *weight, deft_tensor *bias,
     const bool nhwc = p.conv.layout == DEFT_NHWC;
     const int64_t kh = weight->shape[nhwc ? 1 : 2], kw = weight->shape[nhwc ? 2 : 3];
     int64_t oh, ow, shape[4];
-    if (!deft_out_len(g, "conv2d", "H", x->shape[a.h], p.conv.pad[0], p.conv.dil[0] * (kh - 1) + 1,
-                      p.conv.stride[0], &oh) ||
-        !deft_out_len(g, "conv2d", "W", x->shape[a.w], p.conv.pad[1], p.conv.dil[1] * (kw - 1) + 1,
-                      p.conv.stride[1], &ow))
+    if (!deft_out_len(g, "conv2d", "H", x->shape[a.h], p.conv.pad[0], kh, p.conv.dil[0], p.conv.stride[0], &oh) ||
+        !deft_out_len(g, "conv2d", "W", x->shape[a.w], p.conv.pad[1], kw, p.conv.dil[1], p.conv.stride[1], &ow))
         return NULL;
     deft_image_shape(p.conv.layout, x->shape[a.n], weight->shape[0], oh, ow, shape);
     deft_tensor *t = deft_node_new(g, DEFT_OP_CONV2D, x->dtype, x->device, 4, shape, nsrc, srcs);
@@ -152,11 +161,13 @@ deft_tensor *deft_conv2d_layer(deft_tensor *x, int64_t out_channels, int64_t ker
     const int64_t wshape[4] = {out_channels, p.conv.layout == DEFT_NHWC ? kernel_h : cg,
                                p.conv.layout == DEFT_NHWC ? kernel_w : kernel_h,
                                p.conv.layout == DEFT_NHWC ? cg : kernel_w};
-    char wname[64], bname[64];
+    char wname[64], bname[64], what[96];
     snprintf(wname, sizeof wname, "%.50s.weight", name ? name : "conv");
     snprintf(bname, sizeof bname, "%.50s.bias", name ? name : "conv");
+    snprintf(what, sizeof what, "conv2d_layer %s", wname);
+    if (!deft_check_size(g, what, x->dtype, 4, wshape)) return NULL;
     /* torch's kaiming_uniform(a = sqrt(5)) and its bias both come to U(+-1 / sqrt(fan_in)) */
-    const double bound = 1.0 / sqrt((double)(cg * kernel_h * kernel_w));
+    const double bound = 1.0 / sqrt((double)cg * (double)kernel_h * (double)kernel_w);
     deft_tensor *w = deft_param(g, wname, x->dtype, 4, wshape, x->device, DEFT_INIT_ZEROS);
     deft_tensor *b = no_bias ? NULL : deft_param(g, bname, x->dtype, 1, &out_channels, x->device, DEFT_INIT_ZEROS);
     if (!w || (!no_bias && !b)) return NULL;
@@ -200,7 +211,7 @@ static bool deft_pool_params(deft_graph *g, const char *op, const deft_pool2d_op
         if (p->pool.stride[i] == 0) p->pool.stride[i] = p->pool.kernel[i];
     if (!deft_pair(g, op, "padding", o->padding, 0, 0, p->pool.pad)) return false;
     for (int i = 0; i < 2; i++) {
-        if (2 * p->pool.pad[i] > p->pool.kernel[i]) {
+        if (p->pool.pad[i] > p->pool.kernel[i] / 2) {   /* 2 x pad > kernel, without doubling a huge pad */
             deft_graph_fail(g, DEFT_ERR_INVALID, "%s: padding[%d] is %lld; it must be at most half the kernel (%lld)",
                             op, i, (long long)p->pool.pad[i], (long long)p->pool.kernel[i]);
             return false;
@@ -216,8 +227,8 @@ static deft_tensor *deft_pool2d(deft_op op, deft_tensor *x, const deft_pool2d_op
     if (!g || !deft_pool_params(g, name, opts, &p) || !deft_check_image(g, name, x, p.pool.layout)) return NULL;
     const deft_image_axes a = deft_image_axes_of(p.pool.layout);
     int64_t oh, ow, shape[4];
-    if (!deft_out_len(g, name, "H", x->shape[a.h], p.pool.pad[0], p.pool.kernel[0], p.pool.stride[0], &oh) ||
-        !deft_out_len(g, name, "W", x->shape[a.w], p.pool.pad[1], p.pool.kernel[1], p.pool.stride[1], &ow))
+    if (!deft_out_len(g, name, "H", x->shape[a.h], p.pool.pad[0], p.pool.kernel[0], 1, p.pool.stride[0], &oh) ||
+        !deft_out_len(g, name, "W", x->shape[a.w], p.pool.pad[1], p.pool.kernel[1], 1, p.pool.stride[1], &ow))
         return NULL;
     deft_image_shape(p.pool.layout, x->shape[a.n], x->shape[a.c], oh, ow, shape);
     deft_tensor *t = deft_node_new(g, op, x->dtype, x->device, 4, shape, 1, &x);
@@ -242,6 +253,15 @@ deft_tensor *deft_adaptive_avg_pool2d(deft_tensor *x, int64_t out_h, int64_t out
         return NULL;
     }
     const deft_image_axes a = deft_image_axes_of((int)layout);
+    /* The kernels map between the sizes by (out + 1) x (in + 1) products in int64. */
+    int64_t t0, t1, t2, t3;
+    if (!deft_i64_add(out_h, 1, &t0) || !deft_i64_mul(t0, x->shape[a.h] + 1, &t1) || !deft_i64_add(out_w, 1, &t2) ||
+        !deft_i64_mul(t2, x->shape[a.w] + 1, &t3)) {
+        deft_graph_fail(g, DEFT_ERR_SHAPE, "adaptive_avg_pool2d: the output size %lld x %lld is too large for an "
+                        "input of %lld x %lld", (long long)out_h, (long long)out_w, (long long)x->shape[a.h],
+                        (long long)x->shape[a.w]);
+        return NULL;
+    }
     int64_t shape[4];
     deft_image_shape((int)layout, x->shape[a.n], x->shape[a.c], out_h, out_w, shape);
     deft_tensor *t = deft_node_new(g, DEFT_OP_ADAPTIVE_AVG_POOL2D, x->dtype, x->device, 4, shape, 1, &x);

@@ -1,5 +1,6 @@
 /* Leaves (inputs, parameters, constants) and creation ops. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -62,7 +63,9 @@ deft_tensor *deft_param(deft_graph *g, const char *name, deft_dtype dt, int ndim
         deft_graph_fail(g, DEFT_ERR_INVALID, "param: unknown init %d", (int)init);
         return NULL;
     }
-    deft_tensor *t = deft_leaf(g, "param", DEFT_OP_PARAM, dt, ndim, shape, dev);
+    char what[80];   /* a failed check names the parameter: a model has many */
+    snprintf(what, sizeof what, name ? "param %.60s" : "param", name);
+    deft_tensor *t = deft_leaf(g, what, DEFT_OP_PARAM, dt, ndim, shape, dev);
     if (!t) return NULL;
     if (name) deft_set_name(t, name);
     t->p.init = init;
@@ -105,15 +108,21 @@ deft_tensor *deft_constant(deft_graph *g, deft_dtype dt, int ndim, const int64_t
     return t;
 }
 
-deft_tensor *deft_full(deft_graph *g, deft_dtype dt, int ndim, const int64_t *shape, deft_device dev,
-                       double value) {
-    deft_tensor *t = deft_leaf(g, "full", DEFT_OP_FULL, dt, ndim, shape, dev);
+/* `what` names the builder the user called in messages. */
+static deft_tensor *deft_full_as(deft_graph *g, const char *what, deft_dtype dt, int ndim, const int64_t *shape,
+                                 deft_device dev, double value) {
+    deft_tensor *t = deft_leaf(g, what, DEFT_OP_FULL, dt, ndim, shape, dev);
     if (t) t->p.scalar = value;
     return t;
 }
 
+deft_tensor *deft_full(deft_graph *g, deft_dtype dt, int ndim, const int64_t *shape, deft_device dev,
+                       double value) {
+    return deft_full_as(g, "full", dt, ndim, shape, dev, value);
+}
+
 deft_tensor *deft_zeros(deft_graph *g, deft_dtype dt, int ndim, const int64_t *shape, deft_device dev) {
-    return deft_full(g, dt, ndim, shape, dev, 0.0);
+    return deft_full_as(g, "zeros", dt, ndim, shape, dev, 0.0);
 }
 
 deft_tensor *deft_arange(deft_graph *g, deft_dtype dt, double start, double stop, double step, deft_device dev) {
@@ -123,12 +132,19 @@ deft_tensor *deft_arange(deft_graph *g, deft_dtype dt, double start, double stop
                         start, stop, step);
         return NULL;
     }
-    int64_t n = (int64_t)ceil((stop - start) / step);
-    if (n <= 0) {
+    /* The quotient may be infinite or past int64: converting such a double is undefined, so test it first. */
+    const double count = ceil((stop - start) / step);
+    if (!(count < 0x1p63)) {
+        deft_graph_fail(g, DEFT_ERR_SHAPE, "arange: [%g, %g) with step %g has %.4g elements; too large", start, stop,
+                        step, count);
+        return NULL;
+    }
+    if (!(count >= 1.0)) {
         deft_graph_fail(g, DEFT_ERR_SHAPE, "arange: [%g, %g) with step %g is empty; sizes must be positive", start,
                         stop, step);
         return NULL;
     }
+    int64_t n = (int64_t)count;
     deft_tensor *t = deft_leaf(g, "arange", DEFT_OP_ARANGE, dt, 1, &n, dev);
     if (t) {
         t->p.arange.start = start;

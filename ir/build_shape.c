@@ -1,6 +1,7 @@
 /* Builders that change shapes: matmul, reshape, permute, slice, concat. */
 #include <string.h>
 
+#include "checked.h"
 #include "node.h"
 
 deft_tensor *deft_matmul_t(deft_tensor *a, deft_tensor *b, int trans_a, int trans_b) {
@@ -66,6 +67,7 @@ deft_tensor *deft_reshape(deft_tensor *a, int ndim, const int64_t *shape) {
     }
     int64_t out[DEFT_MAX_DIMS], known = 1;
     int infer = -1;
+    bool fits = true;   /* a product of the given sizes past int64 cannot be a's count, which fits */
     for (int i = 0; i < ndim; i++) {
         out[i] = shape[i];
         if (shape[i] == -1 && infer < 0) {
@@ -75,13 +77,14 @@ deft_tensor *deft_reshape(deft_tensor *a, int ndim, const int64_t *shape) {
                             i, (long long)shape[i]);
             return NULL;
         } else {
-            known *= shape[i];
+            fits = fits && deft_i64_mul(known, shape[i], &known);
         }
     }
-    int64_t numel = deft_shape_numel(a->ndim, a->shape);
-    if (infer >= 0 && numel % known == 0) out[infer] = numel / known;
+    const int64_t numel = deft_shape_numel(a->ndim, a->shape);
+    fits = fits && (infer >= 0 ? numel % known == 0 : known == numel);
+    if (fits && infer >= 0) out[infer] = numel / known;
     char sa[128], sb[128];
-    if (deft_shape_numel(ndim, out) != numel || (infer >= 0 && numel % known != 0)) {
+    if (!fits) {
         deft_graph_fail(g, DEFT_ERR_SHAPE, "reshape: %s (%lld elements) cannot become %s",
                         deft_shape_str(a->ndim, a->shape, sa, sizeof sa), (long long)numel,
                         deft_shape_str(ndim, shape, sb, sizeof sb));
@@ -143,7 +146,7 @@ deft_tensor *deft_slice(deft_tensor *a, int axis, int64_t start, int64_t end, in
     int64_t dim = a->shape[ax];
     int64_t s = deft_clamp(start < 0 ? start + dim : start, 0, dim);
     int64_t e = deft_clamp(end < 0 ? end + dim : end, 0, dim);
-    int64_t count = e > s ? (e - s + step - 1) / step : 0;
+    int64_t count = e > s ? (e - s - 1) / step + 1 : 0;   /* rounds up without adding step, which may be huge */
     if (count == 0) {
         deft_graph_fail(g, DEFT_ERR_SHAPE, "slice: [%lld:%lld:%lld] of axis %d (size %lld) is empty",
                         (long long)start, (long long)end, (long long)step, ax, (long long)dim);
@@ -192,7 +195,12 @@ deft_tensor *deft_concat(deft_tensor *const *ts, int n, int axis) {
                             deft_shape_str(ts[0]->ndim, ts[0]->shape, s0, sizeof s0), ax);
             return NULL;
         }
-        shape[ax] += t->shape[ax];
+        if (!deft_i64_add(shape[ax], t->shape[ax], &shape[ax])) {
+            char s0[128];
+            deft_graph_fail(g, DEFT_ERR_SHAPE, "concat: the sizes along axis %d add up past %lld at tensor %d (%s)", ax,
+                            (long long)INT64_MAX, i, deft_shape_str(t->ndim, t->shape, s0, sizeof s0));
+            return NULL;
+        }
     }
     if (n == 1) return ts[0];
     deft_tensor *t = deft_node_new(g, DEFT_OP_CONCAT, ts[0]->dtype, ts[0]->device, ts[0]->ndim, shape, n, ts);

@@ -172,8 +172,11 @@ deft_tensor *deft_linear(deft_tensor *x, int64_t out_features, const char *name,
     deft_linear_options o = opts ? *opts : (deft_linear_options){DEFT_INIT_KAIMING, 0, 0};
     const char *layer = name ? name : "linear";
     int64_t in_features = x->shape[x->ndim - 1];
-    deft_tensor *w = deft_linear_param(g, layer, "weight", 2, (int64_t[]){in_features, out_features}, x,
-                                       o.weight_init);
+    const int64_t wshape[2] = {in_features, out_features};
+    char what[96];   /* the layer's own name in the message, not only its weight's */
+    snprintf(what, sizeof what, "linear %.60s.weight", layer);
+    if (!deft_check_size(g, what, x->dtype, 2, wshape)) return NULL;
+    deft_tensor *w = deft_linear_param(g, layer, "weight", 2, wshape, x, o.weight_init);
     deft_tensor *y = deft_matmul(x, w);
     if (o.no_bias || !y) return y;
     deft_tensor *b = deft_linear_param(g, layer, "bias", 1, &out_features, x, DEFT_INIT_ZEROS);

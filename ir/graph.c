@@ -82,6 +82,7 @@ void deft_node_destroy(deft_tensor *t) {
 
 deft_tensor *deft_node_new(deft_graph *g, deft_op op, deft_dtype dt, deft_device dev, int ndim,
                            const int64_t *shape, int nsrc, deft_tensor *const *src) {
+    if (!deft_check_size(g, deft_op_name(op), dt, ndim, shape)) return NULL;
     if (g->n_nodes == g->cap_nodes) {
         int cap = g->cap_nodes ? 2 * g->cap_nodes : 64;
         deft_tensor **nn = realloc(g->nodes, (size_t)cap * sizeof *nn);

@@ -224,6 +224,7 @@ deft_status deft_graph_fail(deft_graph *g, deft_status s, const char *fmt, ...)
 /* DEFT_ERR_SHAPE (with message) unless src broadcasts to out's shape; kernels re-check what builders checked. */
 deft_status deft_check_expand_shape(const deft_tensor *src, const deft_tensor *out);
 
+/* Never wraps: every node's count and bytes were checked when it was made (deft_node_new), at most PTRDIFF_MAX. */
 static inline size_t deft_tensor_bytes(const deft_tensor *t) {
     return (size_t)deft_shape_numel(t->ndim, t->shape) * deft_dtype_size(t->dtype);
 }

@@ -15,9 +15,13 @@ void deft_param_fill_uniform(deft_tensor *t, double bound);
 /* The graph shared by srcs, or NULL: silently when one is NULL (an earlier builder failed and said why), with an
  * error when they come from different graphs or sit on different devices. */
 deft_graph *deft_srcs_graph(const char *op, int n, deft_tensor *const *srcs);
-/* Checks a leaf's dtype, rank and dimensions (all positive) and its device; records the error in g. */
+/* Checks a leaf's dtype, rank and dimensions (all positive), its size (deft_check_size) and its device; records the
+ * error in g. */
 bool deft_check_leaf(deft_graph *g, const char *what, deft_dtype dt, int ndim, const int64_t *shape,
                      deft_device dev);
+/* DEFT_ERR_SHAPE (recorded in g, naming `what` and the shape) unless every dimension is >= 0, the element count fits
+ * int64 and the bytes fit DEFT_MAX_BYTES. Every node passes it, so deft_tensor_bytes of a node never wraps. */
+bool deft_check_size(deft_graph *g, const char *what, deft_dtype dt, int ndim, const int64_t *shape);
 /* Normalises a possibly negative axis into [0, ndim); records an error and returns false when out of range. */
 bool deft_norm_axis(deft_graph *g, const char *op, int axis, int ndim, int *out);
 /* DEFT_ERR_DTYPE unless dt is a floating dtype. */

@@ -399,7 +399,7 @@ static deft_status deft_pool_oom(deft_pool *p, size_t bytes, void *stream, const
     char dev[32], want[32], total[32], fr[32], al[32], cached[32], lim[32], limit_note[96] = "", for_note[80] = "";
     if (p->limit)
         snprintf(limit_note, sizeof limit_note, "; the limit set with deft_memory_set_limit is %s",
-                 deft_format_bytes((int64_t)p->limit, lim, sizeof lim));
+                 deft_format_size(p->limit, lim, sizeof lim));
     /* Allocations made lazily inside a run (library workspaces, tables) are named, or the size alone would leave the
      * reader guessing what asked for it. */
     if (tag && tag[0]) snprintf(for_note, sizeof for_note, " The request was for %s.", tag);
@@ -407,9 +407,8 @@ static deft_status deft_pool_oom(deft_pool *p, size_t bytes, void *stream, const
                           "out of memory on %s: tried to allocate %s; the device has %s in total, %s free; deft has "
                           "%s allocated and %s reserved but unused (cached)%s. Free tensors, call "
                           "%s, lower the batch size or set a memory budget.%s",
-                          deft_pool_name(p, dev, sizeof dev), deft_format_bytes((int64_t)bytes, want, sizeof want),
-                          deft_format_bytes((int64_t)total_b, total, sizeof total),
-                          deft_format_bytes((int64_t)free_b, fr, sizeof fr),
+                          deft_pool_name(p, dev, sizeof dev), deft_format_size(bytes, want, sizeof want),
+                          deft_format_size(total_b, total, sizeof total), deft_format_size(free_b, fr, sizeof fr),
                           deft_format_bytes(allocated, al, sizeof al),
                           deft_format_bytes(reserved - allocated, cached, sizeof cached), limit_note,
                           p->empty_cache_call ? p->empty_cache_call : "deft_memory_empty_cache", for_note);

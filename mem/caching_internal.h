@@ -120,8 +120,10 @@ deft_block *deft_map_take(deft_block_map *m, uintptr_t addr);   /* removes and r
 
 /* ---- counters (memory_stats.c) ---- */
 void deft_stat_add(deft_memory_stat *s, int64_t delta);
-/* "2.00 MiB", "1000 bytes": for messages and the summary. */
-const char *deft_format_bytes(int64_t bytes, char *buf, size_t n);
+/* "2.00 MiB", "1000 bytes": for messages and the summary. Sizes (requests, limits, device totals) are size_t and
+ * go through deft_format_size: through int64_t, SIZE_MAX would print as "-1 bytes". */
+const char *deft_format_size(size_t bytes, char *buf, size_t n);
+const char *deft_format_bytes(int64_t bytes, char *buf, size_t n);   /* counters, which are int64_t */
 
 /* ---- history (memory_snapshot.c) ---- */
 typedef enum deft_history_action {

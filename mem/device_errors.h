@@ -35,6 +35,10 @@ deft_status deft_device_errors_get(int device, void *stream, deft_device_errors 
  * recorded or no record exists. */
 deft_status deft_device_errors_take(int device);
 
+/* Frees cuda:device's record (deft_memory_release_all; the caller waited for the device). A recorded error not yet
+ * taken goes with it; the next use makes a new record. */
+void deft_device_errors_release(int device);
+
 #ifdef __cplusplus
 }
 #endif

@@ -109,3 +109,12 @@ deft_status deft_device_errors_take(int device) {
     if (s != DEFT_OK || r.ce_bad == DEFT_DEVICE_ERRORS_NONE) return s;
     return deft_errors_report(&r, device);
 }
+
+void deft_device_errors_release(int device) {
+    if (device < 0 || device >= DEFT_DEVICE_ERRORS_MAX_DEVICES) return;
+    pthread_mutex_lock(&deft_error_records_mu);
+    deft_device_errors *rec = deft_error_records[device];
+    deft_error_records[device] = NULL;
+    pthread_mutex_unlock(&deft_error_records_mu);
+    if (rec && cudaFree(rec) != cudaSuccess) (void)cudaGetLastError();
+}

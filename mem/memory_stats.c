@@ -21,16 +21,23 @@ void deft_stat_add(deft_memory_stat *s, int64_t delta) {
     }
 }
 
-const char *deft_format_bytes(int64_t bytes, char *buf, size_t n) {
-    static const char *units[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB"};
+const char *deft_format_size(size_t bytes, char *buf, size_t n) {
+    static const char *units[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
     double v = (double)bytes;
     int u = 0;
-    while ((v >= 1024.0 || v <= -1024.0) && u < 5) {
+    while (v >= 1024.0 && u < 6) {
         v /= 1024.0;
         u++;
     }
-    if (u == 0) snprintf(buf, n, "%lld bytes", (long long)bytes);
+    if (u == 0) snprintf(buf, n, "%zu bytes", bytes);
     else snprintf(buf, n, "%.2f %s", v, units[u]);
+    return buf;
+}
+
+const char *deft_format_bytes(int64_t bytes, char *buf, size_t n) {
+    if (bytes >= 0 || n < 2) return deft_format_size((size_t)bytes, buf, n);
+    buf[0] = '-';   /* a counter's change may be negative; the magnitude is computed unsigned, INT64_MIN included */
+    deft_format_size((size_t)0 - (size_t)bytes, buf + 1, n - 1);
     return buf;
 }
 
@@ -119,7 +126,7 @@ static void deft_summary_write(FILE *f, const char *dev, const deft_memory_stats
     deft_summary_rule(f, '-');
     deft_summary_pair(f, "OOMs", st->num_ooms, "Allocation retries", st->num_alloc_retries);
     deft_summary_pair(f, "Device allocs", st->num_device_alloc, "Device frees", st->num_device_free);
-    fprintf(f, "| Memory limit: %-63s |\n", limit ? deft_format_bytes((int64_t)limit, lim, sizeof lim) : "none");
+    fprintf(f, "| Memory limit: %-63s |\n", limit ? deft_format_size(limit, lim, sizeof lim) : "none");
     deft_summary_rule(f, '=');
     fprintf(f, "| %-21s | %11s | %11s | %11s | %11s |\n", "Metric", "Cur Usage", "Peak Usage", "Tot Alloc",
             "Tot Freed");

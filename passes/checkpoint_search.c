@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "checked.h"
 #include "checkpoint.h"
 
 #define DEFT_CKPT_TRIALS 48
@@ -205,7 +206,8 @@ static deft_status deft_ckpt_finish(deft_ckpt_search *s, deft_ckpt_plan *plan) {
         plan->dropped[id] = s->drop[id];
         plan->n_dropped += s->drop[id];
         plan->n_recast += s->recast[id];
-        if (s->drop[id]) plan->dropped_bytes += deft_tensor_bytes(s->a->g->nodes[id]);
+        if (s->drop[id])
+            plan->dropped_bytes = deft_size_add_sat(plan->dropped_bytes, deft_tensor_bytes(s->a->g->nodes[id]));
     }
     return DEFT_OK;
 }

@@ -3,7 +3,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "checked.h"
 #include "checkpoint.h"
+#include "gpu_support.h"
 #include "optimizer_place.h"
 #include "optimizer_split.h"
 #include "pipeline.h"
@@ -76,6 +78,7 @@ static deft_status deft_stage_schedule(deft_pipeline *pl) {
     p->cuda_flags = p->config.cuda_flags;
     deft_status s =
         deft_schedule_prepare(p, pl->outputs, pl->n_outputs, p->split ? p->split->redirect : pl->ckpt_redirect);
+    if (s == DEFT_OK) s = deft_check_gpu_support(p);
     if (s == DEFT_OK && pl->user != pl->outputs) s = deft_autocast_alias(p, pl->user, pl->n_outputs);
     if (s != DEFT_OK) return s;
     deft_link_copies(p);
@@ -187,8 +190,9 @@ static deft_status deft_trial_measure(void *ctx, const int *redirect, int full, 
     deft_program t = {.graph = g, .n_nodes = g->n_nodes, .config = pl->p->config};
     deft_pipeline tp = {&t, pl->outputs, pl->outputs, NULL, pl->n_outputs, redirect, NULL};
     deft_status s = deft_trial_run(&tp, full);
-    *total = t.persistent_bytes;
-    for (int a = 0; a < t.n_arenas; a++) *total += full ? t.arenas[a].bytes : t.arenas[a].lower_bound;
+    *total = t.persistent_bytes;   /* saturating: a trial too large to count loses to every other */
+    for (int a = 0; a < t.n_arenas; a++)
+        *total = deft_size_add_sat(*total, full ? t.arenas[a].bytes : t.arenas[a].lower_bound);
     *area = 0.0;
     for (int b = 0; s == DEFT_OK && b < t.n_buffers; b++)
         if (t.buffers[b].merged_into < 0)

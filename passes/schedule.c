@@ -1,6 +1,7 @@
 /* The schedule of a program and the plan of its memory (schedule.h). */
 #include <stdlib.h>
 
+#include "checked.h"
 #include "optimizer.h"
 #include "optimizer_place.h"
 #include "schedule.h"
@@ -181,11 +182,26 @@ static deft_status deft_plan_arenas(deft_program *p, int no_reuse) {
         /* Without reuse, in-place ops would have had buffers of their own too. */
         p->arenas[a].no_reuse_bytes = 0;
         for (int b = 0; b < p->n_buffers; b++)
-            if (p->buffers[b].arena == a) p->arenas[a].no_reuse_bytes += deft_plan_align(p->buffers[b].plan.size);
+            if (p->buffers[b].arena == a)
+                p->arenas[a].no_reuse_bytes =
+                    deft_size_add_sat(p->arenas[a].no_reuse_bytes, deft_plan_align(p->buffers[b].plan.size));
     }
     free(tmp);
     free(idx);
     return st;
+}
+
+/* Each arena fits DEFT_MAX_BYTES (the planner checks); their sum with the persistent state must too, so that the
+ * reports and budgets adding them up never wrap. */
+static deft_status deft_check_program_bytes(const deft_program *p) {
+    const size_t arenas = deft_arena_total(p), total = deft_size_add_sat(arenas, p->persistent_bytes);
+    if (total <= DEFT_MAX_BYTES) return DEFT_OK;
+    const size_t kept = p->persistent_bytes;
+    return deft_set_error(DEFT_ERR_SHAPE,
+                          "compile: the program needs more than %zu bytes (arenas %s%zu, persistent %s%zu): too large",
+                          DEFT_MAX_BYTES, arenas == SIZE_MAX ? "over " : "",
+                          arenas == SIZE_MAX ? DEFT_MAX_BYTES : arenas, kept == SIZE_MAX ? "over " : "",
+                          kept == SIZE_MAX ? DEFT_MAX_BYTES : kept);
 }
 
 deft_status deft_plan_pass(deft_program *p) {
@@ -193,6 +209,7 @@ deft_status deft_plan_pass(deft_program *p) {
     deft_status s = deft_schedule_buffers(p);
     if (s == DEFT_OK && !no_reuse) deft_merge_in_place(p);
     if (s == DEFT_OK) s = deft_plan_arenas(p, no_reuse);
+    if (s == DEFT_OK) s = deft_check_program_bytes(p);
     return s;
 }
 
@@ -214,7 +231,7 @@ deft_status deft_bound_pass(deft_program *p) {
 
 size_t deft_arena_total(const deft_program *p) {
     size_t n = 0;
-    for (int a = 0; a < p->n_arenas; a++) n += p->arenas[a].bytes;
+    for (int a = 0; a < p->n_arenas; a++) n = deft_size_add_sat(n, p->arenas[a].bytes);
     return n;
 }
 
@@ -223,8 +240,8 @@ size_t deft_persistent_bytes(const deft_program *p) {
     for (int id = 0; id < p->n_nodes; id++) {
         const deft_tensor *t = p->graph->nodes[id];
         if (!p->nodes[id].needed) continue;
-        if (deft_op_is_leaf(t->op)) n += deft_tensor_bytes(t);
-        if (t->op == DEFT_OP_OPTIMIZER) n += deft_optimizer_state_bytes(t->p.optimizer);
+        if (deft_op_is_leaf(t->op)) n = deft_size_add_sat(n, deft_tensor_bytes(t));
+        if (t->op == DEFT_OP_OPTIMIZER) n = deft_size_add_sat(n, deft_optimizer_state_bytes(t->p.optimizer));
     }
     return n;
 }

@@ -22,10 +22,10 @@ deft_status deft_plan_pass(deft_program *p);
  * without placing anything: a cheaper measure than deft_plan_pass (checkpointing's search). */
 deft_status deft_bound_pass(deft_program *p);
 
-/* The planned arenas' bytes, summed over devices. */
+/* The planned arenas' bytes, summed over devices; SIZE_MAX past DEFT_MAX_BYTES (base/checked.h). */
 size_t deft_arena_total(const deft_program *p);
 
-/* Inputs, parameters, constants and optimizer state that the program needs. */
+/* Inputs, parameters, constants and optimizer state that the program needs; SIZE_MAX past DEFT_MAX_BYTES. */
 size_t deft_persistent_bytes(const deft_program *p);
 
 #endif

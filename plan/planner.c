@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "checked.h"
 #include "graph_internal.h"
 #include "planner.h"
 
@@ -568,6 +569,21 @@ static deft_status deft_compress_steps(deft_plan_buffer *bufs, int n, int *steps
     return DEFT_OK;
 }
 
+/* The aligned sizes' sum, or false when a size or the sum passes DEFT_MAX_BYTES. Every offset and end the greedy
+ * placement makes stays below this sum (a buffer goes into a gap or just above those already placed), so bounding
+ * it here keeps the arithmetic below from wrapping. */
+static bool deft_plan_total(const deft_plan_buffer *bufs, int n, size_t *total, int *bad) {
+    size_t sum = 0;
+    for (int i = 0; i < n; i++) {
+        *bad = i;
+        if (bufs[i].size > DEFT_MAX_BYTES || !deft_size_add(sum, deft_plan_align(bufs[i].size), &sum) ||
+            sum > DEFT_MAX_BYTES)
+            return false;
+    }
+    *total = sum;
+    return true;
+}
+
 deft_status deft_plan_offsets(deft_plan_buffer *bufs, int n, int no_reuse, deft_plan_stats *stats) {
     memset(stats, 0, sizeof *stats);
     if (n < 0) return deft_set_error(DEFT_ERR_INVALID, "planner: %d buffers", n);
@@ -576,8 +592,13 @@ deft_status deft_plan_offsets(deft_plan_buffer *bufs, int n, int no_reuse, deft_
         if (bufs[i].last < bufs[i].first || bufs[i].first < 0 || bufs[i].last == INT_MAX)
             return deft_set_error(DEFT_ERR_INVALID, "planner: buffer %d has lifetime [%d, %d]", i, bufs[i].first,
                                   bufs[i].last);
-        stats->no_reuse_bytes += deft_plan_align(bufs[i].size);
         if (bufs[i].last + 1 > steps) steps = bufs[i].last + 1;
+    }
+    int bad = 0;
+    if (!deft_plan_total(bufs, n, &stats->no_reuse_bytes, &bad)) {
+        return deft_set_error(DEFT_ERR_SHAPE,
+                              "planner: buffer %d of %zu bytes takes the %d buffers' sum past %zu bytes, the most an "
+                              "arena may have: too large", bad, bufs[bad].size, n, DEFT_MAX_BYTES);
     }
     if (n == 0) return DEFT_OK;
     /* The planner works on a copy whose steps may be renumbered; only the offsets go back. */
@@ -631,12 +652,12 @@ static int deft_by_event(const void *pa, const void *pb) {
 
 size_t deft_plan_lower_bound(const deft_plan_buffer *bufs, int n) {
     if (n <= 0) return 0;
+    size_t total;
+    int bad;
+    if (!deft_plan_total(bufs, n, &total, &bad)) return SIZE_MAX;
     deft_bound_event *ev = malloc(2 * (size_t)n * sizeof *ev);
     size_t live = 0, peak = 0;
-    if (!ev) {   /* without scratch, the sum of every buffer still bounds from above what is asked */
-        for (int i = 0; i < n; i++) peak += deft_plan_align(bufs[i].size);
-        return peak;
-    }
+    if (!ev) return total;   /* without scratch, the sum of every buffer still bounds from above what is asked */
     for (int i = 0; i < n; i++) {
         ev[2 * i] = (deft_bound_event){bufs[i].first, 0, deft_plan_align(bufs[i].size)};
         ev[2 * i + 1] = (deft_bound_event){bufs[i].last, 1, deft_plan_align(bufs[i].size)};

@@ -92,17 +92,27 @@ function dfs(v, path,    m, k, w, found) {
 rm -f /tmp/deft_layers.$$ /tmp/deft_headers.$$ /tmp/deft_includes.$$
 
 # Calls, from the objects of each folder's CMake target (deft_<folder>).
+# The objects of a target's folder whose source still exists (a moved file leaves its old object behind).
+layer_objects() {
+    local o src
+    find "$1" -name '*.o' | while read -r o; do
+        src=${o#"$1"/}
+        src=${src%.o}
+        [ -f "$src" ] && printf '%s\n' "$o"
+    done
+}
+
 if [ -n "$build" ]; then
     defs=$(mktemp) undefs=$(mktemp)
     for l in "${LAYERS[@]}"; do
         d="$build/CMakeFiles/deft_$l.dir"
         [ -d "$d" ] || continue
-        find "$d" -name '*.o' -exec nm --defined-only {} + 2>/dev/null | awk -v l="$l" '$2 ~ /^[TDBR]$/ { print $3, l }'
+        layer_objects "$d" | xargs -r nm --defined-only 2>/dev/null | awk -v l="$l" '$2 ~ /^[TDBR]$/ { print $3, l }'
     done > "$defs"
     for l in "${LAYERS[@]}"; do
         d="$build/CMakeFiles/deft_$l.dir"
         [ -d "$d" ] || continue
-        find "$d" -name '*.o' -exec nm -u {} + 2>/dev/null | awk -v l="$l" 'NF == 2 { print l, $2 }' | sort -u
+        layer_objects "$d" | xargs -r nm -u 2>/dev/null | awk -v l="$l" 'NF == 2 { print l, $2 }' | sort -u
     done > "$undefs"
     awk -v order="${LAYERS[*]}" '
         BEGIN { n = split(order, o, " "); for (i = 1; i <= n; i++) rank[o[i]] = i }

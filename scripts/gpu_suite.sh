@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds deft for Hopper, runs the whole test suite (cuda tests included) and the main example on the default
-# device, and prints the GPU it ran on. Usage: scripts/gpu_suite.sh [log-dir]
+# device, and prints the GPU it ran on; then compute-sanitizer over the cuda tests and examples
+# (scripts/check_gpu_sanitizers.sh; SANITIZERS=0 leaves it out). Usage: scripts/gpu_suite.sh [log-dir]
 set -uo pipefail
 log=${1:-gpu-logs}
 mkdir -p "$log"
@@ -14,4 +15,8 @@ echo "built"
 rc=$?
 grep -E "Test +#|tests passed|FAILED|CHECK failed" "$log/ctest.txt" | head -80
 (cd build-gpu && ./hello_deft) 2>&1 | tee "$log/hello.txt" | head -40
+if [ "${SANITIZERS:-1}" = 1 ]; then
+  scripts/check_gpu_sanitizers.sh build-gpu "$log/sanitizers" > "$log/sanitizers.txt" 2>&1 || rc=1
+  grep -vE ": clean$" "$log/sanitizers.txt" | head -60
+fi
 exit $rc

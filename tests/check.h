@@ -101,7 +101,11 @@ static inline int deft_test_gpu(deft_device *out) {
     return 1;
 }
 
+/* The end of every test: the caches go back first (deft_memory_release_all), so that leak checkers (valgrind,
+ * compute-sanitizer --leak-check full) see only what the test itself kept. */
 static inline int deft_check_finish(void) {
+    const deft_status released = deft_memory_release_all();
+    CHECK_MSG(released == DEFT_OK, "deft_memory_release_all: %s", deft_errmsg());
     if (deft_check_failures) {
         fprintf(stderr, "%d of %d checks failed\n", deft_check_failures, deft_check_count);
         return 1;

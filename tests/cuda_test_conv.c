@@ -147,6 +147,34 @@ static void test_conv_f64_nhwc(void) {
     ref_free(&w);
 }
 
+/* The gradients of an f64 NHWC convolution: cuDNN has no algorithm for either, so a program that needs one is
+ * refused when compiled, with the reason, and the graph stays usable: its forward pass compiles and runs. */
+static void test_conv_f64_nhwc_grads(void) {
+    const conv_case *k = &conv_cases[0];
+    int64_t xs[4], ws[4];
+    stored4(1, k->n, k->c, k->h, k->w, xs);
+    stored4(1, k->o, k->c, k->kh, k->kw, ws);
+    deft_graph *g = deft_graph_new();
+    const deft_conv2d_options o = {.padding = {1, 1}, .layout = DEFT_NHWC};
+    deft_tensor *x = deft_param(g, "x", DEFT_F64, 4, xs, GPU, DEFT_INIT_UNIFORM);
+    deft_tensor *w = deft_param(g, "w", DEFT_F64, 4, ws, GPU, DEFT_INIT_UNIFORM);
+    deft_tensor *loss = deft_sum(deft_conv2d(x, w, NULL, &o), 0, NULL, 0);
+    CHECK_OK(deft_backward(loss));
+    const char *grads[2] = {"conv2d_input_grad", "conv2d_weight_grad"};
+    deft_tensor *of[2] = {x, w};
+    for (int i = 0; i < 2; i++) {
+        CHECK(deft_compile(g, (deft_tensor *[]){loss, deft_grad(of[i])}, 2, NULL) == NULL);
+        CHECK_MSG(strstr(deft_errmsg(), "gradients of an f64 NHWC convolution") != NULL &&
+                      strstr(deft_errmsg(), grads[i]) != NULL,
+                  "%s refused at compile: %s", grads[i], deft_errmsg());
+    }
+    CHECK_MSG(deft_graph_error(g) == DEFT_OK, "a refused compile leaves the graph as it was");
+    deft_program *p = deft_compile(g, &loss, 1, NULL);
+    CHECK_MSG(p != NULL, "the forward pass alone compiles: %s", deft_errmsg());
+    if (p) CHECK_MSG(deft_program_run(p) == DEFT_OK, "and runs: %s", deft_errmsg());
+    deft_graph_free(g);
+}
+
 /* An op whose operands sit on two devices is refused when built, naming both. */
 static void test_conv_mixed_devices(void) {
     deft_graph *g = deft_graph_new();
@@ -572,6 +600,7 @@ int main(void) {
     test_conv_mixed_devices();
     test_conv();
     test_conv_f64_nhwc();
+    test_conv_f64_nhwc_grads();
     test_conv_first_met_in_capture();
     test_pool();
     test_batch_norm();

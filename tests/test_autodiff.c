@@ -246,12 +246,24 @@ static void test_bad_backward(void) {
     deft_graph *g = deft_graph_new();
     deft_tensor *w = deft_param(g, "w", DEFT_F32, 2, (int64_t[]){2, 3}, CPU, DEFT_INIT_ONES);
     CHECK_ERR(deft_backward(deft_mul_scalar(w, 2.0)), DEFT_ERR_SHAPE, "must be a scalar (one element), got shape [2, 3]");
+    CHECK_ERR(deft_backward(deft_input(g, "count", DEFT_I32, 1, (int64_t[]){1}, CPU)), DEFT_ERR_DTYPE, "it must be a floating dtype");
+    /* Refused calls leave the graph as it was: its valid loss still differentiates, compiles and runs. */
+    CHECK(deft_graph_error(g) == DEFT_OK);
+    deft_tensor *loss = deft_sum(w, 0, NULL, 0);
+    CHECK_OK(deft_backward(loss));
+    deft_program *p = deft_compile(g, (deft_tensor *[]){loss, deft_grad(w)}, 2, NULL);
+    CHECK(p != NULL);
+    CHECK_OK(deft_program_run(p));
+    float gw[6] = {0};
+    CHECK_OK(deft_program_read(p, deft_grad(w), gw, sizeof gw));
+    for (int i = 0; i < 6; i++) CHECK_NEAR(gw[i], 1.0, 0);
     deft_graph_free(g);
 
     g = deft_graph_new();
     deft_tensor *x = deft_input(g, "x", DEFT_F32, 1, (int64_t[]){4}, CPU);
     CHECK_ERR(deft_backward(deft_sum(x, 0, NULL, 0)), DEFT_ERR_INVALID,
               "does not depend on any parameter that requires a gradient");
+    CHECK(deft_graph_error(g) == DEFT_OK);
     CHECK_ERR(deft_backward(NULL), DEFT_ERR_INVALID, "the loss is NULL");
     deft_graph_free(g);
 }

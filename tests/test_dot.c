@@ -43,6 +43,13 @@ int main(void) {
     }
     free(s);
     CHECK_ERR(deft_graph_dump_dot(g, p, "/nonexistent-dir/x.dot"), DEFT_ERR_IO, "cannot open /nonexistent-dir/x.dot");
+    /* A program of another graph describes none of this one's nodes: refused, nothing written. */
+    deft_graph *other = deft_graph_new();
+    CHECK(deft_input(other, "z", DEFT_F32, 1, (int64_t[]){2}, deft_cpu()) != NULL);
+    remove("test_dot_other.dot");
+    CHECK_ERR(deft_graph_dump_dot(other, p, "test_dot_other.dot"), DEFT_ERR_INVALID, "not compiled from this graph");
+    CHECK(read_file("test_dot_other.dot") == NULL);
+    deft_graph_free(other);
 
     if (system("command -v dot > /dev/null 2>&1") != 0) {
         printf("Graphviz 'dot' is not installed: the rendering check is skipped\n");

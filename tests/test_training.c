@@ -213,6 +213,27 @@ static void test_losses_follow_reference(void) {
     deft_graph_free(r.g);
 }
 
+/* Two optimizers over the same parameters are refused whichever order things happen in: here the second comes before
+ * the first has a step node (it used to be let through, and its step then read storage the first had freed). */
+static void test_two_optimizers_before_steps(void) {
+    deft_graph *g = deft_graph_new();
+    deft_tensor *p = deft_param(g, "p", DEFT_F32, 1, (int64_t[]){3}, CPU, DEFT_INIT_ONES);
+    deft_tensor *loss = deft_sum(p, 0, NULL, 0);
+    CHECK_OK(deft_backward(loss));
+    deft_optimizer *sgd = deft_sgd(g, &(deft_sgd_options){.lr = 0.5}, NULL);
+    CHECK(sgd != NULL);
+    CHECK_NULL_ERR(deft_adamw(g, NULL, NULL), "p is already updated by another optimizer");
+    deft_tensor *step = deft_optimizer_step(sgd);
+    CHECK(step != NULL);
+    deft_program *prog = deft_compile(g, (deft_tensor *[]){loss, step}, 2, NULL);
+    CHECK(prog != NULL);
+    CHECK_OK(deft_program_run(prog));
+    float v[3] = {0};
+    CHECK_OK(deft_param_get(p, v, sizeof v));
+    for (int i = 0; i < 3; i++) CHECK_NEAR(v[i], 0.5, 0);   /* 1 - 0.5 * d(sum)/dp */
+    deft_graph_free(g);
+}
+
 static void test_bad_hyperparameters(void) {
     deft_graph *g = deft_graph_new();
     deft_tensor *p = deft_param(g, "p", DEFT_F32, 1, (int64_t[]){3}, CPU, DEFT_INIT_ONES);
@@ -247,5 +268,6 @@ int main(void) {
     test_accumulation();
     test_losses_follow_reference();
     test_bad_hyperparameters();
+    test_two_optimizers_before_steps();
     return deft_check_finish();
 }

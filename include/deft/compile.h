@@ -152,7 +152,10 @@ typedef deft_status (*deft_batch_builder)(deft_graph *g, int64_t batch, void *ct
                                           int *n_outputs);
 /* The largest batch in [1, max_batch] whose step fits in `bytes` (arena + persistent, every device together), found
  * by planning graphs built by `build`, never by running them. DEFT_ERR_OOM, with the bytes a batch of 1 needs, when
- * none fits. Memory is assumed to grow with the batch. */
+ * none fits. Memory is assumed to grow with the batch. The batches tried double from 1 until one does not fit, then
+ * halve the gap: a loose max_batch costs a few probes. A probe that fails returns its error, with the batch named:
+ * DEFT_ERR_SHAPE when its tensors or plan are too large to exist (past PTRDIFF_MAX bytes), as with a budget that
+ * no memory has. */
 deft_status deft_largest_batch(deft_batch_builder build, void *ctx, size_t bytes, int64_t max_batch,
                                const deft_compile_options *opts, int64_t *out);
 /* What one device needs for a compiled program, before it runs. */

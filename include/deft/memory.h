@@ -54,6 +54,13 @@ int deft_pinned_is_page_locked(const void *ptr); /* 1 if ptr lies in a page-lock
 deft_status deft_pinned_stats(deft_memory_stats *out);
 deft_status deft_pinned_empty_cache(void);        /* gives every unused segment back */
 
+/* Everything cached goes back to the driver and the host: every device's unused segments, the pinned cache, and the
+ * library scratch (cuBLAS, cuDNN) of streams that programs no longer own, after waiting for each GPU's work. Memory
+ * in use (live programs, parameters) stays. Call it at the end of a program that checks for leaks
+ * (compute-sanitizer --leak-check full, valgrind): what the caches still hold is reported otherwise. A GPU runtime
+ * that never started is not started for this. */
+deft_status deft_memory_release_all(void);
+
 #ifdef __cplusplus
 }
 #endif

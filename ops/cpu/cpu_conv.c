@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "checked.h"
 #include "cpu_internal.h"
 
 #ifdef DEFT_HAVE_BLAS

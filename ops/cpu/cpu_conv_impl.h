@@ -112,10 +112,15 @@ static void CONV_FN(conv_weight_grad_)(const conv_geom *g, const CONV_T *dy, con
 }
 
 static deft_status CONV_FN(conv_run_)(const deft_tensor *n, const conv_geom *g, void *out, const void *const *in) {
-    CONV_T *col = malloc((size_t)(g->K * g->P) * sizeof(CONV_T));
+    /* K and P each fit (the weight and the output are nodes) but their product need not: huge padding can make it. */
+    size_t bytes;
+    if (!deft_shape_bytes(2, (const int64_t[]){g->K, g->P}, sizeof(CONV_T), &bytes))
+        return deft_set_error(DEFT_ERR_SHAPE, "%s: the im2col scratch of %lld x %lld elements is too large",
+                              deft_op_name(n->op), (long long)g->K, (long long)g->P);
+    CONV_T *col = malloc(bytes);
     if (!col)
-        return deft_set_error(DEFT_ERR_OOM, "%s: no host memory for %lld bytes of im2col scratch",
-                              deft_op_name(n->op), (long long)(g->K * g->P * (int64_t)sizeof(CONV_T)));
+        return deft_set_error(DEFT_ERR_OOM, "%s: no host memory for %zu bytes of im2col scratch", deft_op_name(n->op),
+                              bytes);
     switch (n->op) {
     case DEFT_OP_CONV2D: CONV_FN(conv_forward_)(g, in[0], in[1], n->nsrc > 2 ? in[2] : NULL, out, col); break;
     case DEFT_OP_CONV2D_INPUT_GRAD: CONV_FN(conv_input_grad_)(g, in[0], in[1], out, col); break;

@@ -155,8 +155,8 @@ deft_status deft_cpu_matmul(const deft_tensor *n, void *out, const void *a, cons
     float *wc = malloc((size_t)out_cnt * sizeof(float));
     if (!wa || !wb || !wc) {
         free(wa), free(wb), free(wc);
-        return deft_set_error(DEFT_ERR_OOM, "matmul: no host memory for %lld bytes of f32 scratch",
-                              (long long)((a_cnt + b_cnt + out_cnt) * 4));
+        return deft_set_error(DEFT_ERR_OOM, "matmul: no host memory for %.0f bytes of f32 scratch",
+                              4.0 * ((double)a_cnt + (double)b_cnt + (double)out_cnt));
     }
     batched_f32(&s, wa, wb, wc);
     uint16_t *o = out;

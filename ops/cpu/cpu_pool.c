@@ -92,7 +92,7 @@ static void pool_forward_plane(const deft_tensor *n, const pool_geom *g, const v
             const pool_win ww = pool_window(n, 1, ow, g->W, g->OW);
             double v;
             if (n->op == DEFT_OP_MAX_POOL2D) pool_argmax(g, x, dt, xb, wh, ww, &v);
-            else v = pool_window_sum(g, x, dt, xb, wh, ww) / (double)(wh.count * ww.count);
+            else v = pool_window_sum(g, x, dt, xb, wh, ww) / ((double)wh.count * (double)ww.count);
             pool_st(y, dt, yb + oh * g->ysH + ow * g->ysW, v);
         }
     }
@@ -115,7 +115,7 @@ static void pool_backward_plane(const deft_tensor *n, const pool_geom *g, const 
                 pool_st(dx, dt, at, pool_ld(dx, dt, at) + d);
                 continue;
             }
-            const double share = d / (double)(wh.count * ww.count);
+            const double share = d / ((double)wh.count * (double)ww.count);   /* huge kernels: no int64 product */
             for (int64_t ih = wh.lo; ih < wh.hi; ih++) {
                 for (int64_t iw = ww.lo; iw < ww.hi; iw++) {
                     const int64_t i = xb + ih * g->xsH + iw * g->xsW;

@@ -24,6 +24,7 @@ template <class A, class F> __device__ A deft_block_reduce(A v, F f) {
             A o = __shfl_down_sync(0xffffffffu, v, off);
             if (lane + off < nwarps) v = f(v, o);
         }
+        __syncwarp();   /* every lane has read warp_part before lane 0 writes over its first entry */
         if (lane == 0) warp_part[0] = v;
     }
     __syncthreads();

@@ -29,6 +29,8 @@ deft_status deft_cuda_conv2d(const deft_tensor *n, void *out, const void *const 
                           "libcudnn); build this part of the graph on the CPU", deft_op_name(n->op));
 }
 
+extern "C" void deft_cuda_cudnn_release(int dev) { (void)dev; }
+
 #else
 
 #include <cudnn.h>
@@ -429,4 +431,21 @@ deft_status deft_cuda_conv2d(const deft_tensor *n, void *out, const void *const 
     return s;
 }
 
+extern "C" void deft_cuda_cudnn_release(int dev) {
+    if (dev < 0 || dev >= DEFT_CUDNN_MAX_DEVICES) return;
+    std::lock_guard<std::mutex> guard(deft_cudnn_locks[dev]);
+    if (deft_cudnn_handles[dev] && cudnnDestroy(deft_cudnn_handles[dev]) != CUDNN_STATUS_SUCCESS)
+        (void)cudaGetLastError();
+    deft_cudnn_handles[dev] = NULL;
+}
+
 #endif
+
+extern "C" bool deft_cuda_conv_supported(const deft_tensor *n, char *why, size_t why_bytes) {
+    if (n->op != DEFT_OP_CONV2D && n->dtype == DEFT_F64 && n->p.conv.layout == DEFT_NHWC) {
+        snprintf(why, why_bytes, "cuDNN has no algorithm for the gradients of an f64 NHWC convolution; use "
+                 "DEFT_NCHW for f64 or a float dtype for NHWC");
+        return false;
+    }
+    return true;
+}

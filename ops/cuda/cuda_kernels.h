@@ -39,6 +39,16 @@ deft_status deft_cuda_batch_norm_grad_masked(const deft_tensor *n, void *out, co
 deft_status deft_cuda_casts_run(const deft_tensor *const *casts, void *const *out, const void *const *in, int n,
                                 void *stream);
 
+/* Whether cuDNN has an algorithm for convolution node n (a conv2d or one of its gradients) at all; when not, why
+ * (into why[0..n)) for a compile to refuse it with. The gradients of f64 NHWC convolutions have none. */
+bool deft_cuda_conv_supported(const deft_tensor *n, char *why, size_t why_bytes);
+
+/* The library handles of cuda:dev (cuBLAS, cuBLASLt, cuDNN), destroyed once its work is done
+ * (deft_memory_release_all); the next call on it makes new ones. */
+void deft_cuda_cublas_release(int dev);
+void deft_cuda_cublaslt_release(int dev);
+void deft_cuda_cudnn_release(int dev);
+
 struct deft_optimizer;
 struct deft_optimizer_segment;
 /* An optimizer's step (ops/cuda/cuda_optimizer.cu) on `stream`, reading its gradients through `table` (one row per

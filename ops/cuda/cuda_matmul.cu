@@ -77,6 +77,14 @@ static deft_status deft_cublas_handle(cudaStream_t st, cublasHandle_t *out) {
     return DEFT_OK;
 }
 
+extern "C" void deft_cuda_cublas_release(int dev) {
+    if (dev < 0 || dev >= DEFT_CUBLAS_MAX_DEVICES) return;
+    std::lock_guard<std::mutex> guard(deft_cublas_lock);
+    if (deft_cublas_handles[dev] && cublasDestroy(deft_cublas_handles[dev]) != CUBLAS_STATUS_SUCCESS)
+        (void)cudaGetLastError();
+    deft_cublas_handles[dev] = NULL;
+}
+
 /* ---- the product's shape ---- */
 deft_status deft_mm_make(const deft_tensor *n, deft_mm *s) {
     const deft_tensor *ta = n->src[0], *tb = n->src[1];

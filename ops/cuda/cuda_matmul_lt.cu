@@ -26,7 +26,7 @@
 #include "cuda_matmul_impl.cuh"
 #include "cuda_matmul_small.cuh"
 
-/* ---- one cuBLASLt handle per device, never destroyed (as the cuBLAS handles) ---- */
+/* ---- one cuBLASLt handle per device, until deft_memory_release_all (as the cuBLAS handles) ---- */
 static cublasLtHandle_t deft_lt_handles[DEFT_CUBLAS_MAX_DEVICES];
 /* Guards the handles and the cache; held across a whole call, since a cached descriptor's bias pointer is set
  * per call. */
@@ -42,6 +42,14 @@ static deft_status deft_lt_handle(int dev, cublasLtHandle_t *out) {
     }
     *out = deft_lt_handles[dev];
     return DEFT_OK;
+}
+
+extern "C" void deft_cuda_cublaslt_release(int dev) {
+    if (dev < 0 || dev >= DEFT_CUBLAS_MAX_DEVICES) return;
+    std::lock_guard<std::mutex> guard(deft_lt_lock);
+    if (deft_lt_handles[dev] && cublasLtDestroy(deft_lt_handles[dev]) != CUBLAS_STATUS_SUCCESS)
+        (void)cudaGetLastError();
+    deft_lt_handles[dev] = NULL;
 }
 
 /* ---- the problem and its cache entry ---- */

@@ -62,7 +62,7 @@ template <class T> __global__ void deft_pool_forward_kernel(deft_pool_geom g, co
         } else {
             for (int64_t ih = wh.lo; ih < wh.hi; ih++)
                 for (int64_t iw = ww.lo; iw < ww.hi; iw++) v += deft_ty<T>::load(x[deft_pool_at(g, n, c, ih, iw, g.H, g.W)]);
-            v /= (C)(wh.count * ww.count);
+            v /= (C)wh.count * (C)ww.count;   /* huge kernels: no int64 product */
         }
         y[i] = deft_ty<T>::store(v);
     }
@@ -89,7 +89,7 @@ __global__ void deft_pool_backward_kernel(deft_pool_geom g, const T *dy, const T
                     C best;
                     if (deft_pool_argmax(g, x, n, c, wh, ww, &best) == i) acc += d;
                 } else {
-                    acc += d / (C)(wh.count * ww.count);
+                    acc += d / ((C)wh.count * (C)ww.count);
                 }
             }
         }

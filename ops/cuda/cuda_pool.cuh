@@ -47,7 +47,7 @@ __device__ __forceinline__ void deft_pool_covering(const Geom &g, int axis, I i,
     } else {
         const I k = axis ? g.kw : g.kh, s = axis ? g.sw : g.sh, p = axis ? g.pw : g.ph;
         const I num = i + p - k + 1;   /* o s - p + k > i */
-        a = num <= 0 ? 0 : (num + s - 1) / s;
+        a = num <= 0 ? 0 : (num - 1) / s + 1;   /* rounds up without adding s, which may be huge */
         b = (i + p) / s;               /* o s - p <= i */
     }
     *first = a < 0 ? 0 : a;

@@ -270,6 +270,9 @@ static size_t deft_pool_tiled_shared(const deft_pool_geom32 &g, int *tiles_h, in
 
 static bool deft_pool_fits32(const deft_pool_geom &g) {
     const int64_t lim = INT32_MAX;
+    /* The window's options are the user's int64s: each must narrow alone, and bounding them first keeps the sums and
+     * products below far from int64's limit. */
+    if (g.kh >= lim || g.kw >= lim || g.ph >= lim || g.pw >= lim || g.sh >= lim || g.sw >= lim) return false;
     const int64_t xs = g.N * g.C * g.H * g.W, ys = g.N * g.C * g.OH * g.OW;
     const int64_t pads = (g.H + g.W + 2 * (g.ph + g.pw + g.kh + g.kw)) * (g.OH + g.OW + 1);
     return xs < lim && ys < lim && pads < lim && g.kh * g.kw < lim;
