@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "graph_internal.h"
+#include "path.h"
 
 #define DEFT_CIFAR_RECORD (1 + DEFT_CIFAR_IMAGE_BYTES)
 #define DEFT_CIFAR_TRAIN_FILES 5
@@ -91,12 +92,14 @@ deft_status deft_cifar_load(const char *dir, int train, deft_cifar *out) {
     if (!out) return deft_set_error(DEFT_ERR_INVALID, "cifar_load: out is NULL");
     memset(out, 0, sizeof *out);
     if (!dir) return deft_set_error(DEFT_ERR_INVALID, "cifar_load: dir is NULL");
-    char names[DEFT_CIFAR_TRAIN_FILES][4096];
+    char names[DEFT_CIFAR_TRAIN_FILES][DEFT_PATH_MAX];
     const char *paths[DEFT_CIFAR_TRAIN_FILES];
     int n = train ? DEFT_CIFAR_TRAIN_FILES : 1;
     for (int i = 0; i < n; i++) {
-        if (train) snprintf(names[i], sizeof names[i], "%s/data_batch_%d.bin", dir, i + 1);
-        else snprintf(names[i], sizeof names[i], "%s/test_batch.bin", dir);
+        deft_status s = train ? deft_path_format(names[i], sizeof names[i], "cifar_load", "%s/data_batch_%d.bin",
+                                                 dir, i + 1)
+                              : deft_path_format(names[i], sizeof names[i], "cifar_load", "%s/test_batch.bin", dir);
+        if (s != DEFT_OK) return s;
         paths[i] = names[i];
     }
     return deft_cifar_read(paths, n, out);

@@ -56,10 +56,11 @@ struct deft_loader {
 };
 
 deft_status deft_loader_error(deft_status s, const char *fmt, ...) {
+    if (!fmt) return deft_set_error(s, "%s", "");
     char buf[1024];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt ? fmt : "", ap);
+    vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
     return deft_set_error(s, "%s", buf);
 }

@@ -1,8 +1,13 @@
-/* Parameter files: every parameter of a graph, by name, with a checksum per record.
+/* Parameter files: every parameter of a graph, by name, with checksums over the file's header, each record's header
+ * and each record's data.
  *
  * Loading reads and checks the whole file into staging buffers before it sets a single value, so a file of another
  * model, a truncated or a corrupt one leaves the graph as it was. Staging buffers are sized from the graph's own
- * parameters once a record has matched one, never from lengths read from the file. */
+ * parameters once a record has matched one, never from lengths read from the file.
+ *
+ * A header's CRC is checked before any of its fields is compared with the graph: only then can a name, dtype or
+ * shape that differs from the graph's mean "the file is of another model" (DEFT_ERR_INVALID) rather than a flipped
+ * bit (DEFT_ERR_IO). Version 1 files, whose headers carry no CRC, still load; their data is checked as before. */
 #include <errno.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -14,7 +19,10 @@
 
 #define DEFT_PARAMS_MAGIC "DEFTPARM"
 #define DEFT_PARAMS_MAGIC_LEN 8
-#define DEFT_PARAMS_VERSION 1u
+#define DEFT_PARAMS_VERSION 2u
+/* The first version whose file and record headers carry a CRC. */
+#define DEFT_PARAMS_HEAD_CRC_VERSION 2u
+#define DEFT_PARAMS_FILE_HEAD (DEFT_PARAMS_MAGIC_LEN + 8)
 /* A record's name can only match a graph name (at most 63 bytes); anything far longer is corruption. */
 #define DEFT_PARAMS_MAX_NAME 4096
 /* The longest piece of a name quoted in a message. */
@@ -117,11 +125,13 @@ static deft_status deft_write_record(FILE *f, const char *path, const deft_tenso
     deft_status s = deft_param_get(t, data, bytes);
     if (s != DEFT_OK) s = deft_set_error(s, "params_save: %s: reading parameter '%s': %s", path, t->name,
                                          deft_errmsg());
-    unsigned char head[4 + sizeof t->name + 4 + 4 + 8 * DEFT_MAX_DIMS + 8], crc[4];
+    unsigned char head[4 + sizeof t->name + 4 + 4 + 8 * DEFT_MAX_DIMS + 8 + 4], crc[4];
     if (s == DEFT_OK) {
         deft_elements_to_order(data, bytes, deft_dtype_size(t->dtype), true);
         deft_put_le(crc, deft_crc32(data, bytes), 4);
-        s = deft_write(f, path, head, deft_record_head(t, bytes, head));
+        size_t at = deft_record_head(t, bytes, head);
+        at += deft_put_le(head + at, deft_crc32(head, at), 4);
+        s = deft_write(f, path, head, at);
     }
     if (s == DEFT_OK) s = deft_write(f, path, data, bytes);
     if (s == DEFT_OK) s = deft_write(f, path, crc, sizeof crc);
@@ -130,10 +140,11 @@ static deft_status deft_write_record(FILE *f, const char *path, const deft_tenso
 }
 
 static deft_status deft_write_params(FILE *f, const char *path, deft_tensor *const *params, int n) {
-    unsigned char head[DEFT_PARAMS_MAGIC_LEN + 8];
+    unsigned char head[DEFT_PARAMS_FILE_HEAD + 4];
     memcpy(head, DEFT_PARAMS_MAGIC, DEFT_PARAMS_MAGIC_LEN);
     deft_put_le(head + 8, DEFT_PARAMS_VERSION, 4);
     deft_put_le(head + 12, (uint64_t)n, 4);
+    deft_put_le(head + DEFT_PARAMS_FILE_HEAD, deft_crc32(head, DEFT_PARAMS_FILE_HEAD), 4);
     deft_status s = deft_write(f, path, head, sizeof head);
     for (int i = 0; i < n && s == DEFT_OK; i++) s = deft_write_record(f, path, params[i]);
     return s;
@@ -168,7 +179,18 @@ typedef struct deft_param_reader {
     FILE *f;
     const char *path;
     uint64_t offset;              /* bytes read so far, for messages */
+    uint64_t version;             /* the file's format version */
 } deft_param_reader;
+
+/* A record's header as read, its fields not yet checked against the graph. */
+typedef struct deft_head_read {
+    unsigned char raw[4 + DEFT_PARAMS_MAX_NAME + 8 + 8 * DEFT_MAX_DIMS + 8];   /* the bytes the CRC covers */
+    size_t raw_len;
+    char name[DEFT_PARAMS_MAX_NAME + 1];
+    size_t name_len;
+    uint64_t dtype, ndim, bytes;
+    int64_t dims[DEFT_MAX_DIMS];
+} deft_head_read;
 
 /* Reads exactly n bytes; running out is "truncated", saying in what. */
 static deft_status deft_read(deft_param_reader *r, void *p, size_t n, const char *what) {
@@ -188,20 +210,84 @@ static deft_status deft_read_le(deft_param_reader *r, int n, uint64_t *v, const 
     return s;
 }
 
-static deft_status deft_read_file_head(deft_param_reader *r, uint64_t *count) {
-    unsigned char magic[DEFT_PARAMS_MAGIC_LEN];
-    deft_status s = deft_read(r, magic, sizeof magic, "the header");
+/* Reads a stored CRC-32 and compares it with the one of the bytes it covers. */
+static deft_status deft_check_crc(deft_param_reader *r, const void *p, size_t n, const char *what, const char *in) {
+    uint64_t stored = 0;
+    deft_status s = deft_read_le(r, 4, &stored, what);
     if (s != DEFT_OK) return s;
-    if (memcmp(magic, DEFT_PARAMS_MAGIC, DEFT_PARAMS_MAGIC_LEN) != 0)
+    const uint32_t computed = deft_crc32(p, n);
+    if (stored != computed)
+        return deft_set_error(DEFT_ERR_IO, "params_load: %s: checksum mismatch in %s (the file says 0x%08llx, the "
+                              "bytes give 0x%08x); the file is corrupt", r->path, in, (unsigned long long)stored,
+                              (unsigned)computed);
+    return DEFT_OK;
+}
+
+static deft_status deft_read_file_head(deft_param_reader *r, uint64_t *count) {
+    unsigned char head[DEFT_PARAMS_FILE_HEAD];
+    deft_status s = deft_read(r, head, DEFT_PARAMS_MAGIC_LEN, "the header");
+    if (s != DEFT_OK) return s;
+    if (memcmp(head, DEFT_PARAMS_MAGIC, DEFT_PARAMS_MAGIC_LEN) != 0)
         return deft_set_error(DEFT_ERR_IO, "params_load: %s: bad magic: not a deft parameter file (it does not start "
                               "with \"DEFTPARM\")", r->path);
-    uint64_t version = 0;
-    s = deft_read_le(r, 4, &version, "the header");
-    if (s == DEFT_OK && version != DEFT_PARAMS_VERSION)
-        s = deft_set_error(DEFT_ERR_IO, "params_load: %s: format version %llu; this build reads version %u", r->path,
-                           (unsigned long long)version, DEFT_PARAMS_VERSION);
-    if (s == DEFT_OK) s = deft_read_le(r, 4, count, "the header");
+    s = deft_read(r, head + DEFT_PARAMS_MAGIC_LEN, 4, "the header");
+    r->version = s == DEFT_OK ? deft_get_le(head + DEFT_PARAMS_MAGIC_LEN, 4) : 0;
+    if (s == DEFT_OK && (r->version < 1 || r->version > DEFT_PARAMS_VERSION))
+        s = deft_set_error(DEFT_ERR_IO, "params_load: %s: format version %llu; this build reads versions 1 and %u",
+                           r->path, (unsigned long long)r->version, DEFT_PARAMS_VERSION);
+    if (s == DEFT_OK) s = deft_read(r, head + DEFT_PARAMS_MAGIC_LEN + 4, 4, "the header");
+    if (s == DEFT_OK && r->version >= DEFT_PARAMS_HEAD_CRC_VERSION)
+        s = deft_check_crc(r, head, sizeof head, "the header", "the file's header");
+    if (s == DEFT_OK) *count = deft_get_le(head + DEFT_PARAMS_MAGIC_LEN + 4, 4);
     return s;
+}
+
+/* Appends n bytes of the record's header to h->raw and returns them. */
+static deft_status deft_read_head_part(deft_param_reader *r, deft_head_read *h, size_t n, const char *what,
+                                       const unsigned char **part) {
+    *part = h->raw + h->raw_len;
+    deft_status s = deft_read(r, h->raw + h->raw_len, n, what);
+    h->raw_len += n;
+    return s;
+}
+
+/* Reads the name length and the name. Lengths that could not fit the header's buffer are corruption. */
+static deft_status deft_read_head_name(deft_param_reader *r, uint64_t record, deft_head_read *h) {
+    char what[64];
+    snprintf(what, sizeof what, "the name of record %llu", (unsigned long long)record);
+    const unsigned char *b;
+    deft_status s = deft_read_head_part(r, h, 4, what, &b);
+    if (s != DEFT_OK) return s;
+    uint64_t len = deft_get_le(b, 4);
+    if (len == 0 || len > DEFT_PARAMS_MAX_NAME)
+        return deft_set_error(DEFT_ERR_IO, "params_load: %s: record %llu has a name of %llu bytes; the file is corrupt",
+                              r->path, (unsigned long long)record, (unsigned long long)len);
+    s = deft_read_head_part(r, h, (size_t)len, what, &b);
+    if (s != DEFT_OK) return s;
+    memcpy(h->name, b, (size_t)len);
+    h->name[len] = '\0';
+    h->name_len = (size_t)len;
+    return DEFT_OK;
+}
+
+/* Reads the rest of the header (dtype, ndim, dims, data bytes) and, from version 2, checks its CRC. */
+static deft_status deft_read_head_rest(deft_param_reader *r, uint64_t record, deft_head_read *h) {
+    char what[64];
+    snprintf(what, sizeof what, "the header of record %llu", (unsigned long long)record);
+    const unsigned char *b;
+    deft_status s = deft_read_head_part(r, h, 8, what, &b);
+    if (s != DEFT_OK) return s;
+    h->dtype = deft_get_le(b, 4);
+    h->ndim = deft_get_le(b + 4, 4);
+    if (h->ndim > DEFT_MAX_DIMS)
+        return deft_set_error(DEFT_ERR_IO, "params_load: %s: record %llu has %llu dimensions; the file is corrupt",
+                              r->path, (unsigned long long)record, (unsigned long long)h->ndim);
+    s = deft_read_head_part(r, h, 8 * (size_t)h->ndim + 8, what, &b);
+    if (s != DEFT_OK) return s;
+    for (uint64_t d = 0; d < h->ndim; d++) h->dims[d] = (int64_t)deft_get_le(b + 8 * d, 8);
+    h->bytes = deft_get_le(b + 8 * h->ndim, 8);
+    if (r->version < DEFT_PARAMS_HEAD_CRC_VERSION) return DEFT_OK;
+    return deft_check_crc(r, h->raw, h->raw_len, what, what);
 }
 
 /* The index of the graph's parameter named exactly name[0, len) (a name with a NUL byte matches none), or -1. */
@@ -211,58 +297,39 @@ static int deft_param_index(deft_tensor *const *params, int n, const char *name,
     return -1;
 }
 
-/* Reads a record's name and finds its parameter; *index is the parameter's position in `params`. */
-static deft_status deft_read_record_name(deft_param_reader *r, uint64_t record, deft_tensor *const *params, int n,
-                                         void *const *staged, int *index) {
-    char what[64], name[DEFT_PARAMS_MAX_NAME + 1];
-    snprintf(what, sizeof what, "the name of record %llu", (unsigned long long)record);
-    uint64_t len = 0;
-    deft_status s = deft_read_le(r, 4, &len, what);
-    if (s != DEFT_OK) return s;
-    if (len == 0 || len > DEFT_PARAMS_MAX_NAME)
-        return deft_set_error(DEFT_ERR_IO, "params_load: %s: record %llu has a name of %llu bytes; the file is corrupt",
-                              r->path, (unsigned long long)record, (unsigned long long)len);
-    s = deft_read(r, name, (size_t)len, what);
-    if (s != DEFT_OK) return s;
-    name[len] = '\0';
-    *index = deft_param_index(params, n, name, (size_t)len);
+/* Finds the record's parameter by name (*index: its position in `params`). */
+static deft_status deft_match_name(const deft_param_reader *r, uint64_t record, const deft_head_read *h,
+                                   deft_tensor *const *params, int n, void *const *staged, int *index) {
+    *index = deft_param_index(params, n, h->name, h->name_len);
     if (*index < 0)
         return deft_set_error(DEFT_ERR_INVALID, "params_load: %s: the graph has no parameter '%.*s' (record %llu); the "
-                              "file is of another model", r->path, DEFT_PARAMS_QUOTE, name, (unsigned long long)record);
+                              "file is of another model", r->path, DEFT_PARAMS_QUOTE, h->name,
+                              (unsigned long long)record);
     if (staged[*index])
         return deft_set_error(DEFT_ERR_IO, "params_load: %s: parameter '%s' appears twice; the file is corrupt",
                               r->path, params[*index]->name);
     return DEFT_OK;
 }
 
-/* Reads dtype, ndim and dims and checks them against the graph's parameter t. */
-static deft_status deft_read_record_type(deft_param_reader *r, const deft_tensor *t) {
-    char what[128];
-    snprintf(what, sizeof what, "the shape of parameter '%s'", t->name);
-    uint64_t dtype = 0, ndim = 0;
-    deft_status s = deft_read_le(r, 4, &dtype, what);
-    if (s == DEFT_OK) s = deft_read_le(r, 4, &ndim, what);
-    if (s != DEFT_OK) return s;
-    if (dtype >= DEFT_DTYPE_COUNT || ndim > DEFT_MAX_DIMS)
+/* Checks the record's dtype, shape and data length against the graph's parameter t. */
+static deft_status deft_match_type(const deft_param_reader *r, const deft_head_read *h, const deft_tensor *t) {
+    if (h->dtype >= DEFT_DTYPE_COUNT)
         return deft_set_error(DEFT_ERR_IO, "params_load: %s: parameter '%s' has dtype code %llu and %llu dimensions; "
-                              "the file is corrupt", r->path, t->name, (unsigned long long)dtype,
-                              (unsigned long long)ndim);
-    int64_t dims[DEFT_MAX_DIMS];
-    for (uint64_t d = 0; d < ndim && s == DEFT_OK; d++) {
-        uint64_t v = 0;
-        s = deft_read_le(r, 8, &v, what);
-        dims[d] = (int64_t)v;
-    }
-    if (s != DEFT_OK) return s;
-    if ((deft_dtype)dtype != t->dtype)
+                              "the file is corrupt", r->path, t->name, (unsigned long long)h->dtype,
+                              (unsigned long long)h->ndim);
+    if ((deft_dtype)h->dtype != t->dtype)
         return deft_set_error(DEFT_ERR_INVALID, "params_load: %s: parameter '%s' is %s in the file but %s in the graph",
-                              r->path, t->name, deft_dtype_name((deft_dtype)dtype), deft_dtype_name(t->dtype));
-    if ((int)ndim != t->ndim || memcmp(dims, t->shape, (size_t)ndim * sizeof dims[0]) != 0) {
+                              r->path, t->name, deft_dtype_name((deft_dtype)h->dtype), deft_dtype_name(t->dtype));
+    if ((int)h->ndim != t->ndim || memcmp(h->dims, t->shape, (size_t)h->ndim * sizeof h->dims[0]) != 0) {
         char in_file[256], in_graph[256];
         return deft_set_error(DEFT_ERR_INVALID, "params_load: %s: parameter '%s' is %s in the file but %s in the graph",
-                              r->path, t->name, deft_shape_str((int)ndim, dims, in_file, sizeof in_file),
+                              r->path, t->name, deft_shape_str((int)h->ndim, h->dims, in_file, sizeof in_file),
                               deft_shape_str(t->ndim, t->shape, in_graph, sizeof in_graph));
     }
+    size_t bytes = deft_tensor_bytes(t);
+    if (h->bytes != bytes)
+        return deft_set_error(DEFT_ERR_IO, "params_load: %s: parameter '%s' has %llu bytes of data, its dtype and shape "
+                              "need %zu; the file is corrupt", r->path, t->name, (unsigned long long)h->bytes, bytes);
     return DEFT_OK;
 }
 
@@ -271,15 +338,10 @@ static deft_status deft_read_record_data(deft_param_reader *r, const deft_tensor
     char what[128];
     snprintf(what, sizeof what, "the data of parameter '%s'", t->name);
     size_t bytes = deft_tensor_bytes(t);
-    uint64_t file_bytes = 0, crc = 0;
-    deft_status s = deft_read_le(r, 8, &file_bytes, what);
-    if (s != DEFT_OK) return s;
-    if (file_bytes != bytes)
-        return deft_set_error(DEFT_ERR_IO, "params_load: %s: parameter '%s' has %llu bytes of data, its dtype and shape "
-                              "need %zu; the file is corrupt", r->path, t->name, (unsigned long long)file_bytes, bytes);
+    uint64_t crc = 0;
     unsigned char *data = malloc(bytes ? bytes : 1);
     if (!data) return deft_set_error(DEFT_ERR_OOM, "params_load: out of host memory for parameter '%s'", t->name);
-    s = deft_read(r, data, bytes, what);
+    deft_status s = deft_read(r, data, bytes, what);
     if (s == DEFT_OK) {
         snprintf(what, sizeof what, "the checksum of parameter '%s'", t->name);
         s = deft_read_le(r, 4, &crc, what);
@@ -297,11 +359,18 @@ static deft_status deft_read_record_data(deft_param_reader *r, const deft_tensor
     return DEFT_OK;
 }
 
+/* The whole header (and its CRC) comes first: its fields are compared with the graph only once it is known intact. */
 static deft_status deft_read_record(deft_param_reader *r, uint64_t record, deft_tensor *const *params, int n,
                                     void **staged) {
-    int index;
-    deft_status s = deft_read_record_name(r, record, params, n, staged, &index);
-    if (s == DEFT_OK) s = deft_read_record_type(r, params[index]);
+    deft_head_read *h = malloc(sizeof *h);
+    if (!h) return deft_set_error(DEFT_ERR_OOM, "params_load: out of host memory");
+    h->raw_len = 0;
+    int index = -1;
+    deft_status s = deft_read_head_name(r, record, h);
+    if (s == DEFT_OK) s = deft_read_head_rest(r, record, h);
+    if (s == DEFT_OK) s = deft_match_name(r, record, h, params, n, staged, &index);
+    if (s == DEFT_OK) s = deft_match_type(r, h, params[index]);
+    free(h);
     if (s == DEFT_OK) s = deft_read_record_data(r, params[index], &staged[index]);
     return s;
 }
@@ -342,7 +411,7 @@ deft_status deft_params_load(deft_graph *g, const char *path) {
     deft_status s = deft_collect_params(g, "params_load", path, &params, &n);
     if (s != DEFT_OK) return s;
     void **staged = calloc((size_t)(n ? n : 1), sizeof *staged);
-    deft_param_reader r = {fopen(path, "rb"), path, 0};
+    deft_param_reader r = {fopen(path, "rb"), path, 0, 0};
     if (!staged) s = deft_set_error(DEFT_ERR_OOM, "params_load: out of host memory");
     else if (!r.f) s = deft_set_error(DEFT_ERR_IO, "params_load: %s: cannot open: %s", path, strerror(errno));
     else s = deft_read_params(&r, params, n, staged);

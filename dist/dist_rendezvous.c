@@ -17,6 +17,7 @@
 
 #include "dist.h"
 #include "graph_internal.h"
+#include "path.h"
 
 #define DEFT_RDV_MAGIC 0x44525644u   /* "DVRD" */
 #define DEFT_RDV_POLL_S 0.01
@@ -47,8 +48,9 @@ typedef struct deft_rdv_header {
 } deft_rdv_header;
 
 static deft_status deft_rdv_file_publish(const char *path, int world, const void *blob, size_t bytes) {
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp%ld", path, (long)getpid());
+    char tmp[DEFT_PATH_MAX];
+    deft_status s = deft_path_format(tmp, sizeof tmp, "rendezvous", "%s.tmp%ld", path, (long)getpid());
+    if (s != DEFT_OK) return s;
     FILE *f = fopen(tmp, "wb");
     if (!f) return deft_set_error(DEFT_ERR_IO, "rendezvous: cannot write %s: %s", tmp, strerror(errno));
     deft_rdv_header h = {DEFT_RDV_MAGIC, (uint32_t)world, (uint32_t)bytes, 0};
@@ -62,46 +64,49 @@ static deft_status deft_rdv_file_publish(const char *path, int world, const void
     return DEFT_OK;
 }
 
-static void deft_rdv_ack_path(const char *path, int rank, char *buf, size_t n) {
-    snprintf(buf, n, "%s.rank%d", path, rank);
+static deft_status deft_rdv_ack_path(const char *path, int rank, char *buf, size_t n) {
+    return deft_path_format(buf, n, "rendezvous", "%s.rank%d", path, rank);
+}
+
+/* Removes the published file and every rank's acknowledgement. */
+static void deft_rdv_file_cleanup(const char *path, int world) {
+    char ack[DEFT_PATH_MAX];
+    remove(path);
+    for (int r = 1; r < world; r++)
+        if (deft_rdv_ack_path(path, r, ack, sizeof ack) == DEFT_OK) remove(ack);
 }
 
 static deft_status deft_rdv_file_rank0(const char *path, int world, const void *blob, size_t bytes,
                                        double timeout_s) {
+    char ack[DEFT_PATH_MAX];
+    /* The longest acknowledgement path is the last rank's: when it fits, every one does. */
+    deft_status s = deft_rdv_ack_path(path, world - 1, ack, sizeof ack);
+    if (s != DEFT_OK) return s;
     remove(path);
-    deft_status s = deft_rdv_file_publish(path, world, blob, bytes);
+    s = deft_rdv_file_publish(path, world, blob, bytes);
     if (s != DEFT_OK) return s;
     bool arrived[DEFT_DIST_MAX_WORLD] = {false};
     const double deadline = deft_dist_now() + timeout_s;
-    char ack[4200];
     for (;;) {
         int missing = 0;
         for (int r = 1; r < world; r++) {
-            deft_rdv_ack_path(path, r, ack, sizeof ack);
-            struct stat st;
-            if (!arrived[r] && stat(ack, &st) == 0) arrived[r] = true;
+            struct stat st;   /* every rank's path fits: checked above */
+            if (!arrived[r] && deft_rdv_ack_path(path, r, ack, sizeof ack) == DEFT_OK && stat(ack, &st) == 0)
+                arrived[r] = true;
             missing += !arrived[r];
         }
         if (missing == 0) break;
         if (deft_dist_now() > deadline) {
             char who[256];
             deft_rdv_missing(arrived, world, who, sizeof who);
-            remove(path);
-            for (int r = 1; r < world; r++) {
-                deft_rdv_ack_path(path, r, ack, sizeof ack);
-                remove(ack);
-            }
+            deft_rdv_file_cleanup(path, world);
             return deft_set_error(DEFT_ERR_RUNTIME,
                                   "rendezvous file:%s: rank(s) %s of %d did not arrive within %.3g s", path, who,
                                   world, timeout_s);
         }
         deft_rdv_sleep(DEFT_RDV_POLL_S);
     }
-    remove(path);
-    for (int r = 1; r < world; r++) {
-        deft_rdv_ack_path(path, r, ack, sizeof ack);
-        remove(ack);
-    }
+    deft_rdv_file_cleanup(path, world);
     return DEFT_OK;
 }
 
@@ -127,6 +132,9 @@ static int deft_rdv_file_read(const char *path, int world, void *blob, size_t by
 
 static deft_status deft_rdv_file_rank(const char *path, int rank, int world, void *blob, size_t bytes,
                                       double timeout_s) {
+    char ack[DEFT_PATH_MAX];
+    deft_status s = deft_rdv_ack_path(path, rank, ack, sizeof ack);
+    if (s != DEFT_OK) return s;
     const double deadline = deft_dist_now() + timeout_s;
     int got;
     deft_status err = DEFT_OK;
@@ -139,8 +147,6 @@ static deft_status deft_rdv_file_rank(const char *path, int rank, int world, voi
         deft_rdv_sleep(DEFT_RDV_POLL_S);
     }
     if (got < 0) return err;
-    char ack[4200];
-    deft_rdv_ack_path(path, rank, ack, sizeof ack);
     FILE *f = fopen(ack, "wb");
     if (!f) return deft_set_error(DEFT_ERR_IO, "rendezvous: cannot write %s: %s", ack, strerror(errno));
     fclose(f);

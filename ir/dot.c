@@ -1,5 +1,7 @@
 /* Graphviz DOT dump: one node per op with its shape, dtype and device; with a program, where each value lives. */
+#include <errno.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "autocast.h"
 #include "graph_internal.h"
@@ -55,7 +57,7 @@ deft_status deft_graph_dump_dot(const deft_graph *g, const deft_program *p, cons
     if (p && !deft_graph_owns_program(g, p))
         return deft_set_error(DEFT_ERR_INVALID, "dump_dot: the program was not compiled from this graph");
     FILE *f = fopen(path, "w");
-    if (!f) return deft_set_error(DEFT_ERR_IO, "dump_dot: cannot open %s for writing", path);
+    if (!f) return deft_set_error(DEFT_ERR_IO, "dump_dot: cannot open %s for writing: %s", path, strerror(errno));
     fprintf(f, "digraph deft {\n  rankdir=TB;\n  node [fontname=\"Helvetica\", fontsize=10, style=filled];\n");
     for (int i = 0; i < g->n_nodes; i++) {
         const deft_tensor *t = g->nodes[i];

@@ -99,6 +99,29 @@ static void test_bad_files(void) {
     CHECK_ERR(deft_cifar_load("/nonexistent-deft-dir", 1, &d), DEFT_ERR_IO, "/nonexistent-deft-dir/data_batch_1.bin");
 }
 
+/* A directory too long for the path the loader builds is refused, never cut: with the last bytes cut off,
+ * "<dir>/test_batch.bin" would become "<dir>/test_ba", a file that exists here. Slashes pad the directory (a run of
+ * them names the same directory), so the path that just fits loads. */
+static void test_long_dir(void) {
+    const size_t room = 4095;   /* the longest path the library builds (PATH_MAX with its NUL) */
+    char *longdir = malloc(room + 1);
+    write_file("test_ba", 205, 1, -1, 0, -1);
+    size_t len = room - strlen("/test_ba");
+    snprintf(longdir, room + 1, "%s", dir);
+    for (size_t i = strlen(dir); i < len; i++) longdir[i] = '/';
+    longdir[len] = '\0';
+    deft_cifar d;
+    CHECK_ERR(deft_cifar_load(longdir, 0, &d), DEFT_ERR_INVALID, "cifar_load: path too long");
+    CHECK(strstr(deft_errmsg(), dir) != NULL && d.n == 0 && d.pixels == NULL);
+    CHECK_ERR(deft_cifar_load(longdir, 1, &d), DEFT_ERR_INVALID, "path too long");
+    /* The longest directory whose test_batch.bin fits loads that file. */
+    longdir[room - strlen("/test_batch.bin")] = '\0';
+    CHECK_OK(deft_cifar_load(longdir, 0, &d));
+    CHECK(d.n == 4 && d.labels[0] == 0);   /* test_batch.bin's 4 records, not test_ba's one (label 5) */
+    deft_cifar_free(&d);
+    free(longdir);
+}
+
 static const float mean[3] = {0.4914f, 0.4822f, 0.4465f}, stdv[3] = {0.2470f, 0.2435f, 0.2616f};
 
 static float expected(const deft_cifar *d, int64_t k, int c, int y, int x, deft_cifar_augmentation a) {
@@ -259,6 +282,7 @@ int main(void) {
     CHECK(mkdir(dir, 0755) == 0);
     test_read_values();
     test_bad_files();
+    test_long_dir();
     deft_cifar d;
     CHECK_OK(deft_cifar_load(dir, 1, &d));
     test_normalise(&d);

@@ -169,18 +169,26 @@ static void test_loaded_values_are_used(void) {
     deft_graph_free(b.g);
 }
 
-/* Parses the file as the header comment describes it, with a CRC written here. */
+/* Version 2's layout: the file's header (20 bytes: magic, version, count, its CRC), then per record its header (name
+ * length, name, dtype, ndim, dims, data bytes) and that header's CRC, then the data and the data's CRC. */
+#define FILE_HEAD 20
+#define REC_HEAD(name_len, ndim) (4 + (size_t)(name_len) + 8 + 8 * (size_t)(ndim) + 8)
+/* The first byte of enc.weight's data (the first record: a name of 10 bytes, 3 dims). */
+#define DATA0 (FILE_HEAD + REC_HEAD(10, 3) + 4)
+
+/* Parses the file as the header comment describes it, with CRCs computed here. */
 static void test_layout(void) {
     CHECK(ref_crc32((const unsigned char *)"123456789", 9) == 0xCBF43926u);   /* the CRC-32 check value */
     model a = build(SPECS, N_SPECS, 5);
     CHECK_OK(deft_params_save(a.g, path_main));
     size_t n;
     unsigned char *f = slurp(path_main, &n), *p = f;
-    CHECK(f && n >= 16 && memcmp(p, "DEFTPARM", 8) == 0);
-    CHECK(le(p + 8, 4) == 1 && le(p + 12, 4) == (uint64_t)N_SPECS);
-    p += 16;
+    CHECK(f && n >= FILE_HEAD && memcmp(p, "DEFTPARM", 8) == 0);
+    CHECK(le(p + 8, 4) == 2 && le(p + 12, 4) == (uint64_t)N_SPECS && le(p + 16, 4) == ref_crc32(p, 16));
+    p += FILE_HEAD;
     for (int i = 0; i < N_SPECS && f; i++) {
         const param_spec *s = &SPECS[i];
+        unsigned char *head = p;
         size_t name_len = (size_t)le(p, 4);
         CHECK(name_len == strlen(s->name) && memcmp(p + 4, s->name, name_len) == 0);
         p += 4 + name_len;
@@ -190,6 +198,8 @@ static void test_layout(void) {
         size_t bytes = (size_t)le(p, 8);
         CHECK(bytes == deft_tensor_nbytes(a.p[i]));
         p += 8;
+        CHECK((size_t)(p - head) == REC_HEAD(name_len, s->ndim) && le(p, 4) == ref_crc32(head, (size_t)(p - head)));
+        p += 4;
         unsigned char *want = malloc(bytes);
         CHECK_OK(deft_param_get(a.p[i], want, bytes));
         CHECK(memcmp(p, want, bytes) == 0);   /* this host is little-endian: the data is its memory */
@@ -200,6 +210,26 @@ static void test_layout(void) {
     CHECK(f && (size_t)(p - f) == n);   /* nothing after the last record */
     free(f);
     deft_graph_free(a.g);
+}
+
+/* The file in version 1's layout (no CRC over the file's or the records' headers), made from a version 2 file. */
+static unsigned char *to_version_1(const unsigned char *f, size_t n, size_t *out_n) {
+    unsigned char *v1 = malloc(n), *q = v1;
+    const unsigned char *p = f + FILE_HEAD;
+    memcpy(q, f, 16);
+    q[8] = 1;
+    q += 16;
+    for (uint64_t i = 0; i < le(f + 12, 4); i++) {
+        size_t head = REC_HEAD(le(p, 4), le(p + 4 + le(p, 4) + 4, 4));
+        size_t bytes = (size_t)le(p + head - 8, 8);
+        memcpy(q, p, head);
+        memcpy(q + head, p + head + 4, bytes + 4);
+        q += head + bytes + 4;
+        p += head + 4 + bytes + 4;
+    }
+    CHECK((size_t)(p - f) == n);
+    *out_n = (size_t)(q - v1);
+    return v1;
 }
 
 /* Writes `file` to path_bad and checks that loading it fails as told and leaves m as it was. */
@@ -228,12 +258,26 @@ static void test_truncated_everywhere(void) {
     for (size_t cut = 0; f && cut < n; cut++) REFUSED(&b, f, cut, DEFT_ERR_IO, "truncated");
     /* Where the cut falls is named. */
     REFUSED(&b, f, 10, DEFT_ERR_IO, "the file ends in the header, after 10 bytes");
-    REFUSED(&b, f, 16 + 4 + 3, DEFT_ERR_IO, "the name of record 0");
-    REFUSED(&b, f, 16 + 4 + 10 + 8 + 3 * 8 + 8 + 50, DEFT_ERR_IO, "the data of parameter 'enc.weight'");
+    REFUSED(&b, f, 18, DEFT_ERR_IO, "the file ends in the header, after 18 bytes");
+    REFUSED(&b, f, FILE_HEAD + 4 + 3, DEFT_ERR_IO, "the name of record 0");
+    REFUSED(&b, f, FILE_HEAD + 4 + 10 + 5, DEFT_ERR_IO, "the header of record 0");
+    REFUSED(&b, f, DATA0 - 2, DEFT_ERR_IO, "the header of record 0");
+    REFUSED(&b, f, DATA0 + 50, DEFT_ERR_IO, "the data of parameter 'enc.weight'");
     REFUSED(&b, f, n - 2, DEFT_ERR_IO, "the checksum of parameter 'scale'");
     free(f);
     deft_graph_free(a.g);
     deft_graph_free(b.g);
+}
+
+/* Sets the CRC of the file's header and of record 0's header (enc.weight's) to match their bytes, so that the
+ * checks behind the CRCs can be reached. */
+static void fix_head_crcs(unsigned char *f) {
+    const size_t rec0 = FILE_HEAD, head0 = REC_HEAD(10, 3);
+    uint32_t c = ref_crc32(f, 16), r = ref_crc32(f + rec0, head0);
+    for (int i = 0; i < 4; i++) {
+        f[16 + i] = (unsigned char)(c >> (8 * i));
+        f[rec0 + head0 + i] = (unsigned char)(r >> (8 * i));
+    }
 }
 
 static void test_corrupt_files(void) {
@@ -241,43 +285,115 @@ static void test_corrupt_files(void) {
     CHECK_OK(deft_params_save(a.g, path_main));
     size_t n;
     unsigned char *f = slurp(path_main, &n), *bad = malloc(n + 1);
-    const size_t data0 = 16 + 4 + 10 + 8 + 3 * 8 + 8;   /* first byte of enc.weight's data */
     /* A flipped bit in the data, in the checksum itself, in the last parameter's data. */
-    size_t flips[] = {data0, data0 + 3 * 5 * 7 * 4 - 1, data0 + 3 * 5 * 7 * 4, n - 5};
+    size_t flips[] = {DATA0, DATA0 + 3 * 5 * 7 * 4 - 1, DATA0 + 3 * 5 * 7 * 4, n - 5};
     for (size_t i = 0; i < sizeof flips / sizeof flips[0]; i++) {
         memcpy(bad, f, n);
         bad[flips[i]] ^= 0x10;
         REFUSED(&b, bad, n, DEFT_ERR_IO, "checksum mismatch in parameter '");
     }
     memcpy(bad, f, n);
-    bad[data0 + 7] ^= 1;
+    bad[DATA0 + 7] ^= 1;
     REFUSED(&b, bad, n, DEFT_ERR_IO, "checksum mismatch in parameter 'enc.weight'");
     memcpy(bad, f, n);
     bad[0] = 'X';
     REFUSED(&b, bad, n, DEFT_ERR_IO, "bad magic");
     memcpy(bad, f, n);
-    bad[8] = 2;
-    REFUSED(&b, bad, n, DEFT_ERR_IO, "format version 2");
+    bad[8] = 3;
+    REFUSED(&b, bad, n, DEFT_ERR_IO, "format version 3; this build reads versions 1 and 2");
     memcpy(bad, f, n);
     bad[n] = 0;
     REFUSED(&b, bad, n + 1, DEFT_ERR_IO, "trailing bytes");
+    /* Headers: a changed byte fails its header's CRC, before anything is read from it. */
     memcpy(bad, f, n);
-    bad[data0 - 8] += 4;   /* the data length of enc.weight */
+    bad[12] = N_SPECS + 1;
+    REFUSED(&b, bad, n, DEFT_ERR_IO, "checksum mismatch in the file's header");
+    memcpy(bad, f, n);
+    bad[FILE_HEAD + 4] = 'E';   /* enc.weight -> Enc.weight: a name of no parameter, but corruption first */
+    REFUSED(&b, bad, n, DEFT_ERR_IO, "checksum mismatch in the header of record 0");
+    memcpy(bad, f, n);
+    bad[FILE_HEAD + 4 + 10 + 8] = 4;   /* enc.weight [4, 5, 7] */
+    REFUSED(&b, bad, n, DEFT_ERR_IO, "checksum mismatch in the header of record 0");
+    memcpy(bad, f, n);
+    bad[DATA0 - 1] ^= 0x40;   /* the header's CRC itself */
+    REFUSED(&b, bad, n, DEFT_ERR_IO, "checksum mismatch in the header of record 0");
+    /* Behind matching CRCs (a writer's bug, not a flipped bit), the fields are still checked. */
+    memcpy(bad, f, n);
+    bad[DATA0 - 12] += 4;   /* the data length of enc.weight */
+    fix_head_crcs(bad);
     REFUSED(&b, bad, n, DEFT_ERR_IO, "parameter 'enc.weight' has 424 bytes of data, its dtype and shape need 420");
     memcpy(bad, f, n);
-    bad[16 + 4 + 10] = 77;   /* enc.weight's dtype code */
+    bad[FILE_HEAD + 4 + 10] = 77;   /* enc.weight's dtype code */
+    fix_head_crcs(bad);
     REFUSED(&b, bad, n, DEFT_ERR_IO, "dtype code 77");
     memcpy(bad, f, n);
-    bad[16 + 3] = 0x40;   /* a name length of 1 GiB: refused before anything that large is allocated */
+    bad[FILE_HEAD + 3] = 0x40;   /* a name length of 1 GiB: refused before anything that large is allocated */
     REFUSED(&b, bad, n, DEFT_ERR_IO, "record 0 has a name of 1073741834 bytes");
     memcpy(bad, f, n);
+    bad[FILE_HEAD + 4 + 10 + 4] = 9;   /* 9 dimensions: refused before they are read */
+    REFUSED(&b, bad, n, DEFT_ERR_IO, "9 dimensions; the file is corrupt");
+    memcpy(bad, f, n);
     bad[12] = N_SPECS + 1;   /* one record more than the file has */
+    fix_head_crcs(bad);
     REFUSED(&b, bad, n, DEFT_ERR_IO, "truncated: the file ends in the name of record 6");
     memcpy(bad, f, n);
     bad[12] = N_SPECS - 1;   /* one record less: its bytes are trailing */
+    fix_head_crcs(bad);
     REFUSED(&b, bad, n, DEFT_ERR_IO, "trailing bytes after the last of its 5 records");
     REFUSED(&b, (const unsigned char *)"", 0, DEFT_ERR_IO, "truncated");
     free(bad);
+    free(f);
+    deft_graph_free(a.g);
+    deft_graph_free(b.g);
+}
+
+/* Issue 26: a corrupt byte anywhere, headers included (names, dtypes, ndim, dims), is DEFT_ERR_IO, "corrupt" or
+ * "truncated", never DEFT_ERR_INVALID ("of another model"). Every byte, each of three ways. */
+static void test_every_byte_corrupted(void) {
+    model a = build(SPECS, N_SPECS, 23), b = build(SPECS, N_SPECS, 24);
+    CHECK_OK(deft_params_save(a.g, path_main));
+    size_t n, before_n;
+    unsigned char *f = slurp(path_main, &n), *bad = malloc(n), *before = snapshot(&b, &before_n);
+    static const unsigned char masks[] = {0x01, 0x80, 0xFF};
+    int wrong = 0;
+    for (size_t at = 0; f && at < n; at++)
+        for (size_t m = 0; m < sizeof masks; m++) {
+            memcpy(bad, f, n);
+            bad[at] ^= masks[m];
+            spit(path_bad, bad, n);
+            deft_status s = deft_params_load(b.g, path_bad);
+            int ok = s == DEFT_ERR_IO && (strstr(deft_errmsg(), "corrupt") || strstr(deft_errmsg(), "truncated") ||
+                                          strstr(deft_errmsg(), "bad magic") || strstr(deft_errmsg(), "version"));
+            if (!ok && wrong++ < 5)
+                fprintf(stderr, "byte %zu ^ 0x%02x: %s: %s\n", at, masks[m], deft_status_name(s), deft_errmsg());
+        }
+    CHECK_MSG(wrong == 0, "%d of %zu corrupted files were not refused as corrupt", wrong, 3 * n);
+    CHECK(unchanged(&b, before, before_n));
+    free(before);
+    free(bad);
+    free(f);
+    deft_graph_free(a.g);
+    deft_graph_free(b.g);
+}
+
+/* Files of version 1 (no CRC over the headers) still load, their data checked by its CRC. */
+static void test_version_1(void) {
+    model a = build(SPECS, N_SPECS, 25), b = build(SPECS, N_SPECS, 26);
+    CHECK_OK(deft_params_save(a.g, path_main));
+    size_t n, n1;
+    unsigned char *f = slurp(path_main, &n), *v1 = to_version_1(f, n, &n1);
+    CHECK(n1 == n - 4 - 4 * N_SPECS && le(v1 + 8, 4) == 1);
+    spit(path_bad, v1, n1);
+    CHECK_OK(deft_params_load(b.g, path_bad));
+    CHECK(same_values(&a, &b));
+    const size_t data0 = 16 + REC_HEAD(10, 3);
+    v1[data0 + 5] ^= 0x20;
+    REFUSED(&b, v1, n1, DEFT_ERR_IO, "checksum mismatch in parameter 'enc.weight'");
+    v1[data0 + 5] ^= 0x20;
+    REFUSED(&b, v1, n1 - 3, DEFT_ERR_IO, "truncated");
+    v1[16 + 4 + 10] = 77;
+    REFUSED(&b, v1, n1, DEFT_ERR_IO, "dtype code 77");
+    free(v1);
     free(f);
     deft_graph_free(a.g);
     deft_graph_free(b.g);
@@ -290,11 +406,11 @@ static void test_repeated_record(void) {
     CHECK_OK(deft_params_save(a.g, path_main));
     size_t n;
     unsigned char *f = slurp(path_main, &n);
-    size_t rec = 4 + 1 + 8 + 8 + 8 + 12 + 4;   /* one record: name "u" or "v", [3] f32 */
-    CHECK(n == 16 + 2 * rec);
+    size_t rec = REC_HEAD(1, 1) + 4 + 12 + 4;   /* one record: name "u" or "v", [3] f32 */
+    CHECK(n == FILE_HEAD + 2 * rec);
     unsigned char *bad = malloc(n);
     memcpy(bad, f, n);
-    memcpy(bad + 16 + rec, f + 16, rec);
+    memcpy(bad + FILE_HEAD + rec, f + FILE_HEAD, rec);
     REFUSED(&b, bad, n, DEFT_ERR_IO, "parameter 'u' appears twice");
     free(bad);
     free(f);
@@ -399,7 +515,7 @@ static void test_names_and_arguments(void) {
     CHECK_OK(deft_params_save(empty, path_bad));
     size_t n;
     unsigned char *f = slurp(path_bad, &n);
-    CHECK(n == 16 && f && le(f + 12, 4) == 0);
+    CHECK(n == FILE_HEAD && f && le(f + 12, 4) == 0);
     CHECK_OK(deft_params_load(empty, path_bad));
     REFUSED(&a, f, n, DEFT_ERR_INVALID, "the file has no parameter 'enc.weight'");
     free(f);
@@ -438,6 +554,8 @@ int main(void) {
     test_layout();
     test_truncated_everywhere();
     test_corrupt_files();
+    test_every_byte_corrupted();
+    test_version_1();
     test_repeated_record();
     test_other_models();
     test_names_and_arguments();

@@ -58,9 +58,12 @@ deft_status deft_loader_error(deft_status s, const char *fmt, ...)
     ;
 
 /* ---- parameter files ----
- * Format (little-endian): "DEFTPARM", u32 version (1), u32 count; then per parameter: u32 name length, the name,
- * u32 dtype, u32 ndim, ndim x i64 dims, u64 data bytes, the data, u32 CRC-32 of the data. Loading checks every
- * record against the graph's parameter of that name (dtype, shape) and the checksum before changing anything. */
+ * Format (little-endian): "DEFTPARM", u32 version (2), u32 count, u32 CRC-32 of those 16 bytes; then per parameter
+ * its header: u32 name length, the name, u32 dtype, u32 ndim, ndim x i64 dims, u64 data bytes; u32 CRC-32 of that
+ * header; the data; u32 CRC-32 of the data. Loading checks every checksum and every record against the graph's
+ * parameter of that name (dtype, shape) before changing anything: a corrupt or truncated file is DEFT_ERR_IO, an
+ * intact file of another model DEFT_ERR_INVALID. Version 1 files (the same without the two header CRCs) still
+ * load, their data checked by its CRC. */
 deft_status deft_params_save(const deft_graph *g, const char *path);
 deft_status deft_params_load(deft_graph *g, const char *path);
 
