@@ -107,7 +107,9 @@ if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ] && [ -z 
 fi
 
 say "cmake -S . -B $BUILD_DIR ${args[*]} $*"
-cmake -S . -B "$BUILD_DIR" ${args[@]+"${args[@]}"} "$@"
+configure_log=$(mktemp)
+trap 'rm -f "$configure_log"' EXIT
+cmake -S . -B "$BUILD_DIR" ${args[@]+"${args[@]}"} "$@" | tee "$configure_log"
 if grep -Eq '^DEFT_CBLAS_(LIB|INCLUDE):[A-Z]+=.*NOTFOUND' "$BUILD_DIR/CMakeCache.txt"; then
     warn "no CBLAS found (libopenblas-dev): the CPU matmul falls back to plain C loops (correct, slower)"
 fi
@@ -116,9 +118,42 @@ jobs=$( (command -v nproc >/dev/null && nproc) || echo 2)
 say "cmake --build $BUILD_DIR --parallel $jobs"
 cmake --build "$BUILD_DIR" --parallel "$jobs"
 
+# ---------------------------------------------------------------- what was built, and what the tests will do
+# The closing lines: the CUDA backend on or off and what that means, and whether the cuda-labelled tests will run
+# or skip and why (tests/gpu_check.c, the ctest cuda_tests_need_a_gpu, says it).
+closing() {
+    local cuda_choice
+    cuda_choice=$(sed -n 's/^DEFT_CUDA:[A-Z]*=//p' "$BUILD_DIR/CMakeCache.txt")
+    if grep -q 'deft: CUDA backend ON' "$configure_log"; then
+        say "built: the CUDA backend is ON (DEFT_CUDA=${cuda_choice:-AUTO}, CUDA toolkit found)"
+        echo "  Every deft program links the CUDA runtime and cuBLAS and needs them at run time, GPU or not."
+        echo "  For a CPU-only build: DEFT_CUDA=OFF ./setup.sh   (or DEFT_CUDA=OFF BUILD_DIR=build-cpu ./setup.sh)"
+    else
+        say "built: CPU only, the CUDA backend is OFF (DEFT_CUDA=${cuda_choice:-AUTO}$(
+            [ "$cuda_choice" = OFF ] || printf ', no CUDA toolkit found'))"
+        echo "  With a CUDA toolkit and a GPU: DEFT_CUDA=ON ./setup.sh"
+    fi
+    if [ -x "$BUILD_DIR/gpu_check" ]; then
+        local n status=0 line
+        n=$(find tests -maxdepth 1 -name 'cuda_test_*.c' | wc -l | tr -d ' ')
+        line=$("$BUILD_DIR/gpu_check" "$n") || status=$?
+        if [ "$status" = 77 ]; then
+            say "tests: $line"
+            local why=cuda_tests_need_a_gpu
+            grep -q 'deft: CUDA backend ON' "$configure_log" || why=cuda_tests_need_a_cuda_build
+            echo "  ctest lists them as \"Skipped\", with $why, which says why; the rest run on the CPU"
+        elif [ "$status" = 0 ]; then
+            say "tests: $line"
+        else
+            warn "$BUILD_DIR/gpu_check failed (exit $status): $line"
+        fi
+    fi
+}
+
 # ---------------------------------------------------------------- the main example
 if [ ! -x "$BUILD_DIR/hello_deft" ]; then
     warn "$BUILD_DIR/hello_deft was not built (DEFT_BUILD_EXAMPLES=OFF?): nothing to run"
+    closing
     exit 0
 fi
 say "running $BUILD_DIR/hello_deft (in $BUILD_DIR/)"
@@ -134,4 +169,5 @@ if [ -f "$BUILD_DIR/hello_deft.dot" ]; then
         say "the graph: $BUILD_DIR/hello_deft.dot (install graphviz to draw it: dot -Tsvg)"
     fi
 fi
+closing
 say "done. Next: ctest --test-dir $BUILD_DIR --output-on-failure"

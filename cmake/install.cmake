@@ -58,13 +58,15 @@ if(DEFT_SANITIZE)
   list(APPEND DEFT_PC_LIBS -fsanitize=address,undefined)
 endif()
 if(DEFT_HAVE_BLAS)
-  # Linked by absolute path in CMake; written as -L/-l when the file has the usual lib<name>.so/.a form.
-  get_filename_component(_deft_blas_dir "${DEFT_CBLAS_LIB}" DIRECTORY)
-  get_filename_component(_deft_blas_file "${DEFT_CBLAS_LIB}" NAME)
-  if(_deft_blas_file MATCHES "^lib(.+)\\.(so|a|dylib)(\\.[0-9.]+)?$")
-    list(APPEND DEFT_PC_LIBS "-L${_deft_blas_dir}" "-l${CMAKE_MATCH_1}")
-  else()
-    list(APPEND DEFT_PC_LIBS "${DEFT_CBLAS_LIB}")
+  # The very library deft was built with, by its full path as in CMake, and for a shared one an rpath to the folder
+  # it really lies in. A plain -lopenblas would link, but at run time libopenblas.so.0 would be whichever variant
+  # the system selects (on Debian/Ubuntu an alternative, the pthread build by default), whose threads fight
+  # OpenMP's and make a CPU step many times slower; the rpath keeps the program on the variant deft chose.
+  list(APPEND DEFT_PC_LIBS "${DEFT_CBLAS_LIB}")
+  if(NOT DEFT_CBLAS_LIB MATCHES "\\.a$")
+    get_filename_component(_deft_blas_real "${DEFT_CBLAS_LIB}" REALPATH)
+    get_filename_component(_deft_blas_dir "${_deft_blas_real}" DIRECTORY)
+    list(APPEND DEFT_PC_LIBS "-Wl,-rpath,${_deft_blas_dir}")
   endif()
 endif()
 if(DEFT_HAVE_CUDA)
