@@ -229,6 +229,24 @@ static void point(const net_config *c, deft_device dev, const char *pt, deft_com
     deft_graph_free(n.g);
 }
 
+static const char help[] =
+    "usage: bench_checkpoint [--model mlp|resnet] [--device cuda:N|cpu] [--layers L] [--width W] [--batch B]\n"
+    "                        [--points K] [--budgets b1,b2,...] [--plan-only] [--optimizer-in-backward]\n"
+    "\n"
+    "Memory against time for activation checkpointing: one training step compiled with DEFT_CHECKPOINT_BUDGET\n"
+    "under budgets from none down to the smallest that can be met. One figure per line: <name> <value> <unit>.\n"
+    "\n"
+    "  --model mlp|resnet         the model (default: mlp, a 36-layer MLP of width 2048)\n"
+    "  --device cuda:N|cpu        where it runs (default: cuda:0 when a GPU works, else the CPU)\n"
+    "  --layers L                 the MLP's layers, 2 or more (default: 36)\n"
+    "  --width W                  the MLP's width (default: 2048)\n"
+    "  --batch B                  the batch (default: 4096 for the MLP, 256 for the ResNet, 4 on the CPU)\n"
+    "  --points K                 budgets between none and the smallest (default: 8 for the MLP, 5 for the ResNet)\n"
+    "  --budgets b1,b2,...        more budgets, in bytes (default: none)\n"
+    "  --plan-only                plan every point without running it (default: run)\n"
+    "  --optimizer-in-backward    compile with optimizer_in_backward (default: off)\n"
+    "  -h, --help                 this help\n";
+
 static void usage(void) {
     fprintf(stderr,
             "usage: %s [--model mlp|resnet] [--device cuda:N|cpu] [--layers L] [--width W] [--batch B] [--points K] "
@@ -241,6 +259,7 @@ int main(int argc, char **argv) {
     net_config c = {0, 36, 2048, 0};
     const char *device = NULL, *extra = "", *model = "mlp";
     int points = 0, plan_only = 0;
+    bench_help(argc, argv, help);
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--model") && i + 1 < argc) model = argv[++i];
         else if (!strcmp(argv[i], "--device") && i + 1 < argc) device = argv[++i];

@@ -84,19 +84,30 @@ static void bench_layout(int64_t batch, int64_t channels, int64_t size, deft_lay
     deft_graph_free(g);
 }
 
+static const char help[] =
+    "usage: bench_conv [--batch N] [--channels C] [--size S]\n"
+    "\n"
+    "One training step of a ResNet basic block's first half on the CPU (conv 3x3, batch norm, relu, max pool 2x2,\n"
+    "mean; forward, backward, SGD) in NCHW and NHWC. One figure per line: <name> <value> <unit>.\n"
+    "\n"
+    "  --batch N       images per batch (default: 16)\n"
+    "  --channels C    channels in and out of the convolution (default: 64)\n"
+    "  --size S        image height and width (default: 32)\n"
+    "  -h, --help      this help\n";
+
 int main(int argc, char **argv) {
     int64_t batch = 16, channels = 64, size = 32;
-    for (int i = 1; i + 1 < argc; i += 2) {
-        int64_t v = strtoll(argv[i + 1], NULL, 10);
-        if (v <= 0) {
-            fprintf(stderr, "bench_conv: %s needs a positive number\n", argv[i]);
+    bench_help(argc, argv, help);
+    for (int i = 1; i < argc; i += 2) {
+        int64_t *to = !strcmp(argv[i], "--batch") ? &batch : !strcmp(argv[i], "--channels") ? &channels
+                      : !strcmp(argv[i], "--size") ? &size : NULL;
+        if (!to || i + 1 == argc) {
+            fprintf(stderr, "usage: bench_conv [--batch N] [--channels C] [--size S]\n");
             return 2;
         }
-        if (strcmp(argv[i], "--batch") == 0) batch = v;
-        else if (strcmp(argv[i], "--channels") == 0) channels = v;
-        else if (strcmp(argv[i], "--size") == 0) size = v;
-        else {
-            fprintf(stderr, "usage: bench_conv [--batch N] [--channels C] [--size S]\n");
+        *to = strtoll(argv[i + 1], NULL, 10);
+        if (*to <= 0) {
+            fprintf(stderr, "bench_conv: %s needs a positive number\n", argv[i]);
             return 2;
         }
     }

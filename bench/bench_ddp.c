@@ -70,6 +70,24 @@ static float run(deft_dist *d, ddp_replica *r, deft_program **ps, int n, int64_t
     return loss;
 }
 
+static const char help[] =
+    "usage: bench_ddp [--model mlp|resnet] [--precision f32|bf16] [--gpus N] [--no-graphs] [--bucket-mib M]\n"
+    "                 [--last-bucket-mib M] [--bucket-pieces] [--tf32] [A/B options]\n"
+    "\n"
+    "Data parallel training over N GPUs of one process, gradients all-reduced in buckets inside each replica's\n"
+    "CUDA Graph. Without NCCL or with fewer GPUs than asked for it says so and exits 0.\n"
+    "\n"
+    "  --model mlp|resnet     the model (default: mlp, the mid MLP, batch 256 per GPU)\n"
+    "  --precision f32|bf16   bf16: NHWC with autocast bf16, resnet only (default: f32)\n"
+    "  --gpus N               GPUs, 1 to 8 (default: 1)\n"
+    "  --no-graphs            no CUDA Graphs (default: graphs)\n"
+    "  --bucket-mib M         the gradient buckets' size in MiB (default: 8)\n"
+    "  --last-bucket-mib M    the last bucket's size in MiB (default: the compile option's default)\n"
+    "  --bucket-pieces        the compile option dist_bucket_pieces (default: off)\n"
+    "  --tf32                 the compile option tf32 (default: off)\n"
+    BENCH_AB_HELP
+    "  -h, --help             this help\n";
+
 static void usage(void) {
     fprintf(stderr,
             "usage: %s [--model mlp|resnet] [--precision f32|bf16] [--gpus N] [--no-graphs] [--bucket-mib M] "
@@ -80,6 +98,7 @@ static void usage(void) {
 
 static bench_args parse(int argc, char **argv) {
     bench_args a = {.n = 1, .graphs = 1};
+    bench_help(argc, argv, help);
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--gpus") == 0 && i + 1 < argc) a.n = atoi(argv[++i]);
         else if (strcmp(argv[i], "--no-graphs") == 0) a.graphs = 0;

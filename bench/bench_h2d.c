@@ -32,6 +32,15 @@
 
 static const char *prog = "bench_h2d";
 
+/* --help (or -h) answers on stdout with exit 0. */
+static void bench_help(int argc, char **argv, const char *help) {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            fputs(help, stdout);
+            exit(0);
+        }
+}
+
 #ifdef DEFT_HAVE_CUDA
 static void die(const char *what, const char *why) {
     fprintf(stderr, "%s: %s: %s\n", prog, what, why);
@@ -129,8 +138,18 @@ static void target_free(target *t) {
 }
 #endif
 
+static const char help[] =
+    "usage: bench_h2d [--device cuda:N]\n"
+    "\n"
+    "Host-to-device copy bandwidth, 1 MiB to 256 MiB, from pageable and from pinned memory, through deft's feeding\n"
+    "calls and through raw CUDA copies. One figure per line: <name> <value> <unit>. Without a GPU it says so.\n"
+    "\n"
+    "  --device cuda:N    the GPU (default: cuda:0)\n"
+    "  -h, --help         this help\n";
+
 int main(int argc, char **argv) {
     const char *device = NULL;
+    bench_help(argc, argv, help);
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--device") && i + 1 < argc) device = argv[++i];
         else {

@@ -27,6 +27,25 @@
 
 #include "deft.h"
 
+static const char help[] =
+    "usage: bench_matmul [--size S] [--precision fp32|tf32|bf16|fp16]\n"
+    "\n"
+    "One large square matrix product C[S, S] = A B compiled by deft, beside the same product called from cuBLAS\n"
+    "directly. One figure per line: <name> <value> <unit>. Without a GPU it says so.\n"
+    "\n"
+    "  --size S                         the matrices' side (default: both 8192 and 10000)\n"
+    "  --precision fp32|tf32|bf16|fp16  one precision (default: every one)\n"
+    "  -h, --help                       this help\n";
+
+/* --help (or -h) answers on stdout with exit 0, with or without CUDA. */
+static void matmul_help(int argc, char **argv) {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            fputs(help, stdout);
+            exit(0);
+        }
+}
+
 #ifdef DEFT_HAVE_CUDA
 #include <cublasLt.h>
 #include <cublas_v2.h>
@@ -286,6 +305,7 @@ static void bench_one(int64_t S, precision p) {
 int main(int argc, char **argv) {
     int64_t size = 0;
     int only = -1;
+    matmul_help(argc, argv);
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--size") && i + 1 < argc) {
             size = atoll(argv[++i]);
@@ -318,7 +338,13 @@ int main(int argc, char **argv) {
 
 #else
 
-int main(void) {
+int main(int argc, char **argv) {
+    matmul_help(argc, argv);
+    for (int i = 1; i < argc; i += 2)   /* bad usage is still an error here, as in a build with CUDA */
+        if ((strcmp(argv[i], "--size") && strcmp(argv[i], "--precision")) || i + 1 == argc) {
+            fprintf(stderr, "usage: bench_matmul [--size S] [--precision fp32|tf32|bf16|fp16]\n");
+            return 2;
+        }
     printf("# bench_matmul: built without CUDA: skipped\n");
     return 0;
 }

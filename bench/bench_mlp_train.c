@@ -283,6 +283,23 @@ static void bench(const mlp_config *c, deft_device dev, const deft_compile_optio
     free(m.ys);
 }
 
+static const char help[] =
+    "usage: bench_mlp_train [--config tiny|small|mid|large] [--device cuda:N|cpu] [--no-graphs] [--no-fusion]\n"
+    "                       [--tf32] [--feed device|host|prefetch] [--amp bf16|f16] [A/B options]\n"
+    "\n"
+    "The time of one MLP training step (forward, loss, backward, optimizer update) compiled by deft, on four sizes\n"
+    "from launch-bound to matmul-bound. One figure per line: <name> <value> <unit>.\n"
+    "\n"
+    "  --config tiny|small|mid|large   one configuration (default: every one; tiny and small on the CPU)\n"
+    "  --device cuda:N|cpu             where it runs (default: cuda:0 when a GPU works, else the CPU)\n"
+    "  --no-graphs                     no CUDA Graphs (default: graphs)\n"
+    "  --no-fusion                     the compile option no_fusion (default: fusion on)\n"
+    "  --tf32                          the compile option tf32 (default: off)\n"
+    "  --feed device|host|prefetch     where each step's batch comes from (default: device, fed once)\n"
+    "  --amp bf16|f16                  autocast (default: off, f32)\n"
+    BENCH_AB_HELP
+    "  -h, --help                      this help\n";
+
 static void usage(void) {
     fprintf(stderr,
             "usage: %s [--config tiny|small|mid|large] [--device cuda:N|cpu] [--no-graphs] "
@@ -295,6 +312,7 @@ int main(int argc, char **argv) {
     const char *only = NULL, *device = NULL;
     deft_compile_options co = {0};
     feed_mode feed = FEED_DEVICE;
+    bench_help(argc, argv, help);
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--config") && i + 1 < argc) only = argv[++i];
         else if (!strcmp(argv[i], "--device") && i + 1 < argc) device = argv[++i];

@@ -163,6 +163,22 @@ static deft_status bench(const bench_config *c, deft_device dev, const deft_comp
     return s;
 }
 
+static const char help[] =
+    "usage: bench_resnet [--batch N] [--precision f32|bf16|f16] [--device cuda:N|cpu] [--no-graphs] [--tf32]\n"
+    "                    [--nhwc] [A/B options]\n"
+    "\n"
+    "Images per second of a ResNet-18 training step (10 classes, 32x32 images, SGD with momentum) compiled by\n"
+    "deft, and the device memory it needs. One figure per line: <name> <value> <unit>.\n"
+    "\n"
+    "  --batch N                   one batch size (default: both 128 and 512)\n"
+    "  --precision f32|bf16|f16    one precision (default: every one)\n"
+    "  --device cuda:N|cpu         where it runs (default: cuda:0 when a GPU works, else the CPU)\n"
+    "  --no-graphs                 no CUDA Graphs (default: graphs)\n"
+    "  --tf32                      the compile option tf32 (default: off)\n"
+    "  --nhwc                      f32 in NHWC (default: NCHW)\n"
+    BENCH_AB_HELP
+    "  -h, --help                  this help\n";
+
 static void usage(void) {
     fprintf(stderr,
             "usage: %s [--batch N] [--precision f32|bf16|f16] [--device cuda:N|cpu] [--no-graphs] [--tf32] [--nhwc] "
@@ -175,6 +191,7 @@ int main(int argc, char **argv) {
     const char *device = NULL, *precision = NULL;
     int64_t only_batch = 0;
     deft_compile_options co = {0};
+    bench_help(argc, argv, help);
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--batch") && i + 1 < argc) only_batch = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--precision") && i + 1 < argc) precision = argv[++i];

@@ -26,6 +26,13 @@ static const char *const prog = BENCH_NAME;
 #define BENCH_AB_USAGE                                                                                         \
     "[--no-side-lane] [--no-product-batches] [--no-relu-grad-fold] [--fuse-low-precision] [--conv-gemm never|f32] " \
     "[--cudnn-find]"
+#define BENCH_AB_HELP                                                                                          \
+    "  --no-side-lane        compile option no_side_lane: no second stream for independent steps (default: on)\n"  \
+    "  --no-product-batches  compile option no_product_batches: no batched products (default: batched)\n"         \
+    "  --no-relu-grad-fold   compile option no_relu_grad_fold (default: folded)\n"                                 \
+    "  --fuse-low-precision  compile option fuse_low_precision (default: off)\n"                                   \
+    "  --conv-gemm never|f32 compile option conv_gemm (default: the library's choice)\n"                          \
+    "  --cudnn-find          compile option cudnn_find: time cuDNN's algorithms (default: heuristics)\n"
 static inline int bench_ab_option(int argc, char **argv, int *i, deft_compile_options *co) {
     const char *a = argv[*i];
     if (!strcmp(a, "--no-side-lane")) co->no_side_lane = 1;
@@ -39,6 +46,16 @@ static inline int bench_ab_option(int argc, char **argv, int *i, deft_compile_op
     } else
         return 0;
     return 1;
+}
+
+/* --help or -h anywhere in argv: help (its usage line, what the bench does, every option and its default) on
+ * stdout and exit 0, so that it is never taken for a bad option (those print the usage on stderr and exit 2). */
+static inline void bench_help(int argc, char **argv, const char *help) {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            fputs(help, stdout);
+            exit(0);
+        }
 }
 
 static inline void die(const char *what) {

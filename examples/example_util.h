@@ -1,9 +1,27 @@
-/* What the training examples share: a monotonic clock for their rate figures and the predicted class of a row of
- * 10 logits. Include after defining _POSIX_C_SOURCE (clock_gettime). */
+/* What the examples share: --help, progress lines, a monotonic clock for their rate figures and the predicted class
+ * of a row of 10 logits. Include after defining _POSIX_C_SOURCE (clock_gettime, isatty, fileno). */
 #ifndef DEFT_EXAMPLE_UTIL_H
 #define DEFT_EXAMPLE_UTIL_H
 
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <time.h>
+#include <unistd.h>
+
+/* --help or -h anywhere in argv: help (the usage line, what the example does, every option and its default) on
+ * stdout and exit 0; bad usage stays on stderr with exit 2. */
+static inline void example_help(int argc, char **argv, const char *help) {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            fputs(help, stdout);
+            exit(0);
+        }
+}
+
+/* Progress lines redraw in place ('\r') only on a terminal: in a log or a pipe the '\r's would run them together
+ * on one line, so there each is a line of its own. */
+static inline int progress_in_place(void) { return isatty(fileno(stdout)); }
 
 static inline double seconds(void) {
     struct timespec ts;

@@ -1,8 +1,19 @@
 /* The main example: a small graph on the default device (the first GPU if one works, else the CPU), run once,
  * its results and memory plan printed and its graph written to hello_deft.dot. */
+#define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
 
 #include "deft.h"
+#include "example_util.h"
+
+static const char help[] =
+    "usage: hello_deft\n"
+    "\n"
+    "The main example: a small two-layer perceptron's forward pass built as a graph on the default device (the\n"
+    "first GPU if one works, else the CPU), compiled, run once, its results and memory plan printed and its graph\n"
+    "written to hello_deft.dot in the current directory. It takes no options.\n"
+    "\n"
+    "  -h, --help    this help\n";
 
 #define CHECK_OR_FAIL(cond)                                                         \
     do {                                                                            \
@@ -13,7 +24,12 @@
         }                                                                           \
     } while (0)
 
-int main(void) {
+int main(int argc, char **argv) {
+    example_help(argc, argv, help);
+    if (argc > 1) {
+        fprintf(stderr, "usage: hello_deft (no options; --help tells more)\n");
+        return 2;
+    }
     deft_device dev = deft_device_default();
     char dev_str[32], dev_name[256] = "";
     deft_device_name(dev, dev_name, sizeof dev_name);

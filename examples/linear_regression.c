@@ -10,16 +10,11 @@
 #include <time.h>
 
 #include "deft.h"
+#include "example_util.h"
 
 #define N_SAMPLES 1024
 #define FEATURES 10
 #define BATCH 32
-
-static double seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* The synthetic dataset: uniform features, a fixed true weight vector, a little noise. */
 static void make_dataset(float *x, float *y) {
@@ -43,9 +38,19 @@ static int fail(deft_graph *g, const char *what) {
     return 1;
 }
 
+static const char help[] =
+    "usage: linear_regression [EPOCHS]\n"
+    "\n"
+    "The classic first training run on the CPU: Linear(10, 1), MSE, SGD with lr 0.01, batch 32, over 1024\n"
+    "generated samples of y = x . w_true + b_true + noise; prints the loss every 10 epochs and the learned weights and bias against the true ones.\n"
+    "\n"
+    "  EPOCHS        epochs to train, more than 0 (default: 100)\n"
+    "  -h, --help    this help\n";
+
 int main(int argc, char **argv) {
+    example_help(argc, argv, help);
     int epochs = argc > 1 ? atoi(argv[1]) : 100;
-    if (epochs <= 0) {
+    if (epochs <= 0 || argc > 2) {
         fprintf(stderr, "usage: %s [epochs > 0]\n", argv[0]);
         return 2;
     }

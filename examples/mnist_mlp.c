@@ -2,14 +2,17 @@
  * progress on the terminal and the test accuracy after each epoch. Runs on the CPU.
  *
  *   ./mnist_mlp DIR [--epochs N] [--batch B] [--lr LR]
- *   ./mnist_mlp DIR --synthetic N    writes N generated samples (and N/5 test samples) in the idx format to DIR first
+ *   ./mnist_mlp DIR --synthetic N    writes N generated samples (and N/5 test samples) in the idx format to DIR first,
+ *                                    creating DIR (and its parents) when it does not exist
  *
  * DIR holds train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte and t10k-labels-idx1-ubyte
  * (uncompressed, as published with the MNIST database). */
 #define _POSIX_C_SOURCE 200809L
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "deft.h"
 #include "example_util.h"
@@ -37,6 +40,33 @@ static int parse(int argc, char **argv, config *c) {
         else return 0;
     }
     return c->dir && c->epochs > 0 && c->batch > 0 && c->synthetic >= 0;
+}
+
+/* mkdir -p: --synthetic writes into DIR, and the first run (the README's, the hint below) names a fresh one.
+ * Returns 0, or -1 with errno set. */
+static int make_dirs(const char *dir) {
+    char path[1024];
+    const size_t n = strlen(dir);
+    if (n == 0 || n >= sizeof path) {
+        errno = n ? ENAMETOOLONG : ENOENT;
+        return -1;
+    }
+    memcpy(path, dir, n + 1);
+    for (char *p = path + 1;; p++) {
+        if (*p != '/' && *p != '\0') continue;
+        const char c = *p;
+        *p = '\0';
+        if (mkdir(path, 0777) != 0 && errno != EEXIST) return -1;
+        *p = c;
+        if (c == '\0') break;
+    }
+    struct stat st;
+    if (stat(dir, &st) != 0) return -1;
+    if (!S_ISDIR(st.st_mode)) {
+        errno = ENOTDIR;
+        return -1;
+    }
+    return 0;
 }
 
 /* Ten classes, each a bright 8x8 square at its own place on a noisy 28x28 canvas: learnable in an epoch or two. */
@@ -102,6 +132,7 @@ static deft_status train_epoch(model *m, const deft_dataset *d, int batch, int e
     if (s == DEFT_OK) s = deft_shuffle(order, d->n, seed);
     int64_t steps = d->n / batch;
     double start = seconds(), sum = 0;
+    const int in_place = progress_in_place();
     for (int64_t b = 0; s == DEFT_OK && b < steps; b++) {
         float loss = 0;
         s = deft_dataset_batch(d, order, b * batch, batch, x, y);
@@ -112,12 +143,12 @@ static deft_status train_epoch(model *m, const deft_dataset *d, int batch, int e
         sum += loss;
         if (s == DEFT_OK && ((b + 1) % 50 == 0 || b + 1 == steps)) {
             double rate = (double)(b + 1) * batch / (seconds() - start);
-            printf("\repoch %d  step %lld/%lld  loss %.4f  %.0f samples/s", epoch, (long long)(b + 1), (long long)steps,
-                   sum / (double)(b + 1), rate);
+            printf("%sepoch %d  step %lld/%lld  loss %.4f  %.0f samples/s%s", in_place ? "\r" : "", epoch,
+                   (long long)(b + 1), (long long)steps, sum / (double)(b + 1), rate, in_place ? "" : "\n");
             fflush(stdout);
         }
     }
-    printf("\n");
+    if (in_place) printf("\n");
     free(order);
     free(x);
     free(y);
@@ -147,11 +178,32 @@ static deft_status evaluate(model *m, const deft_dataset *d, int batch, double *
     return s;
 }
 
+static const char help[] =
+    "usage: mnist_mlp DIR [--epochs N] [--batch B] [--lr LR] [--synthetic N]\n"
+    "\n"
+    "An MLP classifier (784-256-128-10, ReLU, cross-entropy, SGD with momentum 0.9) trained on the CPU on MNIST's\n"
+    "idx files, with progress and the test accuracy after each epoch. DIR holds train-images-idx3-ubyte,\n"
+    "train-labels-idx1-ubyte, t10k-images-idx3-ubyte and t10k-labels-idx1-ubyte (uncompressed).\n"
+    "\n"
+    "  DIR             the dataset's directory (required; created with --synthetic)\n"
+    "  --epochs N      epochs to train (default: 5)\n"
+    "  --batch B       samples per step (default: 64)\n"
+    "  --lr LR         the learning rate (default: 0.05)\n"
+    "  --synthetic N   first write N generated training samples and N/5 + 1 test samples in the idx format to DIR,\n"
+    "                  creating it if needed (default: 0, use the files in DIR)\n"
+    "  -h, --help      this help\n";
+
 int main(int argc, char **argv) {
     config c;
+    example_help(argc, argv, help);
     if (!parse(argc, argv, &c)) {
         fprintf(stderr, "usage: %s DIR [--epochs N] [--batch B] [--lr LR] [--synthetic N]\n", argv[0]);
         return 2;
+    }
+    if (c.synthetic && make_dirs(c.dir) != 0) {
+        fprintf(stderr, "mnist_mlp: cannot create the directory %s for the generated dataset: %s\n", c.dir,
+                strerror(errno));
+        return 1;
     }
     if (c.synthetic && (write_synthetic(c.dir, "train", c.synthetic, 11) != DEFT_OK ||
                         write_synthetic(c.dir, "t10k", c.synthetic / 5 + 1, 12) != DEFT_OK)) {

@@ -111,6 +111,7 @@ static deft_status build(run *r, const config *c, deft_device dev, int64_t test_
 static deft_status train_epoch(run *r, deft_loader *l, const config *c, int epoch, int64_t per_epoch) {
     int64_t steps = c->steps && c->steps < per_epoch ? c->steps : per_epoch, total = steps * c->epochs;
     double start = seconds(), sum = 0;
+    const int in_place = progress_in_place();
     deft_status s = DEFT_OK;
     for (int64_t b = 0; s == DEFT_OK && b < steps; b++) {
         deft_loader_batch lb;
@@ -123,12 +124,12 @@ static deft_status train_epoch(run *r, deft_loader *l, const config *c, int epoc
         sum += loss;
         if (s == DEFT_OK && ((b + 1) % 20 == 0 || b + 1 == steps)) {
             double rate = (double)(b + 1) * c->batch / (seconds() - start);
-            printf("\repoch %d  step %lld/%lld  loss %.4f  lr %.4f  %.0f images/s   ", epoch, (long long)(b + 1),
-                   (long long)steps, sum / (double)(b + 1), lr, rate);
+            printf("%sepoch %d  step %lld/%lld  loss %.4f  lr %.4f  %.0f images/s%s", in_place ? "\r" : "", epoch,
+                   (long long)(b + 1), (long long)steps, sum / (double)(b + 1), lr, rate, in_place ? "   " : "\n");
             fflush(stdout);
         }
     }
-    printf("\n");
+    if (in_place) printf("\n");
     /* A shortened epoch leaves batches in the loader: take them so the next epoch starts at its own first batch. */
     for (deft_loader_batch lb = {0}; s == DEFT_OK && !lb.end;) s = deft_loader_next(l, r->train, &lb);
     return s;
@@ -178,8 +179,29 @@ static deft_status train_all(run *r, const config *c, const deft_cifar *train, c
     return s;
 }
 
+static const char help[] =
+    "usage: resnet18_cifar [DIR] [--epochs N] [--batch B] [--lr LR] [--device cpu|cuda|cuda:N] [--nhwc]\n"
+    "                      [--amp bf16] [--steps N] [--no-augment] [--synthetic N]\n"
+    "\n"
+    "ResNet-18 trained on CIFAR-10 with SGD (momentum 0.9, weight decay 5e-4, cosine learning rate) and\n"
+    "torchvision's augmentation, with progress and the test accuracy after each epoch.\n"
+    "\n"
+    "  DIR                       CIFAR-10's binary files, data_batch_1.bin .. test_batch.bin\n"
+    "                            (default: the environment variable DEFT_CIFAR_DIR)\n"
+    "  --epochs N                epochs to train (default: 30)\n"
+    "  --batch B                 images per step (default: 128)\n"
+    "  --lr LR                   the peak learning rate (default: 0.1)\n"
+    "  --device cpu|cuda|cuda:N  where it trains (default: cuda:0 when a GPU works, else the CPU)\n"
+    "  --nhwc                    NHWC layout (default: NCHW)\n"
+    "  --amp bf16                autocast to bf16 (default: off, f32)\n"
+    "  --steps N                 stop each epoch after N steps (default: 0, the whole epoch)\n"
+    "  --no-augment              no random crop and flip (default: augment)\n"
+    "  --synthetic N             train on N generated images (and N/5 test images) instead (default: 0)\n"
+    "  -h, --help                this help\n";
+
 int main(int argc, char **argv) {
     config c;
+    example_help(argc, argv, help);
     if (!parse(argc, argv, &c)) {
         fprintf(stderr, "usage: %s [DIR] [--epochs N] [--batch B] [--lr LR] [--device cpu|cuda|cuda:N] [--nhwc] "
                 "[--amp bf16] [--steps N] [--no-augment] [--synthetic N]\n", argv[0]);

@@ -41,6 +41,11 @@ typedef struct deft_ckpt_plan {
 deft_status deft_checkpoint_rewrite(deft_graph *g, deft_tensor *const *outputs, int n_outputs, const deft_config *c,
                                     const struct deft_program *owner, deft_ckpt_measure measure, void *ctx,
                                     deft_ckpt_plan **out);
+/* Whether checkpointing could meet budget, for a program compiled without it: runs the budget search's greedy rounds
+ * on the graph as it stands (leaving it so) and sets *smallest to the smallest total (arena + persistent) they
+ * reached; it fits when *smallest <= budget. */
+deft_status deft_checkpoint_probe(deft_graph *g, deft_tensor *const *outputs, int n_outputs, size_t budget,
+                                  deft_ckpt_measure measure, void *ctx, size_t *smallest);
 /* Frees the plan, and its copies when they are still the graph's last nodes. */
 void deft_ckpt_plan_free(deft_graph *g, deft_ckpt_plan *plan);
 

@@ -129,34 +129,35 @@ static deft_status deft_ckpt_over_budget(size_t budget, size_t smallest) {
                           budget, smallest);
 }
 
-static deft_status deft_ckpt_search_budget(deft_ckpt_search *s, size_t budget, size_t without) {
-    if (without <= budget) return DEFT_OK;
+/* The greedy rounds: drops until the plan fits budget or nothing is left to drop. *smallest: the smallest total
+ * seen (without when none was smaller); *total: the last one. */
+static deft_status deft_ckpt_greedy(deft_ckpt_search *s, size_t budget, size_t without, size_t *smallest,
+                                    size_t *total) {
     deft_ckpt_rank *r = malloc((size_t)(s->a->n_cands ? s->a->n_cands : 1) * sizeof *r);
-    bool *best_drop = calloc((size_t)(s->a->n ? s->a->n : 1), sizeof *best_drop);
-    if (!r || !best_drop) {
-        free(r);
-        free(best_drop);
-        return deft_set_error(DEFT_ERR_OOM, "compile: out of host memory for checkpointing");
-    }
-    size_t smallest = without, bound, total = without;
+    if (!r) return deft_set_error(DEFT_ERR_OOM, "compile: out of host memory for checkpointing");
+    size_t bound;
     double secs = 0.0;
+    *smallest = *total = without;
     deft_status st = deft_ckpt_trial(s, 0, &bound, NULL, NULL);
-    while (st == DEFT_OK && total > budget) {
+    while (st == DEFT_OK && *total > budget) {
         int pick;
         st = deft_ckpt_pick(s, r, bound, secs, &pick);
         if (st != DEFT_OK || pick < 0) break;
         s->drop[pick] = true;
         st = deft_ckpt_trial(s, 0, &bound, &secs, NULL);
-        if (st == DEFT_OK) st = deft_ckpt_trial(s, 1, &total, NULL, NULL);
-        if (st == DEFT_OK && total < smallest) {
-            smallest = total;
-            memcpy(best_drop, s->drop, (size_t)s->a->n * sizeof *best_drop);
-        }
+        if (st == DEFT_OK) st = deft_ckpt_trial(s, 1, total, NULL, NULL);
+        if (st == DEFT_OK && *total < *smallest) *smallest = *total;
     }
+    free(r);
+    return st;
+}
+
+static deft_status deft_ckpt_search_budget(deft_ckpt_search *s, size_t budget, size_t without) {
+    if (without <= budget) return DEFT_OK;
+    size_t smallest, total;
+    deft_status st = deft_ckpt_greedy(s, budget, without, &smallest, &total);
     if (st == DEFT_OK && total > budget) st = deft_ckpt_over_budget(budget, smallest);
     if (st == DEFT_OK) st = deft_ckpt_prune(s, budget);
-    free(r);
-    free(best_drop);
     return st;
 }
 
@@ -261,4 +262,25 @@ void deft_ckpt_plan_free(deft_graph *g, deft_ckpt_plan *plan) {
     free(plan->redirect);
     free(plan->dropped);
     free(plan);
+}
+
+/* The budget search's greedy rounds alone (no pruning: whether it fits is all that is asked), their copies taken
+ * out again: the graph is left as it was. */
+deft_status deft_checkpoint_probe(deft_graph *g, deft_tensor *const *outputs, int n_outputs, size_t budget,
+                                  deft_ckpt_measure measure, void *ctx, size_t *smallest) {
+    deft_ckpt_graph a;
+    deft_status st = deft_ckpt_analyse(g, outputs, n_outputs, &a);
+    if (st != DEFT_OK) return st;
+    size_t n = (size_t)(a.n ? a.n : 1), without = 0, total;
+    int *redirect = malloc(n * sizeof *redirect);
+    bool *drop = calloc(n, sizeof *drop), *recast = calloc(n, sizeof *recast);
+    if (!redirect || !drop || !recast) st = deft_set_error(DEFT_ERR_OOM, "compile: out of host memory");
+    deft_ckpt_search s = {&a, NULL, measure, ctx, redirect, drop, recast};
+    if (st == DEFT_OK) st = deft_ckpt_trial(&s, 1, &without, NULL, NULL);
+    if (st == DEFT_OK) st = deft_ckpt_greedy(&s, budget, without, smallest, &total);
+    free(redirect);
+    free(drop);
+    free(recast);
+    deft_ckpt_graph_free(&a);
+    return st;
 }

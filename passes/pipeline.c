@@ -1,11 +1,13 @@
 /* The compile pipeline (pipeline.h): its stages, in order, and the measure checkpointing's search takes through
  * them. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "checked.h"
 #include "checkpoint.h"
 #include "gpu_support.h"
+#include "optimizer.h"
 #include "optimizer_place.h"
 #include "optimizer_split.h"
 #include "pipeline.h"
@@ -133,19 +135,65 @@ static deft_status deft_stage_side_lane(deft_pipeline *pl) {
     return s;
 }
 
+/* The persistent bytes by kind, for messages: parameters, optimizer state, inputs (constants with them). */
+static void deft_persistent_parts(const deft_program *p, size_t *params, size_t *state, size_t *inputs) {
+    *params = *state = *inputs = 0;
+    for (int id = 0; id < p->n_nodes; id++) {
+        const deft_tensor *t = p->graph->nodes[id];
+        if (!p->nodes[id].needed) continue;
+        if (t->op == DEFT_OP_PARAM) *params = deft_size_add_sat(*params, deft_tensor_bytes(t));
+        else if (deft_op_is_leaf(t->op)) *inputs = deft_size_add_sat(*inputs, deft_tensor_bytes(t));
+        else if (t->op == DEFT_OP_OPTIMIZER)
+            *state = deft_size_add_sat(*state, deft_optimizer_state_bytes(t->p.optimizer));
+    }
+}
+
+/* Whether checkpointing could meet the budget, asked only where the rewrites left the graph as a plain compile
+ * sees it: no checkpoint plan (autocast's recasts) and no optimizer split of this program's own. *smallest: the
+ * smallest total the search reached, or 0 when not asked. */
+static void deft_budget_probe(deft_pipeline *pl, size_t *smallest) {
+    const deft_program *p = pl->p;
+    *smallest = 0;
+    if (p->config.checkpoint != DEFT_CHECKPOINT_NONE || p->ckpt || p->split) return;
+    char kept[1024];
+    snprintf(kept, sizeof kept, "%s", deft_errmsg());   /* a failed trial must not leave its own message */
+    deft_status s = deft_checkpoint_probe(p->graph, pl->outputs, pl->n_outputs, p->config.memory_budget,
+                                          deft_trial_measure, pl, smallest);
+    if (s != DEFT_OK) *smallest = 0;
+    deft_set_error(DEFT_OK, "%s", kept);
+}
+
+/* Over the budget: the program's needs, then what checkpointing would change. */
+static deft_status deft_over_budget(const deft_program *p, size_t arena, size_t smallest) {
+    const size_t budget = p->config.memory_budget, persistent = p->persistent_bytes;
+    char need[256], parts[256];
+    size_t params, state, inputs;
+    deft_persistent_parts(p, &params, &state, &inputs);
+    snprintf(need, sizeof need, "the memory budget of %zu bytes is smaller than the %zu bytes this program needs "
+             "(arena %zu + persistent %zu)", budget, deft_size_add_sat(arena, persistent), arena, persistent);
+    snprintf(parts, sizeof parts, "persistent %zu bytes (parameters %zu, optimizer state %zu, inputs %zu)",
+             persistent, params, state, inputs);
+    if (persistent > budget)
+        return deft_set_error(DEFT_ERR_OOM, "compile: the memory budget of %zu bytes is smaller than the persistent "
+                              "state (%zu bytes: parameters %zu, optimizer state %zu, inputs %zu), which no "
+                              "checkpointing can shrink", budget, persistent, params, state, inputs);
+    if (smallest && smallest <= budget)
+        return deft_set_error(DEFT_ERR_OOM, "compile: %s; it fits with checkpointing: compile with .checkpoint = "
+                              "DEFT_CHECKPOINT_BUDGET", need);
+    if (smallest)
+        return deft_set_error(DEFT_ERR_OOM, "compile: %s, and it does not fit with checkpointing either: the "
+                              "smallest peak is %zu bytes: %s + arena %zu bytes (activations)", need, smallest,
+                              parts, smallest > persistent ? smallest - persistent : 0);
+    return deft_set_error(DEFT_ERR_OOM, "compile: %s: %s + arena %zu bytes (activations)", need, parts, arena);
+}
+
 static deft_status deft_stage_budget(deft_pipeline *pl) {
     const deft_program *p = pl->p;
     const size_t budget = p->config.memory_budget, arena = deft_arena_total(p);
-    if (budget == 0 || arena + p->persistent_bytes <= budget) return DEFT_OK;
-    if (p->persistent_bytes > budget)
-        return deft_set_error(DEFT_ERR_OOM,
-                              "compile: the memory budget of %zu bytes is smaller than the persistent state "
-                              "(%zu bytes of inputs, parameters and constants)",
-                              budget, p->persistent_bytes);
-    return deft_set_error(DEFT_ERR_OOM,
-                          "compile: the memory budget of %zu bytes is smaller than the %zu bytes this program needs "
-                          "(arena %zu + persistent %zu)",
-                          budget, arena + p->persistent_bytes, arena, p->persistent_bytes);
+    if (budget == 0 || deft_size_add_sat(arena, p->persistent_bytes) <= budget) return DEFT_OK;
+    size_t smallest = 0;
+    if (p->persistent_bytes <= budget) deft_budget_probe(pl, &smallest);
+    return deft_over_budget(p, arena, smallest);
 }
 
 enum { DEFT_STAGE_OPTIMIZER_SPLIT = 2, DEFT_STAGE_SCHEDULE = 3, DEFT_STAGE_SIDE_LANE = 7 };

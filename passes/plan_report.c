@@ -1,5 +1,6 @@
 /* Reports of what the planner decided: numbers, a table, and per-node facts for the DOT dump. */
 #include <stdio.h>
+#include <string.h>
 
 #include "activation_bytes.h"
 #include "checkpoint.h"
@@ -104,6 +105,33 @@ static void deft_print_checkpoint(const deft_program *p, FILE *f) {
     }
 }
 
+/* The table's name and op columns are as wide as their longest entry (names run to 63 characters, op names past
+ * 20), so that every row's columns line up whatever the graph's names. */
+static void deft_buffer_widths(const deft_program *p, int *name_w, int *op_w) {
+    *name_w = 24;
+    *op_w = 10;
+    for (int b = 0; b < p->n_buffers; b++) {
+        if (p->buffers[b].merged_into >= 0) continue;
+        const deft_tensor *t = p->graph->nodes[p->buffers[b].node];
+        const int n = (int)strlen(t->name), o = (int)strlen(deft_op_name(t->op));
+        if (n > *name_w) *name_w = n;
+        if (o > *op_w) *op_w = o;
+    }
+}
+
+static void deft_print_buffers(const deft_program *p, FILE *f) {
+    int nw, ow;
+    deft_buffer_widths(p, &nw, &ow);
+    fprintf(f, "  %-*s %-*s %12s %12s %6s %6s\n", nw, "buffer", ow, "op", "offset", "bytes", "first", "last");
+    for (int b = 0; b < p->n_buffers; b++) {
+        const deft_buffer *buf = &p->buffers[b];
+        if (buf->merged_into >= 0) continue;
+        const deft_tensor *t = p->graph->nodes[buf->node];
+        fprintf(f, "  %-*s %-*s %12zu %12zu %6d %6d\n", nw, t->name, ow, deft_op_name(t->op), buf->plan.offset,
+                buf->plan.size, buf->plan.first, buf->plan.last);
+    }
+}
+
 deft_status deft_program_print_plan(const deft_program *p, void *file) {
     if (!p) return deft_set_error(DEFT_ERR_INVALID, "print_plan: program is NULL");
     FILE *f = file ? (FILE *)file : stdout;
@@ -120,14 +148,7 @@ deft_status deft_program_print_plan(const deft_program *p, void *file) {
     }
     fprintf(f, "  persistent    %12zu bytes\n", r.persistent_bytes);
     if (p->ckpt) deft_print_checkpoint(p, f);
-    fprintf(f, "  %-24s %-10s %12s %12s %6s %6s\n", "buffer", "op", "offset", "bytes", "first", "last");
-    for (int b = 0; b < p->n_buffers; b++) {
-        const deft_buffer *buf = &p->buffers[b];
-        if (buf->merged_into >= 0) continue;
-        const deft_tensor *t = p->graph->nodes[buf->node];
-        fprintf(f, "  %-24s %-10s %12zu %12zu %6d %6d\n", t->name, deft_op_name(t->op), buf->plan.offset,
-                buf->plan.size, buf->plan.first, buf->plan.last);
-    }
+    deft_print_buffers(p, f);
     return DEFT_OK;
 }
 

@@ -50,7 +50,12 @@ typedef struct deft_tensor deft_tensor;
 typedef struct deft_program deft_program;
 
 /* ---- errors and library facts ---- */
-const char *deft_errmsg(void);                 /* last message of the calling thread ("" if none) */
+/* The message of the calling thread's last failure ("" if none yet). SQLite's convention: it is meaningful only right
+ * after a call returned a status other than DEFT_OK (or a builder or deft_compile returned NULL), and it is not
+ * cleared when a later call succeeds: after a success it may still hold an older failure's text. Read it (or copy
+ * it) before the next deft call; the pointer stays valid for the thread's life, its text changes with the next
+ * failure. Other threads' failures never change it. */
+const char *deft_errmsg(void);
 const char *deft_status_name(deft_status s);
 const char *deft_version(void);
 int deft_has_cuda_build(void);                 /* 1 if built with CUDA support */
