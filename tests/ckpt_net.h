@@ -33,6 +33,19 @@ typedef struct ck_net {
     int32_t *ys;
 } ck_net;
 
+/* The plan table of p as text (malloc'd), as deft_program_print_plan writes it. */
+static inline char *ck_plan_text(const deft_program *p) {
+    FILE *f = tmpfile();
+    if (!f) return NULL;
+    CHECK_OK(deft_program_print_plan(p, f));
+    long n = ftell(f);
+    char *text = calloc((size_t)n + 1, 1);
+    rewind(f);
+    if (text && fread(text, 1, (size_t)n, f) != (size_t)n) text[0] = '\0';
+    fclose(f);
+    return text;
+}
+
 static inline void ck_spec_random(ck_spec *s, uint64_t seed, int with_dropout) {
     uint64_t r = seed * 0x9E3779B97F4A7C15ull + 1;
     memset(s, 0, sizeof *s);

@@ -15,19 +15,6 @@ static deft_program *ck_compile(ck_net *n, int policy, size_t budget, int segmen
     return deft_compile(n->g, n->outs, n->n_outs, &o);
 }
 
-/* The plan table as text (malloc'd). */
-static char *ck_plan_text(const deft_program *p) {
-    FILE *f = tmpfile();
-    if (!f) return NULL;
-    CHECK_OK(deft_program_print_plan(p, f));
-    long n = ftell(f);
-    char *text = calloc((size_t)n + 1, 1);
-    rewind(f);
-    if (text && fread(text, 1, (size_t)n, f) != (size_t)n) text[0] = '\0';
-    fclose(f);
-    return text;
-}
-
 /* The reference: the same net without checkpointing. */
 static size_t ck_reference(const ck_spec *s, int runs, unsigned char **ref) {
     ck_net n;

@@ -91,18 +91,6 @@ static void test_errmsg_convention(void) {
 /* ---------------------------------------------------------------- 3. the plan table's columns */
 #define RM_LONG_NAME "a_very_long_tensor_name_that_goes_on_and_on_past_sixty_chars"
 
-static char *rm_plan_text(const deft_program *p) {
-    FILE *f = tmpfile();
-    if (!f) return NULL;
-    CHECK_OK(deft_program_print_plan(p, f));
-    long n = ftell(f);
-    char *text = calloc((size_t)n + 1, 1);
-    rewind(f);
-    if (text && fread(text, 1, (size_t)n, f) != (size_t)n) text[0] = '\0';
-    fclose(f);
-    return text;
-}
-
 /* Where each of a row's six columns ends: the name and op columns left-aligned (their ends are where the next
  * column's padding starts, so the row's right end and the numbers' ends are what must agree). */
 static int rm_row_ends(const char *row, size_t len, int *ends) {
@@ -120,7 +108,7 @@ static void test_plan_columns(void) {
     deft_tensor *out = deft_set_name(deft_mul_scalar(deft_exp(a), 2.0), "out");
     deft_program *p = deft_compile(g, &out, 1, NULL);
     CHECK_MSG(p != NULL, "compile: %s", deft_errmsg());
-    char *text = p ? rm_plan_text(p) : NULL;
+    char *text = p ? ck_plan_text(p) : NULL;
     const char *head = text ? strstr(text, "  buffer ") : NULL;
     CHECK_MSG(head && strstr(text, RM_LONG_NAME) && strstr(text, "adaptive_avg_pool2d"), "plan:\n%s", text);
     int want[8], rows = 0, long_row = 0;
