@@ -19,6 +19,23 @@ static inline void example_help(int argc, char **argv, const char *help) {
         }
 }
 
+/* --trace FILE anywhere in argv: taken out of argv (so each example parses the rest as before) and returned; NULL
+ * when absent. A --trace without its FILE is bad usage: *bad is set. */
+static inline const char *example_trace_arg(int *argc, char **argv, int *bad) {
+    for (int i = 1; i < *argc; i++) {
+        if (strcmp(argv[i], "--trace")) continue;
+        if (i + 1 >= *argc) {
+            *bad = 1;
+            return NULL;
+        }
+        const char *path = argv[i + 1];
+        for (int j = i + 2; j <= *argc; j++) argv[j - 2] = argv[j];   /* argv[argc] is NULL: moved down too */
+        *argc -= 2;
+        return path;
+    }
+    return NULL;
+}
+
 /* Progress lines redraw in place ('\r') only on a terminal: in a log or a pipe the '\r's would run them together
  * on one line, so there each is a line of its own. */
 static inline int progress_in_place(void) { return isatty(fileno(stdout)); }

@@ -7,12 +7,14 @@
 #include "example_util.h"
 
 static const char help[] =
-    "usage: hello_deft\n"
+    "usage: hello_deft [--trace FILE]\n"
     "\n"
     "The main example: a small two-layer perceptron's forward pass built as a graph on the default device (the\n"
     "first GPU if one works, else the CPU), compiled, run once, its results and memory plan printed and its graph\n"
-    "written to hello_deft.dot in the current directory. It takes no options.\n"
+    "written to hello_deft.dot in the current directory.\n"
     "\n"
+    "  --trace FILE  run the step traced: a Chrome trace-event JSON file of its steps' times (open it in\n"
+    "                ui.perfetto.dev or chrome://tracing)\n"
     "  -h, --help    this help\n";
 
 #define CHECK_OR_FAIL(cond)                                                         \
@@ -26,8 +28,10 @@ static const char help[] =
 
 int main(int argc, char **argv) {
     example_help(argc, argv, help);
-    if (argc > 1) {
-        fprintf(stderr, "usage: hello_deft (no options; --help tells more)\n");
+    int bad = 0;
+    const char *trace = example_trace_arg(&argc, argv, &bad);
+    if (bad || argc > 1) {
+        fprintf(stderr, "usage: hello_deft [--trace FILE] (--help tells more)\n");
         return 2;
     }
     deft_device dev = deft_device_default();
@@ -56,7 +60,9 @@ int main(int argc, char **argv) {
     CHECK_OR_FAIL(p);
     float xs[12] = {1, 2, 3, -1, 0.5f, 2, 0, 0, 0, 3, -2, 1};
     CHECK_OR_FAIL(deft_program_feed(p, x, xs, sizeof xs) == DEFT_OK);
-    CHECK_OR_FAIL(deft_program_run(p) == DEFT_OK);
+    /* A trace runs the step itself (the same step), timing each node. */
+    CHECK_OR_FAIL((trace ? deft_program_trace(p, trace) : deft_program_run(p)) == DEFT_OK);
+    if (trace) printf("trace of the step written to %s (open it in ui.perfetto.dev or chrome://tracing)\n", trace);
     float pr[8], tot;
     CHECK_OR_FAIL(deft_program_read(p, probs, pr, sizeof pr) == DEFT_OK);
     CHECK_OR_FAIL(deft_program_read(p, total, &tot, sizeof tot) == DEFT_OK);

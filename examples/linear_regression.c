@@ -39,19 +39,23 @@ static int fail(deft_graph *g, const char *what) {
 }
 
 static const char help[] =
-    "usage: linear_regression [EPOCHS]\n"
+    "usage: linear_regression [EPOCHS] [--trace FILE]\n"
     "\n"
     "The classic first training run on the CPU: Linear(10, 1), MSE, SGD with lr 0.01, batch 32, over 1024\n"
     "generated samples of y = x . w_true + b_true + noise; prints the loss every 10 epochs and the learned weights and bias against the true ones.\n"
     "\n"
     "  EPOCHS        epochs to train, more than 0 (default: 100)\n"
+    "  --trace FILE  after training, run one more step (an update too) traced: a Chrome trace-event JSON file of\n"
+    "                its steps' times (open it in ui.perfetto.dev or chrome://tracing)\n"
     "  -h, --help    this help\n";
 
 int main(int argc, char **argv) {
     example_help(argc, argv, help);
+    int bad = 0;
+    const char *trace = example_trace_arg(&argc, argv, &bad);
     int epochs = argc > 1 ? atoi(argv[1]) : 100;
-    if (epochs <= 0 || argc > 2) {
-        fprintf(stderr, "usage: %s [epochs > 0]\n", argv[0]);
+    if (bad || epochs <= 0 || argc > 2) {
+        fprintf(stderr, "usage: %s [epochs > 0] [--trace FILE]\n", argv[0]);
         return 2;
     }
     static float xs[N_SAMPLES * FEATURES], ys[N_SAMPLES];
@@ -92,6 +96,8 @@ int main(int argc, char **argv) {
     printf("\ntrue    w:");
     for (int k = 0; k < FEATURES; k++) printf(" %.3f", 0.5 - 0.1 * k);
     printf("\nlearned b: %.3f (true 0.700)\n", b);
+    if (trace && deft_program_trace(p, trace) != DEFT_OK) return fail(g, "trace");
+    if (trace) printf("trace of one more step written to %s (open it in ui.perfetto.dev or chrome://tracing)\n", trace);
     deft_graph_free(g);
     deft_memory_release_all();   /* the caches back to the driver: leak checkers see nothing left */
     return 0;

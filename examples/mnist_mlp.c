@@ -18,7 +18,7 @@
 #include "example_util.h"
 
 typedef struct config {
-    const char *dir;
+    const char *dir, *trace;
     int epochs, batch, synthetic;
     double lr;
 } config;
@@ -30,12 +30,13 @@ typedef struct model {
 } model;
 
 static int parse(int argc, char **argv, config *c) {
-    *c = (config){NULL, 5, 64, 0, 0.05};
+    *c = (config){NULL, NULL, 5, 64, 0, 0.05};
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--epochs") && i + 1 < argc) c->epochs = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--batch") && i + 1 < argc) c->batch = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--lr") && i + 1 < argc) c->lr = atof(argv[++i]);
         else if (!strcmp(argv[i], "--synthetic") && i + 1 < argc) c->synthetic = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--trace") && i + 1 < argc) c->trace = argv[++i];
         else if (argv[i][0] != '-' && !c->dir) c->dir = argv[i];
         else return 0;
     }
@@ -179,7 +180,7 @@ static deft_status evaluate(model *m, const deft_dataset *d, int batch, double *
 }
 
 static const char help[] =
-    "usage: mnist_mlp DIR [--epochs N] [--batch B] [--lr LR] [--synthetic N]\n"
+    "usage: mnist_mlp DIR [--epochs N] [--batch B] [--lr LR] [--synthetic N] [--trace FILE]\n"
     "\n"
     "An MLP classifier (784-256-128-10, ReLU, cross-entropy, SGD with momentum 0.9) trained on the CPU on MNIST's\n"
     "idx files, with progress and the test accuracy after each epoch. DIR holds train-images-idx3-ubyte,\n"
@@ -191,13 +192,16 @@ static const char help[] =
     "  --lr LR         the learning rate (default: 0.05)\n"
     "  --synthetic N   first write N generated training samples and N/5 + 1 test samples in the idx format to DIR,\n"
     "                  creating it if needed (default: 0, use the files in DIR)\n"
+    "  --trace FILE    after training, run one more training step (an update too) traced: a Chrome trace-event\n"
+    "                  JSON file of its steps' times (open it in ui.perfetto.dev or chrome://tracing)\n"
     "  -h, --help      this help\n";
 
 int main(int argc, char **argv) {
     config c;
     example_help(argc, argv, help);
     if (!parse(argc, argv, &c)) {
-        fprintf(stderr, "usage: %s DIR [--epochs N] [--batch B] [--lr LR] [--synthetic N]\n", argv[0]);
+        fprintf(stderr, "usage: %s DIR [--epochs N] [--batch B] [--lr LR] [--synthetic N] [--trace FILE]\n",
+                argv[0]);
         return 2;
     }
     if (c.synthetic && make_dirs(c.dir) != 0) {
@@ -229,6 +233,12 @@ int main(int argc, char **argv) {
         s = train_epoch(&m, &train, c.batch, e, 1000 + (uint64_t)e);
         if (s == DEFT_OK) s = evaluate(&m, &test, c.batch, &acc);
         if (s == DEFT_OK) printf("epoch %d  test accuracy %.2f%%\n", e, 100.0 * acc);
+    }
+    if (s == DEFT_OK && c.trace) {
+        s = deft_program_trace(m.train, c.trace);
+        if (s == DEFT_OK)
+            printf("trace of one more step written to %s (open it in ui.perfetto.dev or chrome://tracing)\n",
+                   c.trace);
     }
     if (s != DEFT_OK) fprintf(stderr, "mnist_mlp: %s\n", train.n < c.batch ? "fewer samples than one batch" : deft_errmsg());
     deft_graph_free(m.g);

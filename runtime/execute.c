@@ -14,6 +14,7 @@
 #include "program_run.h"
 #include "program_state.h"
 #include "replica_hooks.h"
+#include "trace.h"
 
 /* A compile stopped after a stage (the option stop_after) made a program to look at, without memory to run in. */
 static deft_status deft_stopped_error(const deft_program *p, const char *what) {
@@ -81,10 +82,10 @@ static deft_status deft_step_failed(deft_program *p, int i, deft_status s) {
                           deft_op_name(p->graph->nodes[id]->op), msg);
 }
 
-/* Each step on the stream of its lane (runtime/program_lanes.h), or on the host; `stream` is lane 0's, where the run
- * begins and ends. The lanes are joined back even after a failure, so that a capture ends cleanly. */
-static deft_status deft_run_steps(deft_program *p, void *stream) {
-    (void)stream;
+/* Each step on the stream of its lane (runtime/program_lanes.h), or on the host; the run begins and ends on lane 0's.
+ * The lanes are joined back even after a failure, so that a capture ends cleanly. tr (NULL: none) times each step
+ * on the stream it runs on (runtime/trace.c). */
+static deft_status deft_run_steps_with(deft_program *p, deft_trace *tr) {
     const deft_replica_hooks *ddp = p->ddp ? deft_replica_hooks_get() : NULL;
     deft_status s = deft_lanes_begin_run(p);
     if (s == DEFT_OK && ddp) s = ddp->begin_run(p);
@@ -92,7 +93,9 @@ static deft_status deft_run_steps(deft_program *p, void *stream) {
         void *on = NULL;
         s = deft_lanes_before_step(p, p->steps[i], &on);
         if (s == DEFT_OK && ddp) s = ddp->before_step(p, i);   /* joins the buckets read here */
+        if (s == DEFT_OK && tr) s = deft_trace_step_begin(tr, i, on);
         if (s == DEFT_OK) s = deft_run_step(p, p->steps[i], on);
+        if (s == DEFT_OK && tr) s = deft_trace_step_end(tr, i, on);
         if (s == DEFT_OK) s = deft_lanes_after_step(p, p->steps[i]);
         if (s == DEFT_OK && ddp) s = ddp->after_step(p, i);    /* all-reduces the buckets complete here */
         if (s != DEFT_OK) s = deft_step_failed(p, i, s);
@@ -103,6 +106,11 @@ static deft_status deft_run_steps(deft_program *p, void *stream) {
     return s != DEFT_OK ? s : joined;
 }
 
+static deft_status deft_run_steps(deft_program *p, void *stream) {
+    (void)stream;
+    return deft_run_steps_with(p, NULL);
+}
+
 /* Each run draws new dropout masks; every reader within the run sees the same one. */
 static void deft_stamp_run(deft_program *p) {
     for (int i = 0; i < p->n_steps; i++) {
@@ -111,8 +119,9 @@ static void deft_stamp_run(deft_program *p) {
     }
 }
 
-/* A program that uses a GPU returns once its step is queued (reads wait for it); one on the CPU alone has finished. */
-deft_status deft_program_run(deft_program *p) {
+/* One step, as deft_program_run or (tr given) eagerly on its streams, timed by runtime/trace.c: a traced step never
+ * captures nor replays a graph, and leaves the graph state as it was (the next run goes on as it would have). */
+static deft_status deft_program_run_with(deft_program *p, deft_trace *tr) {
     if (!p) return deft_set_error(DEFT_ERR_INVALID, "run: program is NULL");
     if (p->stopped_after) return deft_stopped_error(p, "run");
     deft_status s = deft_check_fed(p);
@@ -122,10 +131,10 @@ deft_status deft_program_run(deft_program *p) {
     if (p->gpu->device >= 0) {
         /* Slots fed asynchronously are switched in (the stream waits for their copies) before a graph is chosen. */
         s = deft_prefetch_before_run(p);
-        if (s == DEFT_OK) s = deft_program_gpu_run(p, deft_run_steps);
+        if (s == DEFT_OK) s = tr ? deft_run_steps_with(p, tr) : deft_program_gpu_run(p, deft_run_steps);
         if (s == DEFT_OK) s = deft_prefetch_after_run(p);
     } else {
-        s = deft_run_steps(p, NULL);
+        s = deft_run_steps_with(p, tr);
         for (int a = 0; s == DEFT_OK && a < p->n_arenas; a++) s = deft_device_synchronize(p->arenas[a].device);
     }
     for (int i = 0; s == DEFT_OK && i < p->n_steps; i++) p->nodes[p->steps[i]].runs++;
@@ -136,6 +145,11 @@ deft_status deft_program_run(deft_program *p) {
     p->run_count++;
     return s;
 }
+
+/* A program that uses a GPU returns once its step is queued (reads wait for it); one on the CPU alone has finished. */
+deft_status deft_program_run(deft_program *p) { return deft_program_run_with(p, NULL); }
+
+deft_status deft_program_run_traced(deft_program *p, deft_trace *tr) { return deft_program_run_with(p, tr); }
 
 deft_status deft_program_read(deft_program *p, const deft_tensor *t, void *host, size_t bytes) {
     deft_status s = deft_check_program_tensor(p, t, "read");

@@ -80,3 +80,19 @@ endif()
 add_test(NAME ${_deft_gpu_check_test} COMMAND gpu_check ${_deft_cuda_test_count})
 set_tests_properties(${_deft_gpu_check_test} PROPERTIES LABELS cuda SKIP_RETURN_CODE 77 TIMEOUT 60
                      ENVIRONMENT "${DEFT_TEST_ENV}")
+
+# An example's --trace (deft_program_trace): the file is written, and holds a trace's events. The fixture removes
+# what an earlier run left, so an old file cannot pass for a new one.
+if(DEFT_BUILD_EXAMPLES)
+  set(DEFT_TRACE_FILE ${PROJECT_BINARY_DIR}/example_trace.json)
+  add_test(NAME example_trace_clean COMMAND ${CMAKE_COMMAND} -E rm -f ${DEFT_TRACE_FILE})
+  set_tests_properties(example_trace_clean PROPERTIES LABELS cpu FIXTURES_SETUP deft_trace_clean)
+  add_test(NAME example_linear_regression_trace COMMAND linear_regression 2 --trace ${DEFT_TRACE_FILE})
+  set_tests_properties(example_linear_regression_trace PROPERTIES LABELS cpu TIMEOUT 120
+                       FIXTURES_REQUIRED deft_trace_clean FIXTURES_SETUP deft_trace_written
+                       PASS_REGULAR_EXPRESSION "trace of one more step written to"
+                       ENVIRONMENT "${DEFT_TEST_ENV}")
+  add_test(NAME example_trace_file COMMAND ${CMAKE_COMMAND} -E cat ${DEFT_TRACE_FILE})
+  set_tests_properties(example_trace_file PROPERTIES LABELS cpu FIXTURES_REQUIRED deft_trace_written
+                       PASS_REGULAR_EXPRESSION "\"traceEvents\":\\[.*\"ph\":\"X\".*\"displayTimeUnit\":\"ms\"")
+endif()

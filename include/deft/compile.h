@@ -131,6 +131,17 @@ deft_status deft_program_read(deft_program *p, const deft_tensor *t, void *host,
 int64_t deft_program_graph_replays(const deft_program *p);      /* runs done as a replay */
 const char *deft_program_graph_status(const deft_program *p);   /* "replaying a CUDA Graph", or why not */
 
+/* Runs one step of p, as deft_program_run does (its effects are a step's: an optimizer updates the parameters, the
+ * outputs hold this step's values), but eagerly, without replaying a CUDA Graph, and times every step on its stream
+ * (a fused group is one step, named after its root, its members listed): the host's clock around a step on the CPU,
+ * a pair of CUDA events on a GPU's stream. Writes the times to `path` as a Chrome trace-event JSON file (open it in
+ * ui.perfetto.dev or chrome://tracing): a track per stream, an "X" event per step (args: op, dtype, shape, bytes,
+ * arena offset or "persistent"/"view"/"fused"), and "C" counters of the arena bytes live at each step. Waits for
+ * the step. Refuses what deft_program_run refuses; a path that cannot be written is DEFT_ERR_IO, and on any failure
+ * no file is left at path. Later runs go on as before (graph replay included). */
+deft_status deft_program_trace(deft_program *p, const char *path);
+#define DEFT_HAS_PROGRAM_TRACE 1
+
 /* What compiling decided, for tests and reports. */
 int deft_program_step_count(const deft_program *p);              /* nodes that run each step */
 int deft_program_schedules(const deft_program *p, const deft_tensor *t);   /* 1 if t is computed by p */
