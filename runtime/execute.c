@@ -204,22 +204,6 @@ deft_status deft_realize(deft_tensor *t, void *host, size_t bytes) {
 
 int deft_program_step_count(const deft_program *p) { return p ? p->n_steps : 0; }
 
-int deft_program_side_steps(const deft_program *p) {
-    int n = 0;
-    for (int i = 0; p && i < p->n_steps; i++) n += p->nodes[p->steps[i]].side;
-    return n;
-}
-
-int deft_program_batched_products(const deft_program *p) {
-    int n = 0;
-    for (int gi = 0; p && gi < p->n_groups; gi++) {
-        const deft_group *g = &p->groups[gi];
-        for (int m = 0; g->kind == DEFT_GROUP_MATMUL_BATCH && m < g->n_members; m++)
-            n += p->graph->nodes[g->members[m]]->op == DEFT_OP_MATMUL;
-    }
-    return n;
-}
-
 int64_t deft_program_node_runs(const deft_program *p, const deft_tensor *t) {
     return deft_program_schedules(p, t) ? p->nodes[t->id].runs : 0;
 }

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "prefetch.h"
 #include "program_graph.h"
 #include "program_run.h"
 #include "trace.h"
@@ -40,7 +41,7 @@ deft_status deft_trace_step_begin(deft_trace *tr, int i, void *stream) {
         st->begin = deft_host_us() - tr->t0;
         return DEFT_OK;
     }
-    return deft_trace_event_record(deft_trace_lanes(tr)->device[st->lane], st->ev[0], stream);
+    return deft_prefetch_cuda_record(deft_trace_lanes(tr)->device[st->lane], st->ev[0], stream);
 }
 
 deft_status deft_trace_step_end(deft_trace *tr, int i, void *stream) {
@@ -49,7 +50,7 @@ deft_status deft_trace_step_end(deft_trace *tr, int i, void *stream) {
         st->end = deft_host_us() - tr->t0;
         return DEFT_OK;
     }
-    return deft_trace_event_record(deft_trace_lanes(tr)->device[st->lane], st->ev[1], stream);
+    return deft_prefetch_cuda_record(deft_trace_lanes(tr)->device[st->lane], st->ev[1], stream);
 }
 
 /* ---- the events: made before the step, outside any capture, and freed before returning ---- */
@@ -58,9 +59,9 @@ static void deft_trace_free(deft_trace *tr) {
     const deft_lanes *L = deft_trace_lanes(tr);
     for (int i = 0; tr->steps && i < tr->p->n_steps; i++)
         for (int k = 0; k < 2; k++)
-            if (tr->steps[i].ev[k]) deft_trace_event_free(L->device[tr->steps[i].lane], tr->steps[i].ev[k]);
+            if (tr->steps[i].ev[k]) deft_prefetch_cuda_event_free(L->device[tr->steps[i].lane], tr->steps[i].ev[k]);
     for (int l = 0; l < L->n; l++)
-        if (tr->origin[l]) deft_trace_event_free(L->device[l], tr->origin[l]);
+        if (tr->origin[l]) deft_prefetch_cuda_event_free(L->device[l], tr->origin[l]);
     free(tr->steps);
 }
 
@@ -79,7 +80,7 @@ static deft_status deft_trace_init(deft_trace *tr, deft_program *p) {
     }
     for (int l = 0; s == DEFT_OK && l < L->n; l++) {
         s = deft_trace_event_new(L->device[l], &tr->origin[l]);
-        if (s == DEFT_OK) s = deft_trace_event_record(L->device[l], tr->origin[l], L->stream[l]);
+        if (s == DEFT_OK) s = deft_prefetch_cuda_record(L->device[l], tr->origin[l], L->stream[l]);
     }
     tr->t0 = deft_host_us();
     return s;

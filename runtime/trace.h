@@ -15,10 +15,9 @@ deft_status deft_trace_step_end(deft_trace *tr, int i, void *stream);
 /* One step of p as deft_program_run, but eager (no graph captured or replayed), each step timed by tr. */
 deft_status deft_program_run_traced(struct deft_program *p, deft_trace *tr);
 
-/* CUDA events that keep time, on `device`. event_ms waits for `to`, then gives the milliseconds from `from`. */
+/* CUDA events that keep time, on `device` (recorded and freed by deft_prefetch_cuda_record / _event_free).
+ * event_ms waits for `to`, then gives the milliseconds from `from`. */
 deft_status deft_trace_event_new(int device, void **event);
-void deft_trace_event_free(int device, void *event);
-deft_status deft_trace_event_record(int device, void *event, void *stream);
 deft_status deft_trace_event_ms(int device, void *from, void *to, float *ms);
 
 #endif

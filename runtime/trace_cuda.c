@@ -1,4 +1,4 @@
-/* The timing events of a trace (runtime/trace.h). Every call makes its device current first, as the rest of
+/* The timing events of a trace (runtime/trace.h); recorded and freed as prefetch's events are (prefetch.h). Every call makes its device current first, as the rest of
  * runtime/ does. */
 #include <cuda_runtime_api.h>
 
@@ -20,18 +20,6 @@ deft_status deft_trace_event_new(int device, void **event) {
     if (e != cudaSuccess) return deft_trace_fail(e, "cudaEventCreate", device);
     *event = ev;
     return DEFT_OK;
-}
-
-void deft_trace_event_free(int device, void *event) {
-    if (!event || deft_cuda_set_device(device) != DEFT_OK) return;
-    if (cudaEventDestroy((cudaEvent_t)event) != cudaSuccess) (void)cudaGetLastError();
-}
-
-deft_status deft_trace_event_record(int device, void *event, void *stream) {
-    deft_status s = deft_cuda_set_device(device);
-    if (s != DEFT_OK) return s;
-    cudaError_t e = cudaEventRecord((cudaEvent_t)event, (cudaStream_t)stream);
-    return e == cudaSuccess ? DEFT_OK : deft_trace_fail(e, "cudaEventRecord", device);
 }
 
 deft_status deft_trace_event_ms(int device, void *from, void *to, float *ms) {

@@ -10,17 +10,6 @@ deft_status deft_trace_event_new(int device, void **event) {
     return deft_trace_no_cuda(device);
 }
 
-void deft_trace_event_free(int device, void *event) {
-    (void)device;
-    (void)event;
-}
-
-deft_status deft_trace_event_record(int device, void *event, void *stream) {
-    (void)event;
-    (void)stream;
-    return deft_trace_no_cuda(device);
-}
-
 deft_status deft_trace_event_ms(int device, void *from, void *to, float *ms) {
     (void)from;
     (void)to;

@@ -134,3 +134,20 @@ void deft_testing_grad_buckets_free(deft_testing_buckets *b) {
     free(b->owned);
     *b = (deft_testing_buckets){0};
 }
+
+/* The counters deft_testing.h declares for the side lane and product batches: read off the compiled program. */
+int deft_program_side_steps(const deft_program *p) {
+    int n = 0;
+    for (int i = 0; p && i < p->n_steps; i++) n += p->nodes[p->steps[i]].side;
+    return n;
+}
+
+int deft_program_batched_products(const deft_program *p) {
+    int n = 0;
+    for (int gi = 0; p && gi < p->n_groups; gi++) {
+        const deft_group *g = &p->groups[gi];
+        for (int m = 0; g->kind == DEFT_GROUP_MATMUL_BATCH && m < g->n_members; m++)
+            n += p->graph->nodes[g->members[m]]->op == DEFT_OP_MATMUL;
+    }
+    return n;
+}
