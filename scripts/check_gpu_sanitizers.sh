@@ -7,7 +7,9 @@
 #   env: TOOLS="memcheck racecheck synccheck initcheck"  JOBS=4 (runs at once)  TIMEOUT=900 (seconds a run)
 #   racecheck is the slow one: over the whole suite on an H100 it takes more than ten minutes with 8 runs at once.
 #        ONLY=<regex> (test names)
-# Each run's output is kept in LOG_DIR/<tool>.<test>.txt. The tests and their command lines come from ctest, so a
+# Each run's output is kept in LOG_DIR/<tool>.<test>.txt. The tests see DEFT_TEST_COMPUTE_SANITIZER=<tool>: the
+# few checks that the tool itself defeats (it serialises a copy the test holds back; its injection ignores
+# CUDA_VISIBLE_DEVICES in a child) say so and stand down. The tests and their command lines come from ctest, so a
 # test with arguments (the examples) runs as ctest runs it.
 set -uo pipefail
 build=${1:-build-gpu}
@@ -57,7 +59,7 @@ run_one() {
     name=${f[0]} dir=${f[1]}
     out="$log/$tool.$name.txt"
     # shellcheck disable=SC2046
-    (cd "$dir" && timeout "$timeout_s" compute-sanitizer $(tool_args "$tool") --error-exitcode 99 \
+    (cd "$dir" && DEFT_TEST_COMPUTE_SANITIZER=$tool timeout "$timeout_s" compute-sanitizer $(tool_args "$tool") --error-exitcode 99 \
         "${f[@]:2}") > "$out" 2>&1
     local rc=$?
     local errors hazards

@@ -8,6 +8,7 @@
 #include "caching_allocator.h"
 #include "cuda_fault.h"
 #include "cuda_kernels.h"
+#include "cuda_workspace.h"
 #include "device_internal.h"
 #include "dist.h"
 #include "optimizer.h"

@@ -245,6 +245,9 @@ deft_status deft_prefetch_cuda_copy_stream(int device, void **stream);
 deft_status deft_cuda_run_node(const deft_tensor *n, void *out, const void *const *in, void *stream, unsigned flags);
 /* The next kernel launch check reports cuda_error (a cudaError_t) as if that launch had failed, once. */
 void deft_cuda_fail_next_launch(int cuda_error);
+/* Gives back the library scratch (cuBLAS, cuDNN) that kernels run on a stream the test made took for it: call it
+ * before destroying the stream, as programs do for theirs (CUDA builds only). */
+void deft_stream_workspaces_release(int dev, void *stream);
 /* Matmuls with a cuBLASLt epilogue. */
 #define DEFT_TESTING_MM_NONE 0
 #define DEFT_TESTING_MM_BIAS 1        /* out[m, n] = (a b)[m, n] + bias[n] */

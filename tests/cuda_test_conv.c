@@ -540,6 +540,7 @@ static void run_captured(const deft_tensor *n, void *out, const void *const *in,
     CUDA_OK(cudaMemcpy(host, out, bytes, cudaMemcpyDeviceToHost));
     if (exec) cudaGraphExecDestroy(exec);
     if (graph) cudaGraphDestroy(graph);
+    deft_stream_workspaces_release(0, st);
     cudaStreamDestroy(st);
 }
 

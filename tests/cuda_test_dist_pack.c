@@ -29,11 +29,19 @@ static void test_pack(void) {
     CHECK_OK(deft_cuda_copy(0, dev, -1, host, total, 0));
     void *tensors[N_PACK];
     for (int i = 0; i < N_PACK; i++) tensors[i] = (char *)dev + place[i];
+    /* The packed buffer starts filled with a marker: the alignment gaps between its parts must keep it. */
+    memset(packed_host, 0xA5, used);
+    CHECK_OK(deft_cuda_copy(0, packed, -1, packed_host, used, 0));
     CHECK_OK(deft_cuda_dist_pack(tensors, offset, bytes, N_PACK, packed, 0, NULL));
     CHECK_OK(deft_cuda_copy(-1, packed_host, 0, packed, used, 1));
     int wrong = 0;
-    for (int i = 0; i < N_PACK; i++) wrong += memcmp(packed_host + offset[i], host + place[i], bytes[i]) != 0;
+    size_t gap_written = 0;
+    for (int i = 0; i < N_PACK; i++) {
+        wrong += memcmp(packed_host + offset[i], host + place[i], bytes[i]) != 0;
+        for (size_t k = i ? offset[i - 1] + bytes[i - 1] : 0; k < offset[i]; k++) gap_written += packed_host[k] != 0xA5;
+    }
     CHECK_MSG(wrong == 0, "pack: %d of %d gradients wrong in the packed buffer", wrong, N_PACK);
+    CHECK_MSG(gap_written == 0, "pack: %zu bytes of the gaps between the parts were written", gap_written);
     /* Unpack into cleared gradients: every byte comes back, the gaps between them stay cleared. */
     memset(back, 0, total);
     CHECK_OK(deft_cuda_copy(0, dev, -1, back, total, 0));

@@ -446,6 +446,7 @@ int main(void) {
     check_captured(96, 80, 72, 1);
     check_captured(45, 51, 29, 0);
     test_refusals();
+    deft_stream_workspaces_release(0, stream);
     cudaStreamDestroy(stream);
     return deft_check_finish();
 }

@@ -186,6 +186,7 @@ static void test_batch_values(void) {
         }
         case_free(&c);
     }
+    deft_stream_workspaces_release(0, st);
     cudaStreamDestroy(st);
 }
 

@@ -3,6 +3,7 @@
 #ifndef DEFT_TEST_CUDA_UTIL_H
 #define DEFT_TEST_CUDA_UTIL_H
 
+#include <stdlib.h>
 #include <time.h>
 
 #define CUDA_OK(expr)                                                                                 \
@@ -16,5 +17,8 @@ static double now_s(void) {
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
+
+/* Set by scripts/check_gpu_sanitizers.sh to the compute-sanitizer tool the test runs under. */
+static inline const char *under_compute_sanitizer(void) { return getenv("DEFT_TEST_COMPUTE_SANITIZER"); }
 
 #endif

@@ -16,6 +16,16 @@ if(EXISTS ${PROJECT_SOURCE_DIR}/cmake/install.cmake)
                        ENVIRONMENT "${DEFT_TEST_ENV}")
 endif()
 
+# first_hour: the README followed from a fresh clone of the last commit in a temporary folder (tests/first_hour.sh):
+# setup.sh CPU-only, the install used through CMake and pkg-config, mnist_mlp into a new directory, --help everywhere.
+# Not under the sanitizers: it builds a plain copy of its own.
+if(NOT DEFT_SANITIZE)
+  find_program(DEFT_BASH bash REQUIRED)
+  add_test(NAME first_hour COMMAND ${DEFT_BASH} ${PROJECT_SOURCE_DIR}/tests/first_hour.sh ${PROJECT_SOURCE_DIR}
+                                   ${CMAKE_C_COMPILER})
+  set_tests_properties(first_hour PROPERTIES LABELS cpu TIMEOUT 1500 SKIP_RETURN_CODE 77)
+endif()
+
 # The training examples, run to the end: the loss of the linear regression must fall to the noise floor, and the
 # MLP must classify the generated MNIST-format test set (written by the example itself) at over 90%.
 if(DEFT_BUILD_EXAMPLES)
