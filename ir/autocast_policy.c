@@ -1,13 +1,15 @@
 /* The autocast policy, op by op (as torch.autocast's lists): which dtype each node of the forward pass computes in
  * under a low precision L (bf16 or f16), and the node re-built in it.
  *
- *   to L        matmul, conv2d: f32 inputs cast to L (the kernels accumulate in f32), an L result
+ *   to L        matmul, conv2d, attention: f32 inputs cast to L (the kernels accumulate in f32), an L result
+ *               (attention's row statistics stay f32)
  *   to f32      reductions (sum, mean, max), softmax, log_softmax, cross-entropy, exp, log, pow, sqrt, rsqrt,
  *               reciprocal: L inputs cast up, an f32 result
- *   promote     binary ops and concat with mixed inputs run in f32, except where every f32 input is a parameter
+ *   promote     binary ops, where and concat with mixed inputs run in f32, except where every f32 input is a parameter
  *               (a bias, a scale): then it is cast to L, as torch's F.linear casts its bias
  *   norm        batch norm: per source, as deft_batch_norm_input_dtype says (each keeps its dtype)
- *   keep        activations, scalar ops, shape ops, dropout, device moves, pooling: their input's dtype
+ *   keep        activations, scalar ops, shape ops, dropout, device moves, pooling, embedding, index_select,
+ *               masked_fill: their input's dtype (the table's for a gather)
  * Conv2d, pooling and batch norm are re-built by ir/autocast_image.c, which says more about them.
  * Only f32 nodes change: f64 and i32 ones, and explicit casts, keep the dtype the user gave them. */
 #include <stdio.h>
@@ -29,6 +31,7 @@ typedef enum deft_policy {
 static deft_policy deft_policy_of(deft_op op) {
     switch (op) {
     case DEFT_OP_MATMUL:
+    case DEFT_OP_ATTENTION:
     case DEFT_OP_CONV2D: return DEFT_POLICY_LOW;
     case DEFT_OP_BN_STATS:
     case DEFT_OP_BATCH_NORM: return DEFT_POLICY_NORM;
@@ -52,7 +55,8 @@ static deft_policy deft_policy_of(deft_op op) {
     case DEFT_OP_EQ:
     case DEFT_OP_GT:
     case DEFT_OP_GE:
-    case DEFT_OP_CONCAT: return DEFT_POLICY_PROMOTE;
+    case DEFT_OP_CONCAT:
+    case DEFT_OP_WHERE: return DEFT_POLICY_PROMOTE;
     default: return DEFT_POLICY_KEEP;
     }
 }
@@ -144,6 +148,7 @@ static deft_tensor *deft_rebuild_unary(const deft_tensor *t, deft_tensor *a) {
     case DEFT_OP_RELU: return deft_relu(a);
     case DEFT_OP_GELU: return deft_gelu(a);
     case DEFT_OP_SILU: return deft_silu(a);
+    case DEFT_OP_GELU_TANH: return deft_gelu_tanh(a);
     case DEFT_OP_CAST: return deft_cast(a, t->dtype);
     case DEFT_OP_COPY: return deft_to(a, t->device, a->dtype);
     case DEFT_OP_RESHAPE: return deft_reshape(a, t->ndim, t->shape);
@@ -177,7 +182,18 @@ static deft_tensor *deft_rebuild(const deft_tensor *t, deft_tensor **src) {
     case DEFT_OP_GE: return deft_ge(src[0], src[1]);
     case DEFT_OP_MATMUL: return deft_matmul_t(src[0], src[1], t->p.matmul.trans_a, t->p.matmul.trans_b);
     case DEFT_OP_CONCAT: return deft_concat(src, t->nsrc, t->p.axis);
-    case DEFT_OP_CROSS_ENTROPY: return deft_cross_entropy(src[0], src[1]);
+    /* gathers keep the table's dtype (torch's embedding is on no autocast list); their index is i32 */
+    case DEFT_OP_EMBEDDING: return deft_embedding(src[0], src[1]);
+    case DEFT_OP_INDEX_SELECT: return deft_index_select(src[0], t->p.gather.axis, src[1]);
+    case DEFT_OP_WHERE: return deft_where(src[0], src[1], src[2]);
+    case DEFT_OP_MASKED_FILL: return deft_masked_fill(src[0], src[1], t->p.scalar);
+    case DEFT_OP_CROSS_ENTROPY: {
+        const deft_cross_entropy_options o = deft_cross_entropy_options_of(t);
+        return deft_cross_entropy_ex(src[0], src[1], &o);
+    }
+    case DEFT_OP_ATTENTION:
+        return deft_attention(src[0], src[1], src[2],
+                              &(deft_attention_options){.causal = t->p.attn.causal, .scale = t->p.attn.scale});
     default: return t->nsrc == 1 ? deft_rebuild_unary(t, src[0]) : NULL;
     }
 }
@@ -185,7 +201,8 @@ static deft_tensor *deft_rebuild(const deft_tensor *t, deft_tensor **src) {
 /* Ops that only a backward pass makes, or that have no inputs (shared as they are). */
 static bool deft_rebuildable(deft_op op) {
     return op != DEFT_OP_ACT_GRAD && op != DEFT_OP_EXPAND && op != DEFT_OP_SLICE_GRAD &&
-           op != DEFT_OP_CROSS_ENTROPY_GRAD && op != DEFT_OP_OPTIMIZER;
+           op != DEFT_OP_CROSS_ENTROPY_GRAD && op != DEFT_OP_OPTIMIZER && op != DEFT_OP_ATTENTION_GRAD &&
+           op != DEFT_OP_INDEX_ORDER && op != DEFT_OP_EMBEDDING_GRAD && op != DEFT_OP_INDEX_SELECT_GRAD;
 }
 
 deft_tensor *deft_autocast_node(deft_autocast *ac, deft_tensor *t, deft_tensor **src) {

@@ -7,7 +7,7 @@
 #include "node.h"
 
 /* Sums g over the dims along which `like` was broadcast, giving like's shape. */
-static deft_tensor *deft_reduce_to(deft_tensor *g, const deft_tensor *like) {
+deft_tensor *deft_reduce_to(deft_tensor *g, const deft_tensor *like) {
     if (!g) return NULL;
     if (g->ndim == like->ndim && memcmp(g->shape, like->shape, (size_t)g->ndim * sizeof *g->shape) == 0) return g;
     int axes[DEFT_MAX_DIMS], n = 0, lead = g->ndim - like->ndim;
@@ -126,6 +126,7 @@ static deft_tensor *deft_rule_pointwise(deft_tensor *t, deft_tensor *dy) {
     case DEFT_OP_TANH:
     case DEFT_OP_SIGMOID:
     case DEFT_OP_GELU:
+    case DEFT_OP_GELU_TANH:
     case DEFT_OP_SILU: return deft_act_grad(t->op, dy, a);
     case DEFT_OP_CAST: return deft_cast(dy, a->dtype);
     case DEFT_OP_COPY: return deft_to(dy, a->device, a->dtype);
@@ -164,8 +165,15 @@ static void deft_rule_concat(deft_tensor *t, deft_tensor *dy, const bool *reach,
     }
 }
 
+/* One node computes dq, dk and dv together (they share the recomputed probabilities); each is a view of it. */
+static void deft_rule_attention(deft_tensor *t, deft_tensor *dy, const bool *reach, deft_tensor **grads) {
+    deft_tensor *g = deft_attention_grad(dy, t);
+    for (int i = 0; i < 3; i++)
+        if (reach[t->src[i]->id]) deft_accumulate(grads, reach, t->src[i], deft_attention_grad_part(g, i));
+}
+
 deft_status deft_grad_rule(deft_tensor *t, deft_tensor *dy, const bool *reach, deft_tensor **grads) {
-    if (deft_grad_rule_image(t, dy, reach, grads)) return DEFT_OK;
+    if (deft_grad_rule_image(t, dy, reach, grads) || deft_grad_rule_gather(t, dy, reach, grads)) return DEFT_OK;
     switch (t->op) {
     case DEFT_OP_ADD:
     case DEFT_OP_SUB:
@@ -177,8 +185,9 @@ deft_status deft_grad_rule(deft_tensor *t, deft_tensor *dy, const bool *reach, d
     case DEFT_OP_MEAN:
     case DEFT_OP_MAX: deft_rule_reduce(t, dy, reach, grads); return DEFT_OK;
     case DEFT_OP_CONCAT: deft_rule_concat(t, dy, reach, grads); return DEFT_OK;
+    case DEFT_OP_ATTENTION: deft_rule_attention(t, dy, reach, grads); return DEFT_OK;
     case DEFT_OP_CROSS_ENTROPY:
-        deft_accumulate(grads, reach, t->src[0], deft_cross_entropy_grad(dy, t->src[0], t->src[1]));
+        deft_accumulate(grads, reach, t->src[0], deft_cross_entropy_grad_for(dy, t));
         return DEFT_OK;
     case DEFT_OP_EQ:
     case DEFT_OP_GT:

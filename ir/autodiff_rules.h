@@ -9,5 +9,9 @@
 deft_status deft_grad_rule(deft_tensor *t, deft_tensor *dy, const bool *reach, deft_tensor **grads);
 /* The same for the image ops (conv2d, pooling, batch norm; ir/autodiff_rules_conv.c): false for other ops. */
 bool deft_grad_rule_image(deft_tensor *t, deft_tensor *dy, const bool *reach, deft_tensor **grads);
+/* The same for the gathers and selection (embedding, index_select, where, masked_fill; ir/autodiff_rules_gather.c). */
+bool deft_grad_rule_gather(deft_tensor *t, deft_tensor *dy, const bool *reach, deft_tensor **grads);
+/* g summed over the dims along which `like` was broadcast, giving like's shape (g itself when nothing was). */
+deft_tensor *deft_reduce_to(deft_tensor *g, const deft_tensor *like);
 
 #endif

@@ -61,6 +61,7 @@ deft_tensor *deft_sigmoid(deft_tensor *a) { return deft_unary(DEFT_OP_SIGMOID, a
 deft_tensor *deft_relu(deft_tensor *a) { return deft_unary(DEFT_OP_RELU, a, 0.0); }
 deft_tensor *deft_gelu(deft_tensor *a) { return deft_unary(DEFT_OP_GELU, a, 0.0); }
 deft_tensor *deft_silu(deft_tensor *a) { return deft_unary(DEFT_OP_SILU, a, 0.0); }
+deft_tensor *deft_gelu_tanh(deft_tensor *a) { return deft_unary(DEFT_OP_GELU_TANH, a, 0.0); }
 
 static bool deft_check_target_dtype(deft_graph *g, const char *op, deft_dtype dt) {
     if ((int)dt >= 0 && dt < DEFT_DTYPE_COUNT) return true;

@@ -7,8 +7,8 @@
 #include "node.h"
 
 static bool deft_is_activation(deft_op op) {
-    return op == DEFT_OP_RELU || op == DEFT_OP_GELU || op == DEFT_OP_SILU || op == DEFT_OP_TANH ||
-           op == DEFT_OP_SIGMOID;
+    return op == DEFT_OP_RELU || op == DEFT_OP_GELU || op == DEFT_OP_GELU_TANH || op == DEFT_OP_SILU ||
+           op == DEFT_OP_TANH || op == DEFT_OP_SIGMOID;
 }
 
 deft_tensor *deft_act_grad(deft_op act, deft_tensor *dy, deft_tensor *x) {
@@ -70,11 +70,69 @@ static bool deft_check_ce(deft_graph *g, const deft_tensor *logits, const deft_t
     return true;
 }
 
-deft_tensor *deft_cross_entropy(deft_tensor *logits, deft_tensor *targets) {
+deft_cross_entropy_options deft_cross_entropy_defaults(void) {
+    return (deft_cross_entropy_options){.use_ignore_index = 1, .ignore_index = -100, .label_smoothing = 0.0,
+                                        .reduction = DEFT_REDUCTION_MEAN};
+}
+
+static bool deft_check_ce_options(deft_graph *g, const deft_cross_entropy_options *o) {
+    if (!(o->label_smoothing >= 0.0 && o->label_smoothing < 1.0)) {
+        deft_graph_fail(g, DEFT_ERR_INVALID, "cross_entropy: label_smoothing %g is not in [0, 1)", o->label_smoothing);
+        return false;
+    }
+    if (o->reduction != DEFT_REDUCTION_MEAN && o->reduction != DEFT_REDUCTION_SUM) {
+        deft_graph_fail(g, DEFT_ERR_INVALID, "cross_entropy: unknown reduction %d (mean %d or sum %d)",
+                        (int)o->reduction, (int)DEFT_REDUCTION_MEAN, (int)DEFT_REDUCTION_SUM);
+        return false;
+    }
+    return true;
+}
+
+/* logits [..., C] and targets [...] flattened to [N, C] and [N] (views, no copy); *l and *t are left as they were
+ * when the shapes do not fit, and the 2-D check then names them. */
+static void deft_ce_flatten(deft_tensor **l, deft_tensor **t) {
+    const deft_tensor *a = *l, *b = *t;
+    if (a->ndim == 2 || a->ndim < 1 || b->ndim != a->ndim - 1) return;
+    for (int d = 0; d < b->ndim; d++)
+        if (a->shape[d] != b->shape[d]) return;
+    const int64_t c = a->shape[a->ndim - 1], n = deft_shape_numel(b->ndim, b->shape);
+    deft_tensor *fl = deft_reshape(*l, 2, (const int64_t[]){n, c});
+    deft_tensor *ft = deft_reshape(*t, 1, &n);
+    if (fl && ft) {
+        *l = fl;
+        *t = ft;
+    }
+}
+
+deft_tensor *deft_cross_entropy_ex(deft_tensor *logits, deft_tensor *targets, const deft_cross_entropy_options *o) {
     deft_tensor *srcs[2] = {logits, targets};
     deft_graph *g = deft_srcs_graph("cross_entropy", 2, srcs);
-    if (!g || !deft_check_ce(g, logits, targets)) return NULL;
-    return deft_node_new(g, DEFT_OP_CROSS_ENTROPY, logits->dtype, logits->device, 0, NULL, 2, srcs);
+    if (!g) return NULL;
+    const deft_cross_entropy_options opts = o ? *o : (deft_cross_entropy_options){0};
+    if (!deft_check_ce_options(g, &opts)) return NULL;
+    /* Flatten only once the dtypes are right, so a refused call adds no node. */
+    if (!deft_require_float(g, "cross_entropy", logits->dtype)) return NULL;
+    if (targets->dtype == DEFT_I32) deft_ce_flatten(&srcs[0], &srcs[1]);
+    if (!deft_check_ce(g, srcs[0], srcs[1])) return NULL;
+    deft_tensor *t = deft_node_new(g, DEFT_OP_CROSS_ENTROPY, logits->dtype, logits->device, 0, NULL, 2, srcs);
+    if (t) {
+        t->p.ce.has_ignore = opts.use_ignore_index ? 1 : 0;
+        t->p.ce.ignore_index = opts.use_ignore_index ? opts.ignore_index : 0;
+        t->p.ce.smoothing = opts.label_smoothing;
+        t->p.ce.reduction = (int)opts.reduction;
+    }
+    return t;
+}
+
+deft_tensor *deft_cross_entropy(deft_tensor *logits, deft_tensor *targets) {
+    return deft_cross_entropy_ex(logits, targets, NULL);
+}
+
+deft_cross_entropy_options deft_cross_entropy_options_of(const deft_tensor *loss) {
+    return (deft_cross_entropy_options){.use_ignore_index = loss->p.ce.has_ignore,
+                                        .ignore_index = loss->p.ce.ignore_index,
+                                        .label_smoothing = loss->p.ce.smoothing,
+                                        .reduction = (deft_reduction)loss->p.ce.reduction};
 }
 
 deft_tensor *deft_cross_entropy_grad(deft_tensor *dloss, deft_tensor *logits, deft_tensor *targets) {
@@ -82,6 +140,12 @@ deft_tensor *deft_cross_entropy_grad(deft_tensor *dloss, deft_tensor *logits, de
     deft_graph *g = deft_srcs_graph("cross_entropy_grad", 3, srcs);
     if (!g || !deft_check_ce(g, logits, targets)) return NULL;
     return deft_node_new(g, DEFT_OP_CROSS_ENTROPY_GRAD, logits->dtype, logits->device, 2, logits->shape, 3, srcs);
+}
+
+deft_tensor *deft_cross_entropy_grad_for(deft_tensor *dloss, const deft_tensor *loss) {
+    deft_tensor *t = deft_cross_entropy_grad(dloss, loss->src[0], loss->src[1]);
+    if (t) t->p.ce = loss->p.ce;
+    return t;
 }
 
 deft_tensor *deft_mse_loss(deft_tensor *pred, deft_tensor *target) {

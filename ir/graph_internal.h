@@ -46,6 +46,7 @@ typedef enum deft_op {
     DEFT_OP_RELU,
     DEFT_OP_GELU,
     DEFT_OP_SILU,
+    DEFT_OP_GELU_TANH,     /* gelu's tanh approximation (torch's approximate='tanh'), GPT-2's */
     /* dtype and device */
     DEFT_OP_CAST,
     DEFT_OP_COPY,          /* to another device (and maybe dtype): src[0] sits on another device */
@@ -70,8 +71,10 @@ typedef enum deft_op {
     DEFT_OP_ACT_GRAD,           /* src (dy, x) of y = act(x), same shapes; p.act names act; out = dy * act'(x) */
     DEFT_OP_EXPAND,             /* src[0] broadcast (numpy rules) to this node's shape, materialised */
     DEFT_OP_SLICE_GRAD,         /* zeros of this node's shape with src[0] written where p.slice selects */
-    DEFT_OP_CROSS_ENTROPY,      /* src (logits [N, C], targets i32 [N]); out [] = mean over rows of lse - logit[t] */
-    DEFT_OP_CROSS_ENTROPY_GRAD, /* src (dloss [], logits, targets); out [N, C] = (softmax - onehot) * dloss / N */
+    DEFT_OP_CROSS_ENTROPY,      /* src (logits [N, C], targets i32 [N]); p.ce; out [] = the mean (or sum) over the
+                                 * rows not ignored of (1 - ls) (lse - logit[t]) + ls (lse - mean(logits)) */
+    DEFT_OP_CROSS_ENTROPY_GRAD, /* src (dloss [], logits, targets); p.ce; out [N, C] = (softmax - (1 - ls) onehot -
+                                 * ls / C) * dloss / count (mean) or * dloss (sum); ignored rows 0 */
     DEFT_OP_DROPOUT,            /* p.dropout */
     DEFT_OP_OPTIMIZER,          /* src: the gradients; p.optimizer; updates parameters in place */
     /* images (ir/build_conv.c, ir/build_norm.c); the layout is in p.conv, p.pool or p.bn */
@@ -92,6 +95,21 @@ typedef enum deft_op {
     DEFT_OP_BATCH_NORM_GRAD,        /* dx: batch src (dy, x, stats, sums[, weight]); running src (dy, stats[, weight]) */
     DEFT_OP_BATCH_NORM_WEIGHT_GRAD, /* sums [2, C]: of dy (the bias gradient) and of dy * xhat (the weight's);
                                      * src (dy, x, stats) */
+    /* attention (ir/build_attention.c): p.attn. Each node's buffer holds, past its value, per-row statistics
+     * (deft_node_extra_bytes): the forward's log-sum-exp, the gradient's rowsum(dO * O) */
+    DEFT_OP_ATTENTION,              /* src (q, k, v) [B, H, T, D]; out [B, H, T, D] */
+    DEFT_OP_ATTENTION_GRAD,         /* src (dout, q, k, v, out): out [3, B, H, T, D] = dq, dk, dv */
+    /* gathers and selects (ir/build_gather.c). An index outside its range is a run-time data error, recorded on a
+     * GPU (mem/device_errors.h) as cross-entropy's targets are */
+    DEFT_OP_EMBEDDING,              /* src (table [V, C], ids i32 [...]); out [..., C] = table[ids] */
+    DEFT_OP_INDEX_SELECT,           /* src (a, index i32 [n]); p.gather.axis; out a's shape with that axis n long */
+    DEFT_OP_INDEX_ORDER,            /* src index i32 [...] (n elements); p.gather.rows = L: out i32 [2P + L + 1]
+                                     * (P = deft_index_order_pad(n)): P u64 keys (index << 32 | position) in
+                                     * ascending order, padding last, then each value's first slot among them */
+    DEFT_OP_EMBEDDING_GRAD,         /* src (dy [..., C], ids, order); out [V, C]: dy's rows summed per id, in order */
+    DEFT_OP_INDEX_SELECT_GRAD,      /* src (dy, index, order); p.gather.axis; out the selected tensor's shape */
+    DEFT_OP_WHERE,                  /* src (cond, a, b) broadcasting; cond any dtype (nonzero: true): a, else b */
+    DEFT_OP_MASKED_FILL,            /* src (a, mask) (mask any dtype, broadcast to a); p.scalar where mask != 0 */
     DEFT_OP_COUNT
 } deft_op;
 
@@ -135,6 +153,9 @@ typedef union deft_op_params {
     struct { uint32_t mask; int keepdim; } reduce;         /* bit i set: input axis i is reduced */
     deft_init init;                                         /* params */
     deft_op act;                                            /* act_grad: the activation */
+    /* cross_entropy and its gradient: targets equal to ignore_index (when has_ignore) are skipped; label smoothing
+     * ls in [0, 1); reduction a deft_reduction (0 mean, 1 sum). All zero: deft_cross_entropy's plain mean. */
+    struct { int32_t has_ignore, ignore_index; double smoothing; int reduction; } ce;
     /* dropout: run is the program's run count, written by the executor before each run, so that each run draws a
      * new mask while every reader within a run (backward, recomputation) sees the same one */
     struct { double p; uint64_t seed; uint64_t run; } dropout;
@@ -146,6 +167,10 @@ typedef union deft_op_params {
     /* batch norm. batch: normalise by the batch's statistics (training, or no running statistics); update: the
      * stats node also updates the running statistics; has_weight/has_bias: which optional sources follow. */
     struct { double momentum, eps; int batch, update, has_weight, has_bias, layout; } bn;
+    struct { double scale; int causal; } attn;              /* attention: scale > 0 resolved at build */
+    /* index_select and its gradient: the axis; index_order: rows (the index's range [0, rows)) and embedding (1
+     * when it orders an embedding's ids, for the message naming a bad one) */
+    struct { int axis; int embedding; int64_t rows; } gather;
 } deft_op_params;
 
 struct deft_tensor {
@@ -229,6 +254,25 @@ static inline size_t deft_tensor_bytes(const deft_tensor *t) {
     return (size_t)deft_shape_numel(t->ndim, t->shape) * deft_dtype_size(t->dtype);
 }
 
+/* Attention's nodes keep per-row statistics past their value in the same buffer: the rows are the [B, H, T] of
+ * the value ([3, B, H, T, D] for the gradient: its dq, dk and dv share them), f64 for f64 values and f32 otherwise,
+ * from the offset below (aligned so that every kernel may load them as it likes). Other nodes have none. The
+ * planner sizes a node's buffer with deft_node_buffer_bytes; deft_attention checks at build that it fits. */
+static inline size_t deft_node_extra_offset(const deft_tensor *t) {
+    return (deft_tensor_bytes(t) + 255) & ~(size_t)255;
+}
+static inline int64_t deft_attention_rows(const deft_tensor *t) {
+    return t->shape[t->ndim - 4] * t->shape[t->ndim - 3] * t->shape[t->ndim - 2];
+}
+static inline size_t deft_node_extra_bytes(const deft_tensor *t) {
+    if (t->op != DEFT_OP_ATTENTION && t->op != DEFT_OP_ATTENTION_GRAD) return 0;
+    return (size_t)deft_attention_rows(t) * (t->dtype == DEFT_F64 ? 8 : 4);
+}
+static inline size_t deft_node_buffer_bytes(const deft_tensor *t) {
+    const size_t extra = deft_node_extra_bytes(t);
+    return extra ? deft_node_extra_offset(t) + extra : deft_tensor_bytes(t);
+}
+
 /* Ops whose kernel writes state besides their value (an optimizer's parameters, batch norm's running statistics):
  * they run once per step, so a checkpoint rewrite keeps their values rather than recomputing them. */
 static inline bool deft_op_updates_state(deft_op op) { return op == DEFT_OP_OPTIMIZER || op == DEFT_OP_BN_STATS; }
@@ -246,6 +290,14 @@ static inline deft_device deft_step_device(const deft_tensor *t) {
 /* The convolution and its two gradients (cuDNN's on a GPU). */
 static inline bool deft_op_is_conv(deft_op op) {
     return op == DEFT_OP_CONV2D || op == DEFT_OP_CONV2D_INPUT_GRAD || op == DEFT_OP_CONV2D_WEIGHT_GRAD;
+}
+
+/* The keys an index_order node sorts: n rounded up to a power of two (at least 1), because the GPU sorts them with a
+ * bitonic network in place; the padding keys (all ones) sort last. n is at most 2^31 (positions are 32 bits). */
+static inline int64_t deft_index_order_pad(int64_t n) {
+    int64_t p = 1;
+    while (p < n) p *= 2;
+    return p;
 }
 
 

@@ -31,6 +31,7 @@ static const deft_op_info deft_ops[DEFT_OP_COUNT] = {
     [DEFT_OP_RELU] = {"relu", DEFT_KIND_UNARY},
     [DEFT_OP_GELU] = {"gelu", DEFT_KIND_UNARY, true},
     [DEFT_OP_SILU] = {"silu", DEFT_KIND_UNARY, true},
+    [DEFT_OP_GELU_TANH] = {"gelu_tanh", DEFT_KIND_UNARY, true},
     [DEFT_OP_CAST] = {"cast", DEFT_KIND_CAST},
     [DEFT_OP_COPY] = {"copy", DEFT_KIND_OTHER},
     [DEFT_OP_MATMUL] = {"matmul", DEFT_KIND_OTHER},
@@ -66,6 +67,16 @@ static const deft_op_info deft_ops[DEFT_OP_COUNT] = {
     [DEFT_OP_BATCH_NORM] = {"batch_norm", DEFT_KIND_OTHER, true},
     [DEFT_OP_BATCH_NORM_GRAD] = {"batch_norm_grad", DEFT_KIND_OTHER, true},
     [DEFT_OP_BATCH_NORM_WEIGHT_GRAD] = {"batch_norm_weight_grad", DEFT_KIND_OTHER, true},
+    [DEFT_OP_ATTENTION] = {"attention", DEFT_KIND_OTHER, true},
+    [DEFT_OP_ATTENTION_GRAD] = {"attention_grad", DEFT_KIND_OTHER, true},
+    [DEFT_OP_EMBEDDING] = {"embedding", DEFT_KIND_OTHER, true},
+    [DEFT_OP_INDEX_SELECT] = {"index_select", DEFT_KIND_OTHER},
+    [DEFT_OP_INDEX_ORDER] = {"index_order", DEFT_KIND_OTHER},
+    [DEFT_OP_EMBEDDING_GRAD] = {"embedding_grad", DEFT_KIND_OTHER, true},
+    [DEFT_OP_INDEX_SELECT_GRAD] = {"index_select_grad", DEFT_KIND_OTHER, true},
+    /* element i reads element i of a same-shape input (broadcast inputs are never taken over: schedule.c) */
+    [DEFT_OP_WHERE] = {"where", DEFT_KIND_ELEMENTWISE},
+    [DEFT_OP_MASKED_FILL] = {"masked_fill", DEFT_KIND_ELEMENTWISE},
 };
 
 const deft_op_info *deft_op_info_of(deft_op op) {

@@ -236,5 +236,7 @@ void deft_optimizer_destroy(deft_optimizer *opt) {
     }
     free(opt->params);
     free(opt->offsets);
+    free(opt->groups);
+    free(opt->group_of);
     free(opt);
 }

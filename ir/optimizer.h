@@ -33,6 +33,7 @@ typedef struct deft_optimizer_dev {
     double step_size;         /* AdamW: lr / (1 - beta1^t) */
     double bc2_sqrt;          /* AdamW: sqrt(1 - beta2^t) */
     double decay;             /* AdamW: 1 - lr * weight_decay */
+    double bc1;               /* AdamW: 1 - beta1^t, for the step size of a parameter group (lr_scale) */
     uint32_t blocks_done;     /* the one-launch step: blocks finished this run (the last one closes the run) */
     /* Dynamic loss scaling (deft_optimizer_scaler): the scale the backward pass starts from (a seed node of the
      * autocast step reads it here), clean updates in a row, and updates skipped for inf/NaN gradients. */
@@ -73,6 +74,12 @@ typedef struct deft_optimizer_scaler {
     int32_t tracker;
     int64_t skipped;
 } deft_optimizer_scaler;
+
+/* A parameter's own hyperparameters under parameter groups (deft_optimizer_param_group): its weight decay (AdamW's
+ * decoupled decay, SGD's L2 term) and its learning rate as a multiple of the optimizer's. */
+typedef struct deft_optimizer_group {
+    double weight_decay, lr_scale;
+} deft_optimizer_group;
 
 /* Gather tables kept per optimizer; past this the least recently used one is rebuilt for the new addresses. */
 #define DEFT_OPTIMIZER_GATHER_CACHE 16
@@ -120,6 +127,13 @@ struct deft_optimizer {
     deft_tensor **params;
     int64_t *offsets;          /* element offset of each parameter in the flat storage */
     int64_t total;             /* elements in the flat storage */
+    /* Parameter groups (ir/optimizer_groups.c): per parameter, its hyperparameters and its group (-1: the
+     * optimizer's own); NULL while no group was made, when every parameter takes the optimizer's options. Fixed once
+     * the storage is made: a GPU's copy (dev_groups) is made with it, and captured steps read it. */
+    deft_optimizer_group *groups;
+    int *group_of;
+    int n_groups;
+    deft_optimizer_group *dev_groups;
     /* Made by the runtime when a program running the step is first compiled (runtime/optimizer_storage.c). */
     bool materialized;
     /* Flat storage on the optimizer's device: the parameters' values (each parameter's storage points into it),
@@ -210,6 +224,15 @@ void *deft_optimizer_scale_storage(struct deft_optimizer *opt);
  * of memory. */
 struct deft_optimizer *deft_optimizer_piece(struct deft_optimizer *whole, int first, int n);
 struct deft_optimizer *deft_optimizer_finisher(struct deft_optimizer *whole, const int *firsts, int n_pieces);
+/* Parameter i's hyperparameters: its group's, or the optimizer's own (weight decay of its options, lr_scale 1). */
+static inline deft_optimizer_group deft_optimizer_group_of(const struct deft_optimizer *opt, int i) {
+    if (opt->groups) return opt->groups[i];
+    deft_optimizer_group g;
+    g.weight_decay = opt->kind == DEFT_OPTIM_SGD ? opt->sgd.weight_decay : opt->adamw.weight_decay;
+    g.lr_scale = 1.0;
+    return g;
+}
+
 /* Computes the blocks (chunk, n_blocks, block_first) of an optimizer once its parameters are collected. */
 deft_status deft_optimizer_blocks_init(struct deft_optimizer *opt);
 void deft_optimizer_parts_free(struct deft_optimizer *whole);

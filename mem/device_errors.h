@@ -1,7 +1,8 @@
-/* Errors that only the data can reveal (a cross-entropy target outside [0, C)) are found by kernels, which cannot
- * stop the stream or wait for the host. They record the first one in a small record in device memory, one per GPU,
- * and the host reports it where it waits for the device anyway: deft_program_read. A step therefore never
- * synchronises the host to check its data, eager or replayed as a CUDA Graph alike.
+/* Errors that only the data can reveal (a cross-entropy target outside [0, C), a token id outside an embedding's
+ * table) are found by kernels, which cannot stop the stream or wait for the host. They record the first one in a
+ * small record in device memory, one per GPU, and the host reports it where it waits for the device anyway:
+ * deft_program_read. A step therefore never synchronises the host to check its data, eager or replayed as a CUDA
+ * Graph alike.
  *
  * runtime/device_errors.c decides which records a program reads; mem/device_errors_cuda.c owns the records
  * (mem/device_errors_nocuda.c without CUDA, where no kernel can write one). */
@@ -23,7 +24,16 @@ typedef struct deft_device_errors {
      * scheduling); DEFT_DEVICE_ERRORS_NONE when there is none. */
     unsigned long long ce_bad;
     long long ce_classes;   /* C of the cross-entropy whose row is in ce_bad */
+    /* The same for a gather's index outside [0, rows) (an embedding's ids, index_select's index, the order of their
+     * gradients): the lowest bad position, as (position << 32) | (uint32) index, the rows it indexes, and which op
+     * (DEFT_GATHER_ERR_*) for the message. */
+    unsigned long long gather_bad;
+    long long gather_rows;
+    long long gather_op;
 } deft_device_errors;
+
+#define DEFT_GATHER_ERR_EMBEDDING 0
+#define DEFT_GATHER_ERR_INDEX_SELECT 1
 
 /* The record of cuda:device, created and cleared on first use. Creating it allocates, which a stream capture
  * forbids: the first use must come outside one (a program's first run is eager, so it does); under capture without

@@ -3,6 +3,7 @@
  * for the data checks to run at all, so neither a memory limit nor the allocator's statistics should see it. */
 #include <pthread.h>
 #include <stdio.h>
+#include <string.h>
 
 #include <cuda_runtime_api.h>
 
@@ -82,7 +83,20 @@ deft_status deft_device_errors_get(int device, void *stream, deft_device_errors 
     return s;
 }
 
+/* A gather's bad index: the lowest position any such kernel saw since the last read. */
+static deft_status deft_errors_report_gather(const deft_device_errors *r, int device) {
+    const int index = (int)(int32_t)(uint32_t)(r->gather_bad & 0xffffffffull);
+    const long long pos = (long long)(r->gather_bad >> 32);
+    const bool embedding = r->gather_op == DEFT_GATHER_ERR_EMBEDDING;
+    return deft_set_error(DEFT_ERR_INVALID,
+                          "%s: %s %d at position %lld is outside [0, %lld) (found on cuda:%d by a run since the last "
+                          "read; the rows it selected are NaN, and nothing is summed for it in the gradient)",
+                          embedding ? "embedding" : "index_select", embedding ? "token id" : "index", index, pos,
+                          r->gather_rows, device);
+}
+
 static deft_status deft_errors_report(const deft_device_errors *r, int device) {
+    if (r->ce_bad == DEFT_DEVICE_ERRORS_NONE) return deft_errors_report_gather(r, device);
     const int target = (int)(int32_t)(uint32_t)(r->ce_bad & 0xffffffffull);
     const long long row = (long long)(r->ce_bad >> 32);
     return deft_set_error(DEFT_ERR_INVALID,
@@ -100,13 +114,15 @@ deft_status deft_device_errors_take(int device) {
     int prev;
     deft_status s = deft_errors_enter(device, &prev);
     if (s != DEFT_OK) return s;
-    deft_device_errors r = {DEFT_DEVICE_ERRORS_NONE, 0};
+    deft_device_errors r;
+    memset(&r, 0xff, sizeof r);   /* no error recorded */
     cudaError_t e = cudaMemcpy(&r, rec, sizeof r, cudaMemcpyDeviceToHost);
+    const bool bad = r.ce_bad != DEFT_DEVICE_ERRORS_NONE || r.gather_bad != DEFT_DEVICE_ERRORS_NONE;
     if (e != cudaSuccess) s = deft_errors_fail(e, "reading", device);
-    else if (r.ce_bad != DEFT_DEVICE_ERRORS_NONE && (e = deft_errors_clear(rec)) != cudaSuccess)
+    else if (bad && (e = deft_errors_clear(rec)) != cudaSuccess)
         s = deft_errors_fail(e, "clearing", device);
     deft_errors_leave(device, prev);
-    if (s != DEFT_OK || r.ce_bad == DEFT_DEVICE_ERRORS_NONE) return s;
+    if (s != DEFT_OK || !bad) return s;
     return deft_errors_report(&r, device);
 }
 

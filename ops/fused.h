@@ -61,7 +61,7 @@ static inline int deft_fused_supports(deft_op op) {
     case DEFT_OP_ADD_SCALAR: case DEFT_OP_RSUB_SCALAR: case DEFT_OP_MUL_SCALAR: case DEFT_OP_DIV_SCALAR:
     case DEFT_OP_RDIV_SCALAR: case DEFT_OP_MAXIMUM_SCALAR: case DEFT_OP_POW_SCALAR:
     case DEFT_OP_NEG: case DEFT_OP_EXP: case DEFT_OP_LOG: case DEFT_OP_SQRT: case DEFT_OP_RSQRT: case DEFT_OP_TANH:
-    case DEFT_OP_SIGMOID: case DEFT_OP_RELU: case DEFT_OP_GELU: case DEFT_OP_SILU:
+    case DEFT_OP_SIGMOID: case DEFT_OP_RELU: case DEFT_OP_GELU: case DEFT_OP_SILU: case DEFT_OP_GELU_TANH:
     case DEFT_OP_ACT_GRAD: case DEFT_OP_EXPAND: case DEFT_OP_CAST:
         return 1;
     default:

@@ -64,7 +64,7 @@ static int deft_ckpt_shortlist(const deft_ckpt_search *s, deft_ckpt_rank *r) {
         const deft_tensor *t = s->a->g->nodes[id];
         double f, b;
         deft_op_cost(t, &f, &b);
-        r[n++] = (deft_ckpt_rank){deft_ckpt_seconds(f, b) / (double)(deft_tensor_bytes(t) + 1), id};
+        r[n++] = (deft_ckpt_rank){deft_ckpt_seconds(f, b) / (double)(deft_node_buffer_bytes(t) + 1), id};
     }
     qsort(r, (size_t)n, sizeof *r, deft_by_key);
     return n < DEFT_CKPT_TRIALS ? n : DEFT_CKPT_TRIALS;
@@ -208,7 +208,7 @@ static deft_status deft_ckpt_finish(deft_ckpt_search *s, deft_ckpt_plan *plan) {
         plan->n_dropped += s->drop[id];
         plan->n_recast += s->recast[id];
         if (s->drop[id])
-            plan->dropped_bytes = deft_size_add_sat(plan->dropped_bytes, deft_tensor_bytes(s->a->g->nodes[id]));
+            plan->dropped_bytes = deft_size_add_sat(plan->dropped_bytes, deft_node_buffer_bytes(s->a->g->nodes[id]));
     }
     return DEFT_OK;
 }

@@ -217,8 +217,8 @@ static deft_status deft_fuse_matmuls(deft_fusion *f) {
 
 /* ---------------------------------------------------------------- elementwise chains */
 static bool deft_act_fusable(deft_op act) {
-    return act == DEFT_OP_RELU || act == DEFT_OP_GELU || act == DEFT_OP_SILU || act == DEFT_OP_TANH ||
-           act == DEFT_OP_SIGMOID;
+    return act == DEFT_OP_RELU || act == DEFT_OP_GELU || act == DEFT_OP_GELU_TANH || act == DEFT_OP_SILU ||
+           act == DEFT_OP_TANH || act == DEFT_OP_SIGMOID;
 }
 
 /* bf16 and f16 chains fuse only with the compile option fuse_low_precision: the fused kernel, whose register file

@@ -9,9 +9,12 @@ deft_status deft_check_gpu_support(const deft_program *p) {
 #ifdef DEFT_HAVE_CUDA
     for (int i = 0; i < p->n_steps; i++) {
         const deft_tensor *t = p->graph->nodes[p->steps[i]];
-        if (t->device.type != DEFT_CUDA || !deft_op_is_conv(t->op)) continue;
+        const bool attention = t->op == DEFT_OP_ATTENTION || t->op == DEFT_OP_ATTENTION_GRAD;
+        if (t->device.type != DEFT_CUDA || !(deft_op_is_conv(t->op) || attention)) continue;
         char why[160];
-        if (!deft_cuda_conv_supported(t, why, sizeof why))
+        const bool ok = attention ? deft_cuda_attention_supported(t, why, sizeof why)
+                                  : deft_cuda_conv_supported(t, why, sizeof why);
+        if (!ok)
             return deft_set_error(DEFT_ERR_DTYPE, "compile: %s (%s) on cuda:%d: %s", t->name, deft_op_name(t->op),
                                   t->device.index, why);
     }

@@ -35,7 +35,7 @@ void deft_program_node_plan(const deft_program *p, const deft_tensor *t, deft_no
     const deft_buffer *b = &p->buffers[s->buffer];
     out->place = t->is_view ? DEFT_PLACE_VIEW : DEFT_PLACE_ARENA;
     out->offset = b->plan.offset + s->offset;
-    out->size = deft_tensor_bytes(t);
+    out->size = deft_node_buffer_bytes(t);   /* attention's statistics included (graph_internal.h) */
     out->first = b->plan.first;
     out->last = b->plan.last;
     out->buffer = s->buffer;

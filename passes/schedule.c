@@ -69,7 +69,7 @@ static void deft_schedule_buffer(deft_program *p, int id, int step, int arena) {
     s->step = step;
     s->arena = arena;
     s->buffer = p->n_buffers;
-    p->buffers[p->n_buffers++] = (deft_buffer){id, arena, -1, {deft_tensor_bytes(p->graph->nodes[id]), step, step, 0}};
+    p->buffers[p->n_buffers++] = (deft_buffer){id, arena, -1, {deft_node_buffer_bytes(p->graph->nodes[id]), step, step, 0}};
 }
 
 /* Each step's buffer; a fused group runs at its root's step: every member is computed there, only the stores get

@@ -5,9 +5,11 @@
 #include "program_run.h"
 #include "program_state.h"
 
-/* The ops whose CUDA kernels record data errors instead of failing the run (ops/cuda/cuda_train.cu). */
+/* The ops whose CUDA kernels record data errors instead of failing the run (ops/cuda/cuda_cross_entropy.cu,
+ * ops/cuda/cuda_gather.cu). */
 static bool deft_op_records_device_errors(deft_op op) {
-    return op == DEFT_OP_CROSS_ENTROPY || op == DEFT_OP_CROSS_ENTROPY_GRAD;
+    return op == DEFT_OP_CROSS_ENTROPY || op == DEFT_OP_CROSS_ENTROPY_GRAD || op == DEFT_OP_EMBEDDING ||
+           op == DEFT_OP_INDEX_SELECT || op == DEFT_OP_INDEX_ORDER;
 }
 
 deft_status deft_program_take_device_errors(const deft_program *p) {

@@ -171,10 +171,27 @@ static deft_status deft_optimizer_blocks_new(deft_optimizer *o) {
     return DEFT_OK;
 }
 
+/* The device's copy of the parameter groups (ir/optimizer.h), when there are any: the kernels read a parameter's row
+ * by its index. Made once: the groups are fixed from here on (ir/optimizer_groups.c refuses changes). */
+static deft_status deft_optimizer_groups_new(deft_optimizer *o) {
+    if (!o->groups) return DEFT_OK;
+    const size_t bytes = (size_t)o->n_params * sizeof *o->groups;
+    void *p = NULL;
+    deft_status s = deft_mem_alloc_tagged(o->device, bytes, "optimizer.groups", &p);
+    if (s == DEFT_OK) s = deft_mem_copy(o->device, p, deft_cpu(), o->groups, bytes);
+    if (s != DEFT_OK) {
+        deft_mem_free(o->device, p);
+        return s;
+    }
+    o->dev_groups = p;
+    return DEFT_OK;
+}
+
 static deft_status deft_optimizer_materialize(deft_optimizer *opt) {
     deft_status s = deft_flatten_params(opt);
     if (s == DEFT_OK) s = deft_optimizer_dev_new(opt);
     if (s == DEFT_OK && opt->dev) s = deft_optimizer_blocks_new(opt);
+    if (s == DEFT_OK && opt->dev) s = deft_optimizer_groups_new(opt);
     if (s != DEFT_OK)
         return deft_set_error(s, "compile: flat storage of %s for %lld elements: %s", opt->step_node->name,
                               (long long)opt->total, deft_errmsg());
@@ -212,6 +229,8 @@ void deft_optimizer_release(deft_optimizer *opt) {
     if (opt->dev) deft_mem_free(d, opt->dev);
     if (opt->dev_blocks) deft_mem_free(d, opt->dev_blocks);
     if (opt->dev_block_sums) deft_mem_free(d, opt->dev_block_sums);
+    if (opt->dev_groups) deft_mem_free(d, opt->dev_groups);
+    opt->dev_groups = NULL;
     opt->flat_params = opt->flat_grads = opt->state0 = opt->state1 = NULL;
     opt->dev = NULL;
     opt->dev_blocks = NULL;

@@ -137,7 +137,7 @@ static deft_status deft_lane_wait_upto(deft_lanes *L, int l, int k, int64_t at) 
 static deft_range deft_node_range(const deft_program *p, int id, bool write) {
     const deft_tensor *t = p->graph->nodes[id];
     const uintptr_t lo = (uintptr_t)deft_program_data(p, id);
-    return (deft_range){deft_lane_of(&p->gpu->lanes, t->device), lo, lo + deft_tensor_bytes(t), write};
+    return (deft_range){deft_lane_of(&p->gpu->lanes, t->device), lo, lo + deft_node_buffer_bytes(t), write};
 }
 
 static bool deft_in(const int *ids, int n, int id) {

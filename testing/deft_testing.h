@@ -64,7 +64,7 @@ deft_status deft_testing_autocast_get(deft_graph *g, deft_dtype dtype, int scale
 deft_tensor *deft_testing_autocast_map(const deft_testing_autocast *ac, const deft_tensor *t);
 
 /* ---- builders of the ops only the backward pass makes (implemented in the library, ir/) ---- */
-/* dy * act'(x), for y = act(x) with act "relu", "gelu", "silu", "tanh" or "sigmoid" (testing_graph.c). */
+/* dy * act'(x), for y = act(x) with act "relu", "gelu", "gelu_tanh", "silu", "tanh" or "sigmoid" (testing_graph.c). */
 deft_tensor *deft_testing_act_grad(const char *act, deft_tensor *dy, deft_tensor *x);
 deft_tensor *deft_expand(deft_tensor *a, int ndim, const int64_t *shape);
 deft_tensor *deft_slice_grad(deft_tensor *dy, const deft_tensor *slice);

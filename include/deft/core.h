@@ -121,6 +121,12 @@ deft_tensor *deft_normal(deft_graph *g, deft_dtype dt, int ndim, const int64_t *
 /* Sets or reads the value of a parameter (persistent) at any time; `bytes` must equal its size. */
 deft_status deft_param_set(deft_tensor *param, const void *host, size_t bytes);
 deft_status deft_param_get(const deft_tensor *param, void *host, size_t bytes);
+/* Sets a float parameter to draws from N(mean, std^2), at any time (as deft_param_set). seed 0 draws from the graph's
+ * seed and the parameter (the same values for the same graph seed and build order; no other parameter's values
+ * change); any other seed gives exactly deft_normal(..., mean, std, seed)'s values. GPT-2 starts its weights at
+ * N(0, 0.02) and its residual projections at N(0, 0.02 / sqrt(2 n_layer)). A non-finite mean or std, or std < 0, is
+ * DEFT_ERR_INVALID; a non-parameter DEFT_ERR_STATE; an i32 parameter DEFT_ERR_DTYPE. */
+deft_status deft_param_init_normal(deft_tensor *param, double mean, double std, uint64_t seed);
 void deft_graph_set_seed(deft_graph *g, uint64_t seed);
 
 /* ---- tensor facts ---- */
@@ -157,6 +163,9 @@ deft_tensor *deft_tanh(deft_tensor *a);
 deft_tensor *deft_sigmoid(deft_tensor *a);
 deft_tensor *deft_relu(deft_tensor *a);
 deft_tensor *deft_gelu(deft_tensor *a);        /* exact (erf) form, as torch's default */
+/* GELU's tanh approximation, torch's gelu(x, approximate='tanh') and GPT-2's:
+ * 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */
+deft_tensor *deft_gelu_tanh(deft_tensor *a);
 deft_tensor *deft_silu(deft_tensor *a);
 
 /* ---- dtype and device ---- */
@@ -193,17 +202,68 @@ deft_tensor *deft_eq(deft_tensor *a, deft_tensor *b);
 deft_tensor *deft_gt(deft_tensor *a, deft_tensor *b);
 deft_tensor *deft_ge(deft_tensor *a, deft_tensor *b);
 
+/* ---- gathers and selection ----
+ * An index outside its range is an error with a message naming it and the range: on the CPU the run fails; on a
+ * GPU (where finding it at run time would need a host wait) the rows it selected are NaN (0 for i32) and the
+ * program's next deft_program_read fails, as for cross-entropy's targets. An index that is a constant is checked
+ * when the op is built. The gradients add rows in a fixed order (sorted by index, then by position), never with
+ * float atomics: the same inputs give the same bits on every run. */
+/* torch.nn.functional.embedding: table [V, C] float, ids i32 of any shape [...] -> [..., C], rows of the table.
+ * The table's gradient sums dy's rows per id; rows no id selects get 0. Under autocast it keeps the table's dtype
+ * (a bf16 or f16 table gives a bf16 or f16 value). A GPT's LM head may read the same table transposed
+ * (deft_matmul_t(x, table, 0, 1)): the gradients of both uses add up. */
+deft_tensor *deft_embedding(deft_tensor *table, deft_tensor *ids);
+/* torch.index_select: the entries of `a` at index (i32 [n]) along `axis` (< 0 counts from the end); the result is
+ * a's shape with that axis n long. Any dtype; float ones have a gradient (scatter-add into a's shape). */
+deft_tensor *deft_index_select(deft_tensor *a, int axis, deft_tensor *index);
+/* torch.where: a where cond is nonzero (NaN counts as nonzero, as torch's bool conversion), b elsewhere; cond, a
+ * and b broadcast (numpy rules). cond may have any dtype (deft_eq, deft_gt and deft_ge give 1 and 0 in their inputs'
+ * dtype); a and b share one dtype, the result's. Gradients go to a where cond holds and to b elsewhere. */
+deft_tensor *deft_where(deft_tensor *cond, deft_tensor *a, deft_tensor *b);
+/* torch.Tensor.masked_fill: `value` (rounded to a's dtype) where mask is nonzero, a elsewhere; mask (any dtype)
+ * broadcasts to a's shape. a's gradient is dy where mask is zero, 0 elsewhere. */
+deft_tensor *deft_masked_fill(deft_tensor *a, deft_tensor *mask, double value);
+
 /* ---- losses and layers ---- */
 deft_tensor *deft_mse_loss(deft_tensor *pred, deft_tensor *target);          /* mean((pred - target)^2) */
 /* Mean over N of -log softmax(logits)[target]: logits [N, C] float, targets [N] i32 class indices. A target out of
  * [0, C) is an error with a message: on the CPU the run fails; on a GPU (where finding it at run time would need a
  * host wait) the run's loss is NaN and the program's next deft_program_read fails. Fused, stable for large logits. */
 deft_tensor *deft_cross_entropy(deft_tensor *logits, deft_tensor *targets);
+typedef enum deft_reduction { DEFT_REDUCTION_MEAN = 0, DEFT_REDUCTION_SUM = 1 } deft_reduction;
+typedef struct deft_cross_entropy_options {
+    int use_ignore_index;    /* 1: rows whose target equals ignore_index add nothing and count for nothing */
+    int32_t ignore_index;    /* with use_ignore_index (deft_cross_entropy_defaults: -100, torch's); any value */
+    double label_smoothing;  /* in [0, 1): the target is (1 - ls) onehot + ls / C, as torch's */
+    deft_reduction reduction;
+} deft_cross_entropy_options;
+/* torch.nn.functional.cross_entropy's defaults: ignore_index -100 (on), no smoothing, mean. */
+deft_cross_entropy_options deft_cross_entropy_defaults(void);
+/* torch.nn.functional.cross_entropy(logits, targets, ignore_index=, label_smoothing=, reduction=): logits [..., C]
+ * float and targets [...] i32 (the leading dims flattened, a view); out []. Row i's loss is
+ * (1 - ls) (lse_i - x_i[t_i]) + ls (lse_i - mean_c x_i[c]); mean divides the sum over the rows not ignored by their
+ * count, so a batch whose targets are all ignored has the loss NaN (0 / 0, as torch 2.x) and a zero gradient; sum
+ * adds them (0 when all are ignored). A target outside [0, C) that is not ignore_index is an error as for
+ * deft_cross_entropy. NULL options: no ignore index, no smoothing, mean (deft_cross_entropy). A label_smoothing
+ * outside [0, 1) or an unknown reduction is DEFT_ERR_INVALID. */
+deft_tensor *deft_cross_entropy_ex(deft_tensor *logits, deft_tensor *targets, const deft_cross_entropy_options *o);
 /* Zeroes each element with probability p and scales the rest by 1/(1-p). The mask comes from `seed` and the run
  * count: a new mask each run, the same one wherever the run reads it again (the backward pass, recomputation). */
 deft_tensor *deft_dropout(deft_tensor *x, double p, uint64_t seed);
 /* Normalises over the last dim: (x - mean) / sqrt(var + eps) * weight + bias; weight and bias ([D]) may be NULL. */
 deft_tensor *deft_layer_norm(deft_tensor *x, deft_tensor *weight, deft_tensor *bias, double eps);
+/* Scaled dot-product attention: softmax(scale * q k^T [+ causal mask]) v over q, k, v [B, H, T, D] (one shape, a
+ * float dtype, D at most DEFT_ATTENTION_MAX_HEAD). One node, fused like FlashAttention: no T x T tensor exists in
+ * the arena; the node keeps beside its value only each row's log-sum-exp ([B, H, T], f32, f64 for f64 inputs) for
+ * its backward node, which gives dq, dk and dv at once. Causal: query i sees keys 0..i. Under autocast q, k and v
+ * are cast to the low dtype, as for a matmul (statistics and accumulation stay f32). o may be NULL (not causal,
+ * scale 1/sqrt(D)). */
+typedef struct deft_attention_options {
+    int causal;              /* 1: query i attends to keys j <= i only */
+    double scale;            /* multiplies q k^T; 0: 1/sqrt(D) */
+} deft_attention_options;
+#define DEFT_ATTENTION_MAX_HEAD 128
+deft_tensor *deft_attention(deft_tensor *q, deft_tensor *k, deft_tensor *v, const deft_attention_options *o);
 typedef struct deft_linear_options {
     deft_init weight_init;   /* DEFT_INIT_KAIMING (torch's default), DEFT_INIT_XAVIER, DEFT_INIT_ZEROS, ... */
     int no_bias;             /* 1: no bias */

@@ -47,6 +47,29 @@ deft_optimizer *deft_adamw(deft_graph *g, const deft_adamw_options *o, const def
  * gradient norm, before clipping, of the last update (under f16 loss scaling: of the unscaled gradients, and the inf
  * or NaN norm of a step it skipped). */
 deft_tensor *deft_optimizer_step(deft_optimizer *opt);
+/* Parameter groups, as torch.optim's param_groups: the n parameters get their own weight decay (AdamW's decoupled
+ * decay p *= 1 - lr_g wd; SGD's wd p added to the gradient) and learning rate lr_g = lr * lr_scale (the optimizer's
+ * rate, deft_optimizer_set_lr's included, times the scale: a schedule scales every group alike, as torch's
+ * schedulers do). Parameters that no group names keep the optimizer's own weight decay and lr_scale 1, so AdamW with
+ * weight decay and one group {0, 1} of the biases and norms is torch's AdamW over two groups. Momentum, betas, eps
+ * and clipping stay the optimizer's (the gradient norm is over every parameter, as clip_grad_norm_ over the model).
+ * Refused, changing nothing: a parameter the optimizer does not update (DEFT_ERR_INVALID), one already in a group or
+ * named twice (DEFT_ERR_INVALID), a negative or non-finite value (DEFT_ERR_INVALID), and any call once a program
+ * running the step was compiled (DEFT_ERR_STATE: the groups are fixed with the optimizer's storage; build them
+ * between deft_adamw/deft_sgd and the first deft_compile). */
+typedef struct deft_param_group_options {
+    double weight_decay;     /* >= 0 */
+    double lr_scale;         /* >= 0; 0 means 1 (a zeroed struct keeps the optimizer's rate) */
+} deft_param_group_options;
+deft_status deft_optimizer_param_group(deft_optimizer *opt, deft_tensor *const *params, int n,
+                                       const deft_param_group_options *o);
+/* nanoGPT's and llm.c's recipe: every parameter of fewer than two dims (biases, norm weights) that is in no group yet
+ * goes into one group without weight decay; the others keep the optimizer's. Embedding tables are 2-D and keep their
+ * decay, as there; give them a group of their own first to exclude them. */
+deft_status deft_optimizer_decay_2d_only(deft_optimizer *opt);
+/* The parameters an optimizer updates, in its order (the graph's build order). */
+int deft_optimizer_param_count(const deft_optimizer *opt);
+deft_tensor *deft_optimizer_param(const deft_optimizer *opt, int i);
 /* Takes effect at the next update, without recompiling. NaN, infinite or negative: DEFT_ERR_INVALID. */
 deft_status deft_optimizer_set_lr(deft_optimizer *opt, double lr);
 double deft_optimizer_lr(const deft_optimizer *opt);

@@ -96,6 +96,20 @@ deft_status deft_cpu_run_node(const deft_tensor *n, void *out, const void *const
     case DEFT_OP_BATCH_NORM_GRAD:
     case DEFT_OP_BATCH_NORM_WEIGHT_GRAD:
         return deft_cpu_batch_norm(n, out, in);
+    case DEFT_OP_EMBEDDING:
+    case DEFT_OP_INDEX_SELECT:
+        return deft_cpu_gather(n, out, in[0], in[1]);
+    case DEFT_OP_INDEX_ORDER:
+        return deft_cpu_index_order(n, out, in[0]);
+    case DEFT_OP_EMBEDDING_GRAD:
+    case DEFT_OP_INDEX_SELECT_GRAD:
+        return deft_cpu_gather_grad(n, out, in[0], in[2]);
+    case DEFT_OP_WHERE:
+    case DEFT_OP_MASKED_FILL:
+        return deft_cpu_where(n, out, in);
+    case DEFT_OP_ATTENTION:
+    case DEFT_OP_ATTENTION_GRAD:
+        return deft_cpu_attention(n, out, in);
     default:
         break;
     }

@@ -69,7 +69,8 @@ deft_status deft_cpu_concat(const deft_tensor *n, void *out, const void *const *
 deft_status deft_cpu_reduce(const deft_tensor *n, void *out, const void *a);                   /* cpu_reduce.c */
 deft_status deft_cpu_softmax(const deft_tensor *n, void *out, const void *a);                  /* cpu_softmax.c */
 deft_status deft_cpu_create(const deft_tensor *n, void *out);                                  /* cpu_create.c */
-/* cpu_train.c: the ops of training (activation gradients, expand, slice gradients, cross-entropy, dropout) */
+/* cpu_train.c: the ops of training (activation gradients, expand, slice gradients, dropout); cross-entropy in
+ * cpu_cross_entropy.c */
 deft_status deft_cpu_act_grad(const deft_tensor *n, void *out, const void *dy, const void *x);
 deft_status deft_cpu_expand(const deft_tensor *n, void *out, const void *a);
 deft_status deft_cpu_slice_grad(const deft_tensor *n, void *out, const void *dy);
@@ -81,5 +82,13 @@ deft_status deft_cpu_dropout(const deft_tensor *n, void *out, const void *x);
 deft_status deft_cpu_conv2d(const deft_tensor *n, void *out, const void *const *in);      /* cpu_conv.c */
 deft_status deft_cpu_pool2d(const deft_tensor *n, void *out, const void *const *in);      /* cpu_pool.c */
 deft_status deft_cpu_batch_norm(const deft_tensor *n, void *out, const void *const *in);  /* cpu_norm.c */
+/* attention and its gradient (cpu_attention.c): src (q, k, v), or (dout, q, k, v, out) */
+deft_status deft_cpu_attention(const deft_tensor *n, void *out, const void *const *in);
+/* gathers (cpu_gather.c): embedding and index_select; the order their gradients sum by; the gradients. where and
+ * masked_fill (cpu_where.c): in as the node's sources */
+deft_status deft_cpu_gather(const deft_tensor *n, void *out, const void *a, const void *index);
+deft_status deft_cpu_index_order(const deft_tensor *n, void *out, const void *index);
+deft_status deft_cpu_gather_grad(const deft_tensor *n, void *out, const void *dy, const void *order);
+deft_status deft_cpu_where(const deft_tensor *n, void *out, const void *const *in);
 
 #endif

@@ -55,12 +55,14 @@ static void deft_widen(float *dst, const uint16_t *src, deft_dtype dt, int64_t n
         return sqrt(sum) * scale;                                                                                    \
     }
 
-/* The update of n elements: p, buf (and m, v) point at their first one in the flat storage, g at their gradients
- * (scaled by `scale`). The whole step runs it once over the flat storage, a piece once per parameter. */
+/* The update of n elements of one parameter group (gr: its weight decay and lr scale): p, buf (and m, v) point at
+ * their first one in the flat storage, g at their gradients (scaled by `scale`). Both the whole step and a piece run
+ * it once per parameter. The group's rate o->lr * lr_scale is formed in double (exactly o->lr for a scale of 1). */
 #define DEFT_SGD(T)                                                                                                  \
-    static void deft_sgd_##T(const deft_optimizer *o, T *p, const T *g, T *buf, int64_t n, T scale) {                \
-        const T lr = (T)o->lr, mom = (T)o->sgd.momentum, damp = (T)(1.0 - o->sgd.dampening);                        \
-        const T wd = (T)o->sgd.weight_decay;                                                                         \
+    static void deft_sgd_##T(const deft_optimizer *o, deft_optimizer_group gr, T *p, const T *g, T *buf, int64_t n,  \
+                             T scale) {                                                                              \
+        const T lr = (T)(o->lr * gr.lr_scale), mom = (T)o->sgd.momentum, damp = (T)(1.0 - o->sgd.dampening);        \
+        const T wd = (T)gr.weight_decay;                                                                             \
         const int first = o->updates == 0, nesterov = o->sgd.nesterov;                                              \
         for (int64_t j = 0; j < n; j++) {                                                                            \
             T d = g[j] * scale;                                                                                      \
@@ -74,12 +76,13 @@ static void deft_widen(float *dst, const uint16_t *src, deft_dtype dt, int64_t n
     }
 
 #define DEFT_ADAMW(T)                                                                                                \
-    static void deft_adamw_##T(const deft_optimizer *o, T *p, const T *g, T *m, T *v, int64_t n, T scale) {          \
+    static void deft_adamw_##T(const deft_optimizer *o, deft_optimizer_group gr, T *p, const T *g, T *m, T *v,       \
+                               int64_t n, T scale) {                                                                 \
         const deft_adamw_options *a = &o->adamw;                                                                     \
-        const double t = (double)(o->updates + 1);                                                                   \
+        const double t = (double)(o->updates + 1), lr = o->lr * gr.lr_scale;                                         \
         const T b1 = (T)a->beta1, b2 = (T)a->beta2, eps = (T)a->eps;                                                 \
-        const T decay = (T)(1.0 - o->lr * a->weight_decay);                                                          \
-        const T step = (T)(o->lr / (1.0 - pow(a->beta1, t)));                                                        \
+        const T decay = (T)(1.0 - lr * gr.weight_decay);                                                             \
+        const T step = (T)(lr / (1.0 - pow(a->beta1, t)));                                                           \
         const T bc2_sqrt = (T)sqrt(1.0 - pow(a->beta2, t));                                                          \
         if (o->updates == 0) {                                                                                       \
             memset(m, 0, (size_t)n * sizeof(T));                                                                     \
@@ -111,8 +114,9 @@ static void deft_widen(float *dst, const uint16_t *src, deft_dtype dt, int64_t n
             }                                                                                                        \
             const int64_t n = deft_shape_numel(w->params[i]->ndim, w->params[i]->shape);                             \
             T *p = (T *)w->flat_params + off, *s0 = (T *)w->state0 + off;                                            \
-            if (w->kind == DEFT_OPTIM_SGD) deft_sgd_##T(w, p, g, s0, n, (T)1);                                        \
-            else deft_adamw_##T(w, p, g, s0, (T *)w->state1 + off, n, (T)1);                                         \
+            const deft_optimizer_group gr = deft_optimizer_group_of(w, i);                                           \
+            if (w->kind == DEFT_OPTIM_SGD) deft_sgd_##T(w, gr, p, g, s0, n, (T)1);                                    \
+            else deft_adamw_##T(w, gr, p, g, s0, (T *)w->state1 + off, n, (T)1);                                     \
         }                                                                                                            \
     }
 
@@ -128,6 +132,23 @@ DEFT_ADAMW(float)
 DEFT_ADAMW(double)
 DEFT_PIECE(float)
 DEFT_PIECE(double)
+
+/* The update over the flat storage, parameter by parameter with each one's group (elementwise: the same values as
+ * one pass over it when every parameter takes the optimizer's own options). */
+#define DEFT_UPDATE_ALL(T)                                                                                           \
+    static void deft_update_all_##T(const deft_optimizer *o, T scale) {                                              \
+        for (int i = 0; i < o->n_params; i++) {                                                                      \
+            const int64_t off = o->offsets[i], n = deft_shape_numel(o->params[i]->ndim, o->params[i]->shape);        \
+            T *p = (T *)o->flat_params + off, *s0 = (T *)o->state0 + off;                                            \
+            const T *g = (const T *)o->flat_grads + off;                                                             \
+            const deft_optimizer_group gr = deft_optimizer_group_of(o, i);                                           \
+            if (o->kind == DEFT_OPTIM_SGD) deft_sgd_##T(o, gr, p, g, s0, n, scale);                                  \
+            else deft_adamw_##T(o, gr, p, g, s0, (T *)o->state1 + off, n, scale);                                    \
+        }                                                                                                            \
+    }
+
+DEFT_UPDATE_ALL(float)
+DEFT_UPDATE_ALL(double)
 
 /* torch.nn.utils.clip_grad_norm_'s factor: max / (norm + 1e-6), never above 1. */
 static double deft_clip_factor(const deft_optimizer *o, double norm) {
@@ -162,13 +183,8 @@ static void deft_update(deft_optimizer *o) {
         return;
     }
     double scale = mean * deft_clip_factor(o, norm);
-    if (o->kind == DEFT_OPTIM_SGD) {
-        if (f32) deft_sgd_float(o, o->flat_params, o->flat_grads, o->state0, o->total, (float)scale);
-        else deft_sgd_double(o, o->flat_params, o->flat_grads, o->state0, o->total, scale);
-    } else {
-        if (f32) deft_adamw_float(o, o->flat_params, o->flat_grads, o->state0, o->state1, o->total, (float)scale);
-        else deft_adamw_double(o, o->flat_params, o->flat_grads, o->state0, o->state1, o->total, scale);
-    }
+    if (f32) deft_update_all_float(o, (float)scale);
+    else deft_update_all_double(o, scale);
     o->updates++;
     if (o->scaler.on) deft_scaler_after(o, false);
 }

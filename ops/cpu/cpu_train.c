@@ -1,5 +1,5 @@
-/* The ops of training: activation gradients, expand (a materialised broadcast), slice gradients, fused
- * cross-entropy and its gradient, and dropout. Float ops run on f32, f64, f16 and bf16 (halves compute in float and
+/* The ops of training: activation gradients, expand (a materialised broadcast), slice gradients and dropout
+ * (cross-entropy is in cpu_cross_entropy.c). Float ops run on f32, f64, f16 and bf16 (halves compute in float and
  * round once on the store); expand and slice_grad move elements without looking at them and serve every dtype. */
 #include <string.h>
 
@@ -20,6 +20,18 @@ static inline float dgelu_f(float x) {
     return 0.5f * erfcf(-x * (float)SQRT1_2) + x * (float)INV_SQRT_2PI * expf(-0.5f * x * x);
 }
 static inline double dgelu_d(double x) { return 0.5 * erfc(-x * SQRT1_2) + x * INV_SQRT_2PI * exp(-0.5 * x * x); }
+/* gelu_tanh'(x), torch's gelu_backward(approximate='tanh'): 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 k x^2)
+ * with t = tanh(sqrt(2/pi) (x + k x^3)), k = 0.044715. */
+#define SQRT_2_PI 0.79788456080286535588
+#define GELU_KAPPA 0.044715
+static inline float dgelu_tanh_f(float x) {
+    const float x2 = x * x, t = tanhf((float)SQRT_2_PI * (x + (float)GELU_KAPPA * x2 * x));
+    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * ((float)SQRT_2_PI * (1.0f + 3.0f * (float)GELU_KAPPA * x2));
+}
+static inline double dgelu_tanh_d(double x) {
+    const double x2 = x * x, t = tanh(SQRT_2_PI * (x + GELU_KAPPA * x2 * x));
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * (SQRT_2_PI * (1.0 + 3.0 * GELU_KAPPA * x2));
+}
 static inline float dsilu_f(float x) {
     float s = sigmoid_f(x);
     return s + x * s * (1.0f - s);
@@ -81,13 +93,15 @@ DEFINE_ACT_GRAD(gelu_grad, dy * dgelu_f(x), dy * dgelu_d(x))
 DEFINE_ACT_GRAD(silu_grad, dy * dsilu_f(x), dy * dsilu_d(x))
 DEFINE_ACT_GRAD(tanh_grad, dy * dtanh_f(x), dy * dtanh_d(x))
 DEFINE_ACT_GRAD(sigmoid_grad, dy * dsigmoid_f(x), dy * dsigmoid_d(x))
+DEFINE_ACT_GRAD(gelu_tanh_grad, dy * dgelu_tanh_f(x), dy * dgelu_tanh_d(x))
 
-static const act_grad_fn act_grad_fns[5][4] = {
+static const act_grad_fn act_grad_fns[6][4] = {
     {relu_grad_f32, relu_grad_f64, relu_grad_f16, relu_grad_bf16},
     {gelu_grad_f32, gelu_grad_f64, gelu_grad_f16, gelu_grad_bf16},
     {silu_grad_f32, silu_grad_f64, silu_grad_f16, silu_grad_bf16},
     {tanh_grad_f32, tanh_grad_f64, tanh_grad_f16, tanh_grad_bf16},
     {sigmoid_grad_f32, sigmoid_grad_f64, sigmoid_grad_f16, sigmoid_grad_bf16},
+    {gelu_tanh_grad_f32, gelu_tanh_grad_f64, gelu_tanh_grad_f16, gelu_tanh_grad_bf16},
 };
 
 static int act_row_of(deft_op act) {
@@ -97,6 +111,7 @@ static int act_row_of(deft_op act) {
     case DEFT_OP_SILU: return 2;
     case DEFT_OP_TANH: return 3;
     case DEFT_OP_SIGMOID: return 4;
+    case DEFT_OP_GELU_TANH: return 5;
     default: return -1;
     }
 }
@@ -206,129 +221,6 @@ deft_status deft_cpu_slice_grad(const deft_tensor *n, void *out, const void *dy)
             memcpy(dst, (const char *)dy + (size_t)(o * m + k) * rowb, rowb);
         else
             memset(dst, 0, rowb);
-    }
-    return DEFT_OK;
-}
-
-/* ---------------------------------------------------------------- cross-entropy */
-/* Rows are summed in a fixed number of chunks (cpu_tuning.h), then the chunks in order: the loss does not depend on
- * the number of threads. */
-#define CE_CHUNKS DEFT_CPU_CE_CHUNKS
-
-/* Per dtype: the loss of one row, lse(x) - x[t], and the gradient of one row, (softmax(x) - onehot(t)) * scale. The
- * row maximum is subtracted before exp (so huge logits stay finite), the exponentials are summed in double, and the
- * loss is formed as (max - x[t]) + log(sum) in double, which keeps its precision when the logits are large. */
-#define DEFINE_CE(sfx, T, C, LD, ST, EXPF)                                                                       \
-    static C ce_max_##sfx(const T *x, int64_t len) {                                                             \
-        C m = -INFINITY;                                                                                         \
-        for (int64_t l = 0; l < len; l++) {                                                                      \
-            C v = LD(x[l]);                                                                                      \
-            m = (v > m || v != v) ? v : m; /* NaN wins: a row holding NaN gives NaN */                           \
-        }                                                                                                        \
-        return m;                                                                                                \
-    }                                                                                                            \
-    static double ce_row_##sfx(const T *x, int64_t len, int32_t t) {                                             \
-        const C m = ce_max_##sfx(x, len);                                                                        \
-        double s = 0.0;                                                                                          \
-        for (int64_t l = 0; l < len; l++) s += (double)EXPF(LD(x[l]) - m);                                      \
-        return ((double)m - (double)LD(x[t])) + log(s);                                                          \
-    }                                                                                                            \
-    static void ce_grad_row_##sfx(const T *x, T *o, int64_t len, int32_t t, double scale) {                      \
-        const C m = ce_max_##sfx(x, len);                                                                        \
-        double s = 0.0;                                                                                          \
-        for (int64_t l = 0; l < len; l++) s += (double)EXPF(LD(x[l]) - m);                                      \
-        const double inv = 1.0 / s;                                                                              \
-        for (int64_t l = 0; l < len; l++) {                                                                      \
-            const double p = (double)EXPF(LD(x[l]) - m) * inv;                                                   \
-            o[l] = ST((C)((p - (l == t ? 1.0 : 0.0)) * scale));                                                  \
-        }                                                                                                        \
-    }
-
-DEFINE_CE(f32, float, float, LD_ID, ST_ID, expf)
-DEFINE_CE(f64, double, double, LD_ID, ST_ID, exp)
-DEFINE_CE(f16, uint16_t, float, deft_half_unpack, deft_half_pack, expf)
-DEFINE_CE(bf16, uint16_t, float, deft_bf16_unpack, deft_bf16_pack, expf)
-
-/* Shapes, dtypes and every target; `lo` is where the logits sit among the sources (0 for the loss, 1 for its
- * gradient), the targets following them. */
-static deft_status ce_check(const deft_tensor *n, int lo, const int32_t *targets) {
-    const char *name = deft_op_name(n->op);
-    const deft_tensor *tl = n->src[lo], *tt = n->src[lo + 1];
-    if (!deft_cpu_is_float(n->dtype)) return deft_cpu_dtype_error(n, n->dtype);
-    if (tl->dtype != n->dtype || tt->dtype != DEFT_I32)
-        return deft_set_error(DEFT_ERR_DTYPE, "%s: logits %s and targets %s for a %s output (targets must be i32)",
-                              name, deft_dtype_name(tl->dtype), deft_dtype_name(tt->dtype),
-                              deft_dtype_name(n->dtype));
-    if (tl->ndim != 2 || tt->ndim != 1 || tt->shape[0] != tl->shape[0])
-        return deft_set_error(DEFT_ERR_SHAPE, "%s: logits must be [N, C] and targets [N]", name);
-    const int64_t rows = tl->shape[0], c = tl->shape[1];
-    for (int64_t r = 0; r < rows; r++)
-        if (targets[r] < 0 || targets[r] >= c)
-            return deft_set_error(DEFT_ERR_INVALID, "cross_entropy: target %d of row %lld is outside [0, %lld)",
-                                  (int)targets[r], (long long)r, (long long)c);
-    return DEFT_OK;
-}
-
-#define CE_FORWARD(sfx, T)                                                                                       \
-    do {                                                                                                         \
-        const T *x = logits;                                                                                     \
-        DEFT_OMP(parallel for schedule(static) if (rows * c > DEFT_CPU_PAR_MIN / 4 && nchunks > 1))              \
-        for (int64_t k = 0; k < nchunks; k++) {                                                                  \
-            const int64_t r1 = (k + 1) * chunk < rows ? (k + 1) * chunk : rows;                                  \
-            double acc = 0.0;                                                                                    \
-            for (int64_t r = k * chunk; r < r1; r++) acc += ce_row_##sfx(x + r * c, c, t[r]);                   \
-            part[k] = acc;                                                                                       \
-        }                                                                                                        \
-    } while (0)
-
-deft_status deft_cpu_cross_entropy(const deft_tensor *n, void *out, const void *logits, const void *targets) {
-    const int32_t *t = targets;
-    deft_status s = ce_check(n, 0, t);
-    if (s != DEFT_OK) return s;
-    const int64_t rows = n->src[0]->shape[0], c = n->src[0]->shape[1];
-    const int64_t chunk = rows > 0 ? (rows + CE_CHUNKS - 1) / CE_CHUNKS : 1;
-    const int64_t nchunks = (rows + chunk - 1) / chunk;
-    double part[CE_CHUNKS];
-    switch (n->dtype) {
-    case DEFT_F32: CE_FORWARD(f32, float); break;
-    case DEFT_F64: CE_FORWARD(f64, double); break;
-    case DEFT_F16: CE_FORWARD(f16, uint16_t); break;
-    default: CE_FORWARD(bf16, uint16_t); break;
-    }
-    double total = 0.0;
-    for (int64_t k = 0; k < nchunks; k++) total += part[k];
-    /* No rows: the mean of nothing is NaN, as in torch. */
-    deft_store_from_f64(out, n->dtype, 0, rows > 0 ? total / (double)rows : NAN);
-    return DEFT_OK;
-}
-
-#define CE_BACKWARD(sfx, T)                                                                                      \
-    do {                                                                                                         \
-        const T *x = logits;                                                                                     \
-        T *o = out;                                                                                              \
-        DEFT_OMP(parallel for schedule(static) if (rows * c > DEFT_CPU_PAR_MIN / 4 && rows > 1))                 \
-        for (int64_t r = 0; r < rows; r++) ce_grad_row_##sfx(x + r * c, o + r * c, c, t[r], scale);              \
-    } while (0)
-
-deft_status deft_cpu_cross_entropy_grad(const deft_tensor *n, void *out, const void *dloss, const void *logits,
-                                        const void *targets) {
-    const int32_t *t = targets;
-    deft_status s = ce_check(n, 1, t);
-    if (s != DEFT_OK) return s;
-    const deft_tensor *td = n->src[0];
-    if (td->dtype != n->dtype || deft_shape_numel(td->ndim, td->shape) != 1)
-        return deft_set_error(DEFT_ERR_SHAPE, "cross_entropy_grad: the loss gradient must be one %s element",
-                              deft_dtype_name(n->dtype));
-    if (!same_shape(n, n->src[1]))
-        return deft_set_error(DEFT_ERR_SHAPE, "cross_entropy_grad: the output must have the logits' shape");
-    const int64_t rows = n->src[1]->shape[0], c = n->src[1]->shape[1];
-    if (rows == 0 || c == 0) return DEFT_OK;
-    const double scale = deft_load_as_f64(dloss, n->dtype, 0) / (double)rows;
-    switch (n->dtype) {
-    case DEFT_F32: CE_BACKWARD(f32, float); break;
-    case DEFT_F64: CE_BACKWARD(f64, double); break;
-    case DEFT_F16: CE_BACKWARD(f16, uint16_t); break;
-    default: CE_BACKWARD(bf16, uint16_t); break;
     }
     return DEFT_OK;
 }

@@ -4,6 +4,8 @@
 #include "cpu_internal.h"
 
 #define SQRT1_2 0.70710678118654752440
+#define SQRT_2_PI 0.79788456080286535588   /* sqrt(2 / pi) */
+#define GELU_KAPPA 0.044715
 
 
 typedef void (*unary_fn)(void *o, const void *a, int64_t n);
@@ -48,6 +50,9 @@ DEFINE_UNARY(relu, x < 0.0f ? 0.0f : x, x < 0.0 ? 0.0 : x)
 /* 1 + erf(t) = erfc(-t): the erfc form keeps its precision where erf(t) nears -1 (x below about -2). */
 DEFINE_UNARY(gelu, 0.5f * x * erfcf(-x * (float)SQRT1_2), 0.5 * x * erfc(-x * SQRT1_2))
 DEFINE_UNARY(silu, x * sigmoid_f(x), x * sigmoid_d(x))
+/* torch's approximate='tanh' with its order of operations: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */
+DEFINE_UNARY(gelu_tanh, 0.5f * x * (1.0f + tanhf((float)SQRT_2_PI * (x + (float)GELU_KAPPA * (x * x * x)))),
+             0.5 * x * (1.0 + tanh(SQRT_2_PI * (x + GELU_KAPPA * (x * x * x)))))
 
 #define LD_I32(v) ((int64_t)(v))
 static void neg_i32(void *o_, const void *a_, int64_t n) { UNARY_LOOP(int32_t, int64_t, LD_I32, deft_cpu_wrap_i32, -x); }
@@ -56,7 +61,7 @@ static void relu_i32(void *o_, const void *a_, int64_t n) {
 }
 
 /* Indexed [op - DEFT_OP_NEG][dtype]; NULL where the op does not exist for the dtype. */
-static const unary_fn unary_fns[10][DEFT_DTYPE_COUNT] = {
+static const unary_fn unary_fns[11][DEFT_DTYPE_COUNT] = {
     {neg_f32, neg_f64, neg_f16, neg_bf16, neg_i32},
     {exp_f32, exp_f64, exp_f16, exp_bf16, NULL},
     {log_f32, log_f64, log_f16, log_bf16, NULL},
@@ -67,6 +72,7 @@ static const unary_fn unary_fns[10][DEFT_DTYPE_COUNT] = {
     {relu_f32, relu_f64, relu_f16, relu_bf16, relu_i32},
     {gelu_f32, gelu_f64, gelu_f16, gelu_bf16, NULL},
     {silu_f32, silu_f64, silu_f16, silu_bf16, NULL},
+    {gelu_tanh_f32, gelu_tanh_f64, gelu_tanh_f16, gelu_tanh_bf16, NULL},
 };
 
 deft_status deft_cpu_unary(const deft_tensor *n, void *out, const void *a) {

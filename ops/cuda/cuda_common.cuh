@@ -234,5 +234,13 @@ deft_status deft_cuda_cross_entropy(const deft_tensor *n, void *out, const void 
 deft_status deft_cuda_cross_entropy_grad(const deft_tensor *n, void *out, const void *dloss, const void *logits,
                                          const void *targets, cudaStream_t st);
 deft_status deft_cuda_dropout(const deft_tensor *n, void *out, const void *x, cudaStream_t st);
+/* cuda_attention.cu: DEFT_OP_ATTENTION (in: q, k, v) and DEFT_OP_ATTENTION_GRAD (in: dout, q, k, v, out) */
+deft_status deft_cuda_attention(const deft_tensor *n, void *out, const void *const *in, cudaStream_t st);
+/* cuda_gather.cu: embedding and index_select (in: a, index), the order their gradients sum by (in: index), the
+ * gradients (dy, index, order); cuda_where.cu: where and masked_fill (in: the node's sources) */
+deft_status deft_cuda_gather(const deft_tensor *n, void *out, const void *a, const void *index, cudaStream_t st);
+deft_status deft_cuda_index_order(const deft_tensor *n, void *out, const void *index, cudaStream_t st);
+deft_status deft_cuda_gather_grad(const deft_tensor *n, void *out, const void *dy, const void *order, cudaStream_t st);
+deft_status deft_cuda_where(const deft_tensor *n, void *out, const void *const *in, cudaStream_t st);
 
 #endif

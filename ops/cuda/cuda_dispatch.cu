@@ -31,14 +31,20 @@ int deft_cuda_coalesce(deft_cuda_strides *s, int nops) {
 }
 
 /* The dtype input i must have: the output's, except for casts (any), the class-index targets of cross-entropy
- * (i32) and batch norm, whose x and gradients may be f16 or bf16 beside f32 weight and statistics (the mixes
- * ir/build_norm.c allows; its kernels dispatch on both). Returns DEFT_DTYPE_COUNT for "any". */
+ * (i32), the gathers' indices (i32), where's and masked_fill's condition (any) and batch norm, whose x and
+ * gradients may be f16 or bf16 beside f32 weight and statistics (the mixes ir/build_norm.c allows; its kernels
+ * dispatch on both). Returns DEFT_DTYPE_COUNT for "any". */
 static deft_dtype deft_cuda_input_dtype(const deft_tensor *n, int i) {
     if (n->op == DEFT_OP_CAST || n->op == DEFT_OP_BN_STATS || n->op == DEFT_OP_BATCH_NORM ||
         n->op == DEFT_OP_BATCH_NORM_GRAD || n->op == DEFT_OP_BATCH_NORM_WEIGHT_GRAD)
         return DEFT_DTYPE_COUNT;
     if ((n->op == DEFT_OP_CROSS_ENTROPY && i == 1) || (n->op == DEFT_OP_CROSS_ENTROPY_GRAD && i == 2))
         return DEFT_I32;
+    /* the gathers' index and order; where's condition and masked_fill's mask may have any dtype */
+    if (((n->op == DEFT_OP_EMBEDDING || n->op == DEFT_OP_INDEX_SELECT) && i == 1) ||
+        ((n->op == DEFT_OP_EMBEDDING_GRAD || n->op == DEFT_OP_INDEX_SELECT_GRAD) && i >= 1))
+        return DEFT_I32;
+    if ((n->op == DEFT_OP_WHERE && i == 0) || (n->op == DEFT_OP_MASKED_FILL && i == 1)) return DEFT_DTYPE_COUNT;
     return n->dtype;
 }
 
@@ -120,6 +126,20 @@ static deft_status deft_cuda_route(const deft_tensor *n, void *out, const void *
     case DEFT_OP_BATCH_NORM_GRAD:
     case DEFT_OP_BATCH_NORM_WEIGHT_GRAD:
         return deft_cuda_batch_norm(n, out, in, st);
+    case DEFT_OP_ATTENTION:
+    case DEFT_OP_ATTENTION_GRAD:
+        return deft_cuda_attention(n, out, in, st);
+    case DEFT_OP_EMBEDDING:
+    case DEFT_OP_INDEX_SELECT:
+        return deft_cuda_gather(n, out, in[0], in[1], st);
+    case DEFT_OP_INDEX_ORDER:
+        return deft_cuda_index_order(n, out, in[0], st);
+    case DEFT_OP_EMBEDDING_GRAD:
+    case DEFT_OP_INDEX_SELECT_GRAD:
+        return deft_cuda_gather_grad(n, out, in[0], in[2], st);
+    case DEFT_OP_WHERE:
+    case DEFT_OP_MASKED_FILL:
+        return deft_cuda_where(n, out, in, st);
     default:
         break;
     }

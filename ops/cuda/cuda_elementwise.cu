@@ -184,6 +184,7 @@ deft_status deft_cuda_unary(const deft_tensor *n, void *out, const void *a, cuda
     case DEFT_OP_SIGMOID: return deft_map_float<deft_m_sigmoid>(n, out, a, st, 0.0);
     case DEFT_OP_RELU: return deft_map_float<deft_m_relu>(n, out, a, st, 0.0);
     case DEFT_OP_GELU: return deft_map_float<deft_m_gelu>(n, out, a, st, 0.0);
+    case DEFT_OP_GELU_TANH: return deft_map_float<deft_m_gelu_tanh>(n, out, a, st, 0.0);
     case DEFT_OP_SILU: return deft_map_float<deft_m_silu>(n, out, a, st, 0.0);
     default: return deft_set_error(DEFT_ERR_INVALID, "cuda unary: %s is not a unary op", deft_op_name(n->op));
     }

@@ -49,6 +49,11 @@ DEFT_MAP_FN(deft_m_relu, x < C(0) ? C(0) : x)
  * erf(t) nears -1; 1/sqrt(2) rounded to C first, as the CPU does. */
 DEFT_MAP_FN(deft_m_gelu, C(0.5) * x * deft_math_erfc(-x * C(0.70710678118654752440)))
 DEFT_MAP_FN(deft_m_silu, x * deft_math_sigmoid(x))
+/* torch's approximate='tanh', in the CPU's order of operations; the constants rounded to C first. */
+#define DEFT_SQRT_2_PI 0.79788456080286535588
+#define DEFT_GELU_KAPPA 0.044715
+DEFT_MAP_FN(deft_m_gelu_tanh,
+            C(0.5) * x * (C(1) + deft_math_tanh(C(DEFT_SQRT_2_PI) * (x + C(DEFT_GELU_KAPPA) * (x * x * x)))))
 
 /* ---- activation gradients: out = dy * act'(x) ---- */
 /* relu'(0) = 0, and x <= 0 rather than x > 0 so that a NaN input passes dy on, as torch's threshold_backward. */
@@ -61,6 +66,14 @@ struct deft_ag_gelu {
         const C d = C(0.5) * deft_math_erfc(-x * C(DEFT_SQRT1_2)) +
                     x * C(DEFT_INV_SQRT_2PI) * deft_math_exp(C(-0.5) * x * x);
         return dy * d;
+    }
+};
+/* torch's gelu_backward(approximate='tanh'), as the CPU writes it. */
+struct deft_ag_gelu_tanh {
+    template <class C> __device__ C operator()(C dy, C x) const {
+        const C x2 = x * x, t = deft_math_tanh(C(DEFT_SQRT_2_PI) * (x + C(DEFT_GELU_KAPPA) * x2 * x));
+        return dy * (C(0.5) * (C(1) + t) +
+                     C(0.5) * x * (C(1) - t * t) * (C(DEFT_SQRT_2_PI) * (C(1) + C(3) * C(DEFT_GELU_KAPPA) * x2)));
     }
 };
 struct deft_ag_silu {

@@ -64,6 +64,7 @@ template <int V> __device__ __forceinline__ void deft_fused_act_grad(int act, fl
     switch (act) {
     case DEFT_OP_RELU: deft_lanes2<V>(d, dy, x, deft_ag_relu()); return;
     case DEFT_OP_GELU: deft_lanes2<V>(d, dy, x, deft_ag_gelu()); return;
+    case DEFT_OP_GELU_TANH: deft_lanes2<V>(d, dy, x, deft_ag_gelu_tanh()); return;
     case DEFT_OP_SILU: deft_lanes2<V>(d, dy, x, deft_ag_silu()); return;
     case DEFT_OP_TANH: deft_lanes2<V>(d, dy, x, deft_ag_tanh()); return;
     default: deft_lanes2<V>(d, dy, x, deft_ag_sigmoid()); return;
@@ -96,6 +97,7 @@ template <int V> __device__ void deft_fused_apply(const deft_fused_instr &in, fl
     case DEFT_OP_SIGMOID: deft_lanes_map<V, deft_m_sigmoid>(d, x, 0.0); return;
     case DEFT_OP_RELU: deft_lanes_map<V, deft_m_relu>(d, x, 0.0); return;
     case DEFT_OP_GELU: deft_lanes_map<V, deft_m_gelu>(d, x, 0.0); return;
+    case DEFT_OP_GELU_TANH: deft_lanes_map<V, deft_m_gelu_tanh>(d, x, 0.0); return;
     case DEFT_OP_SILU: deft_lanes_map<V, deft_m_silu>(d, x, 0.0); return;
     case DEFT_OP_ACT_GRAD: deft_fused_act_grad<V>(in.act, d, x, y); return;
     /* expand: the broadcast happened in the input's load; cast: the rounding to its dtype that follows */

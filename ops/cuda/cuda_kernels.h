@@ -42,6 +42,9 @@ deft_status deft_cuda_casts_run(const deft_tensor *const *casts, void *const *ou
 /* Whether cuDNN has an algorithm for convolution node n (a conv2d or one of its gradients) at all; when not, why
  * (into why[0..n)) for a compile to refuse it with. The gradients of f64 NHWC convolutions have none. */
 bool deft_cuda_conv_supported(const deft_tensor *n, char *why, size_t why_bytes);
+/* Whether the attention kernels (ops/cuda/cuda_attention.cu) take node n (attention or its gradient): f32, f16,
+ * bf16, head size up to DEFT_ATTENTION_MAX_HEAD; when not, why. */
+bool deft_cuda_attention_supported(const deft_tensor *n, char *why, size_t why_bytes);
 
 /* The library handles of cuda:dev (cuBLAS, cuBLASLt, cuDNN), destroyed once its work is done
  * (deft_memory_release_all); the next call on it makes new ones. */

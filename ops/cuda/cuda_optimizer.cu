@@ -125,7 +125,8 @@ static __device__ bool deft_opt_decide(deft_optimizer_dev *dev, const deft_opt_h
     dev->first = dev->updates == 0;
     if (h.kind == DEFT_OPTIM_ADAMW) {
         const double t = (double)(dev->updates + 1);
-        dev->step_size = dev->lr / (1.0 - pow(h.beta1, t));
+        dev->bc1 = 1.0 - pow(h.beta1, t);
+        dev->step_size = dev->lr / dev->bc1;
         dev->bc2_sqrt = sqrt(1.0 - pow(h.beta2, t));
         dev->decay = 1.0 - dev->lr * h.adamw_weight_decay;
     }
@@ -159,8 +160,24 @@ __global__ void deft_k_opt_update(T *p, const T *g, T *s0, T *s1, int64_t total,
                                   deft_opt_hyper h) {
     if (!dev->update_now) return;
     const T scale = (T)dev->scale;
-    const deft_opt_coef<T> c = deft_opt_coef_of<T>(dev);
+    const deft_opt_coef<T> c = deft_opt_coef_of<T>(dev, h);
     for (int64_t j = deft_tid(); j < total; j += deft_nthreads()) {
+        if (h.kind == DEFT_OPTIM_SGD) deft_opt_sgd_one<T>(p, s0, j, g[j] * scale, h, c);
+        else deft_opt_adamw_one<T>(p, s0, s1, j, g[j] * scale, h, c);
+    }
+}
+
+/* The same under parameter groups: block b takes the norm's block b (a run of one parameter's elements, ir/optimizer.h)
+ * with that parameter's group's coefficients. Elementwise, so the values are the one-pass kernel's for each group. */
+template <class T>
+__global__ void deft_k_opt_update_groups(T *p, const T *g, T *s0, T *s1, const deft_optimizer_block *blocks,
+                                         const deft_optimizer_group *groups, const deft_optimizer_dev *dev,
+                                         deft_opt_hyper h) {
+    if (!dev->update_now) return;
+    const T scale = (T)dev->scale;
+    const deft_optimizer_block bk = blocks[blockIdx.x];
+    const deft_opt_coef<T> c = deft_opt_coef_group<T>(deft_opt_coef_of<T>(dev, h), dev, h, groups, bk.param);
+    for (int64_t j = bk.lo + threadIdx.x; j < bk.hi; j += blockDim.x) {
         if (h.kind == DEFT_OPTIM_SGD) deft_opt_sgd_one<T>(p, s0, j, g[j] * scale, h, c);
         else deft_opt_adamw_one<T>(p, s0, s1, j, g[j] * scale, h, c);
     }
@@ -217,7 +234,11 @@ static deft_status deft_opt_launch(deft_optimizer *o, const deft_optimizer_segme
     if ((s = deft_cuda_check_launch(n, "optimizer norm")) != DEFT_OK) return s;
     deft_k_opt_prepare<<<1, DEFT_OPT_THREADS, 0, st>>>(dev, (int)norm_blocks, h, out);
     if ((s = deft_cuda_check_launch(n, "optimizer prepare")) != DEFT_OK) return s;
-    deft_k_opt_update<T><<<update_blocks, DEFT_OPT_THREADS, 0, st>>>(p, g, s0, s1, total, dev, h);
+    if (o->dev_groups)
+        deft_k_opt_update_groups<T><<<(unsigned)o->n_blocks, DEFT_OPT_THREADS, 0, st>>>(p, g, s0, s1, o->dev_blocks,
+                                                                                       o->dev_groups, dev, h);
+    else
+        deft_k_opt_update<T><<<update_blocks, DEFT_OPT_THREADS, 0, st>>>(p, g, s0, s1, total, dev, h);
     return deft_cuda_check_launch(n, o->kind == DEFT_OPTIM_SGD ? "optimizer sgd" : "optimizer adamw");
 }
 

@@ -164,11 +164,12 @@ __device__ __forceinline__ double deft_opt_block_step(T *p, T *s0, T *s1, const 
 template <class T, int KIND>
 __global__ void __launch_bounds__(DEFT_OPT_THREADS)
     deft_k_opt_fused(T *p, T *s0, T *s1, const deft_optimizer_segment *seg, const deft_optimizer_block *blocks,
-                     double *block_sums, deft_optimizer_dev *dev, deft_opt_hyper h, float *out) {
+                     const deft_optimizer_group *groups, double *block_sums, deft_optimizer_dev *dev,
+                     deft_opt_hyper h, float *out) {
     __shared__ double sh[DEFT_OPT_THREADS];
     __shared__ bool last;
-    const deft_opt_coef<T> c = deft_opt_coef_now<T>(dev, h);
     const deft_optimizer_block bk = blocks[blockIdx.x];
+    const deft_opt_coef<T> c = deft_opt_coef_group<T>(deft_opt_coef_now<T>(dev, h), dev, h, groups, bk.param);
     double sum = deft_opt_block_sum(deft_opt_block_step<T, KIND>(p, s0, s1, bk, seg[bk.param], h, c), sh);
     double total_sq = sum;
     if (gridDim.x > 1) {   /* one block (a small model) has the whole sum already: no ticket, no fences */
@@ -195,14 +196,15 @@ __global__ void __launch_bounds__(DEFT_OPT_THREADS)
  * DEFT_OPT_ONE_BLOCK_MAX elements (cuda_tuning.h). */
 template <class T, int KIND>
 __global__ void deft_k_opt_fused_one(T *p, T *s0, T *s1, const deft_optimizer_segment *seg,
-                                     const deft_optimizer_block *blocks, int n_blocks, deft_optimizer_dev *dev,
-                                     deft_opt_hyper h, float *out) {
+                                     const deft_optimizer_block *blocks, const deft_optimizer_group *groups,
+                                     int n_blocks, deft_optimizer_dev *dev, deft_opt_hyper h, float *out) {
     __shared__ double sh[DEFT_OPT_THREADS];
     const deft_opt_coef<T> c = deft_opt_coef_now<T>(dev, h);
     double v = 0.0;
     for (int b = 0; b < n_blocks; b++) {
         const deft_optimizer_block bk = blocks[b];
-        const double sum = deft_opt_block_sum(deft_opt_block_step<T, KIND>(p, s0, s1, bk, seg[bk.param], h, c), sh);
+        const deft_opt_coef<T> cg = deft_opt_coef_group<T>(c, dev, h, groups, bk.param);
+        const double sum = deft_opt_block_sum(deft_opt_block_step<T, KIND>(p, s0, s1, bk, seg[bk.param], h, cg), sh);
         if ((int)threadIdx.x == b % (int)blockDim.x) v += sum;
         __syncthreads();   /* every thread has read sh[0] before the next sum writes it */
     }
@@ -228,8 +230,8 @@ template <class T> __device__ __forceinline__ T deft_opt_grad_at(const deft_opti
 
 template <class T>
 __global__ void deft_k_opt_fused_warp(T *p, T *s0, T *s1, const deft_optimizer_segment *seg,
-                                      const deft_optimizer_block *blocks, int n_blocks, deft_optimizer_dev *dev,
-                                      deft_opt_hyper h, float *out) {
+                                      const deft_optimizer_block *blocks, const deft_optimizer_group *groups,
+                                      int n_blocks, deft_optimizer_dev *dev, deft_opt_hyper h, float *out) {
     const int lane = (int)threadIdx.x;
     const deft_opt_coef<T> c = deft_opt_coef_now<T>(dev, h);
     double v = 0.0;
@@ -238,10 +240,11 @@ __global__ void deft_k_opt_fused_warp(T *p, T *s0, T *s1, const deft_optimizer_s
         const int64_t j = bk.lo + lane;
         double sum = 0.0;
         if (j < bk.hi) {
+            const deft_opt_coef<T> cg = deft_opt_coef_group<T>(c, dev, h, groups, bk.param);
             const T g = deft_opt_grad_at<T>(seg[bk.param], j - seg[bk.param].offset);
             sum += (double)g * (double)g;
-            if (h.kind == DEFT_OPTIM_SGD) deft_opt_sgd_one<T>(p, s0, j, g, h, c);
-            else deft_opt_adamw_one<T>(p, s0, s1, j, g, h, c);
+            if (h.kind == DEFT_OPTIM_SGD) deft_opt_sgd_one<T>(p, s0, j, g, h, cg);
+            else deft_opt_adamw_one<T>(p, s0, s1, j, g, h, cg);
         }
         for (int w = DEFT_OPT_WARP / 2; w > 0; w >>= 1) sum += __shfl_down_sync(0xffffffffu, sum, w);
         sum = __shfl_sync(0xffffffffu, sum, 0);
@@ -267,11 +270,11 @@ static bool deft_opt_fits_warp(const deft_optimizer *o) {
 template <class T, int KIND>
 __global__ void __launch_bounds__(DEFT_OPT_THREADS)
     deft_k_opt_piece(T *p, T *s0, T *s1, const deft_optimizer_segment *seg, int first_param,
-                     const deft_optimizer_block *blocks, int first_block, const deft_optimizer_dev *dev,
-                     deft_opt_hyper h, double *sums) {
+                     const deft_optimizer_block *blocks, const deft_optimizer_group *groups, int first_block,
+                     const deft_optimizer_dev *dev, deft_opt_hyper h, double *sums) {
     __shared__ double sh[DEFT_OPT_THREADS];
-    const deft_opt_coef<T> c = deft_opt_coef_now<T>(dev, h);
     const deft_optimizer_block bk = blocks[first_block + (int)blockIdx.x];
+    const deft_opt_coef<T> c = deft_opt_coef_group<T>(deft_opt_coef_now<T>(dev, h), dev, h, groups, bk.param);
     const double sum =
         deft_opt_block_sum(deft_opt_block_step<T, KIND>(p, s0, s1, bk, seg[bk.param - first_param], h, c), sh);
     if (threadIdx.x == 0) sums[blockIdx.x] = sum;
@@ -301,14 +304,14 @@ static void deft_opt_fused_queue(const deft_optimizer *o, const deft_optimizer_s
                                  const deft_opt_hyper &h, float *out, cudaStream_t st) {
     T *p = (T *)o->flat_params, *s0 = (T *)o->state0, *s1 = (T *)o->state1;
     if (deft_opt_fits_warp(o))
-        deft_k_opt_fused_warp<T><<<1, DEFT_OPT_WARP, 0, st>>>(p, s0, s1, table, o->dev_blocks, o->n_blocks, o->dev, h,
-                                                              out);
+        deft_k_opt_fused_warp<T><<<1, DEFT_OPT_WARP, 0, st>>>(p, s0, s1, table, o->dev_blocks, o->dev_groups,
+                                                              o->n_blocks, o->dev, h, out);
     else if (o->total <= DEFT_OPT_ONE_BLOCK_MAX && o->n_blocks > 1)
-        deft_k_opt_fused_one<T, KIND><<<1, DEFT_OPT_THREADS, 0, st>>>(p, s0, s1, table, o->dev_blocks, o->n_blocks,
-                                                                      o->dev, h, out);
+        deft_k_opt_fused_one<T, KIND><<<1, DEFT_OPT_THREADS, 0, st>>>(p, s0, s1, table, o->dev_blocks, o->dev_groups,
+                                                                      o->n_blocks, o->dev, h, out);
     else
         deft_k_opt_fused<T, KIND><<<(unsigned)o->n_blocks, DEFT_OPT_THREADS, 0, st>>>(
-            p, s0, s1, table, o->dev_blocks, o->dev_block_sums, o->dev, h, out);
+            p, s0, s1, table, o->dev_blocks, o->dev_groups, o->dev_block_sums, o->dev, h, out);
 }
 
 template <class T>
@@ -327,10 +330,12 @@ deft_status deft_opt_piece_launch(const deft_optimizer *o, const deft_optimizer_
     T *p = (T *)w->flat_params, *s0 = (T *)w->state0, *s1 = (T *)w->state1;
     if (h.kind == DEFT_OPTIM_SGD)
         deft_k_opt_piece<T, DEFT_OPTIM_SGD><<<grid, DEFT_OPT_THREADS, 0, st>>>(
-            p, s0, s1, table, o->part->first_param, w->dev_blocks, o->part->first_block, w->dev, h, sums);
+            p, s0, s1, table, o->part->first_param, w->dev_blocks, w->dev_groups, o->part->first_block, w->dev, h,
+            sums);
     else
         deft_k_opt_piece<T, DEFT_OPTIM_ADAMW><<<grid, DEFT_OPT_THREADS, 0, st>>>(
-            p, s0, s1, table, o->part->first_param, w->dev_blocks, o->part->first_block, w->dev, h, sums);
+            p, s0, s1, table, o->part->first_param, w->dev_blocks, w->dev_groups, o->part->first_block, w->dev, h,
+            sums);
     return deft_cuda_check_launch(w->step_node, "optimizer piece");
 }
 

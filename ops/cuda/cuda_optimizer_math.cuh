@@ -51,19 +51,43 @@ __device__ __forceinline__ double deft_opt_block_sum(double v, double *sh) {
 }
 
 
-/* The coefficients of this run, read once per thread from the device's counters. */
+/* The coefficients of this run, read once per thread from the device's counters: lr and wd (SGD's L2 term), step and
+ * decay (AdamW's) are those of the optimizer's own options, or of a parameter group (deft_opt_coef_group). */
 template <class T> struct deft_opt_coef {
-    T lr, step, bc2_sqrt, decay;
+    T lr, step, bc2_sqrt, decay, wd;
+    double bc1;               /* AdamW: 1 - beta1^t */
     bool first;
 };
 
-template <class T> __device__ __forceinline__ deft_opt_coef<T> deft_opt_coef_of(const deft_optimizer_dev *dev) {
+template <class T>
+__device__ __forceinline__ deft_opt_coef<T> deft_opt_coef_of(const deft_optimizer_dev *dev, const deft_opt_hyper &h) {
     deft_opt_coef<T> c;
     c.lr = (T)dev->lr;
     c.step = (T)dev->step_size;
     c.bc2_sqrt = (T)dev->bc2_sqrt;
     c.decay = (T)dev->decay;
+    c.wd = (T)h.sgd_weight_decay;
+    c.bc1 = dev->bc1;
     c.first = dev->first != 0;
+    return c;
+}
+
+/* The coefficients of parameter group gr (ir/optimizer.h), from this run's: runtime/optimizer_run.c's per-group
+ * formulas, the group's rate lr * lr_scale formed in double. groups NULL (no group was made): c as it is. */
+template <class T>
+__device__ __forceinline__ deft_opt_coef<T> deft_opt_coef_group(deft_opt_coef<T> c, const deft_optimizer_dev *dev,
+                                                                const deft_opt_hyper &h,
+                                                                const deft_optimizer_group *groups, int param) {
+    if (!groups) return c;
+    const deft_optimizer_group gr = groups[param];
+    const double lr = dev->lr * gr.lr_scale;
+    c.lr = (T)lr;
+    if (h.kind == DEFT_OPTIM_SGD) {
+        c.wd = (T)gr.weight_decay;
+    } else {
+        c.step = (T)(lr / c.bc1);
+        c.decay = (T)(1.0 - lr * gr.weight_decay);
+    }
     return c;
 }
 
@@ -73,7 +97,7 @@ template <class T> __device__ __forceinline__ deft_opt_coef<T> deft_opt_coef_of(
 template <class T>
 __device__ __forceinline__ void deft_opt_sgd_reg(T &pj, T &bj, T d, const deft_opt_hyper &h,
                                                  const deft_opt_coef<T> &c) {
-    const T mom = (T)h.momentum, damp = (T)(1.0 - h.dampening), wd = (T)h.sgd_weight_decay;
+    const T mom = (T)h.momentum, damp = (T)(1.0 - h.dampening), wd = c.wd;
     if (wd != T(0)) d += wd * pj;
     if (mom != T(0)) {
         const T b = c.first ? d : mom * bj + damp * d;
@@ -121,10 +145,13 @@ __device__ __forceinline__ deft_opt_coef<T> deft_opt_coef_now(const deft_optimiz
     deft_opt_coef<T> c;
     c.first = dev->updates == 0;
     c.lr = (T)dev->lr;
+    c.wd = (T)h.sgd_weight_decay;
     c.step = c.bc2_sqrt = c.decay = T(0);
+    c.bc1 = 1.0;
     if (h.kind != DEFT_OPTIM_SGD) {   /* double pow in every thread is a good part of a small SGD step */
         const double t = (double)(dev->updates + 1);
-        c.step = (T)(dev->lr / (1.0 - pow(h.beta1, t)));
+        c.bc1 = 1.0 - pow(h.beta1, t);
+        c.step = (T)(dev->lr / c.bc1);
         c.bc2_sqrt = (T)sqrt(1.0 - pow(h.beta2, t));
         c.decay = (T)(1.0 - dev->lr * h.adamw_weight_decay);
     }

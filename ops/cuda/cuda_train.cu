@@ -1,12 +1,11 @@
-/* The ops of training: activation gradients, expand (a materialised broadcast), slice gradients, fused
- * cross-entropy and its gradient, and dropout. The formulas are the CPU backend's (ops/cpu/cpu_train.c): halves
- * compute in float and round once on the store; cross-entropy subtracts the row maximum and sums in double; dropout
- * draws the same counter-based numbers (rng.h), so both backends drop the same elements. */
+/* The ops of training: activation gradients, expand (a materialised broadcast), slice gradients and dropout
+ * (cross-entropy is in cuda_cross_entropy.cu). The formulas are the CPU backend's (ops/cpu/cpu_train.c): halves
+ * compute in float and round once on the store; dropout draws the same counter-based numbers (rng.h), so both
+ * backends drop the same elements. */
 #include <string.h>
 
 #include "cuda_common.cuh"
 #include "cuda_tuning.h"
-#include "device_errors.h"
 #include "cuda_elementwise_fn.cuh"
 #include "rng.h"
 
@@ -62,6 +61,7 @@ deft_status deft_cuda_act_grad(const deft_tensor *n, void *out, const void *dy, 
     switch (n->p.act) {
     case DEFT_OP_RELU: return deft_act_grad_launch(n, out, dy, x, st, deft_ag_relu());
     case DEFT_OP_GELU: return deft_act_grad_launch(n, out, dy, x, st, deft_ag_gelu());
+    case DEFT_OP_GELU_TANH: return deft_act_grad_launch(n, out, dy, x, st, deft_ag_gelu_tanh());
     case DEFT_OP_SILU: return deft_act_grad_launch(n, out, dy, x, st, deft_ag_silu());
     case DEFT_OP_TANH: return deft_act_grad_launch(n, out, dy, x, st, deft_ag_tanh());
     case DEFT_OP_SIGMOID: return deft_act_grad_launch(n, out, dy, x, st, deft_ag_sigmoid());
@@ -137,164 +137,6 @@ deft_status deft_cuda_slice_grad(const deft_tensor *n, void *out, const void *dy
         deft_k_slice_grad<E><<<deft_cuda_blocks(total, DEFT_CUDA_THREADS), DEFT_CUDA_THREADS, 0, st>>>(
             (E *)out, (const E *)dy, total, L, inner, m, start, step);
         return deft_cuda_check_launch(n, "slice_grad");
-    });
-}
-
-/* ---------------------------------------------------------------- cross-entropy */
-/* A target outside [0, C) is data, known only once the kernel runs: the kernel records the lowest such row in the
- * device's error record (mem/device_errors.h) and carries on, its rows giving NaN; the host reports the record
- * when it next reads an output, so no launch waits for the host. The row is clamped so that no key equals "none". */
-__device__ __forceinline__ void deft_ce_record_bad(deft_device_errors *rec, int64_t row, int32_t target, int64_t c) {
-    const unsigned long long r = (unsigned long long)(row < 0xfffffffell ? row : 0xfffffffell);
-    const unsigned long long key = (r << 32) | (unsigned long long)(uint32_t)target;
-    /* Only a kernel that lowered the key writes C; within one kernel every writer writes the same C. */
-    if (key < atomicMin(&rec->ce_bad, key)) rec->ce_classes = (long long)c;
-}
-
-/* Every lane gets the result: the xor butterfly combines the same pairs in every lane, so they agree bit for bit. */
-template <class A> __device__ __forceinline__ A deft_warp_max(A v) {
-    for (int off = 16; off > 0; off >>= 1) v = deft_max_nan(v, __shfl_xor_sync(0xffffffffu, v, off));
-    return v;
-}
-__device__ __forceinline__ double deft_warp_sum(double v) {
-    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-    return v;
-}
-
-/* The row's maximum (NaN wins, so a row holding NaN gives NaN) and the sum of exp(x - max) in double; every lane of
- * the warp calls it and gets both. */
-template <class T>
-__device__ void deft_ce_row_stats(const T *x, int64_t c, int lane, typename deft_ty<T>::C *mx, double *sum) {
-    typedef deft_ty<T> Ty;
-    typedef typename Ty::C C;
-    C m = -INFINITY;
-    for (int64_t l = lane; l < c; l += 32) m = deft_max_nan(Ty::load(x[l]), m);
-    m = deft_warp_max(m);
-    double s = 0.0;
-    for (int64_t l = lane; l < c; l += 32) s += (double)deft_math_exp(Ty::load(x[l]) - m);
-    *mx = m;
-    *sum = deft_warp_sum(s);
-}
-
-/* The loss in two kernels, a warp per row: the first has each block sum its warps' rows (each warp's rows in order,
- * then the warps in order) into deft_ce_partial[block]; the second sums the blocks' partials in a fixed order and
- * divides by N. The partition depends only on N, so the loss does not depend on scheduling. The loss of a row is
- * formed as (max - x[t]) + log(sum) in double, which keeps its precision when the logits are large.
- * deft_ce_partial is one buffer per device: two cross-entropy losses must not run at once on one device (the
- * executor runs a device's steps in order on one stream). At most DEFT_CE_MAX_BLOCKS blocks (cuda_tuning.h). */
-#define DEFT_CE_ROWS_PER_BLOCK (DEFT_CUDA_THREADS / 32)
-__device__ double deft_ce_partial[DEFT_CE_MAX_BLOCKS];
-
-template <class T>
-__global__ void deft_k_cross_entropy_rows(const T *x, const int32_t *t, int64_t rows, int64_t c,
-                                          deft_device_errors *rec) {
-    typedef deft_ty<T> Ty;
-    __shared__ double part[DEFT_CUDA_THREADS / 32];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    const int64_t stride = (int64_t)gridDim.x * nw;
-    double acc = 0.0;
-    for (int64_t r = (int64_t)blockIdx.x * nw + warp; r < rows; r += stride) {
-        const int32_t tr = t[r];
-        if (tr < 0 || tr >= c) {
-            if (lane == 0) deft_ce_record_bad(rec, r, tr, c);
-            acc = NAN;
-            continue;
-        }
-        const T *xr = x + r * c;
-        typename Ty::C m;
-        double s;
-        deft_ce_row_stats(xr, c, lane, &m, &s);
-        acc += ((double)m - (double)Ty::load(xr[tr])) + log(s);
-    }
-    if (lane == 0) part[warp] = acc;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        double total = 0.0;
-        for (int w = 0; w < nw; w++) total += part[w];
-        deft_ce_partial[blockIdx.x] = total;
-    }
-}
-
-/* One warp. */
-template <class T> __global__ void deft_k_cross_entropy_mean(T *out, int nblocks, int64_t rows) {
-    double s = 0.0;
-    for (int b = threadIdx.x; b < nblocks; b += 32) s += deft_ce_partial[b];
-    s = deft_warp_sum(s);
-    /* No rows: the mean of nothing is NaN, as in torch. */
-    if (threadIdx.x == 0) out[0] = deft_ty<T>::from_f64(rows > 0 ? s / (double)rows : (double)NAN);
-}
-
-/* A warp per row over the whole grid: (softmax(row) - onehot(t)) * dloss / N. */
-template <class T>
-__global__ void deft_k_cross_entropy_grad(T *o, const T *dloss, const T *x, const int32_t *t, int64_t rows,
-                                          int64_t c, deft_device_errors *rec) {
-    typedef deft_ty<T> Ty;
-    const int lane = threadIdx.x & 31;
-    const int64_t warp0 = deft_tid() >> 5, nwarps = deft_nthreads() >> 5;
-    const double scale = (double)Ty::load(dloss[0]) / (double)rows;
-    for (int64_t r = warp0; r < rows; r += nwarps) {
-        const int32_t tr = t[r];
-        const T *xr = x + r * c;
-        T *orow = o + r * c;
-        if (tr < 0 || tr >= c) {
-            if (lane == 0) deft_ce_record_bad(rec, r, tr, c);
-            for (int64_t l = lane; l < c; l += 32) orow[l] = Ty::from_f64((double)NAN);
-            continue;
-        }
-        typename Ty::C m;
-        double s;
-        deft_ce_row_stats(xr, c, lane, &m, &s);
-        const double inv = 1.0 / s;
-        for (int64_t l = lane; l < c; l += 32) {
-            const double p = (double)deft_math_exp(Ty::load(xr[l]) - m) * inv;
-            orow[l] = Ty::from_f64((p - (l == tr ? 1.0 : 0.0)) * scale);
-        }
-    }
-}
-
-static deft_status deft_ce_check_shapes(const deft_tensor *n, const deft_tensor *logits, const deft_tensor *targets) {
-    if (logits->ndim != 2 || targets->ndim != 1 || targets->shape[0] != logits->shape[0])
-        return deft_set_error(DEFT_ERR_SHAPE, "%s: logits must be [N, C] and targets [N]", deft_op_name(n->op));
-    return DEFT_OK;
-}
-
-deft_status deft_cuda_cross_entropy(const deft_tensor *n, void *out, const void *logits, const void *targets,
-                                    cudaStream_t st) {
-    deft_status s = deft_ce_check_shapes(n, n->src[0], n->src[1]);
-    if (s != DEFT_OK) return s;
-    const int64_t rows = n->src[0]->shape[0], c = n->src[0]->shape[1];
-    deft_device_errors *rec = NULL;
-    s = deft_device_errors_get(n->device.index, st, &rec);
-    if (s != DEFT_OK) return s;
-    return deft_with_float_dtype(n, [&](auto tag) -> deft_status {
-        typedef typename decltype(tag)::type T;
-        const int64_t want = (rows + DEFT_CE_ROWS_PER_BLOCK - 1) / DEFT_CE_ROWS_PER_BLOCK;
-        const int blocks = (int)(want < 1 ? 1 : want > DEFT_CE_MAX_BLOCKS ? DEFT_CE_MAX_BLOCKS : want);
-        deft_k_cross_entropy_rows<T><<<blocks, DEFT_CUDA_THREADS, 0, st>>>(
-            (const T *)logits, (const int32_t *)targets, rows, c, rec);
-        deft_status r = deft_cuda_check_launch(n, "cross_entropy rows");
-        if (r != DEFT_OK) return r;
-        deft_k_cross_entropy_mean<T><<<1, 32, 0, st>>>((T *)out, blocks, rows);
-        return deft_cuda_check_launch(n, "cross_entropy mean");
-    });
-}
-
-deft_status deft_cuda_cross_entropy_grad(const deft_tensor *n, void *out, const void *dloss, const void *logits,
-                                         const void *targets, cudaStream_t st) {
-    deft_status s = deft_ce_check_shapes(n, n->src[1], n->src[2]);
-    if (s != DEFT_OK) return s;
-    if (deft_shape_numel(n->src[0]->ndim, n->src[0]->shape) != 1 || !deft_same_shape(n, n->src[1]))
-        return deft_set_error(DEFT_ERR_SHAPE, "cross_entropy_grad: wants a one-element loss gradient and an output "
-                                              "of the logits' shape");
-    const int64_t rows = n->src[1]->shape[0], c = n->src[1]->shape[1];
-    deft_device_errors *rec = NULL;
-    s = deft_device_errors_get(n->device.index, st, &rec);
-    if (s != DEFT_OK) return s;
-    return deft_with_float_dtype(n, [&](auto tag) -> deft_status {
-        typedef typename decltype(tag)::type T;
-        deft_k_cross_entropy_grad<T><<<deft_cuda_blocks(rows * 32, DEFT_CUDA_THREADS), DEFT_CUDA_THREADS, 0, st>>>(
-            (T *)out, (const T *)dloss, (const T *)logits, (const int32_t *)targets, rows, c, rec);
-        return deft_cuda_check_launch(n, "cross_entropy_grad");
     });
 }
 
