@@ -13,7 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "checked.h"
 #include "device_internal.h"
+#include "loader_internal.h"
 #include "prefetch.h"
 #include "program_graph.h"
 #include "program_state.h"
@@ -50,6 +52,8 @@ struct deft_loader {
     deft_status error;   /* the fill of seq `filled` failed */
     char errmsg[1024];
 
+    int64_t start;       /* the seq the thread fills first (0, or where deft_loader_seek put it) */
+
     /* the consumer's own */
     int64_t next;        /* the seq the next deft_loader_next takes */
     int end_due;         /* the last batch of an epoch was taken: the next call reports the end */
@@ -67,7 +71,7 @@ deft_status deft_loader_error(deft_status s, const char *fmt, ...) {
 
 static void *deft_loader_main(void *arg) {
     deft_loader *l = arg;
-    for (int64_t seq = 0;; seq++) {
+    for (int64_t seq = l->start;; seq++) {
         pthread_mutex_lock(&l->mu);
         while (!l->stop && seq >= l->released + l->depth) pthread_cond_wait(&l->cv, &l->mu);
         int stop = l->stop;
@@ -165,15 +169,68 @@ deft_status deft_loader_next(deft_loader *l, deft_program *p, deft_loader_batch 
     return DEFT_OK;
 }
 
+/* Waits for a fill in progress to end and the thread with it. */
+static void deft_loader_stop_thread(deft_loader *l) {
+    if (!l->thread_started) return;
+    pthread_mutex_lock(&l->mu);
+    l->stop = 1;
+    pthread_cond_broadcast(&l->cv);
+    pthread_mutex_unlock(&l->mu);
+    pthread_join(l->thread, NULL);
+    l->thread_started = 0;
+}
+
+static deft_status deft_loader_start_thread(deft_loader *l, const char *what) {
+    l->stop = 0;
+    int e = pthread_create(&l->thread, NULL, deft_loader_main, l);
+    if (e != 0) return deft_set_error(DEFT_ERR_RUNTIME, "%s: starting the thread failed: %s", what, strerror(e));
+    l->thread_started = 1;
+    return DEFT_OK;
+}
+
+void deft_loader_position(const deft_loader *l, int64_t *epoch, int64_t *index) {
+    int64_t e = 0, i = 0;
+    if (l && l->end_due) e = l->next / l->per_epoch - 1, i = l->per_epoch;
+    else if (l) e = l->next / l->per_epoch, i = l->next % l->per_epoch;
+    if (epoch) *epoch = e;
+    if (index) *index = i;
+}
+
+int64_t deft_loader_batches_per_epoch(const deft_loader *l) { return l ? l->per_epoch : 0; }
+
+/* The thread is stopped and every buffer's copy waited for before the counters move, so no buffer a copy still
+ * reads is filled again, and the batches from the new position come in the same order as from a new loader. */
+deft_status deft_loader_seek(deft_loader *l, int64_t epoch, int64_t index) {
+    if (!l) return deft_set_error(DEFT_ERR_INVALID, "loader_seek: loader is NULL");
+    int64_t seq;
+    if (epoch < 0 || index < 0 || index > l->per_epoch || !deft_i64_mul(epoch, l->per_epoch, &seq) ||
+        !deft_i64_add(seq, index, &seq) || seq > INT64_MAX - 2 * (int64_t)DEFT_LOADER_MAX_DEPTH)
+        return deft_set_error(DEFT_ERR_INVALID, "loader_seek: position (epoch %lld, index %lld) is out of range; an "
+                              "epoch has %lld batches (index %lld: its end not yet reported)", (long long)epoch,
+                              (long long)index, (long long)l->per_epoch, (long long)l->per_epoch);
+    deft_loader_stop_thread(l);
+    deft_status s = DEFT_OK;
+    for (int k = 0; k < l->depth; k++) {
+        deft_loader_buffer *b = &l->buffers[k];
+        deft_status qs = b->fenced ? deft_prefetch_cuda_event_sync(b->fence_device, b->fence) : DEFT_OK;
+        if (qs != DEFT_OK && s == DEFT_OK) s = qs;
+        b->fenced = 0;
+    }
+    l->start = l->filled = l->released = l->next = seq;
+    l->end_due = index == l->per_epoch;
+    l->error = DEFT_OK;
+    l->errmsg[0] = '\0';
+    deft_status ts = deft_loader_start_thread(l, "loader_seek");
+    if (ts != DEFT_OK) {   /* no thread will fill: deft_loader_next must say so rather than wait */
+        l->error = ts;
+        snprintf(l->errmsg, sizeof l->errmsg, "%s", deft_errmsg());
+    }
+    return s != DEFT_OK ? s : ts;
+}
+
 void deft_loader_free(deft_loader *l) {
     if (!l) return;
-    if (l->thread_started) {
-        pthread_mutex_lock(&l->mu);
-        l->stop = 1;
-        pthread_cond_broadcast(&l->cv);
-        pthread_mutex_unlock(&l->mu);
-        pthread_join(l->thread, NULL);
-    }
+    deft_loader_stop_thread(l);
     for (int k = 0; l->buffers && k < l->depth; k++) {
         deft_loader_buffer *b = &l->buffers[k];
         if (b->fenced) (void)deft_prefetch_cuda_event_sync(b->fence_device, b->fence);
@@ -245,11 +302,7 @@ static deft_status deft_loader_create(deft_tensor *const *inputs, int n_inputs, 
         /* A zero-byte input gets NULL from the pool; the feed of zero bytes never reads it. */
         for (int i = 0; s == DEFT_OK && i < n_inputs; i++) s = deft_pinned_alloc(l->bytes[i], &b->data[i]);
     }
-    if (s == DEFT_OK) {
-        int e = pthread_create(&l->thread, NULL, deft_loader_main, l);
-        if (e != 0) s = deft_set_error(DEFT_ERR_RUNTIME, "loader_new: starting the thread failed: %s", strerror(e));
-        else l->thread_started = 1;
-    }
+    if (s == DEFT_OK) s = deft_loader_start_thread(l, "loader_new");
     if (s != DEFT_OK) {
         deft_loader_free(l);
         return s;

@@ -106,3 +106,12 @@ if(DEFT_BUILD_EXAMPLES)
   set_tests_properties(example_trace_file PROPERTIES LABELS cpu FIXTURES_REQUIRED deft_trace_written
                        PASS_REGULAR_EXPRESSION "\"traceEvents\":\\[.*\"ph\":\"X\".*\"displayTimeUnit\":\"ms\"")
 endif()
+
+# scripts/text_to_tokens.py on a small text, its shards read back by the C reader (test_tokens --check-converted);
+# skips, saying why, without python3.
+find_program(DEFT_BASH bash REQUIRED)
+add_test(NAME text_to_tokens
+         COMMAND ${DEFT_BASH} ${PROJECT_SOURCE_DIR}/tests/text_to_tokens_test.sh ${PROJECT_SOURCE_DIR}
+                 $<TARGET_FILE:test_tokens> ${PROJECT_BINARY_DIR}/text_to_tokens)
+set_tests_properties(text_to_tokens PROPERTIES LABELS cpu TIMEOUT 120 SKIP_RETURN_CODE 77
+                     ENVIRONMENT "${DEFT_TEST_ENV}")

@@ -1,8 +1,10 @@
-/* Data (included by deft.h): asynchronous feeding and loaders, parameter files, idx datasets and CIFAR-10. */
+/* Data (included by deft.h): asynchronous feeding and loaders, parameter and training-state files, idx datasets,
+ * CIFAR-10 and token shards. */
 #ifndef DEFT_PUBLIC_DATA_H
 #define DEFT_PUBLIC_DATA_H
 
 #include "deft/core.h"
+#include "deft/train.h"   /* deft_optimizer, for training state */
 
 #ifdef __cplusplus
 extern "C" {
@@ -48,6 +50,13 @@ typedef struct deft_loader_batch {
 /* Feeds the next batch into p (deft_program_feed_async of each input) and says which it was; after the last batch
  * of an epoch, one call returns with end set. out may be NULL. */
 deft_status deft_loader_next(deft_loader *l, deft_program *p, deft_loader_batch *out);
+/* The loader's position, for training state: the batch (epoch, index) the next deft_loader_next feeds; index is
+ * batches_per_epoch when the last batch of `epoch` was fed and its end not yet reported. deft_loader_seek moves a
+ * loader (a new one, or one in use) there: it waits for the batch being filled and for the copies in flight, drops
+ * the batches filled ahead and fills from the new position, so that the batches that follow are those an
+ * uninterrupted loader would have fed. A position outside [0, batches_per_epoch] is DEFT_ERR_INVALID. */
+void deft_loader_position(const deft_loader *l, int64_t *epoch, int64_t *index);
+deft_status deft_loader_seek(deft_loader *l, int64_t epoch, int64_t index);
 /* Stops the thread (waiting for a fill in progress) and frees the buffers once their copies are done. */
 void deft_loader_free(deft_loader *l);
 /* For fill callbacks: sets the calling thread's message (printf format) and returns s. */
@@ -66,6 +75,37 @@ deft_status deft_loader_error(deft_status s, const char *fmt, ...)
  * load, their data checked by its CRC. */
 deft_status deft_params_save(const deft_graph *g, const char *path);
 deft_status deft_params_load(deft_graph *g, const char *path);
+
+/* ---- training state (llm.c's state files: resuming continues bit for bit) ----
+ * deft_train_state_save writes, in one checksummed file, what the runs after it depend on: every parameter of p's
+ * graph (as a parameter file holds them, read from the device where they live), opt's state (AdamW's moments or
+ * SGD's momentum buffer, its update count and current learning rate, f16 loss scaling's scale, growth counter and
+ * skipped count, and, saved inside a gradient accumulation window, the gradients summed so far and the runs into
+ * the window), p's run counter (from which dropout masks are drawn) and the loader's position
+ * (deft_loader_position). deft_train_state_load restores all of it into a graph, optimizer and program built and
+ * compiled the same way (the same parameters, optimizer kind and hyperparameters, parameter groups,
+ * accumulate_steps and autocast policy), and seeks the loader: the runs that follow give the losses, parameters and
+ * batches that the saved program's would have, bit for bit, on the same device. Neither touches how the program
+ * runs (a loaded program captures and replays its CUDA Graphs as before); on a GPU both wait for the queued runs.
+ * opt may be NULL for a program without an optimizer, loader may be NULL (a load then ignores a saved position);
+ * opt must be of p's graph and in use (a program running its step was compiled, else DEFT_ERR_STATE).
+ * Saving writes a temporary file beside path and renames it into place, so path holds either its old content or the
+ * whole new file. Loading checks the whole file before it changes anything: a truncated or corrupt file is
+ * DEFT_ERR_IO naming the file and what is wrong; an intact file of another model or configuration (a parameter's
+ * name, dtype or shape, the optimizer's kind, parameters, groups or arrays, accumulate_steps, loss scaling, the
+ * loader's batches per epoch, an optimizer or loader state missing) DEFT_ERR_INVALID naming the first difference. */
+deft_status deft_train_state_save(const char *path, deft_program *p, deft_optimizer *opt, deft_loader *loader);
+deft_status deft_train_state_load(const char *path, deft_program *p, deft_optimizer *opt, deft_loader *loader);
+/* What a training-state file says about where training stood (its header, checked, is all that is read). */
+typedef struct deft_train_state_summary {
+    uint64_t runs;             /* the program's runs (a step each) */
+    int has_optimizer;
+    int64_t updates;           /* the optimizer's updates applied (skipped f16 steps not counted) */
+    double lr;
+    int has_loader;
+    int64_t epoch, index;      /* the batch the loader feeds next */
+} deft_train_state_summary;
+deft_status deft_train_state_info(const char *path, deft_train_state_summary *out);
 
 /* ---- datasets in the idx format (MNIST's files) ---- */
 typedef struct deft_idx {
@@ -146,6 +186,55 @@ deft_status deft_cifar_feed_fill(void *feed, int64_t epoch, int64_t index, void 
 void deft_cifar_feed_free(deft_cifar_feed *f);   /* after the loader that uses it */
 /* A loader over the feed into x (f32, the feed's layout and batch) and y (i32 [batch]); other shapes are refused. */
 deft_status deft_loader_new_cifar(deft_cifar_feed *f, deft_tensor *x, deft_tensor *y, int depth, deft_loader **out);
+
+/* ---- token shards (llm.c's format, as its dev/data scripts write them) ----
+ * A shard is a header of 256 little-endian int32 (magic 20240520, version 1, the token count, the rest 0) and then
+ * that many little-endian uint16 tokens. The shards of a set are one stream of tokens, in the order of their paths;
+ * scripts/text_to_tokens.py makes them from a text file (bytes, characters, or GPT-2's BPE through tiktoken). */
+#define DEFT_TOKENS_MAGIC 20240520
+#define DEFT_TOKENS_VERSION 1
+#define DEFT_TOKENS_HEADER_BYTES 1024
+typedef struct deft_tokens deft_tokens;
+/* pattern: one file, a directory (its *.bin files) or a glob(3) pattern ("data/fineweb_train_*.bin"); the files
+ * are taken in byte order of their paths. Every file is checked before any is used, and nothing is kept when one
+ * fails: no file matching, a file that cannot be opened, a magic or version other than llm.c's GPT-2 shards', a
+ * short header, or a count that disagrees with the file's size (truncated, or too long) is DEFT_ERR_IO naming the
+ * file and what is wrong. The files are mapped into memory, not read, so opening costs nothing per token; they must
+ * not shrink while open. */
+deft_status deft_tokens_open(const char *pattern, deft_tokens **out);
+int64_t deft_tokens_count(const deft_tokens *t);                    /* over all its shards; 0 for NULL */
+int deft_tokens_shards(const deft_tokens *t);
+const char *deft_tokens_shard_path(const deft_tokens *t, int shard);   /* NULL outside [0, shards) */
+/* Tokens [start, start + n) of the stream, across shard boundaries, as i32; outside [0, count) is
+ * DEFT_ERR_INVALID. Any number of threads may read at once. */
+deft_status deft_tokens_read(const deft_tokens *t, int64_t start, int64_t n, int32_t *out);
+void deft_tokens_close(deft_tokens *t);
+/* Writes a shard of n tokens (n in [0, 2^31)), each in [0, 65535], else DEFT_ERR_INVALID with nothing written. */
+deft_status deft_tokens_write(const char *path, const int32_t *tokens, int64_t n);
+
+/* Next-token batches over a token stream: it is cut into W = (count - 1) / seq windows, window w starting at token
+ * w * seq; a row of x is a window's first seq tokens and the same row of y the seq tokens one further (x's
+ * targets). An epoch orders the W windows (in stream order, or a permutation drawn from seed and the epoch by
+ * deft_shuffle), and rank r of world takes windows r, r + world, r + 2 world, ... of that order, so ranks never
+ * share a window; each takes (W / world) / batch batches an epoch, the windows left over are dropped. Batch i of a
+ * rank is its windows [i * batch, (i + 1) * batch). Zero options: stream order, one rank (for validation). */
+typedef struct deft_tokens_options {
+    int shuffle;             /* 1: a new order each epoch */
+    uint64_t seed;
+    int rank, world;         /* world 0 means 1 */
+} deft_tokens_options;
+typedef struct deft_tokens_feed deft_tokens_feed;
+/* t must outlive the feed. Fewer windows than one batch per rank is DEFT_ERR_INVALID. */
+deft_status deft_tokens_feed_new(const deft_tokens *t, int64_t batch, int64_t seq, const deft_tokens_options *opts,
+                                 deft_tokens_feed **out);
+int64_t deft_tokens_feed_batches(const deft_tokens_feed *f);   /* per epoch, for this rank */
+/* A deft_loader_fill: batch (epoch, index) into buffers[0] (x) and buffers[1] (y), i32 [batch, seq] each. One
+ * thread at a time (it keeps the epoch's order). */
+deft_status deft_tokens_feed_fill(void *feed, int64_t epoch, int64_t index, void *const *buffers);
+void deft_tokens_feed_free(deft_tokens_feed *f);   /* after the loader that uses it */
+/* A loader over the feed into x and y, inputs of i32 [batch, seq]: batches are made on the loader's thread into
+ * pinned buffers and fed asynchronously; deft_loader_position / deft_loader_seek save and restore where it is. */
+deft_status deft_loader_new_tokens(deft_tokens_feed *f, deft_tensor *x, deft_tensor *y, int depth, deft_loader **out);
 
 #ifdef __cplusplus
 }
