@@ -1,5 +1,6 @@
 # The include rule of tests and benchmarks, run as the ctest `test_support_includes`: of deft's headers they include
-# deft.h and testing/deft_testing.h only (beside their own helpers in tests/ and bench/, and examples/resnet18.h).
+# deft.h and testing/deft_testing.h only (beside their own helpers in tests/ and bench/, examples/resnet18.h and
+# examples/gpt2.h).
 # The include directories already keep the internal folders out of reach; this also catches a relative path into
 # them. Examples include deft.h alone.
 #   cmake -DDEFT_SOURCE_DIR=<source dir> -P testing/check_includes.cmake
@@ -23,11 +24,11 @@ endfunction()
 
 file(GLOB _tests ${DEFT_SOURCE_DIR}/tests/*.c ${DEFT_SOURCE_DIR}/tests/*.h)
 foreach(_f ${_tests})
-  deft_check_file(${_f} deft.h deft_testing.h ../examples/resnet18.h ${_own})
+  deft_check_file(${_f} deft.h deft_testing.h ../examples/resnet18.h ../examples/gpt2.h ${_own})
 endforeach()
 file(GLOB _benches ${DEFT_SOURCE_DIR}/bench/*.c ${DEFT_SOURCE_DIR}/bench/*.h)
 foreach(_f ${_benches})
-  deft_check_file(${_f} deft.h deft_testing.h ../examples/resnet18.h ${_bench_own})
+  deft_check_file(${_f} deft.h deft_testing.h ../examples/resnet18.h ../examples/gpt2.h ${_bench_own})
 endforeach()
 file(GLOB _examples ${DEFT_SOURCE_DIR}/examples/*.c ${DEFT_SOURCE_DIR}/examples/*.h)
 foreach(_f ${_examples})

@@ -50,8 +50,14 @@ if(DEFT_BUILD_EXAMPLES)
                        FIXTURES_REQUIRED deft_mnist_new_dir
                        PASS_REGULAR_EXPRESSION "epoch 1  test accuracy"
                        ENVIRONMENT "${DEFT_TEST_ENV}")
+  # GPT-2's example on the CPU, small: it trains on the default text (or says it is missing), validates and samples.
+  add_test(NAME example_gpt2_train COMMAND gpt2_train --device cpu --layers 2 --width 64 --seq 64 --batch 8
+                                           --steps 60 --log-every 20 --val-every 0 --val-batches 2 --sample 40)
+  set_tests_properties(example_gpt2_train PROPERTIES LABELS cpu TIMEOUT 300
+                       PASS_REGULAR_EXPRESSION "step 60/60  loss [0-9.]+.*validation loss [0-9.]+.*sample:"
+                       ENVIRONMENT "${DEFT_TEST_ENV}")
   # Under ctest stdout is no terminal: progress must come as whole lines, never redrawn with '\r'.
-  set_tests_properties(example_linear_regression example_mnist_mlp example_mnist_mlp_new_dir PROPERTIES
+  set_tests_properties(example_linear_regression example_mnist_mlp example_mnist_mlp_new_dir example_gpt2_train PROPERTIES
                        FAIL_REGULAR_EXPRESSION "\r")
 endif()
 

@@ -1,0 +1,129 @@
+/* GPT-2 (the model nanoGPT and llm.c train) built from deft's public API, for examples/gpt2_train.c, the benchmark
+ * and the reference test: learned token and position tables, pre-norm blocks (layer norm, causal self-attention,
+ * residual add, layer norm, MLP with GELU's tanh form, residual add), a final layer norm and an LM head that reads the
+ * token table transposed (tied weights). Parameter names follow GPT-2's checkpoints: wte, wpe, h<i>.ln_1.weight,
+ * h<i>.attn.c_attn.weight, ..., ln_f.bias. Linear weights are [in, out], as deft_linear keeps them. */
+#ifndef DEFT_EXAMPLE_GPT2_H
+#define DEFT_EXAMPLE_GPT2_H
+
+#include <math.h>
+#include <stdio.h>
+
+#include "deft.h"
+
+typedef struct gpt2_config {
+    int64_t vocab, seq, width, layers, heads;
+} gpt2_config;
+
+/* GPT-2 small: 124M parameters (the vocabulary padded to 50304, as llm.c and nanoGPT pad it). */
+static inline gpt2_config gpt2_124m(void) { return (gpt2_config){50304, 1024, 768, 12, 12}; }
+
+typedef struct gpt2 {
+    gpt2_config c;
+    int64_t batch;
+    deft_graph *g;
+    deft_tensor *x, *y;        /* inputs: i32 [batch, seq] tokens and their next tokens */
+    deft_tensor *logits;       /* [batch, seq, vocab] */
+    deft_tensor *loss;         /* mean cross-entropy of y under logits */
+    deft_tensor *wte, *wpe;
+    deft_tensor *block_out[64];   /* each block's output (checkpoint spans) */
+} gpt2;
+
+/* A 1-D parameter of `width` set to `value`: layer norms' weights (1) and biases (0). */
+static inline deft_tensor *gpt2_vector(deft_graph *g, const char *name, int64_t width, deft_device dev,
+                                       deft_init init) {
+    return deft_param(g, name, DEFT_F32, 1, (int64_t[]){width}, dev, init);
+}
+
+/* y = x @ W + b with W ~ N(0, std) and b = 0, as GPT-2 starts them. */
+static inline deft_tensor *gpt2_linear(const gpt2 *m, deft_tensor *x, int64_t out, const char *name, double std) {
+    const deft_linear_options lo = {.weight_init = DEFT_INIT_ZEROS, .zero_bias = 1};
+    deft_tensor *y = deft_linear(x, out, name, &lo);
+    if (!y) return NULL;
+    char w[96];
+    snprintf(w, sizeof w, "%s.weight", name);
+    return deft_param_init_normal(deft_graph_find(m->g, w), 0.0, std, 0) == DEFT_OK ? y : NULL;
+}
+
+static inline deft_tensor *gpt2_layer_norm(const gpt2 *m, deft_tensor *x, const char *prefix, deft_device dev) {
+    const int64_t width = m->c.width;
+    char w[96], b[96];
+    snprintf(w, sizeof w, "%s.weight", prefix);
+    snprintf(b, sizeof b, "%s.bias", prefix);
+    deft_graph *g = m->g;
+    return deft_layer_norm(x, gpt2_vector(g, w, width, dev, DEFT_INIT_ONES), gpt2_vector(g, b, width, dev,
+                           DEFT_INIT_ZEROS), 1e-5);
+}
+
+/* [B, T, C] -> [B, H, T, D] */
+static inline deft_tensor *gpt2_heads(deft_tensor *t, const gpt2 *m) {
+    const int64_t d = m->c.width / m->c.heads;
+    t = deft_reshape(t, 4, (int64_t[]){m->batch, m->c.seq, m->c.heads, d});
+    return deft_permute(t, (int[]){0, 2, 1, 3});
+}
+
+static inline deft_tensor *gpt2_attention(deft_tensor *a, const gpt2 *m, const char *prefix, double proj_std) {
+    const int64_t c = m->c.width;
+    char name[64];   /* the prefix comes from gpt2_block's 48 bytes */
+    snprintf(name, sizeof name, "%s.c_attn", prefix);
+    deft_tensor *qkv = gpt2_linear(m, a, 3 * c, name, 0.02);
+    deft_tensor *q = gpt2_heads(deft_slice(qkv, 2, 0, c, 1), m);
+    deft_tensor *k = gpt2_heads(deft_slice(qkv, 2, c, 2 * c, 1), m);
+    deft_tensor *v = gpt2_heads(deft_slice(qkv, 2, 2 * c, 3 * c, 1), m);
+    const deft_attention_options ao = {.causal = 1};
+    deft_tensor *y = deft_permute(deft_attention(q, k, v, &ao), (int[]){0, 2, 1, 3});
+    y = deft_reshape(y, 3, (int64_t[]){m->batch, m->c.seq, c});
+    snprintf(name, sizeof name, "%s.c_proj", prefix);
+    return gpt2_linear(m, y, c, name, proj_std);
+}
+
+static inline deft_tensor *gpt2_block(deft_tensor *h, const gpt2 *m, int i, deft_device dev) {
+    const int64_t c = m->c.width;
+    const double proj_std = 0.02 / sqrt(2.0 * (double)m->c.layers);
+    char p[48], q[48];
+    snprintf(p, sizeof p, "h%d.ln_1", i);
+    snprintf(q, sizeof q, "h%d.attn", i);
+    h = deft_add(h, gpt2_attention(gpt2_layer_norm(m, h, p, dev), m, q, proj_std));
+    snprintf(p, sizeof p, "h%d.ln_2", i);
+    deft_tensor *f = gpt2_layer_norm(m, h, p, dev);
+    snprintf(q, sizeof q, "h%d.mlp.c_fc", i);
+    f = deft_gelu_tanh(gpt2_linear(m, f, 4 * c, q, 0.02));
+    snprintf(q, sizeof q, "h%d.mlp.c_proj", i);
+    return deft_add(h, gpt2_linear(m, f, c, q, proj_std));
+}
+
+/* Builds the model into a new graph for batches of `batch` sequences on `dev`, its parameters drawn from `seed`.
+ * On failure m->g holds the graph (its error says why) and the return value is the status. */
+static inline deft_status gpt2_build(gpt2 *m, const gpt2_config *c, int64_t batch, deft_device dev, uint64_t seed) {
+    *m = (gpt2){.c = *c, .batch = batch, .g = deft_graph_new()};
+    if (!m->g) return DEFT_ERR_OOM;
+    if (c->layers < 1 || c->layers > 64 || c->heads < 1 || c->width % c->heads != 0)
+        return DEFT_ERR_INVALID;
+    deft_graph_set_seed(m->g, seed);
+    const int64_t bt[2] = {batch, c->seq};
+    m->x = deft_input(m->g, "x", DEFT_I32, 2, bt, dev);
+    m->y = deft_input(m->g, "y", DEFT_I32, 2, bt, dev);
+    m->wte = deft_param(m->g, "wte", DEFT_F32, 2, (int64_t[]){c->vocab, c->width}, dev, DEFT_INIT_ZEROS);
+    m->wpe = deft_param(m->g, "wpe", DEFT_F32, 2, (int64_t[]){c->seq, c->width}, dev, DEFT_INIT_ZEROS);
+    if (!m->wte || !m->wpe) return deft_graph_error(m->g);
+    deft_status s = deft_param_init_normal(m->wte, 0.0, 0.02, 0);
+    if (s == DEFT_OK) s = deft_param_init_normal(m->wpe, 0.0, 0.02, 0);
+    if (s != DEFT_OK) return s;
+    deft_tensor *pos = deft_arange(m->g, DEFT_I32, 0, (double)c->seq, 1, dev);
+    deft_tensor *h = deft_add(deft_embedding(m->wte, m->x), deft_embedding(m->wpe, pos));
+    for (int i = 0; i < (int)c->layers; i++) m->block_out[i] = h = gpt2_block(h, m, i, dev);
+    h = gpt2_layer_norm(m, h, "ln_f", dev);
+    m->logits = deft_set_name(deft_matmul_t(h, m->wte, 0, 1), "logits");
+    deft_tensor *flat = deft_reshape(m->logits, 2, (int64_t[]){batch * c->seq, c->vocab});
+    deft_tensor *targets = deft_reshape(m->y, 1, (int64_t[]){batch * c->seq});
+    m->loss = deft_set_name(deft_cross_entropy(flat, targets), "loss");
+    return m->loss ? DEFT_OK : deft_graph_error(m->g);
+}
+
+/* The number of parameters. */
+static inline int64_t gpt2_param_count(const gpt2_config *c) {
+    const int64_t w = c->width;
+    return c->vocab * w + c->seq * w + c->layers * (12 * w * w + 13 * w) + 2 * w;
+}
+
+#endif

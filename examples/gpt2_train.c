@@ -1,0 +1,451 @@
+/* GPT-2 trained from token shards (llm.c's format) or a text file: the model of examples/gpt2.h, AdamW with weight
+ * decay on the 2-D weights only, warmup and a cosine learning rate, gradient clipping, bf16 autocast on a GPU, an
+ * optional activation checkpointing budget; progress (loss, tokens/s, memory), validation loss, and a short sample
+ * from the model at the end. Without --tokens it trains a small character-level model on a licence text every
+ * Debian system has.
+ *
+ *   ./gpt2_train [--model 124M | --layers L --width C --heads H --seq T --vocab V] [--tokens PATTERN | --text FILE]
+ *                [--steps N] [--batch B] [--lr LR] ...   (--help lists every option) */
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "deft.h"
+#include "example_util.h"
+#include "gpt2.h"
+
+#define DEFAULT_TEXT "/usr/share/common-licenses/GPL-3"
+
+typedef struct options {
+    gpt2_config model;
+    const char *tokens, *val_tokens, *text, *device, *trace, *init_out;
+    int64_t batch, steps, warmup, val_every, val_batches, log_every, sample;
+    double lr, min_lr_frac, weight_decay, clip;
+    size_t checkpoint_budget;
+    deft_dtype autocast;
+    int autocast_set, no_shuffle, print_plan;
+    uint64_t seed;
+} options;
+
+static const char help[] =
+    "usage: gpt2_train [options]\n"
+    "\n"
+    "Trains GPT-2 (learned positions, pre-norm blocks, causal self-attention, GELU (tanh), tied LM head) with AdamW\n"
+    "(weight decay on 2-D weights only), warmup + cosine learning rate and gradient clipping, printing the loss,\n"
+    "tokens/s and memory, the validation loss, and a sample from the model at the end.\n"
+    "\n"
+    "Model (default: a small character-level model, 4 layers, width 128, 4 heads, seq 128, vocab 256):\n"
+    "  --model 124M         GPT-2 small: 12 layers, width 768, 12 heads, seq 1024, vocab 50304\n"
+    "  --layers L           blocks (default: 4)\n"
+    "  --width C            model width (default: 128)\n"
+    "  --heads H            attention heads; must divide the width (default: 4)\n"
+    "  --seq T              sequence length (default: 128)\n"
+    "  --vocab V            vocabulary size (default: 256; token ids must be below it)\n"
+    "Data:\n"
+    "  --tokens PATTERN     training shards in llm.c's format: a file, a directory or a glob (with a directory,\n"
+    "                       its *_train_*.bin shards train and its *_val_*.bin shards validate)\n"
+    "  --val-tokens PATTERN validation shards (default: from --tokens' directory, or the text's last tenth)\n"
+    "  --text FILE          train on FILE's bytes as tokens (vocab 256; default: " DEFAULT_TEXT ")\n"
+    "Training:\n"
+    "  --steps N            optimizer steps (default: 200)\n"
+    "  --batch B            sequences per step (default: 8)\n"
+    "  --lr LR              peak learning rate (default: 1e-3)\n"
+    "  --min-lr-frac F      the cosine ends at F * LR (default: 0.1)\n"
+    "  --warmup W           linear warmup steps (default: steps / 10)\n"
+    "  --weight-decay WD    AdamW's decay of the 2-D weights (default: 0.1)\n"
+    "  --clip NORM          clip gradients to this global norm; 0: no clipping (default: 1.0)\n"
+    "  --autocast bf16|f16|none   mixed precision (default: bf16 on a GPU, none on the CPU)\n"
+    "  --checkpoint-budget BYTES  activation checkpointing to fit this many bytes a step (default: none)\n"
+    "  --device DEV         cpu or cuda:N (default: cuda:0 if a GPU works, else cpu)\n"
+    "  --seed S             weights and data order (default: 1337)\n"
+    "  --no-shuffle         batches in stream order (windows of seq + 1 tokens every seq tokens), not shuffled\n"
+    "  --init-out FILE      write the initial weights (f32, [in, out] linear weights) for a peer to start from\n"
+    "                       (bench/peers/gpt2_train.py reads it)\n"
+    "  --print-plan         print the training step's memory plan (every buffer, its size and offset)\n"
+    "Reports:\n"
+    "  --log-every N        print the loss every N steps (default: 10)\n"
+    "  --val-every N        validation loss every N steps and at the end; 0: only at the end (default: 100)\n"
+    "  --val-batches K      validation batches (default: 8)\n"
+    "  --sample N           tokens to generate at the end (greedy); 0: none (default: 200)\n"
+    "  --trace FILE         after training, trace one more step to a Chrome trace-event JSON file\n"
+    "  -h, --help           this help\n";
+
+static int parse_size(const char *s, size_t *out) {
+    char *end = NULL;
+    const double v = strtod(s, &end);
+    if (end == s || v < 0 || !isfinite(v)) return 0;
+    double mult = 1;
+    if (*end == 'K' || *end == 'k') mult = 1024.0, end++;
+    else if (*end == 'M' || *end == 'm') mult = 1048576.0, end++;
+    else if (*end == 'G' || *end == 'g') mult = 1073741824.0, end++;
+    if (*end == 'B' || *end == 'b') end++;
+    *out = (size_t)(v * mult);
+    return *end == 0;
+}
+
+static int parse_one(options *o, const char *k, const char *v) {
+    if (!strcmp(k, "--model")) {
+        if (strcmp(v, "124M") && strcmp(v, "124m")) return 0;
+        o->model = gpt2_124m();
+    } else if (!strcmp(k, "--layers")) o->model.layers = atoll(v);
+    else if (!strcmp(k, "--width")) o->model.width = atoll(v);
+    else if (!strcmp(k, "--heads")) o->model.heads = atoll(v);
+    else if (!strcmp(k, "--seq")) o->model.seq = atoll(v);
+    else if (!strcmp(k, "--vocab")) o->model.vocab = atoll(v);
+    else if (!strcmp(k, "--tokens")) o->tokens = v;
+    else if (!strcmp(k, "--val-tokens")) o->val_tokens = v;
+    else if (!strcmp(k, "--text")) o->text = v;
+    else if (!strcmp(k, "--steps")) o->steps = atoll(v);
+    else if (!strcmp(k, "--batch")) o->batch = atoll(v);
+    else if (!strcmp(k, "--lr")) o->lr = atof(v);
+    else if (!strcmp(k, "--min-lr-frac")) o->min_lr_frac = atof(v);
+    else if (!strcmp(k, "--warmup")) o->warmup = atoll(v);
+    else if (!strcmp(k, "--weight-decay")) o->weight_decay = atof(v);
+    else if (!strcmp(k, "--clip")) o->clip = atof(v);
+    else if (!strcmp(k, "--autocast")) {
+        o->autocast_set = 1;
+        if (!strcmp(v, "bf16")) o->autocast = DEFT_BF16;
+        else if (!strcmp(v, "f16")) o->autocast = DEFT_F16;
+        else if (!strcmp(v, "none")) o->autocast = DEFT_F32;
+        else return 0;
+    } else if (!strcmp(k, "--checkpoint-budget")) return parse_size(v, &o->checkpoint_budget);
+    else if (!strcmp(k, "--device")) o->device = v;
+    else if (!strcmp(k, "--seed")) o->seed = (uint64_t)atoll(v);
+    else if (!strcmp(k, "--log-every")) o->log_every = atoll(v);
+    else if (!strcmp(k, "--val-every")) o->val_every = atoll(v);
+    else if (!strcmp(k, "--val-batches")) o->val_batches = atoll(v);
+    else if (!strcmp(k, "--sample")) o->sample = atoll(v);
+    else if (!strcmp(k, "--init-out")) o->init_out = v;
+    else return 0;
+    return 1;
+}
+
+/* Flags without a value. */
+static int parse_flag(options *o, const char *k) {
+    if (!strcmp(k, "--no-shuffle")) o->no_shuffle = 1;
+    else if (!strcmp(k, "--print-plan")) o->print_plan = 1;
+    else return 0;
+    return 1;
+}
+
+static int parse(int argc, char **argv, options *o) {
+    *o = (options){.model = {256, 128, 128, 4, 4}, .batch = 8, .steps = 200, .warmup = -1, .val_every = 100,
+                   .val_batches = 8, .log_every = 10, .sample = 200, .lr = 1e-3, .min_lr_frac = 0.1,
+                   .weight_decay = 0.1, .clip = 1.0, .seed = 1337};
+    int bad = 0;
+    o->trace = example_trace_arg(&argc, argv, &bad);
+    for (int i = 1; !bad && i < argc; i++) {
+        if (parse_flag(o, argv[i])) continue;
+        bad = i + 1 >= argc || !parse_one(o, argv[i], argv[i + 1]);
+        i++;
+    }
+    if (o->warmup < 0) o->warmup = o->steps / 10;
+    return !bad && o->steps > 0 && o->batch > 0 && o->lr > 0 && o->log_every > 0 && o->val_batches > 0 &&
+           o->val_every >= 0 && o->sample >= 0 && !(o->tokens && o->text);
+}
+
+/* ---- data: shards, or a text file written into shards (bytes as tokens) in a temporary directory ---- */
+
+typedef struct data {
+    deft_tokens *train, *val;
+    char dir[256];             /* the text's shards, removed at the end */
+} data;
+
+static deft_status text_to_shards(data *d, const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return DEFT_ERR_IO;
+    fseek(f, 0, SEEK_END);
+    const long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    int32_t *tok = n > 0 ? malloc(sizeof(int32_t) * (size_t)n) : NULL;
+    unsigned char *bytes = n > 0 ? malloc((size_t)n) : NULL;
+    deft_status s = tok && bytes && fread(bytes, 1, (size_t)n, f) == (size_t)n ? DEFT_OK : DEFT_ERR_IO;
+    fclose(f);
+    for (long i = 0; s == DEFT_OK && i < n; i++) tok[i] = bytes[i];
+    snprintf(d->dir, sizeof d->dir, "%s/deft-gpt2-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+    if (s == DEFT_OK && !mkdtemp(d->dir)) s = DEFT_ERR_IO;
+    char train[300], val[300];
+    snprintf(train, sizeof train, "%s/text_train.bin", d->dir);
+    snprintf(val, sizeof val, "%s/text_val.bin", d->dir);
+    const int64_t n_val = n / 10;
+    if (s == DEFT_OK) s = deft_tokens_write(val, tok + (n - n_val), n_val);
+    if (s == DEFT_OK) s = deft_tokens_write(train, tok, n - n_val);
+    if (s == DEFT_OK) s = deft_tokens_open(train, &d->train);
+    if (s == DEFT_OK) s = deft_tokens_open(val, &d->val);
+    free(tok);
+    free(bytes);
+    return s;
+}
+
+static deft_status data_open(data *d, const options *o) {
+    memset(d, 0, sizeof *d);
+    if (!o->tokens) return text_to_shards(d, o->text ? o->text : DEFAULT_TEXT);
+    char train[1024], val[1024];
+    snprintf(train, sizeof train, "%s", o->tokens);
+    snprintf(val, sizeof val, "%s", o->val_tokens ? o->val_tokens : "");
+    deft_tokens *probe = NULL;
+    /* A directory: its *_train_* shards train, its *_val_* shards validate, as llm.c's data scripts name them. */
+    if (!o->val_tokens && deft_tokens_open(o->tokens, &probe) == DEFT_OK) {
+        int has_val = 0;
+        for (int i = 0; i < deft_tokens_shards(probe); i++)
+            has_val |= strstr(deft_tokens_shard_path(probe, i), "_val_") != NULL;
+        if (has_val) {
+            snprintf(train, sizeof train, "%s/*_train_*.bin", o->tokens);
+            snprintf(val, sizeof val, "%s/*_val_*.bin", o->tokens);
+        }
+        deft_tokens_close(probe);
+    }
+    deft_status s = deft_tokens_open(train, &d->train);
+    if (s == DEFT_OK && val[0]) s = deft_tokens_open(val, &d->val);
+    return s;
+}
+
+static void data_close(data *d) {
+    deft_tokens_close(d->train);
+    deft_tokens_close(d->val);
+    if (d->dir[0]) {
+        char p[300];
+        snprintf(p, sizeof p, "%s/text_train.bin", d->dir);
+        remove(p);
+        snprintf(p, sizeof p, "%s/text_val.bin", d->dir);
+        remove(p);
+        remove(d->dir);
+    }
+}
+
+/* ---- the initial weights for a peer: b"DEFTREF1", a count, then per parameter its name, dtype 0 (f32), dims and
+ * values (tests/reference/gpt2_reference.py's format) ---- */
+
+static int write_entry(FILE *f, const char *name, deft_tensor *p) {
+    const int32_t len = (int32_t)strlen(name), dt = 0, nd = deft_tensor_ndim(p);
+    const int64_t n = deft_tensor_numel(p);
+    float *v = malloc(sizeof(float) * (size_t)n);
+    int ok = v && deft_param_get(p, v, sizeof(float) * (size_t)n) == DEFT_OK;
+    ok = ok && fwrite(&len, 4, 1, f) == 1 && fwrite(name, 1, (size_t)len, f) == (size_t)len &&
+         fwrite(&dt, 4, 1, f) == 1 && fwrite(&nd, 4, 1, f) == 1;
+    for (int d = 0; ok && d < nd; d++) {
+        const int64_t dim = deft_tensor_dim(p, d);
+        ok = fwrite(&dim, 8, 1, f) == 1;
+    }
+    ok = ok && fwrite(v, sizeof(float), (size_t)n, f) == (size_t)n;
+    free(v);
+    return ok;
+}
+
+static deft_status write_init(const deft_optimizer *opt, const char *path) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return DEFT_ERR_IO;
+    const int32_t n = deft_optimizer_param_count(opt);
+    int ok = fwrite("DEFTREF1", 1, 8, f) == 8 && fwrite(&n, 4, 1, f) == 1;
+    for (int i = 0; ok && i < n; i++) {
+        deft_tensor *p = deft_optimizer_param(opt, i);
+        char name[128];
+        snprintf(name, sizeof name, "param/%s", deft_tensor_name(p));
+        ok = write_entry(f, name, p);
+    }
+    ok = fclose(f) == 0 && ok;
+    return ok ? DEFT_OK : DEFT_ERR_IO;
+}
+
+/* ---- training ---- */
+
+typedef struct run {
+    options o;
+    deft_device dev;
+    gpt2 m;
+    deft_optimizer *opt;
+    deft_tensor *step;
+    deft_program *train, *eval;
+    data d;
+    deft_tokens_feed *feed;
+    deft_loader *loader;
+} run;
+
+static double lr_at(const options *o, int64_t step) {
+    if (step < o->warmup) return o->lr * (double)(step + 1) / (double)o->warmup;
+    const double span = (double)(o->steps - o->warmup);
+    const double t = span > 0 ? (double)(step - o->warmup) / span : 1.0;
+    const double min_lr = o->lr * o->min_lr_frac;
+    return min_lr + 0.5 * (o->lr - min_lr) * (1.0 + cos(3.14159265358979323846 * (t < 1 ? t : 1)));
+}
+
+static deft_status build(run *r) {
+    deft_status s = gpt2_build(&r->m, &r->o.model, r->o.batch, r->dev, r->o.seed);
+    if (s == DEFT_OK) s = deft_backward(r->m.loss);
+    if (s != DEFT_OK) return s;
+    const deft_adamw_options ao = {.lr = r->o.lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8,
+                                   .weight_decay = r->o.weight_decay};
+    const deft_step_options so = {.max_grad_norm = r->o.clip};
+    r->opt = deft_adamw(r->m.g, &ao, &so);
+    if (!r->opt) return deft_graph_error(r->m.g);
+    s = deft_optimizer_decay_2d_only(r->opt);
+    r->step = s == DEFT_OK ? deft_optimizer_step(r->opt) : NULL;
+    if (!r->step) return s != DEFT_OK ? s : deft_graph_error(r->m.g);
+    const deft_compile_options co = {.autocast = r->o.autocast, .memory_budget = r->o.checkpoint_budget,
+                                     .checkpoint = r->o.checkpoint_budget ? DEFT_CHECKPOINT_BUDGET : 0};
+    r->train = deft_compile(r->m.g, (deft_tensor *[]){r->m.loss, r->step}, 2, &co);
+    if (!r->train) return deft_graph_error(r->m.g) != DEFT_OK ? deft_graph_error(r->m.g) : DEFT_ERR_INVALID;
+    const deft_compile_options eo = {.autocast = r->o.autocast};
+    r->eval = deft_compile(r->m.g, (deft_tensor *[]){r->m.loss, r->m.logits}, 2, &eo);
+    if (!r->eval) return DEFT_ERR_INVALID;
+    const deft_tokens_options to = {.shuffle = !r->o.no_shuffle, .seed = r->o.seed};
+    s = deft_tokens_feed_new(r->d.train, r->o.batch, r->o.model.seq, &to, &r->feed);
+    if (s == DEFT_OK) s = deft_loader_new_tokens(r->feed, r->m.x, r->m.y, 0, &r->loader);
+    return s;
+}
+
+/* The mean loss of the first K validation batches (in stream order). */
+static deft_status validate(run *r, double *loss) {
+    const int64_t per = r->o.batch * r->o.model.seq;
+    int32_t *x = malloc(sizeof(int32_t) * (size_t)(per + 1)), *y = malloc(sizeof(int32_t) * (size_t)per);
+    deft_status s = x && y ? DEFT_OK : DEFT_ERR_OOM;
+    const int64_t avail = r->d.val ? (deft_tokens_count(r->d.val) - 1) / per : 0;
+    const int64_t k = avail < r->o.val_batches ? avail : r->o.val_batches;
+    double sum = 0;
+    for (int64_t b = 0; s == DEFT_OK && b < k; b++) {
+        for (int64_t row = 0; s == DEFT_OK && row < r->o.batch; row++) {
+            const int64_t start = b * per + row * r->o.model.seq, t = r->o.model.seq;
+            s = deft_tokens_read(r->d.val, start, t + 1, x + row * t);
+            memcpy(y + row * t, x + row * t + 1, sizeof(int32_t) * (size_t)t);
+        }
+        float l = 0;
+        if (s == DEFT_OK) s = deft_program_feed(r->eval, r->m.x, x, sizeof(int32_t) * (size_t)per);
+        if (s == DEFT_OK) s = deft_program_feed(r->eval, r->m.y, y, sizeof(int32_t) * (size_t)per);
+        if (s == DEFT_OK) s = deft_program_run(r->eval);
+        if (s == DEFT_OK) s = deft_program_read(r->eval, r->m.loss, &l, sizeof l);
+        sum += l;
+    }
+    *loss = k ? sum / (double)k : NAN;
+    free(x);
+    free(y);
+    return s;
+}
+
+static void print_memory(const run *r) {
+    deft_memory_report mr;
+    if (deft_program_memory(r->train, &mr) == DEFT_OK)
+        printf("memory: arena %.1f MiB (lower bound %.1f MiB), parameters and state %.1f MiB\n",
+               (double)mr.arena_bytes / 1048576.0, (double)mr.lower_bound_bytes / 1048576.0,
+               (double)mr.persistent_bytes / 1048576.0);
+}
+
+static deft_status train(run *r) {
+    const double tokens_per_step = (double)(r->o.batch * r->o.model.seq);
+    double t0 = seconds();
+    int64_t logged = 0;   /* steps done at the last progress line */
+    deft_status s = DEFT_OK;
+    for (int64_t step = 0; s == DEFT_OK && step < r->o.steps; step++) {
+        s = deft_optimizer_set_lr(r->opt, lr_at(&r->o, step));
+        if (s == DEFT_OK) s = deft_loader_next(r->loader, r->train, NULL);
+        if (s == DEFT_OK) s = deft_program_run(r->train);
+        /* Reading the loss waits for the step: only the progress lines do. */
+        if (s == DEFT_OK && ((step + 1) % r->o.log_every == 0 || step + 1 == r->o.steps)) {
+            float l = 0;
+            s = deft_program_read(r->train, r->m.loss, &l, sizeof l);
+            const double rate = tokens_per_step * (double)(step + 1 - logged) / (seconds() - t0);
+            printf("step %lld/%lld  loss %.4f  lr %.3g  %.0f tokens/s\n", (long long)(step + 1),
+                   (long long)r->o.steps, l, lr_at(&r->o, step), rate);
+            fflush(stdout);
+            logged = step + 1;
+            t0 = seconds();
+        }
+        if (s == DEFT_OK && r->o.val_every && (step + 1) % r->o.val_every == 0 && step + 1 != r->o.steps) {
+            double vl = 0;
+            s = validate(r, &vl);
+            if (s == DEFT_OK && !isnan(vl)) printf("step %lld  validation loss %.4f\n", (long long)(step + 1), vl);
+            t0 = seconds();
+        }
+    }
+    return s;
+}
+
+/* Greedy decoding: the context sits in row 0 of a batch; the causal model's logits at position t - 1 see only
+ * tokens 0..t-1, so the rest of the row may hold anything. */
+static deft_status sample(run *r) {
+    const int64_t t_max = r->o.model.seq, v = r->o.model.vocab, per = r->o.batch * t_max;
+    int32_t *x = calloc((size_t)per, sizeof(int32_t));
+    float *logits = malloc(sizeof(float) * (size_t)(per * v));
+    deft_status s = x && logits ? DEFT_OK : DEFT_ERR_OOM;
+    int64_t len = 1;
+    x[0] = '\n' < v ? '\n' : 0;
+    printf("sample:\n");
+    for (int64_t i = 0; s == DEFT_OK && i < r->o.sample; i++) {
+        s = deft_program_feed(r->eval, r->m.x, x, sizeof(int32_t) * (size_t)per);
+        if (s == DEFT_OK) s = deft_program_feed(r->eval, r->m.y, x, sizeof(int32_t) * (size_t)per);
+        if (s == DEFT_OK) s = deft_program_run(r->eval);
+        if (s == DEFT_OK) s = deft_program_read(r->eval, r->m.logits, logits, sizeof(float) * (size_t)(per * v));
+        if (s != DEFT_OK) break;
+        const float *row = logits + (len - 1) * v;
+        int32_t best = 0;
+        for (int32_t k = 1; k < v; k++) best = row[k] > row[best] ? k : best;
+        if (v <= 256) putchar(best >= 32 || best == '\n' ? best : '?');
+        else printf("%d ", best);
+        if (len < t_max) x[len++] = best;
+        else memmove(x, x + 1, sizeof(int32_t) * (size_t)(t_max - 1)), x[t_max - 1] = best;
+    }
+    printf("\n");
+    free(x);
+    free(logits);
+    return s;
+}
+
+int main(int argc, char **argv) {
+    example_help(argc, argv, help);
+    run r;
+    memset(&r, 0, sizeof r);
+    if (!parse(argc, argv, &r.o)) {
+        fprintf(stderr, "usage: gpt2_train [--model 124M] [--tokens PATTERN | --text FILE] [--steps N] ... "
+                        "(--help lists them)\n");
+        return 2;
+    }
+    r.dev = deft_device_default();
+    if (r.o.device && deft_device_parse(r.o.device, &r.dev) != DEFT_OK) {
+        fprintf(stderr, "gpt2_train: %s\n", deft_errmsg());
+        return 2;
+    }
+    if (!r.o.autocast_set) r.o.autocast = r.dev.type == DEFT_CPU ? DEFT_F32 : DEFT_BF16;
+    deft_status s = data_open(&r.d, &r.o);
+    if (s != DEFT_OK) {
+        fprintf(stderr, "gpt2_train: the data: %s\n", deft_errmsg());
+        data_close(&r.d);
+        return 1;
+    }
+    char dev_name[32];
+    deft_device_name(r.dev, dev_name, sizeof dev_name);
+    printf("gpt2_train: %lld layers, width %lld, %lld heads, seq %lld, vocab %lld: %.2fM parameters on %s (%s); "
+           "%lld training tokens\n", (long long)r.o.model.layers, (long long)r.o.model.width,
+           (long long)r.o.model.heads, (long long)r.o.model.seq, (long long)r.o.model.vocab,
+           (double)gpt2_param_count(&r.o.model) / 1e6, dev_name,
+           r.o.autocast == DEFT_BF16 ? "bf16 autocast" : r.o.autocast == DEFT_F16 ? "f16 autocast" : "f32",
+           (long long)deft_tokens_count(r.d.train));
+    s = build(&r);
+    if (s == DEFT_OK && r.o.init_out) {
+        s = write_init(r.opt, r.o.init_out);
+        if (s != DEFT_OK) fprintf(stderr, "gpt2_train: cannot write the initial weights to %s\n", r.o.init_out);
+        else printf("initial weights written to %s\n", r.o.init_out);
+    }
+    if (s == DEFT_OK && r.o.print_plan) s = deft_program_print_plan(r.train, NULL);
+    if (s == DEFT_OK) {
+        print_memory(&r);
+        s = train(&r);
+    }
+    double vl = 0;
+    if (s == DEFT_OK) s = validate(&r, &vl);
+    if (s == DEFT_OK && isnan(vl)) printf("no validation loss: the validation tokens hold less than one batch\n");
+    else if (s == DEFT_OK) printf("validation loss %.4f\n", vl);
+    if (s == DEFT_OK && r.o.trace) {
+        s = deft_loader_next(r.loader, r.train, NULL);
+        if (s == DEFT_OK) s = deft_program_trace(r.train, r.o.trace);
+        if (s == DEFT_OK) printf("trace of one more step written to %s\n", r.o.trace);
+    }
+    if (s == DEFT_OK && r.o.sample) s = sample(&r);
+    if (s != DEFT_OK) fprintf(stderr, "gpt2_train: %s\n", deft_errmsg());
+    deft_loader_free(r.loader);
+    deft_tokens_feed_free(r.feed);
+    deft_graph_free(r.m.g);
+    data_close(&r.d);
+    deft_memory_release_all();
+    return s == DEFT_OK ? 0 : 1;
+}
