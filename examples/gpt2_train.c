@@ -20,8 +20,8 @@
 
 typedef struct options {
     gpt2_config model;
-    const char *tokens, *val_tokens, *text, *device, *trace, *init_out;
-    int64_t batch, steps, warmup, val_every, val_batches, log_every, sample;
+    const char *tokens, *val_tokens, *text, *device, *trace, *init_out, *state, *resume;
+    int64_t batch, steps, warmup, val_every, val_batches, log_every, sample, save_every;
     double lr, min_lr_frac, weight_decay, clip;
     size_t checkpoint_budget;
     deft_dtype autocast;
@@ -64,6 +64,11 @@ static const char help[] =
     "  --init-out FILE      write the initial weights (f32, [in, out] linear weights) for a peer to start from\n"
     "                       (bench/peers/gpt2_train.py reads it)\n"
     "  --print-plan         print the training step's memory plan (every buffer, its size and offset)\n"
+    "  --state FILE         save the training state (weights, AdamW's moments, counters, the loader's place) to\n"
+    "                       FILE at the end\n"
+    "  --save-every N       also save it every N steps, to FILE.step<N> (default: 0, only at the end)\n"
+    "  --resume FILE        start from a saved state: the run continues as if it had never stopped, bit for bit\n"
+    "                       (the same model, data and options; --steps counts from the start of training)\n"
     "Reports:\n"
     "  --log-every N        print the loss every N steps (default: 10)\n"
     "  --val-every N        validation loss every N steps and at the end; 0: only at the end (default: 100)\n"
@@ -118,6 +123,9 @@ static int parse_one(options *o, const char *k, const char *v) {
     else if (!strcmp(k, "--val-batches")) o->val_batches = atoll(v);
     else if (!strcmp(k, "--sample")) o->sample = atoll(v);
     else if (!strcmp(k, "--init-out")) o->init_out = v;
+    else if (!strcmp(k, "--state")) o->state = v;
+    else if (!strcmp(k, "--save-every")) o->save_every = atoll(v);
+    else if (!strcmp(k, "--resume")) o->resume = v;
     else return 0;
     return 1;
 }
@@ -143,7 +151,8 @@ static int parse(int argc, char **argv, options *o) {
     }
     if (o->warmup < 0) o->warmup = o->steps / 10;
     return !bad && o->steps > 0 && o->batch > 0 && o->lr > 0 && o->log_every > 0 && o->val_batches > 0 &&
-           o->val_every >= 0 && o->sample >= 0 && !(o->tokens && o->text);
+           o->val_every >= 0 && o->sample >= 0 && o->save_every >= 0 && !(o->save_every && !o->state) &&
+           !(o->tokens && o->text);
 }
 
 /* ---- data: shards, or a text file written into shards (bytes as tokens) in a temporary directory ---- */
@@ -331,12 +340,26 @@ static void print_memory(const run *r) {
                (double)mr.persistent_bytes / 1048576.0);
 }
 
-static deft_status train(run *r) {
+/* The end's state goes to --state itself, the ones on the way to <state>.step<N>, as llm.c keeps one per save. */
+static deft_status save_state(run *r, int64_t steps_done, int final) {
+    char path[1100];
+    if (snprintf(path, sizeof path, final ? "%s" : "%s.step%lld", r->o.state, (long long)steps_done) >=
+        (int)sizeof path) {
+        fprintf(stderr, "gpt2_train: the state path %s is too long\n", r->o.state);
+        return DEFT_ERR_INVALID;
+    }
+    deft_status s = deft_train_state_save(path, r->train, r->opt, r->loader);
+    if (s == DEFT_OK) printf("step %lld  training state saved to %s\n", (long long)steps_done, path);
+    return s;
+}
+
+/* Steps [first, steps): first is 0, or the saved run's count when resuming. */
+static deft_status train(run *r, int64_t first) {
     const double tokens_per_step = (double)(r->o.batch * r->o.model.seq);
     double t0 = seconds();
-    int64_t logged = 0;   /* steps done at the last progress line */
+    int64_t logged = first;   /* steps done at the last progress line */
     deft_status s = DEFT_OK;
-    for (int64_t step = 0; s == DEFT_OK && step < r->o.steps; step++) {
+    for (int64_t step = first; s == DEFT_OK && step < r->o.steps; step++) {
         s = deft_optimizer_set_lr(r->opt, lr_at(&r->o, step));
         if (s == DEFT_OK) s = deft_loader_next(r->loader, r->train, NULL);
         if (s == DEFT_OK) s = deft_program_run(r->train);
@@ -357,8 +380,24 @@ static deft_status train(run *r) {
             if (s == DEFT_OK && !isnan(vl)) printf("step %lld  validation loss %.4f\n", (long long)(step + 1), vl);
             t0 = seconds();
         }
+        if (s == DEFT_OK && r->o.save_every && (step + 1) % r->o.save_every == 0 && step + 1 != r->o.steps) {
+            s = save_state(r, step + 1, 0);
+            t0 = seconds();
+        }
     }
+    if (s == DEFT_OK && r->o.state) s = save_state(r, r->o.steps > first ? r->o.steps : first, 1);
     return s;
+}
+
+/* The saved run's step count (its program's runs), after loading it into this run. */
+static deft_status resume(run *r, int64_t *first) {
+    deft_train_state_summary info;
+    deft_status s = deft_train_state_info(r->o.resume, &info);
+    if (s == DEFT_OK) s = deft_train_state_load(r->o.resume, r->train, r->opt, r->loader);
+    if (s != DEFT_OK) return s;
+    *first = (int64_t)info.runs;
+    printf("resumed from %s at step %lld\n", r->o.resume, (long long)*first);
+    return DEFT_OK;
 }
 
 /* Greedy decoding: the context sits in row 0 of a batch; the causal model's logits at position t - 1 see only
@@ -427,9 +466,11 @@ int main(int argc, char **argv) {
         else printf("initial weights written to %s\n", r.o.init_out);
     }
     if (s == DEFT_OK && r.o.print_plan) s = deft_program_print_plan(r.train, NULL);
+    int64_t first = 0;
+    if (s == DEFT_OK && r.o.resume) s = resume(&r, &first);
     if (s == DEFT_OK) {
         print_memory(&r);
-        s = train(&r);
+        s = train(&r, first);
     }
     double vl = 0;
     if (s == DEFT_OK) s = validate(&r, &vl);

@@ -56,6 +56,11 @@ if(DEFT_BUILD_EXAMPLES)
   set_tests_properties(example_gpt2_train PROPERTIES LABELS cpu TIMEOUT 300
                        PASS_REGULAR_EXPRESSION "step 60/60  loss [0-9.]+.*validation loss [0-9.]+.*sample:"
                        ENVIRONMENT "${DEFT_TEST_ENV}")
+  # Stopped at step 8 and resumed from its saved state, the example gives the same losses as an uninterrupted run.
+  add_test(NAME example_gpt2_resume
+           COMMAND ${CMAKE_COMMAND} -DPROGRAM=$<TARGET_FILE:gpt2_train> -DWORK=${PROJECT_BINARY_DIR}/gpt2_resume
+                   -P ${PROJECT_SOURCE_DIR}/tests/check_gpt2_resume.cmake)
+  set_tests_properties(example_gpt2_resume PROPERTIES LABELS cpu TIMEOUT 300 ENVIRONMENT "${DEFT_TEST_ENV}")
   # Under ctest stdout is no terminal: progress must come as whole lines, never redrawn with '\r'.
   set_tests_properties(example_linear_regression example_mnist_mlp example_mnist_mlp_new_dir example_gpt2_train PROPERTIES
                        FAIL_REGULAR_EXPRESSION "\r")
