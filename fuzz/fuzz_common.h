@@ -107,6 +107,16 @@ static inline void deft_fuzz_seed_bytes(const char *dir, const char *name, const
         }                                                                                             \
     } while (0)
 
+/* The outcome of a load that returned s, with snapshots of what it may change taken before and after it (n bytes):
+ * a refusal must be a status with a message and change nothing. Whether the load succeeded. */
+static inline int deft_fuzz_loaded(deft_status s, const void *before, const void *after, size_t n) {
+    if (s == DEFT_OK) return 1;
+    FUZZ_ASSERT(s == DEFT_ERR_IO || s == DEFT_ERR_INVALID || s == DEFT_ERR_OOM);
+    FUZZ_ASSERT(deft_errmsg()[0] != '\0');
+    FUZZ_ASSERT(memcmp(before, after, n) == 0);
+    return 0;
+}
+
 /* Weak: present only when the library was linked with OpenMP or OpenBLAS. Their runtimes read the environment when
  * they load, before any code of ours runs, so the thread counts are set through their calls instead. */
 extern void omp_set_num_threads(int n) __attribute__((weak));

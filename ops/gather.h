@@ -57,6 +57,21 @@ static inline bool deft_index_order_fits(const deft_tensor *order, int64_t n, in
            order->shape[0] == 2 * deft_index_order_pad(n) + rows + 1;
 }
 
+/* The dims of gradient node t (DEFT_OP_EMBEDDING_GRAD or DEFT_OP_INDEX_SELECT_GRAD), whose src[2] is the order of
+ * its index; keys and first are where the order's parts start in its buffer. DEFT_ERR_SHAPE when the shapes or the
+ * order do not fit. */
+static inline deft_status deft_gather_grad_dims_of(const deft_tensor *t, const void *order, deft_gather_dims *d,
+                                                   const uint64_t **keys, const int32_t **first) {
+    deft_status s = deft_gather_dims_of(t, d);
+    if (s != DEFT_OK) return s;
+    if (!deft_index_order_fits(t->src[2], d->n, d->rows))
+        return deft_set_error(DEFT_ERR_SHAPE, "%s: the order node does not fit %lld indices into %lld rows",
+                              deft_op_name(t->op), (long long)d->n, (long long)d->rows);
+    *keys = (const uint64_t *)order;
+    *first = (const int32_t *)(*keys + deft_index_order_pad(d->n));
+    return DEFT_OK;
+}
+
 /* The message of an index outside [0, rows), the same on both backends and at build time. */
 #define DEFT_GATHER_BAD_FMT "%s: %s %d at position %lld is outside [0, %lld)"
 static inline const char *deft_gather_index_word(bool embedding) { return embedding ? "token id" : "index"; }

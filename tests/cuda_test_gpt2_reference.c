@@ -13,6 +13,6 @@ int main(void) {
         gpt2_ref_check_grads(&r, &bf16);
         gpt2_ref_check_steps(&r, &bf16);
     }
-    free(r.bytes);
+    ref_free(&r);
     return deft_check_finish();
 }

@@ -20,33 +20,6 @@
 static char dir[128];
 static deft_device dev;
 
-typedef struct net {
-    deft_graph *g;
-    deft_tensor *x, *y, *xo, *yo;
-    deft_program *p;
-} net;
-
-static void net_build(net *n) {
-    n->g = deft_graph_new();
-    n->x = deft_input(n->g, "tokens", DEFT_I32, 2, (int64_t[]){B, T}, dev);
-    n->y = deft_input(n->g, "targets", DEFT_I32, 2, (int64_t[]){B, T}, dev);
-    n->xo = deft_add_scalar(n->x, 0.0);
-    n->yo = deft_add_scalar(n->y, 0.0);
-    n->p = deft_compile(n->g, (deft_tensor *[]){n->xo, n->yo}, 2, NULL);
-    CHECK_MSG(n->p != NULL, "compile: %s", deft_errmsg());
-}
-
-/* The next batch through the program on the GPU; x and y as the program saw them unless it is an epoch's end. */
-static deft_loader_batch next_batch(net *n, deft_loader *l, int32_t *x, int32_t *y) {
-    deft_loader_batch b = {0};
-    CHECK_OK(deft_loader_next(l, n->p, &b));
-    if (b.end) return b;
-    CHECK_OK(deft_program_run(n->p));
-    CHECK_OK(deft_program_read(n->p, n->xo, x, B * T * sizeof *x));
-    CHECK_OK(deft_program_read(n->p, n->yo, y, B * T * sizeof *y));
-    return b;
-}
-
 static deft_tokens_feed *feed_new(const deft_tokens *t) {
     deft_tokens_feed *f = NULL;
     deft_tokens_options o = {.shuffle = 1, .seed = 2024};
@@ -55,7 +28,7 @@ static deft_tokens_feed *feed_new(const deft_tokens *t) {
 }
 
 /* Three epochs from the loader equal the feed's batches made on this thread. */
-static void test_values(const deft_tokens *t, net *n) {
+static void test_values(const deft_tokens *t, token_net *n) {
     deft_tokens_feed *f = feed_new(t), *ref = feed_new(t);
     deft_loader *l = NULL;
     CHECK_OK(deft_loader_new_tokens(f, n->x, n->y, 2, &l));
@@ -63,12 +36,12 @@ static void test_values(const deft_tokens *t, net *n) {
     for (int64_t e = 0; e < 3; e++) {
         for (int64_t i = 0; i < deft_tokens_feed_batches(f); i++) {
             int32_t x[B * T], y[B * T], rx[B * T], ry[B * T];
-            deft_loader_batch b = next_batch(n, l, x, y);
+            deft_loader_batch b = token_net_next(n, l, x, y);
             CHECK_OK(deft_tokens_feed_fill(ref, e, i, (void *[]){rx, ry}));
             ok &= b.epoch == e && b.index == i && memcmp(x, rx, sizeof x) == 0 && memcmp(y, ry, sizeof y) == 0;
         }
         int32_t x[B * T], y[B * T];
-        ok &= next_batch(n, l, x, y).end == 1;
+        ok &= token_net_next(n, l, x, y).end == 1;
     }
     CHECK_MSG(ok, "the GPU program saw other batches than the feed makes");
     deft_loader_free(l);
@@ -76,7 +49,7 @@ static void test_values(const deft_tokens *t, net *n) {
     deft_tokens_feed_free(ref);
 }
 
-static void test_seek(const deft_tokens *t, net *n) {
+static void test_seek(const deft_tokens *t, token_net *n) {
     const int64_t per_epoch = (N - 1) / T / B;
     deft_tokens_feed *fa = feed_new(t), *fb = feed_new(t), *fc = feed_new(t);
     deft_loader *a = NULL, *b = NULL, *c = NULL;
@@ -84,8 +57,8 @@ static void test_seek(const deft_tokens *t, net *n) {
     CHECK_OK(deft_loader_new_tokens(fb, n->x, n->y, 3, &b));
     CHECK_OK(deft_loader_new_tokens(fc, n->x, n->y, 0, &c));
     int32_t x[B * T], y[B * T], x2[B * T], y2[B * T];
-    for (int64_t s = 0; s < per_epoch + 5; s++) next_batch(n, a, x, y);
-    for (int64_t s = 0; s < 9; s++) next_batch(n, b, x, y);
+    for (int64_t s = 0; s < per_epoch + 5; s++) token_net_next(n, a, x, y);
+    for (int64_t s = 0; s < 9; s++) token_net_next(n, b, x, y);
     /* b's last batch queued with no host wait after it: its copy may still be in flight when b moves. */
     CHECK_OK(deft_loader_next(b, n->p, NULL));
     CHECK_OK(deft_program_run(n->p));
@@ -96,10 +69,10 @@ static void test_seek(const deft_tokens *t, net *n) {
     CHECK_OK(deft_loader_seek(c, e, i));
     int ok = 1;
     for (int64_t s = 0; s < per_epoch + 3; s++) {
-        deft_loader_batch ba = next_batch(n, a, x, y), bb = next_batch(n, b, x2, y2);
+        deft_loader_batch ba = token_net_next(n, a, x, y), bb = token_net_next(n, b, x2, y2);
         ok &= ba.epoch == bb.epoch && ba.index == bb.index && ba.end == bb.end;
         ok &= ba.end || (memcmp(x, x2, sizeof x) == 0 && memcmp(y, y2, sizeof y) == 0);
-        deft_loader_batch bc = next_batch(n, c, x2, y2);
+        deft_loader_batch bc = token_net_next(n, c, x2, y2);
         ok &= ba.epoch == bc.epoch && ba.index == bc.index && ba.end == bc.end;
         ok &= ba.end || (memcmp(x, x2, sizeof x) == 0 && memcmp(y, y2, sizeof y) == 0);
     }
@@ -114,8 +87,7 @@ static void test_seek(const deft_tokens *t, net *n) {
 
 int main(void) {
     if (!deft_test_gpu(&dev)) return DEFT_CHECK_SKIP;
-    snprintf(dir, sizeof dir, "cuda_test_tokens_%d", (int)getpid());
-    CHECK(mkdir(dir, 0755) == 0);
+    CHECK(shard_dir_make(dir, sizeof dir, "cuda_test_tokens") == 0);
     static int32_t stream[N];
     shard_random_tokens(stream, N, 11);
     char p[256];
@@ -126,8 +98,8 @@ int main(void) {
     deft_tokens *t = NULL;
     CHECK_OK(deft_tokens_open(dir, &t));
     CHECK(deft_tokens_count(t) == N);
-    net n;
-    net_build(&n);
+    token_net n;
+    token_net_build(&n, B, T, dev);
     if (n.p) {
         test_values(t, &n);
         test_seek(t, &n);
@@ -135,8 +107,6 @@ int main(void) {
     deft_graph_free(n.g);
     deft_tokens_close(t);
     CHECK_OK(deft_pinned_check());
-    char cmd[256];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    CHECK(system(cmd) == 0);
+    CHECK(shard_dir_remove(dir) == 0);
     return deft_check_finish();
 }

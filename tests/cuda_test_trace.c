@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "read_file.h"
 #include "deft_testing.h"
 #include "ref.h"
 
@@ -70,18 +71,6 @@ static double timed_step_s(net *n, float *loss) {
     return host_s() - t0;
 }
 
-static char *read_all(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = len >= 0 ? malloc((size_t)len + 1) : NULL;
-    if (s && fread(s, 1, (size_t)len, f) != (size_t)len) len = 0;
-    if (s) s[len] = 0;
-    fclose(f);
-    return s;
-}
 
 /* The "X" events' durations (microseconds) summed, their count, and how many sit on the GPU's process (pid 1). */
 static double slices_us(const char *json, int *n_slices, int *on_gpu) {
@@ -109,7 +98,7 @@ static void test_slices_add_up_to_an_eager_step(void) {
     const double eager_us = t[EAGER_RUNS / 2] * 1e6;
 
     CHECK_OK(deft_program_trace(n.p, TRACE_PATH));
-    char *json = read_all(TRACE_PATH);
+    char *json = read_file(TRACE_PATH);
     CHECK(json != NULL);
     if (json) {
         int n_slices = 0, on_gpu = 0;

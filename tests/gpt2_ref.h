@@ -20,7 +20,7 @@ typedef struct ref_entry {
     char name[96];
     int is_int, ndim;
     int64_t dims[8], numel;
-    const void *data;   /* into ref_file.bytes */
+    void *data;         /* the values, copied out of the file: names of any length leave them unaligned there */
 } ref_entry;
 
 typedef struct ref_file {
@@ -53,10 +53,14 @@ static int ref_parse_entry(ref_file *r, size_t *at, ref_entry *e) {
         if (e->numel > (1 << 24)) return 0;
     }
     const size_t bytes = (size_t)e->numel * 4;
-    if (bytes > r->size - *at) return 0;
-    e->data = r->bytes + *at;
-    *at += bytes;
-    return 1;
+    e->data = bytes <= r->size - *at ? malloc(bytes ? bytes : 1) : NULL;
+    return e->data && ref_take(r, at, e->data, bytes);
+}
+
+static void ref_free(ref_file *r) {
+    for (int i = 0; i < REF_MAX_ENTRIES; i++) free(r->e[i].data);
+    free(r->bytes);
+    memset(r, 0, sizeof *r);
 }
 
 static int ref_load(ref_file *r, const char *path) {

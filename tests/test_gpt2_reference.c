@@ -8,6 +8,6 @@ int main(void) {
         gpt2_ref_check_grads(&r, &k);
         gpt2_ref_check_steps(&r, &k);
     }
-    free(r.bytes);
+    ref_free(&r);
     return deft_check_finish();
 }

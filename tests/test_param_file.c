@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "read_file.h"
 #include "ref.h"
 
 #define CPU deft_cpu()
@@ -15,32 +16,6 @@ static char path_main[256], path_bad[256];
 static void make_paths(void) {
     snprintf(path_main, sizeof path_main, "/tmp/deft_test_param_file_%ld.bin", (long)getpid());
     snprintf(path_bad, sizeof path_bad, "/tmp/deft_test_param_file_%ld_bad.bin", (long)getpid());
-}
-
-static unsigned char *slurp(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    unsigned char *buf = NULL;
-    size_t cap = 0, len = 0, got;
-    do {
-        if (len == cap) {
-            cap = cap ? 2 * cap : 4096;
-            buf = realloc(buf, cap);
-        }
-        got = fread(buf + len, 1, cap - len, f);
-        len += got;
-    } while (got > 0);
-    fclose(f);
-    *n = len;
-    return buf;
-}
-
-static void spit(const char *path, const void *data, size_t n) {
-    FILE *f = fopen(path, "wb");
-    CHECK(f != NULL);
-    if (!f) return;
-    CHECK(fwrite(data, 1, n, f) == n);
-    CHECK(fclose(f) == 0);
 }
 
 /* ---- a reference CRC-32, bit by bit, independent of the library's table ---- */
@@ -142,7 +117,7 @@ static void test_round_trip(void) {
     /* A second save of the loaded model is the same file, byte for byte. */
     CHECK_OK(deft_params_save(b.g, path_bad));
     size_t n1, n2;
-    unsigned char *f1 = slurp(path_main, &n1), *f2 = slurp(path_bad, &n2);
+    unsigned char *f1 = read_file_bytes(path_main, &n1), *f2 = read_file_bytes(path_bad, &n2);
     CHECK(f1 && f2 && n1 == n2 && memcmp(f1, f2, n1) == 0);
     free(f1);
     free(f2);
@@ -182,7 +157,7 @@ static void test_layout(void) {
     model a = build(SPECS, N_SPECS, 5);
     CHECK_OK(deft_params_save(a.g, path_main));
     size_t n;
-    unsigned char *f = slurp(path_main, &n), *p = f;
+    unsigned char *f = read_file_bytes(path_main, &n), *p = f;
     CHECK(f && n >= FILE_HEAD && memcmp(p, "DEFTPARM", 8) == 0);
     CHECK(le(p + 8, 4) == 2 && le(p + 12, 4) == (uint64_t)N_SPECS && le(p + 16, 4) == ref_crc32(p, 16));
     p += FILE_HEAD;
@@ -237,7 +212,7 @@ static void expect_refused(const model *m, const unsigned char *file, size_t n, 
                            const char *needle, int line) {
     size_t before_n;
     unsigned char *before = snapshot(m, &before_n);
-    spit(path_bad, file, n);
+    write_file_bytes(path_bad, file, n);
     deft_status s = deft_params_load(m->g, path_bad);
     CHECK_MSG(s == want, "line %d: got %s, wanted %s (%s)", line, deft_status_name(s), deft_status_name(want),
               deft_errmsg());
@@ -254,7 +229,7 @@ static void test_truncated_everywhere(void) {
     model a = build(SPECS, N_SPECS, 6), b = build(SPECS, N_SPECS, 7);
     CHECK_OK(deft_params_save(a.g, path_main));
     size_t n;
-    unsigned char *f = slurp(path_main, &n);
+    unsigned char *f = read_file_bytes(path_main, &n);
     for (size_t cut = 0; f && cut < n; cut++) REFUSED(&b, f, cut, DEFT_ERR_IO, "truncated");
     /* Where the cut falls is named. */
     REFUSED(&b, f, 10, DEFT_ERR_IO, "the file ends in the header, after 10 bytes");
@@ -284,7 +259,7 @@ static void test_corrupt_files(void) {
     model a = build(SPECS, N_SPECS, 8), b = build(SPECS, N_SPECS, 9);
     CHECK_OK(deft_params_save(a.g, path_main));
     size_t n;
-    unsigned char *f = slurp(path_main, &n), *bad = malloc(n + 1);
+    unsigned char *f = read_file_bytes(path_main, &n), *bad = malloc(n + 1);
     /* A flipped bit in the data, in the checksum itself, in the last parameter's data. */
     size_t flips[] = {DATA0, DATA0 + 3 * 5 * 7 * 4 - 1, DATA0 + 3 * 5 * 7 * 4, n - 5};
     for (size_t i = 0; i < sizeof flips / sizeof flips[0]; i++) {
@@ -353,14 +328,14 @@ static void test_every_byte_corrupted(void) {
     model a = build(SPECS, N_SPECS, 23), b = build(SPECS, N_SPECS, 24);
     CHECK_OK(deft_params_save(a.g, path_main));
     size_t n, before_n;
-    unsigned char *f = slurp(path_main, &n), *bad = malloc(n), *before = snapshot(&b, &before_n);
+    unsigned char *f = read_file_bytes(path_main, &n), *bad = malloc(n), *before = snapshot(&b, &before_n);
     static const unsigned char masks[] = {0x01, 0x80, 0xFF};
     int wrong = 0;
     for (size_t at = 0; f && at < n; at++)
         for (size_t m = 0; m < sizeof masks; m++) {
             memcpy(bad, f, n);
             bad[at] ^= masks[m];
-            spit(path_bad, bad, n);
+            write_file_bytes(path_bad, bad, n);
             deft_status s = deft_params_load(b.g, path_bad);
             int ok = s == DEFT_ERR_IO && (strstr(deft_errmsg(), "corrupt") || strstr(deft_errmsg(), "truncated") ||
                                           strstr(deft_errmsg(), "bad magic") || strstr(deft_errmsg(), "version"));
@@ -381,9 +356,9 @@ static void test_version_1(void) {
     model a = build(SPECS, N_SPECS, 25), b = build(SPECS, N_SPECS, 26);
     CHECK_OK(deft_params_save(a.g, path_main));
     size_t n, n1;
-    unsigned char *f = slurp(path_main, &n), *v1 = to_version_1(f, n, &n1);
+    unsigned char *f = read_file_bytes(path_main, &n), *v1 = to_version_1(f, n, &n1);
     CHECK(n1 == n - 4 - 4 * N_SPECS && le(v1 + 8, 4) == 1);
-    spit(path_bad, v1, n1);
+    write_file_bytes(path_bad, v1, n1);
     CHECK_OK(deft_params_load(b.g, path_bad));
     CHECK(same_values(&a, &b));
     const size_t data0 = 16 + REC_HEAD(10, 3);
@@ -405,7 +380,7 @@ static void test_repeated_record(void) {
     model a = build(two, 2, 10), b = build(two, 2, 11);
     CHECK_OK(deft_params_save(a.g, path_main));
     size_t n;
-    unsigned char *f = slurp(path_main, &n);
+    unsigned char *f = read_file_bytes(path_main, &n);
     size_t rec = REC_HEAD(1, 1) + 4 + 12 + 4;   /* one record: name "u" or "v", [3] f32 */
     CHECK(n == FILE_HEAD + 2 * rec);
     unsigned char *bad = malloc(n);
@@ -422,7 +397,7 @@ static void test_other_models(void) {
     model a = build(SPECS, N_SPECS, 12);
     CHECK_OK(deft_params_save(a.g, path_main));
     size_t n;
-    unsigned char *f = slurp(path_main, &n);
+    unsigned char *f = read_file_bytes(path_main, &n);
     param_spec specs[N_SPECS + 1];
 
     memcpy(specs, SPECS, sizeof SPECS);
@@ -514,7 +489,7 @@ static void test_names_and_arguments(void) {
     deft_graph *empty = deft_graph_new();
     CHECK_OK(deft_params_save(empty, path_bad));
     size_t n;
-    unsigned char *f = slurp(path_bad, &n);
+    unsigned char *f = read_file_bytes(path_bad, &n);
     CHECK(n == FILE_HEAD && f && le(f + 12, 4) == 0);
     CHECK_OK(deft_params_load(empty, path_bad));
     REFUSED(&a, f, n, DEFT_ERR_INVALID, "the file has no parameter 'enc.weight'");

@@ -159,40 +159,12 @@ static void test_ranks(int shuffle) {
 
 /* ---- the loader ---- */
 
-typedef struct net {
-    deft_graph *g;
-    deft_tensor *x, *y, *xo, *yo;
-    deft_program *p;
-} net;
-
-static void net_build(net *n) {
-    n->g = deft_graph_new();
-    n->x = deft_input(n->g, "tokens", DEFT_I32, 2, (int64_t[]){B, T}, deft_cpu());
-    n->y = deft_input(n->g, "targets", DEFT_I32, 2, (int64_t[]){B, T}, deft_cpu());
-    n->xo = deft_add_scalar(n->x, 0.0);
-    n->yo = deft_add_scalar(n->y, 0.0);
-    n->p = deft_compile(n->g, (deft_tensor *[]){n->xo, n->yo}, 2, NULL);
-    CHECK(n->p != NULL);
-}
-
-/* The next batch from the loader, run through the program; its (epoch, index) and, unless it is an epoch's end,
- * the x and y the program saw. */
-static deft_loader_batch next_batch(net *n, deft_loader *l, int32_t *x, int32_t *y) {
-    deft_loader_batch b = {0};
-    CHECK_OK(deft_loader_next(l, n->p, &b));
-    if (b.end) return b;
-    CHECK_OK(deft_program_run(n->p));
-    CHECK_OK(deft_program_read(n->p, n->xo, x, B * T * sizeof *x));
-    CHECK_OK(deft_program_read(n->p, n->yo, y, B * T * sizeof *y));
-    return b;
-}
-
 /* The next `steps` batches of two loaders are the same ones, end markers included. */
-static void check_same_batches(net *n, deft_loader *a, deft_loader *b, int steps, const char *what) {
+static void check_same_batches(token_net *n, deft_loader *a, deft_loader *b, int steps, const char *what) {
     int ok = 1;
     for (int s = 0; s < steps; s++) {
         int32_t xa[B * T], ya[B * T], xb[B * T], yb[B * T];
-        deft_loader_batch ba = next_batch(n, a, xa, ya), bb = next_batch(n, b, xb, yb);
+        deft_loader_batch ba = token_net_next(n, a, xa, ya), bb = token_net_next(n, b, xb, yb);
         ok &= ba.epoch == bb.epoch && ba.index == bb.index && ba.end == bb.end;
         if (!ba.end) ok &= memcmp(xa, xb, sizeof xa) == 0 && memcmp(ya, yb, sizeof ya) == 0;
     }
@@ -202,8 +174,8 @@ static void check_same_batches(net *n, deft_loader *a, deft_loader *b, int steps
 /* What the loader feeds is what the feed makes. */
 static void test_loader_values(void) {
     deft_tokens *t = open_stream(token_random);
-    net n;
-    net_build(&n);
+    token_net n;
+    token_net_build(&n, B, T, deft_cpu());
     deft_tokens_feed *f = feed_new(t, 1, 5, 1, 2), *ref = feed_new(t, 1, 5, 1, 2);
     deft_loader *l = NULL;
     CHECK_OK(deft_loader_new_tokens(f, n.x, n.y, 0, &l));
@@ -214,14 +186,14 @@ static void test_loader_values(void) {
     for (int64_t epoch = 0; epoch < 3; epoch++) {
         for (int64_t k = 0; k < deft_tokens_feed_batches(f); k++) {
             int32_t x[B * T], y[B * T], rx[B * T], ry[B * T];
-            deft_loader_batch b = next_batch(&n, l, x, y);
+            deft_loader_batch b = token_net_next(&n, l, x, y);
             CHECK_OK(deft_tokens_feed_fill(ref, epoch, k, (void *[]){rx, ry}));
             ok &= b.epoch == epoch && b.index == k && !b.end;
             ok &= memcmp(x, rx, sizeof x) == 0 && memcmp(y, ry, sizeof y) == 0;
             for (int j = 0; j < B * T; j++) ok &= j % T == T - 1 || y[j] == x[j + 1];
         }
         int32_t x[B * T], y[B * T];
-        ok &= next_batch(&n, l, x, y).end == 1;
+        ok &= token_net_next(&n, l, x, y).end == 1;
     }
     CHECK_MSG(ok, "the loader fed other batches than the feed makes");
     deft_loader_free(l);
@@ -233,13 +205,13 @@ static void test_loader_values(void) {
 
 /* A run stopped after `taken` batch calls and resumed in a new loader from its saved position goes on exactly as
  * the uninterrupted one. */
-static void check_resume(const deft_tokens *t, net *n, int taken, int64_t want_e, int64_t want_i) {
+static void check_resume(const deft_tokens *t, token_net *n, int taken, int64_t want_e, int64_t want_i) {
     deft_tokens_feed *fa = feed_new(t, 1, 77, 0, 1), *fb = feed_new(t, 1, 77, 0, 1);
     deft_loader *a = NULL, *b = NULL;
     CHECK_OK(deft_loader_new_tokens(fa, n->x, n->y, 3, &a));
     for (int s = 0; s < taken; s++) {
         int32_t x[B * T], y[B * T];
-        next_batch(n, a, x, y);
+        token_net_next(n, a, x, y);
     }
     int64_t e = -1, i = -1;
     deft_loader_position(a, &e, &i);
@@ -261,8 +233,8 @@ static void check_resume(const deft_tokens *t, net *n, int taken, int64_t want_e
 
 static void test_resume(void) {
     deft_tokens *t = open_stream(token_random);
-    net n;
-    net_build(&n);
+    token_net n;
+    token_net_build(&n, B, T, deft_cpu());
     check_resume(t, &n, 0, 0, 0);
     check_resume(t, &n, 5, 0, 5);
     check_resume(t, &n, PER_EPOCH, 0, PER_EPOCH);          /* the last batch taken, its end not yet reported */
@@ -275,13 +247,13 @@ static void test_resume(void) {
     CHECK_OK(deft_loader_new_tokens(f, n.x, n.y, 4, &l));
     for (int s = 0; s < PER_EPOCH + 4; s++) {
         int32_t x[B * T], y[B * T];
-        next_batch(&n, l, x, y);
+        token_net_next(&n, l, x, y);
     }
     CHECK_OK(deft_loader_seek(l, 0, 3));
     CHECK_OK(deft_loader_new_tokens(g, n.x, n.y, 0, &fresh));
     for (int s = 0; s < 3; s++) {
         int32_t x[B * T], y[B * T];
-        next_batch(&n, fresh, x, y);
+        token_net_next(&n, fresh, x, y);
     }
     check_same_batches(&n, l, fresh, PER_EPOCH + 2, "moved back to (0, 3)");
     CHECK_ERR(deft_loader_seek(l, 0, PER_EPOCH + 1), DEFT_ERR_INVALID, "out of range; an epoch has 24 batches");
@@ -338,8 +310,7 @@ static void test_bad_arguments(void) {
 }
 
 int main(void) {
-    snprintf(dir, sizeof dir, "test_token_loader_%d", (int)getpid());
-    CHECK(mkdir(dir, 0755) == 0);
+    CHECK(shard_dir_make(dir, sizeof dir, "test_token_loader") == 0);
     test_sequential();
     test_shuffle();
     test_ranks(0);
@@ -347,8 +318,6 @@ int main(void) {
     test_loader_values();
     test_resume();
     test_bad_arguments();
-    char cmd[256];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    CHECK(system(cmd) == 0);
+    CHECK(shard_dir_remove(dir) == 0);
     return deft_check_finish();
 }

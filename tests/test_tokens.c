@@ -354,14 +354,11 @@ int main(int argc, char **argv) {
                 argv[0]);
         return 2;
     }
-    snprintf(dir, sizeof dir, "test_tokens_%d", (int)getpid());
-    CHECK(mkdir(dir, 0755) == 0);
+    CHECK(shard_dir_make(dir, sizeof dir, "test_tokens") == 0);
     test_one_shard();
     test_many_shards();
     test_corruption();
     test_write_refusals();
-    char cmd[256];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    CHECK(system(cmd) == 0);
+    CHECK(shard_dir_remove(dir) == 0);
     return deft_check_finish();
 }

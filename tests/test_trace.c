@@ -4,6 +4,7 @@
 #include <stdint.h>
 
 #include "check.h"
+#include "read_file.h"
 #include "deft_testing.h"
 
 #define CPU deft_cpu()
@@ -41,18 +42,6 @@ static void mlp_build(mlp *m, const deft_compile_options *o) {
     CHECK_OK(deft_program_feed(m->prog, m->y, Y, sizeof Y));
 }
 
-static char *read_all(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    if (s && fread(s, 1, (size_t)n, f) != (size_t)n) n = 0;
-    if (s) s[n] = 0;
-    fclose(f);
-    return s;
-}
 
 /* ---- a strict JSON parser (RFC 8259), answering whether the whole text is one value ---- */
 
@@ -146,7 +135,7 @@ static void test_trace_file(void) {
     mlp_build(&m, NULL);
     remove(TRACE_PATH);
     CHECK_OK(deft_program_trace(m.prog, TRACE_PATH));
-    char *text = read_all(TRACE_PATH);
+    char *text = read_file(TRACE_PATH);
     CHECK(text != NULL);
     if (!text) return;
     CHECK_MSG(json_valid(text), "not valid JSON:\n%s", text);

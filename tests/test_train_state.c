@@ -16,10 +16,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "read_file.h"
 #include "train_state_net.h"
 
 #define CPU deft_cpu()
-#define MAX_STEPS 32
 
 static char path_main[256], path_bad[256], path_dir[256];
 
@@ -30,98 +30,24 @@ static void make_paths(void) {
     snprintf(path_dir, sizeof path_dir, "/tmp/deft_test_train_state_%ld_dir", pid);
 }
 
-static unsigned char *slurp(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    unsigned char *buf = NULL;
-    size_t cap = 0, len = 0, got;
-    do {
-        if (len == cap) {
-            cap = cap ? 2 * cap : 4096;
-            buf = realloc(buf, cap);
-        }
-        got = fread(buf + len, 1, cap - len, f);
-        len += got;
-    } while (got > 0);
-    fclose(f);
-    *n = len;
-    return buf;
-}
-
-static void spit(const char *path, const void *data, size_t n) {
-    FILE *f = fopen(path, "wb");
-    CHECK(f != NULL);
-    if (!f) return;
-    CHECK(n == 0 || fwrite(data, 1, n, f) == n);
-    CHECK(fclose(f) == 0);
-}
-
 static int exists(const char *path) { return access(path, F_OK) == 0; }
-
-static int same_bits(float a, float b) { return memcmp(&a, &b, sizeof a) == 0; }
 
 /* ---- 1. resuming ---- */
 
-/* What the optimizer says, compared between the net that never stopped and the resumed one. */
-typedef struct opt_view {
-    double lr, scale;
-    int64_t updates, skipped;
-} opt_view;
-
-static opt_view view_of(const ts_net *n) {
-    opt_view v = {deft_optimizer_lr(n->opt), 0, deft_optimizer_updates(n->opt), 0};
-    CHECK_OK(deft_optimizer_loss_scale(n->opt, &v.scale, &v.skipped));
-    return v;
-}
-
-static int same_view(opt_view a, opt_view b) {
-    return a.lr == b.lr && a.scale == b.scale && a.updates == b.updates && a.skipped == b.skipped;
-}
-
-/* Net A's run: k steps (the rate halved at step 2, batch `overflow` scaled to overflow f16), a save, then on to n,
- * recording the losses and the optimizer's view after each step. */
-static void run_saved(ts_net *a, int k, int n, int overflow, float *loss, opt_view *view, unsigned char *at_save,
-                      unsigned char *final) {
-    ts_set_scale(a);
-    for (int s = 0; s < n; s++) {
-        if (s == 2) CHECK_OK(deft_optimizer_set_lr(a->opt, deft_optimizer_lr(a->opt) * 0.5));
-        if (s == k) {
-            CHECK_OK(deft_train_state_save(path_main, a->p, a->opt, NULL));
-            ts_params(a, at_save);
-        }
-        loss[s] = ts_step(a, (uint64_t)s, s == overflow ? 1e30f : 1.0f);
-        view[s] = view_of(a);
-    }
-    ts_params(a, final);
-}
-
 static void resume_case(const char *label, const ts_config *c, int k, int n, int overflow) {
-    static unsigned char at_save[TS_MAX_PARAM_BYTES], final_a[TS_MAX_PARAM_BYTES], got[TS_MAX_PARAM_BYTES];
-    float la[MAX_STEPS], lb;
-    opt_view va[MAX_STEPS];
+    static ts_record ra;
+    static unsigned char got[TS_MAX_PARAM_BYTES];
     ts_net a, b;
     if (!ts_build(&a, c)) return;
-    run_saved(&a, k, n, overflow, la, va, at_save, final_a);
-    const size_t bytes = ts_params(&a, got);
+    ts_run_saved(&a, path_main, k, n, overflow, &ra);
     if (!ts_build(&b, c)) return;
     ts_params(&b, got);
-    CHECK_MSG(memcmp(got, at_save, bytes) != 0, "%s: a fresh net has the saved parameters already", label);
-    deft_status s = deft_train_state_load(path_main, b.p, b.opt, NULL);
-    CHECK_MSG(s == DEFT_OK, "%s: load: %s", label, deft_errmsg());
-    ts_params(&b, got);
-    CHECK_MSG(memcmp(got, at_save, bytes) == 0, "%s: the loaded parameters are not the saved ones", label);
-    CHECK_MSG(same_view(view_of(&b), va[k - 1]), "%s: the loaded optimizer is not the saved one", label);
-    for (int st = k; st < n; st++) {
-        lb = ts_step(&b, (uint64_t)st, st == overflow ? 1e30f : 1.0f);
-        CHECK_MSG(same_bits(la[st], lb), "%s: step %d: loss %.9g resumed, %.9g uninterrupted", label, st, lb, la[st]);
-        CHECK_MSG(same_view(view_of(&b), va[st]), "%s: step %d: the optimizer's counters differ", label, st);
-    }
-    ts_params(&b, got);
-    CHECK_MSG(memcmp(got, final_a, bytes) == 0, "%s: the final parameters differ", label);
+    CHECK_MSG(memcmp(got, ra.at_save, ra.bytes) != 0, "%s: a fresh net has the saved parameters already", label);
+    ts_check_resumed(label, &b, path_main, k, n, overflow, &ra);
     deft_train_state_summary info;
     CHECK_OK(deft_train_state_info(path_main, &info));
     CHECK(info.runs == (uint64_t)k && info.has_optimizer && !info.has_loader);
-    CHECK(info.updates == va[k - 1].updates && info.lr == va[k - 1].lr);
+    CHECK(info.updates == ra.view[k - 1].updates && info.lr == ra.view[k - 1].lr);
     ts_free(&a);
     ts_free(&b);
 }
@@ -145,54 +71,30 @@ static void test_resume(void) {
 
 /* ---- 2. a loader ---- */
 
-#define DS_N 90   /* 5 batches of 16 an epoch, 10 records dropped */
-
-typedef struct ds_data {
-    float images[DS_N * TS_IN];
-    int32_t labels[DS_N];
-    deft_dataset d;
-} ds_data;
-
-static void ds_make(ds_data *s) {
-    uint64_t rng = 99;
-    for (int i = 0; i < DS_N * TS_IN; i++) s->images[i] = (float)ref_unif(&rng, -1, 1);
-    for (int i = 0; i < DS_N; i++) s->labels[i] = (int32_t)(ref_next(&rng) % TS_CLS);
-    s->d = (deft_dataset){.n = DS_N, .features = TS_IN, .n_classes = TS_CLS, .images = s->images, .labels = s->labels};
-}
-
-/* One step from the loader (the end of an epoch passed over): its loss, and which batch it was as epoch * 100 +
- * index. */
-static float loader_step(ts_net *n, deft_loader *l, int64_t *which) {
-    deft_loader_batch bt;
-    CHECK_OK(deft_loader_next(l, n->p, &bt));
-    if (bt.end) CHECK_OK(deft_loader_next(l, n->p, &bt));
-    *which = bt.epoch * 100 + bt.index;
-    return ts_run(n);
-}
-
-static void loader_case(const ds_data *ds, int k, int n) {
+static void loader_case(const ts_dataset *ds, int k, int n) {
     const ts_config c = {.dev = CPU, .adamw = 1, .ln_dropout = 1};
     ts_net a, b;
     deft_loader *la = NULL, *lb = NULL;
-    float loss_a[MAX_STEPS];
-    int64_t which_a[MAX_STEPS], which_b;
+    float loss_a[TS_MAX_STEPS];
+    int64_t which_a[TS_MAX_STEPS], which_b;
     if (!ts_build(&a, &c) || !ts_build(&b, &c)) return;
     CHECK_OK(deft_loader_new_dataset(&ds->d, a.x, a.y, 1, 31, 0, &la));
     CHECK_OK(deft_loader_new_dataset(&ds->d, b.x, b.y, 1, 31, 0, &lb));
     if (!la || !lb) return;
     for (int s = 0; s < n; s++) {
         if (s == k) CHECK_OK(deft_train_state_save(path_main, a.p, a.opt, la));
-        loss_a[s] = loader_step(&a, la, &which_a[s]);
+        loss_a[s] = ts_loader_step(&a, la, &which_a[s]);
     }
     deft_train_state_summary info;
     CHECK_OK(deft_train_state_info(path_main, &info));
     CHECK(info.has_loader && info.epoch * 5 + info.index == k);
     CHECK_OK(deft_train_state_load(path_main, b.p, b.opt, lb));
     for (int s = k; s < n; s++) {
-        const float l = loader_step(&b, lb, &which_b);
+        const float l = ts_loader_step(&b, lb, &which_b);
         CHECK_MSG(which_b == which_a[s], "k %d, step %d: batch %lld resumed, %lld uninterrupted", k, s,
                   (long long)which_b, (long long)which_a[s]);
-        CHECK_MSG(same_bits(l, loss_a[s]), "k %d, step %d: loss %.9g resumed, %.9g uninterrupted", k, s, l, loss_a[s]);
+        CHECK_MSG(ts_same_bits(l, loss_a[s]), "k %d, step %d: loss %.9g resumed, %.9g uninterrupted", k, s, l,
+                  loss_a[s]);
     }
     CHECK(which_a[n - 1] >= 100);   /* the run crossed an epoch */
     deft_loader_free(la);
@@ -202,8 +104,8 @@ static void loader_case(const ds_data *ds, int k, int n) {
 }
 
 static void test_loader(void) {
-    static ds_data ds;
-    ds_make(&ds);
+    static ts_dataset ds;
+    ts_dataset_make(&ds);
     loader_case(&ds, 7, 13);   /* epoch 1, batch 2 */
     loader_case(&ds, 5, 9);    /* right after epoch 0's last batch, its end not yet reported */
 }
@@ -215,7 +117,7 @@ typedef struct guarded {
     ts_net net, twin;
     unsigned char before[TS_MAX_PARAM_BYTES];
     size_t bytes;
-    opt_view view;
+    ts_opt_view view;
 } guarded;
 
 static int guarded_build(guarded *g, const ts_config *c) {
@@ -225,21 +127,21 @@ static int guarded_build(guarded *g, const ts_config *c) {
         ts_step(&g->twin, 100 + (uint64_t)s, 1.0f);
     }
     g->bytes = ts_params(&g->net, g->before);
-    g->view = view_of(&g->net);
+    g->view = ts_view_of(&g->net);
     return 1;
 }
 
 static int guarded_unchanged(guarded *g) {
     static unsigned char now[TS_MAX_PARAM_BYTES];
     return ts_params(&g->net, now) == g->bytes && memcmp(now, g->before, g->bytes) == 0 &&
-           same_view(view_of(&g->net), g->view);
+           ts_same_view(ts_view_of(&g->net), g->view);
 }
 
 /* The refusals changed nothing a run depends on: the net trains on exactly as its twin. */
 static void guarded_finish(guarded *g, const char *label) {
     for (int s = 0; s < 3; s++) {
         const float a = ts_step(&g->net, 200 + (uint64_t)s, 1.0f), b = ts_step(&g->twin, 200 + (uint64_t)s, 1.0f);
-        CHECK_MSG(same_bits(a, b), "%s: step %d after the refusals: %.9g, the twin %.9g", label, s, a, b);
+        CHECK_MSG(ts_same_bits(a, b), "%s: step %d after the refusals: %.9g, the twin %.9g", label, s, a, b);
     }
     ts_free(&g->net);
     ts_free(&g->twin);
@@ -269,12 +171,12 @@ static void test_damaged_files(void) {
     for (int s = 0; s < 3; s++) ts_step(&a, (uint64_t)s, 1.0f);   /* inside a window: every array is saved */
     CHECK_OK(deft_train_state_save(path_main, a.p, a.opt, NULL));
     size_t n = 0;
-    unsigned char *file = slurp(path_main, &n);
+    unsigned char *file = read_file_bytes(path_main, &n);
     CHECK(file != NULL && n > 1000);
     if (!file) return;
     int bad = 0;
     for (size_t len = 0; len < n; len++) {
-        spit(path_bad, file, len);
+        write_file_bytes(path_bad, file, len);
         deft_status s = deft_train_state_load(path_bad, g.net.p, g.net.opt, NULL);
         if (s != DEFT_ERR_IO || !strstr(deft_errmsg(), "truncated") || !strstr(deft_errmsg(), path_bad)) {
             if (bad++ < 5) CHECK_MSG(0, "truncated to %zu of %zu bytes: %s: %s", len, n, deft_status_name(s), deft_errmsg());
@@ -283,7 +185,7 @@ static void test_damaged_files(void) {
     CHECK_MSG(guarded_unchanged(&g), "a truncated file changed the net");
     for (size_t at = 0; at < n; at++) {
         file[at] ^= 0x10;
-        spit(path_bad, file, n);
+        write_file_bytes(path_bad, file, n);
         file[at] ^= 0x10;
         deft_status s = deft_train_state_load(path_bad, g.net.p, g.net.opt, NULL);
         if (s != DEFT_ERR_IO || !corrupt_message()) {
@@ -293,9 +195,9 @@ static void test_damaged_files(void) {
     CHECK_MSG(guarded_unchanged(&g), "a corrupt file changed the net");
     file = realloc(file, n + 1);
     file[n] = 0;
-    spit(path_bad, file, n + 1);
+    write_file_bytes(path_bad, file, n + 1);
     refused_load(&g, path_bad, g.net.opt, NULL, DEFT_ERR_IO, "trailing bytes", "a byte appended");
-    spit(path_bad, "DEFTPARM", 8);
+    write_file_bytes(path_bad, "DEFTPARM", 8);
     refused_load(&g, path_bad, g.net.opt, NULL, DEFT_ERR_IO, "bad magic", "a parameter file");
     deft_train_state_summary info;
     CHECK_ERR(deft_train_state_info(path_bad, &info), DEFT_ERR_IO, "bad magic");
@@ -352,8 +254,8 @@ static void test_sgd_momentum_differs(void) {
 }
 
 static void test_loader_refusals(void) {
-    static ds_data ds;
-    ds_make(&ds);
+    static ts_dataset ds;
+    ts_dataset_make(&ds);
     deft_dataset shorter = ds.d;   /* 2 batches an epoch */
     shorter.n = 40;
     const ts_config c = {.dev = CPU, .adamw = 1};

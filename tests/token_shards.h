@@ -1,11 +1,17 @@
 /* Token shards for the tests, written byte by byte here rather than through deft_tokens_write, so that the reader is
- * checked against a writer of its own and any header field can be wrong or the file cut short or run long. */
+ * checked against a writer of its own and any header field can be wrong or the file cut short or run long; the
+ * directory of a test's shards; and a program that shows what a token loader fed it. The includer defines
+ * _POSIX_C_SOURCE (getpid, mkdir). */
 #ifndef DEFT_TEST_TOKEN_SHARDS_H
 #define DEFT_TEST_TOKEN_SHARDS_H
 
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include "check.h"
 #include "xorshift.h"
 
 #define SHARD_MAGIC 20240520
@@ -54,6 +60,53 @@ static inline int shard_write(const char *path, shard_spec s, const int32_t *tok
 static inline void shard_random_tokens(int32_t *t, int64_t n, uint64_t seed) {
     uint64_t s = seed | 1;
     for (int64_t i = 0; i < n; i++) t[i] = (int32_t)(xorshift64(&s) & 0xffffu);
+}
+
+/* A directory of this process for a test's shards, "<prefix>_<pid>" in dir (cap bytes): 0 when it was made. */
+static inline int shard_dir_make(char *dir, size_t cap, const char *prefix) {
+    snprintf(dir, cap, "%s_%d", prefix, (int)getpid());
+    return mkdir(dir, 0755);
+}
+
+/* Removes the directory and everything in it: 0 on success. */
+static inline int shard_dir_remove(const char *dir) {
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    return system(cmd);
+}
+
+/* x and y, i32 [b, t] inputs "tokens" and "targets" on a device, passed through to xo and yo: what a loader fed is
+ * what the program gives back. */
+typedef struct token_net {
+    deft_graph *g;
+    deft_tensor *x, *y, *xo, *yo;
+    deft_program *p;
+    int64_t b, t;
+} token_net;
+
+static inline void token_net_build(token_net *n, int64_t b, int64_t t, deft_device dev) {
+    n->b = b;
+    n->t = t;
+    n->g = deft_graph_new();
+    n->x = deft_input(n->g, "tokens", DEFT_I32, 2, (int64_t[]){b, t}, dev);
+    n->y = deft_input(n->g, "targets", DEFT_I32, 2, (int64_t[]){b, t}, dev);
+    n->xo = deft_add_scalar(n->x, 0.0);
+    n->yo = deft_add_scalar(n->y, 0.0);
+    n->p = deft_compile(n->g, (deft_tensor *[]){n->xo, n->yo}, 2, NULL);
+    CHECK_MSG(n->p != NULL, "compile: %s", deft_errmsg());
+}
+
+/* The next batch from the loader, run through the program; its (epoch, index) and, unless it is an epoch's end,
+ * the x and y (b * t each) the program saw. */
+static inline deft_loader_batch token_net_next(token_net *n, deft_loader *l, int32_t *x, int32_t *y) {
+    deft_loader_batch bt = {0};
+    CHECK_OK(deft_loader_next(l, n->p, &bt));
+    if (bt.end) return bt;
+    const size_t bytes = (size_t)(n->b * n->t) * sizeof *x;
+    CHECK_OK(deft_program_run(n->p));
+    CHECK_OK(deft_program_read(n->p, n->xo, x, bytes));
+    CHECK_OK(deft_program_read(n->p, n->yo, y, bytes));
+    return bt;
 }
 
 #endif

@@ -2,7 +2,8 @@
  * (not the optimizer's, so only the file's parameter records restore it) -> [layer norm "ln" -> gelu -> dropout |
  * relu] -> linear "fc2" -> cross-entropy with y, its backward pass and SGD with momentum or AdamW. Two nets built with
  * one config start from the same parameters, so a net trained on from a loaded state can be compared, loss for loss
- * and bit for bit, with the one that saved it and never stopped. Everything is static: each test uses what it needs. */
+ * and bit for bit, with the one that saved it and never stopped (the optimizers' rate, scale and counters too), also
+ * when a loader over one fixed dataset feeds them. Everything is static: each test uses what it needs. */
 #ifndef DEFT_TEST_TRAIN_STATE_NET_H
 #define DEFT_TEST_TRAIN_STATE_NET_H
 
@@ -145,6 +146,102 @@ static inline void ts_set_scale(ts_net *n) {
     float v[256];
     for (int64_t i = 0; i < hid && i < 256; i++) v[i] = 0.5f + 0.03125f * (float)i;
     CHECK_OK(deft_param_set(t, v, (size_t)hid * sizeof(float)));
+}
+
+static inline int ts_same_bits(float a, float b) { return memcmp(&a, &b, sizeof a) == 0; }
+
+/* What the optimizer says, compared between the net that never stopped and the resumed one. */
+typedef struct ts_opt_view {
+    double lr, scale;
+    int64_t updates, skipped;
+} ts_opt_view;
+
+static inline ts_opt_view ts_view_of(const ts_net *n) {
+    ts_opt_view v = {deft_optimizer_lr(n->opt), 0, deft_optimizer_updates(n->opt), 0};
+    CHECK_OK(deft_optimizer_loss_scale(n->opt, &v.scale, &v.skipped));
+    return v;
+}
+
+static inline int ts_same_view(ts_opt_view a, ts_opt_view b) {
+    return a.lr == b.lr && a.scale == b.scale && a.updates == b.updates && a.skipped == b.skipped;
+}
+
+/* The run that saved its state and never stopped, as a resumed one must repeat it: the parameters at the save and
+ * at the end (`bytes` each), the loss and the optimizer's view after each step, the graph replays before the save. */
+#define TS_MAX_STEPS 32
+
+typedef struct ts_record {
+    unsigned char at_save[TS_MAX_PARAM_BYTES], final[TS_MAX_PARAM_BYTES];
+    size_t bytes;
+    float loss[TS_MAX_STEPS];
+    ts_opt_view view[TS_MAX_STEPS];
+    int64_t replays_at_save;
+} ts_record;
+
+/* Step s's gain: batch `overflow` scaled to overflow f16 (a skipped step). */
+static inline float ts_gain(int s, int overflow) { return s == overflow ? 1e30f : 1.0f; }
+
+/* Net a's run: k steps (the rate halved at step 2), a save to path, then on to n (at most TS_MAX_STEPS), into r. */
+static inline void ts_run_saved(ts_net *a, const char *path, int k, int n, int overflow, ts_record *r) {
+    ts_set_scale(a);
+    for (int s = 0; s < n; s++) {
+        if (s == 2) CHECK_OK(deft_optimizer_set_lr(a->opt, deft_optimizer_lr(a->opt) * 0.5));
+        if (s == k) {
+            r->replays_at_save = deft_program_graph_replays(a->p);
+            CHECK_OK(deft_train_state_save(path, a->p, a->opt, NULL));
+            ts_params(a, r->at_save);
+        }
+        r->loss[s] = ts_step(a, (uint64_t)s, ts_gain(s, overflow));
+        r->view[s] = ts_view_of(a);
+    }
+    r->bytes = ts_params(a, r->final);
+}
+
+/* Net b, loaded from path (saved at step k of the run r to n), goes on as r did: the parameters and the optimizer of
+ * the save, then each step's loss and optimizer view bit for bit, and the final parameters. */
+static inline void ts_check_resumed(const char *label, ts_net *b, const char *path, int k, int n, int overflow,
+                                    const ts_record *r) {
+    static unsigned char got[TS_MAX_PARAM_BYTES];
+    deft_status s = deft_train_state_load(path, b->p, b->opt, NULL);
+    CHECK_MSG(s == DEFT_OK, "%s: load: %s", label, deft_errmsg());
+    ts_params(b, got);
+    CHECK_MSG(memcmp(got, r->at_save, r->bytes) == 0, "%s: the loaded parameters are not the saved ones", label);
+    CHECK_MSG(ts_same_view(ts_view_of(b), r->view[k - 1]), "%s: the loaded optimizer is not the saved one", label);
+    for (int st = k; st < n; st++) {
+        const float lb = ts_step(b, (uint64_t)st, ts_gain(st, overflow));
+        CHECK_MSG(ts_same_bits(r->loss[st], lb), "%s: step %d: loss %.9g resumed, %.9g uninterrupted", label, st, lb,
+                  r->loss[st]);
+        CHECK_MSG(ts_same_view(ts_view_of(b), r->view[st]), "%s: step %d: the optimizer's counters differ", label, st);
+    }
+    ts_params(b, got);
+    CHECK_MSG(memcmp(got, r->final, r->bytes) == 0, "%s: the final parameters differ", label);
+}
+
+/* A dataset of TS_DS_N records the same for every test: 5 batches of 16 an epoch, 10 records dropped. */
+#define TS_DS_N 90
+
+typedef struct ts_dataset {
+    float images[TS_DS_N * TS_IN];
+    int32_t labels[TS_DS_N];
+    deft_dataset d;
+} ts_dataset;
+
+static inline void ts_dataset_make(ts_dataset *s) {
+    uint64_t rng = 99;
+    for (int i = 0; i < TS_DS_N * TS_IN; i++) s->images[i] = (float)ref_unif(&rng, -1, 1);
+    for (int i = 0; i < TS_DS_N; i++) s->labels[i] = (int32_t)(ref_next(&rng) % TS_CLS);
+    s->d = (deft_dataset){.n = TS_DS_N, .features = TS_IN, .n_classes = TS_CLS, .images = s->images,
+                          .labels = s->labels};
+}
+
+/* One step from the loader (the end of an epoch passed over): its loss, and which batch it was as epoch * 100 +
+ * index. */
+static inline float ts_loader_step(ts_net *n, deft_loader *l, int64_t *which) {
+    deft_loader_batch bt;
+    CHECK_OK(deft_loader_next(l, n->p, &bt));
+    if (bt.end) CHECK_OK(deft_loader_next(l, n->p, &bt));
+    *which = bt.epoch * 100 + bt.index;
+    return ts_run(n);
 }
 
 #endif

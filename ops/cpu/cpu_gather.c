@@ -92,13 +92,10 @@ deft_status deft_cpu_index_order(const deft_tensor *n, void *out, const void *in
 
 deft_status deft_cpu_gather_grad(const deft_tensor *n, void *out, const void *dy, const void *order) {
     deft_gather_dims d;
-    deft_status s = deft_gather_dims_of(n, &d);
+    const uint64_t *keys = NULL;
+    const int32_t *first = NULL;
+    deft_status s = deft_gather_grad_dims_of(n, order, &d, &keys, &first);
     if (s != DEFT_OK) return s;
-    if (!deft_index_order_fits(n->src[2], d.n, d.rows))
-        return deft_set_error(DEFT_ERR_SHAPE, "%s: the order node does not fit %lld indices into %lld rows",
-                              deft_op_name(n->op), (long long)d.n, (long long)d.rows);
-    const uint64_t *keys = order;
-    const int32_t *first = (const int32_t *)(keys + deft_index_order_pad(d.n));
     const int64_t total = d.outer * d.rows;
     switch (n->dtype) {
     case DEFT_F32: GATHER_GRAD(float, float, LD_SAME, LD_SAME); break;

@@ -209,13 +209,10 @@ __global__ void deft_k_gather_grad(T *out, const T *dy, const uint64_t *keys, co
 deft_status deft_cuda_gather_grad(const deft_tensor *n, void *out, const void *dy, const void *order,
                                   cudaStream_t st) {
     deft_gather_dims d;
-    deft_status s = deft_gather_dims_of(n, &d);
+    const uint64_t *keys = NULL;
+    const int32_t *first = NULL;
+    deft_status s = deft_gather_grad_dims_of(n, order, &d, &keys, &first);
     if (s != DEFT_OK) return s;
-    if (!deft_index_order_fits(n->src[2], d.n, d.rows))
-        return deft_set_error(DEFT_ERR_SHAPE, "%s: the order node does not fit %lld indices into %lld rows",
-                              deft_op_name(n->op), (long long)d.n, (long long)d.rows);
-    const uint64_t *keys = (const uint64_t *)order;
-    const int32_t *first = (const int32_t *)(keys + deft_index_order_pad(d.n));
     return deft_with_float_dtype(n, [&](auto tag) -> deft_status {
         typedef typename decltype(tag)::type T;
         deft_k_gather_grad<T><<<deft_cuda_blocks(d.outer * d.rows * d.inner, DEFT_CUDA_THREADS), DEFT_CUDA_THREADS, 0,
