@@ -138,6 +138,21 @@ static int parse_flag(options *o, const char *k) {
     return 1;
 }
 
+/* The model's sizes, each with a message that names it: the library would refuse them too, but as the shape of
+ * whichever op first fails, not as the option that caused it. */
+static int model_ok(const gpt2_config *c) {
+    const char *why = c->layers < 1 || c->layers > 64 ? "--layers must be in [1, 64]"
+                      : c->width < 1 || c->heads < 1 ? "--width and --heads must be positive"
+                      : c->width % c->heads ? "--heads must divide --width"
+                      : c->width / c->heads > DEFT_ATTENTION_MAX_HEAD ? "--width / --heads is above the head limit, 128"
+                      : c->seq < 1 || c->vocab < 2 ? "--seq must be positive and --vocab at least 2"
+                      : NULL;
+    if (why) fprintf(stderr, "gpt2_train: %s (layers %lld, width %lld, heads %lld, seq %lld, vocab %lld)\n", why,
+                     (long long)c->layers, (long long)c->width, (long long)c->heads, (long long)c->seq,
+                     (long long)c->vocab);
+    return why == NULL;
+}
+
 static int parse(int argc, char **argv, options *o) {
     *o = (options){.model = {256, 128, 128, 4, 4}, .batch = 8, .steps = 200, .warmup = -1, .val_every = 100,
                    .val_batches = 8, .log_every = 10, .sample = 200, .lr = 1e-3, .min_lr_frac = 0.1,
@@ -152,7 +167,7 @@ static int parse(int argc, char **argv, options *o) {
     if (o->warmup < 0) o->warmup = o->steps / 10;
     return !bad && o->steps > 0 && o->batch > 0 && o->lr > 0 && o->log_every > 0 && o->val_batches > 0 &&
            o->val_every >= 0 && o->sample >= 0 && o->save_every >= 0 && !(o->save_every && !o->state) &&
-           !(o->tokens && o->text);
+           !(o->tokens && o->text) && model_ok(&o->model);
 }
 
 /* ---- data: shards, or a text file written into shards (bytes as tokens) in a temporary directory ---- */
