@@ -92,24 +92,23 @@ static inline deft_tensor *gpt2_block(deft_tensor *h, const gpt2 *m, int i, deft
     return deft_add(h, gpt2_linear(m, f, c, q, proj_std));
 }
 
-/* Builds the model into a new graph for batches of `batch` sequences on `dev`, its parameters drawn from `seed`.
- * On failure m->g holds the graph (its error says why) and the return value is the status. */
-static inline deft_status gpt2_build(gpt2 *m, const gpt2_config *c, int64_t batch, deft_device dev, uint64_t seed) {
-    *m = (gpt2){.c = *c, .batch = batch, .g = deft_graph_new()};
-    if (!m->g) return DEFT_ERR_OOM;
-    if (c->layers < 1 || c->layers > 64 || c->heads < 1 || c->width % c->heads != 0)
-        return DEFT_ERR_INVALID;
-    deft_graph_set_seed(m->g, seed);
+/* Builds the model into g (deft_largest_batch hands its builder a graph) for batches of `batch` sequences on `dev`,
+ * its parameters drawn from g's seed. A size the model cannot take (layers outside [1, 64], heads not dividing the
+ * width) is DEFT_ERR_INVALID; otherwise a failure's status is the graph's error, which says why. */
+static inline deft_status gpt2_build_into(gpt2 *m, deft_graph *g, const gpt2_config *c, int64_t batch,
+                                          deft_device dev) {
+    *m = (gpt2){.c = *c, .batch = batch, .g = g};
+    if (c->layers < 1 || c->layers > 64 || c->heads < 1 || c->width % c->heads != 0) return DEFT_ERR_INVALID;
     const int64_t bt[2] = {batch, c->seq};
-    m->x = deft_input(m->g, "x", DEFT_I32, 2, bt, dev);
-    m->y = deft_input(m->g, "y", DEFT_I32, 2, bt, dev);
-    m->wte = deft_param(m->g, "wte", DEFT_F32, 2, (int64_t[]){c->vocab, c->width}, dev, DEFT_INIT_ZEROS);
-    m->wpe = deft_param(m->g, "wpe", DEFT_F32, 2, (int64_t[]){c->seq, c->width}, dev, DEFT_INIT_ZEROS);
-    if (!m->wte || !m->wpe) return deft_graph_error(m->g);
+    m->x = deft_input(g, "x", DEFT_I32, 2, bt, dev);
+    m->y = deft_input(g, "y", DEFT_I32, 2, bt, dev);
+    m->wte = deft_param(g, "wte", DEFT_F32, 2, (int64_t[]){c->vocab, c->width}, dev, DEFT_INIT_ZEROS);
+    m->wpe = deft_param(g, "wpe", DEFT_F32, 2, (int64_t[]){c->seq, c->width}, dev, DEFT_INIT_ZEROS);
+    if (!m->wte || !m->wpe) return deft_graph_error(g);
     deft_status s = deft_param_init_normal(m->wte, 0.0, 0.02, 0);
     if (s == DEFT_OK) s = deft_param_init_normal(m->wpe, 0.0, 0.02, 0);
     if (s != DEFT_OK) return s;
-    deft_tensor *pos = deft_arange(m->g, DEFT_I32, 0, (double)c->seq, 1, dev);
+    deft_tensor *pos = deft_arange(g, DEFT_I32, 0, (double)c->seq, 1, dev);
     deft_tensor *h = deft_add(deft_embedding(m->wte, m->x), deft_embedding(m->wpe, pos));
     for (int i = 0; i < (int)c->layers; i++) m->block_out[i] = h = gpt2_block(h, m, i, dev);
     h = gpt2_layer_norm(m, h, "ln_f", dev);
@@ -117,7 +116,15 @@ static inline deft_status gpt2_build(gpt2 *m, const gpt2_config *c, int64_t batc
     deft_tensor *flat = deft_reshape(m->logits, 2, (int64_t[]){batch * c->seq, c->vocab});
     deft_tensor *targets = deft_reshape(m->y, 1, (int64_t[]){batch * c->seq});
     m->loss = deft_set_name(deft_cross_entropy(flat, targets), "loss");
-    return m->loss ? DEFT_OK : deft_graph_error(m->g);
+    return m->loss ? DEFT_OK : deft_graph_error(g);
+}
+
+/* gpt2_build_into a new graph seeded with `seed`. On failure m->g holds the graph (its error says why). */
+static inline deft_status gpt2_build(gpt2 *m, const gpt2_config *c, int64_t batch, deft_device dev, uint64_t seed) {
+    deft_graph *g = deft_graph_new();
+    if (!g) return DEFT_ERR_OOM;
+    deft_graph_set_seed(g, seed);
+    return gpt2_build_into(m, g, c, batch, dev);
 }
 
 /* The number of parameters. */

@@ -1,0 +1,448 @@
+/* bench_gpt2: the speed and memory of one GPT-2 training step compiled by deft (issue 29). The model of
+ * examples/gpt2.h (GPT-2 124M by default: 12 layers, width 768, 12 heads, T = 1024, vocabulary 50304), bf16 autocast,
+ * AdamW (betas 0.9 and 0.95, eps 1e-8, weight decay 0.1 on the 2-D weights only: deft_optimizer_decay_2d_only; deft's
+ * optimizer updates every parameter in one fused pass) with gradient clipping to 1.0, on random tokens.
+ * bench/peers/gpt2.py trains the same model in PyTorch in each of its modes and prints the same names with "torch_"
+ * in place of "deft_"; scripts/bench_gpt2.sh runs both and prints the ratios. One figure per line:
+ * `<name> <value> <unit>`, named gpt2.<key>.deft_<figure> with key "<model>_b<B>_<precision>" (model "124m", or
+ * "l<L>_c<C>_h<H>_t<T>_v<V>" when an option changes it).
+ *
+ * A step is what a training loop does: feed the next batch (deft_program_feed_async from pinned host memory, cycling
+ * FEED_BATCHES batches: the copy overlaps the step before) and run the program (forward, loss, backward, clipping,
+ * the update). Tokens: x[i] = hash32(1, k B T + i) mod V and y[i] = hash32(2, k B T + i) mod V for batch k
+ * (bench_util.h; gpt2.py computes the same), so the loss starts near ln V and stays there.
+ *
+ * Timing (as bench_mlp_train): --warmup steps (the loss of the first is printed), then --steps steps a repeat (by
+ * default CALIBRATE steps choose N so that a repeat takes about TARGET_REPEAT_S), then --repeats repeats of a host
+ * clock around N steps and one read of the loss (the read waits for the device). Figures: the median over the repeats
+ * of the time of a step (the fastest and slowest beside it), tokens/s = B T / that, and MFU = flops_per_token *
+ * tokens/s / (--peak-tflops 1e12), with nanoGPT's (PaLM's) estimate flops_per_token = 6 N + 12 L H Q T, Q = C / H,
+ * N the parameters less the position table (as nanoGPT's get_num_params counts them; the tied head counts once).
+ * The peak defaults to the H100 SXM's dense bf16 989 TFLOP/s (1979 is its sparse figure).
+ *
+ * Memory: peak_bytes is the caching allocator's peak of allocated bytes from before the graph was built to the end
+ * (parameters, gradients, AdamW's moments, the batch, the arena, workspaces: as torch.cuda.max_memory_allocated) and
+ * peak_reserved_bytes its peak of reserved bytes (torch.cuda.max_memory_reserved); beside them the plan's arena,
+ * persistent, workspace and footprint bytes (deft_program_memory, deft_program_footprint), activation_bytes (of the
+ * arena, the peak of forward values kept for the backward pass) and what checkpointing did (deft_program_checkpoint:
+ * the planned peak with and without it, the bytes dropped and the recompute work), with --checkpoint-budget BYTES
+ * the budget the search fits (DEFT_CHECKPOINT_BUDGET). --largest-batch asks deft_largest_batch, before anything is
+ * built to run, for the largest batch whose step fits the device's free memory (deft_device_memory), planning only,
+ * and prints the bytes planned for it and for the next batch (the one refused).
+ *
+ * Without a usable GPU (and without --device cpu) the bench says so and exits 0. */
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define BENCH_NAME "bench_gpt2"
+#include "../examples/gpt2.h"
+#include "bench_util.h"
+
+#define FEED_BATCHES 4
+#define CALIBRATE 5
+#define TARGET_REPEAT_S 1.0
+#define MAX_REPEATS 101
+#define LARGEST_MAX_BATCH 4096
+
+typedef struct options {
+    gpt2_config model;
+    int64_t batch, steps, warmup, repeats;
+    double peak_tflops;
+    size_t checkpoint_budget;
+    deft_dtype autocast;
+    int no_cuda_graphs, largest_batch;
+    const char *device;
+} options;
+
+/* One training step's graph: the model, its backward pass, AdamW and the step node. */
+typedef struct step_graph {
+    gpt2 m;
+    deft_optimizer *opt;
+    deft_tensor *step;
+} step_graph;
+
+/* The model built into a graph given by the caller (deft_largest_batch's probes get one), then backward, AdamW and
+ * its step: the one path the measured run and the probes both take, so that the batch deft_largest_batch answers is
+ * that of the graph that runs. */
+static deft_status build_step(step_graph *s, deft_graph *g, const gpt2_config *c, int64_t batch, deft_device dev) {
+    gpt2 *m = &s->m;
+    deft_graph_set_seed(g, 1337);
+    deft_status st = gpt2_build_into(m, g, c, batch, dev);
+    if (st != DEFT_OK) return st;
+    if ((st = deft_backward(m->loss)) != DEFT_OK) return st;
+    const deft_adamw_options ao = {.lr = 6e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+    s->opt = deft_adamw(g, &ao, &(deft_step_options){.max_grad_norm = 1.0});
+    if (!s->opt) return deft_graph_error(g);
+    if ((st = deft_optimizer_decay_2d_only(s->opt)) != DEFT_OK) return st;
+    s->step = deft_optimizer_step(s->opt);
+    return s->step ? DEFT_OK : deft_graph_error(g);
+}
+
+typedef struct probe_ctx {
+    const gpt2_config *c;
+    deft_device dev;
+} probe_ctx;
+
+static deft_status build_probe(deft_graph *g, int64_t batch, void *ctx, deft_tensor **outputs, int *n_outputs) {
+    const probe_ctx *pc = ctx;
+    step_graph s;
+    deft_status st = build_step(&s, g, pc->c, batch, pc->dev);
+    if (st != DEFT_OK) return st;
+    outputs[0] = s.m.loss;
+    outputs[1] = s.step;
+    *n_outputs = 2;
+    return DEFT_OK;
+}
+
+/* Arena + persistent bytes a step of `batch` plans for (what deft_largest_batch compares with the bytes given). */
+static deft_status planned_bytes(probe_ctx *pc, int64_t batch, const deft_compile_options *co, size_t *out) {
+    deft_graph *g = deft_graph_new();
+    if (!g) return DEFT_ERR_OOM;
+    deft_tensor *outs[2];
+    int n = 0;
+    deft_memory_report r;
+    deft_status s = build_probe(g, batch, pc, outs, &n);
+    if (s == DEFT_OK) s = deft_plan_memory(g, outs, n, co, &r);
+    if (s == DEFT_OK) *out = r.arena_bytes + r.persistent_bytes;
+    deft_graph_free(g);
+    return s;
+}
+
+static void largest_batch(const options *o, deft_device dev, const deft_compile_options *co, const char *k) {
+    size_t free_b = 0, total_b = 0;
+    CHECK(deft_device_memory(dev, &free_b, &total_b));
+    probe_ctx pc = {&o->model, dev};
+    /* The probes plan without a budget (deft_largest_batch clears it): the bytes given are the budget. */
+    deft_compile_options plan = *co;
+    plan.memory_budget = 0;
+    plan.checkpoint = DEFT_CHECKPOINT_NONE;
+    int64_t best = 0;
+    size_t need = 0, next = 0;
+    const double t0 = seconds();
+    const deft_status s = deft_largest_batch(build_probe, &pc, free_b, LARGEST_MAX_BATCH, &plan, &best);
+    const double took = seconds() - t0;
+    printf("gpt2.%s.deft_largest_batch_free_bytes %zu bytes\n", k, free_b);
+    printf("gpt2.%s.deft_largest_batch_total_bytes %zu bytes\n", k, total_b);
+    if (s != DEFT_OK) {
+        printf("# gpt2.%s: deft_largest_batch: %s: %s\n", k, deft_status_name(s), deft_errmsg());
+        fflush(stdout);
+        return;
+    }
+    CHECK(planned_bytes(&pc, best, &plan, &need));
+    printf("gpt2.%s.deft_largest_batch %lld sequences\n", k, (long long)best);
+    printf("gpt2.%s.deft_largest_batch_planned_bytes %zu bytes\n", k, need);
+    printf("gpt2.%s.deft_largest_batch_seconds %.3f s\n", k, took);
+    if (best < LARGEST_MAX_BATCH && planned_bytes(&pc, best + 1, &plan, &next) == DEFT_OK)
+        printf("gpt2.%s.deft_largest_batch_next_planned_bytes %zu bytes\n", k, next);
+    fflush(stdout);
+}
+
+/* The FEED_BATCHES batches of tokens, in pinned host memory (x then y of batch k at xs[k], ys[k]). */
+typedef struct feed {
+    int32_t *xs[FEED_BATCHES], *ys[FEED_BATCHES];
+    size_t bytes;
+    int64_t next;
+} feed;
+
+static void feed_make(feed *f, const options *o) {
+    const uint64_t n = (uint64_t)(o->batch * o->model.seq);
+    f->bytes = (size_t)n * sizeof(int32_t);
+    for (int k = 0; k < FEED_BATCHES; k++) {
+        CHECK(deft_pinned_alloc(f->bytes, (void **)&f->xs[k]));
+        CHECK(deft_pinned_alloc(f->bytes, (void **)&f->ys[k]));
+        for (uint64_t i = 0; i < n; i++) {
+            f->xs[k][i] = (int32_t)(hash32(1, (uint64_t)k * n + i) % (uint64_t)o->model.vocab);
+            f->ys[k][i] = (int32_t)(hash32(2, (uint64_t)k * n + i) % (uint64_t)o->model.vocab);
+        }
+    }
+}
+
+static void feed_free(feed *f) {
+    for (int k = 0; k < FEED_BATCHES; k++) {
+        if (f->xs[k]) deft_pinned_free(f->xs[k]);
+        if (f->ys[k]) deft_pinned_free(f->ys[k]);
+    }
+}
+
+static deft_status run_steps(deft_program *p, step_graph *s, feed *f, int64_t n, float *loss) {
+    deft_status st = DEFT_OK;
+    for (int64_t i = 0; st == DEFT_OK && i < n; i++) {
+        const int64_t k = f->next++ % FEED_BATCHES;
+        st = deft_program_feed_async(p, s->m.x, f->xs[k], f->bytes);
+        if (st == DEFT_OK) st = deft_program_feed_async(p, s->m.y, f->ys[k], f->bytes);
+        if (st == DEFT_OK) st = deft_program_run(p);
+    }
+    if (st == DEFT_OK) st = deft_program_read(p, s->m.loss, loss, sizeof *loss);
+    return st;
+}
+
+typedef struct result {
+    double ms[MAX_REPEATS];
+    int64_t n, steps;
+    float loss_first, loss;
+} result;
+
+static deft_status measure(deft_program *p, step_graph *s, feed *f, const options *o, result *r) {
+    deft_status st = run_steps(p, s, f, 1, &r->loss_first);
+    if (st == DEFT_OK && o->warmup > 1) st = run_steps(p, s, f, o->warmup - 1, &r->loss);
+    r->steps = o->warmup;
+    r->n = o->steps;
+    if (st == DEFT_OK && !r->n) {
+        const double t0 = seconds();
+        st = run_steps(p, s, f, CALIBRATE, &r->loss);
+        const double per = (seconds() - t0) / CALIBRATE;
+        r->n = (int64_t)ceil(TARGET_REPEAT_S / (per > 1e-9 ? per : 1e-9));
+        r->steps += CALIBRATE;
+    }
+    if (r->n < 1) r->n = 1;
+    for (int k = 0; st == DEFT_OK && k < o->repeats; k++) {
+        const double t0 = seconds();
+        st = run_steps(p, s, f, r->n, &r->loss);
+        r->ms[k] = (seconds() - t0) / (double)r->n * 1e3;
+        r->steps += r->n;
+    }
+    sort_times(r->ms, (int)o->repeats);
+    return st;
+}
+
+/* nanoGPT's estimate_mfu: 6 N + 12 L H Q T a token, N without the position table. */
+static double flops_per_token(const gpt2_config *c) {
+    const double n = (double)(gpt2_param_count(c) - c->seq * c->width);
+    return 6.0 * n + 12.0 * (double)c->layers * (double)c->heads * (double)(c->width / c->heads) * (double)c->seq;
+}
+
+static deft_status report(deft_program *p, deft_device dev, const options *o, const char *k, const char *tag,
+                          const result *r) {
+    deft_memory_report mr;
+    deft_memory_stats ms;
+    deft_checkpoint_report cr;
+    deft_device_footprint fp[4];
+    int nfp = 0;
+    deft_status s = deft_program_memory(p, &mr);
+    if (s == DEFT_OK) s = deft_program_footprint(p, fp, 4, &nfp);
+    if (s == DEFT_OK) s = deft_program_checkpoint(p, &cr);
+    if (s == DEFT_OK) s = deft_memory_stats_get(dev, &ms);
+    if (s != DEFT_OK) return s;
+    size_t footprint = 0, activations = 0, workspace = 0;
+    for (int i = 0; i < nfp; i++)
+        footprint += fp[i].total_bytes, activations += fp[i].activation_bytes, workspace += fp[i].workspace_bytes;
+    const double med = r->ms[o->repeats / 2], tokens = (double)(o->batch * o->model.seq);
+    const double tps = tokens / (med * 1e-3), fpt = flops_per_token(&o->model);
+    printf("gpt2.%s.%s_step_ms %.3f ms\n", k, tag, med);
+    printf("gpt2.%s.%s_step_ms_min %.3f ms\n", k, tag, r->ms[0]);
+    printf("gpt2.%s.%s_step_ms_max %.3f ms\n", k, tag, r->ms[o->repeats - 1]);
+    printf("gpt2.%s.%s_steps_per_repeat %lld count\n", k, tag, (long long)r->n);
+    printf("gpt2.%s.%s_tokens_per_s %.1f tokens/s\n", k, tag, tps);
+    printf("gpt2.%s.%s_tflops %.3f TFLOP/s\n", k, tag, fpt * tps / 1e12);
+    printf("gpt2.%s.%s_mfu %.2f %%\n", k, tag, 100.0 * fpt * tps / (o->peak_tflops * 1e12));
+    printf("gpt2.%s.%s_peak_bytes %lld bytes\n", k, tag, (long long)ms.allocated_bytes.peak);
+    printf("gpt2.%s.%s_peak_reserved_bytes %lld bytes\n", k, tag, (long long)ms.reserved_bytes.peak);
+    printf("gpt2.%s.%s_arena_bytes %zu bytes\n", k, tag, mr.arena_bytes);
+    printf("gpt2.%s.%s_arena_lower_bound_bytes %zu bytes\n", k, tag, mr.lower_bound_bytes);
+    printf("gpt2.%s.%s_persistent_bytes %zu bytes\n", k, tag, mr.persistent_bytes);
+    printf("gpt2.%s.%s_workspace_bytes %zu bytes\n", k, tag, workspace);
+    printf("gpt2.%s.%s_footprint_bytes %zu bytes\n", k, tag, footprint);
+    printf("gpt2.%s.%s_activation_bytes %zu bytes\n", k, tag, activations);
+    printf("gpt2.%s.%s_planned_peak_bytes %zu bytes\n", k, tag, cr.peak_bytes);
+    printf("gpt2.%s.%s_planned_peak_bytes_without_checkpointing %zu bytes\n", k, tag, cr.peak_bytes_without);
+    printf("gpt2.%s.%s_checkpoint_dropped_bytes %zu bytes\n", k, tag, cr.dropped_bytes);
+    printf("gpt2.%s.%s_checkpoint_recomputed %d nodes\n", k, tag, cr.recomputed);
+    printf("gpt2.%s.%s_checkpoint_recompute_gflop %.3f GFLOP\n", k, tag, cr.recompute_flops / 1e9);
+    printf("gpt2.%s.%s_graph_replays %lld count\n", k, tag, (long long)deft_program_graph_replays(p));
+    printf("gpt2.%s.%s_loss_first %.6f loss\n", k, tag, (double)r->loss_first);
+    printf("gpt2.%s.%s_loss %.6f loss\n", k, tag, (double)r->loss);
+    printf("gpt2.%s.%s_loss_steps %lld count\n", k, tag, (long long)r->steps);
+    fflush(stdout);
+    return DEFT_OK;
+}
+
+static deft_status bench(const options *o, deft_device dev, const deft_compile_options *co, const char *k) {
+    const char *tag = co->no_cuda_graphs ? "deft_nographs" : "deft";
+    step_graph s = {0};
+    feed f = {0};
+    result r = {{0}, 0, 0, 0, 0};
+    deft_program *p = NULL;
+    deft_graph *g = NULL;
+    deft_status st = deft_memory_reset_peak(dev);
+    if (st == DEFT_OK && !(g = deft_graph_new())) st = DEFT_ERR_OOM;
+    if (st == DEFT_OK) st = build_step(&s, g, &o->model, o->batch, dev);
+    if (st == DEFT_OK && deft_graph_error(g) != DEFT_OK) st = deft_graph_error(g);
+    if (st == DEFT_OK) {
+        const double t0 = seconds();
+        if (!(p = deft_compile(g, (deft_tensor *[]){s.m.loss, s.step}, 2, co))) st = DEFT_ERR_INVALID;
+        else printf("gpt2.%s.%s_compile_s %.3f s\n", k, tag, seconds() - t0);
+    }
+    if (st == DEFT_OK) feed_make(&f, o);
+    if (st == DEFT_OK) st = measure(p, &s, &f, o, &r);
+    if (st == DEFT_OK) st = report(p, dev, o, k, tag, &r);
+    if (st != DEFT_OK) {
+        printf("# gpt2.%s: %s failed: %s: %s\n", k, tag, deft_status_name(st),
+               g && deft_graph_error(g) != DEFT_OK ? deft_graph_errmsg(g) : deft_errmsg());
+        fflush(stdout);
+    }
+    deft_graph_free(g);
+    feed_free(&f);
+    return st;
+}
+
+static const char help[] =
+    "usage: bench_gpt2 [--batch B] [--seq T] [--layers L] [--width C] [--heads H] [--vocab V] [--steps N]\n"
+    "                  [--warmup W] [--repeats R] [--device cuda:N|cpu] [--autocast bf16|f32]\n"
+    "                  [--checkpoint-budget BYTES] [--no-cuda-graphs] [--peak-tflops P] [--largest-batch]\n"
+    "                  [A/B options]\n"
+    "\n"
+    "The time and memory of one GPT-2 training step (feed, forward, loss, backward, clipping, fused AdamW) compiled\n"
+    "by deft, on random tokens: step ms, tokens/s, MFU, peak and planned bytes, activation bytes, and with\n"
+    "--largest-batch the largest batch deft_largest_batch finds for the device's free memory. One figure per line:\n"
+    "<name> <value> <unit>. bench/peers/gpt2.py is the PyTorch peer; scripts/bench_gpt2.sh runs both.\n"
+    "\n"
+    "  --batch B                  sequences a step (default: 16)\n"
+    "  --seq T                    sequence length (default: 1024)\n"
+    "  --layers L                 blocks (default: 12)\n"
+    "  --width C                  model width (default: 768)\n"
+    "  --heads H                  attention heads, dividing the width (default: 12)\n"
+    "  --vocab V                  vocabulary (default: 50304, GPT-2's padded as nanoGPT and llm.c pad it)\n"
+    "  --steps N                  timed steps a repeat (default: as many as take about 1 s)\n"
+    "  --warmup W                 untimed steps first, at least 1 (default: 20)\n"
+    "  --repeats R                timed repeats, the median reported (default: 7; at most 101)\n"
+    "  --device cuda:N|cpu        where it runs (default: cuda:0 when a GPU works, else the bench skips)\n"
+    "  --autocast bf16|f32        mixed precision (default: bf16)\n"
+    "  --checkpoint-budget BYTES  activation checkpointing to fit BYTES a step (suffix K, M or G; default: none)\n"
+    "  --no-cuda-graphs           every step launched kernel by kernel (default: CUDA Graph replays)\n"
+    "  --peak-tflops P            the device's dense peak for MFU (default: 989, the H100 SXM's bf16)\n"
+    "  --largest-batch            also ask deft_largest_batch for the largest batch the free memory fits\n"
+    BENCH_AB_HELP
+    "  -h, --help                 this help\n";
+
+static void usage(void) {
+    fprintf(stderr,
+            "usage: %s [--batch B] [--seq T] [--layers L] [--width C] [--heads H] [--vocab V] [--steps N] "
+            "[--warmup W] [--repeats R] [--device cuda:N|cpu] [--autocast bf16|f32] [--checkpoint-budget BYTES] "
+            "[--no-cuda-graphs] [--peak-tflops P] [--largest-batch] " BENCH_AB_USAGE " (--help says more)\n",
+            prog);
+    exit(2);
+}
+
+/* A count with nothing after its digits, within [lo, hi]. */
+static int64_t parse_count(const char *s, int64_t lo, int64_t hi) {
+    char *end = NULL;
+    const long long v = strtoll(s, &end, 10);
+    if (end == s || *end || v < lo || v > hi) usage();
+    return v;
+}
+
+static size_t parse_bytes(const char *s) {
+    char *end = NULL;
+    const double v = strtod(s, &end);
+    if (end == s || !(v >= 0) || !isfinite(v)) usage();
+    double mult = 1;
+    if (*end == 'K' || *end == 'k') mult = 1024.0, end++;
+    else if (*end == 'M' || *end == 'm') mult = 1048576.0, end++;
+    else if (*end == 'G' || *end == 'g') mult = 1073741824.0, end++;
+    if (*end == 'B' || *end == 'b') end++;
+    if (*end || v * mult >= 1.8e19) usage();
+    return (size_t)(v * mult);
+}
+
+/* An option with a value; 0 when `a` is none of them. */
+static int parse_value(options *o, const char *a, const char *v) {
+    if (!strcmp(a, "--batch")) o->batch = parse_count(v, 1, 1 << 20);
+    else if (!strcmp(a, "--seq")) o->model.seq = parse_count(v, 1, 1 << 20);
+    else if (!strcmp(a, "--layers")) o->model.layers = parse_count(v, 1, 64);
+    else if (!strcmp(a, "--width")) o->model.width = parse_count(v, 1, 1 << 20);
+    else if (!strcmp(a, "--heads")) o->model.heads = parse_count(v, 1, 1 << 20);
+    else if (!strcmp(a, "--vocab")) o->model.vocab = parse_count(v, 1, (int64_t)1 << 31);
+    else if (!strcmp(a, "--steps")) o->steps = parse_count(v, 1, 1000000);
+    else if (!strcmp(a, "--warmup")) o->warmup = parse_count(v, 1, 1000000);
+    else if (!strcmp(a, "--repeats")) o->repeats = parse_count(v, 1, MAX_REPEATS);
+    else if (!strcmp(a, "--device")) o->device = v;
+    else if (!strcmp(a, "--checkpoint-budget")) o->checkpoint_budget = parse_bytes(v);
+    else if (!strcmp(a, "--peak-tflops")) {
+        char *end = NULL;
+        o->peak_tflops = strtod(v, &end);
+        if (end == v || *end || !(o->peak_tflops > 0) || !isfinite(o->peak_tflops)) usage();
+    } else if (!strcmp(a, "--autocast")) {
+        if (!strcmp(v, "bf16")) o->autocast = DEFT_BF16;
+        else if (!strcmp(v, "f32")) o->autocast = DEFT_F32;
+        else usage();
+    } else
+        return 0;
+    return 1;
+}
+
+static void parse(int argc, char **argv, options *o, deft_compile_options *co) {
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--no-cuda-graphs")) co->no_cuda_graphs = 1;
+        else if (!strcmp(argv[i], "--largest-batch")) o->largest_batch = 1;
+        else if (bench_ab_option(argc, argv, &i, co)) continue;
+        else if (i + 1 < argc && parse_value(o, argv[i], argv[i + 1])) i++;
+        else usage();
+    }
+    if (co->conv_gemm < 0) usage();
+    if (o->model.width % o->model.heads) {
+        fprintf(stderr, "%s: --heads %lld does not divide --width %lld\n", prog, (long long)o->model.heads,
+                (long long)o->model.width);
+        exit(2);
+    }
+    co->autocast = o->autocast;
+    if (o->checkpoint_budget) co->memory_budget = o->checkpoint_budget, co->checkpoint = DEFT_CHECKPOINT_BUDGET;
+}
+
+static void make_key(const options *o, char *k, size_t n) {
+    const gpt2_config d = gpt2_124m(), *c = &o->model;
+    char model[96];
+    if (c->layers == d.layers && c->width == d.width && c->heads == d.heads && c->seq == d.seq && c->vocab == d.vocab)
+        snprintf(model, sizeof model, "124m");
+    else
+        snprintf(model, sizeof model, "l%lld_c%lld_h%lld_t%lld_v%lld", (long long)c->layers, (long long)c->width,
+                 (long long)c->heads, (long long)c->seq, (long long)c->vocab);
+    snprintf(k, n, "%s_b%lld_%s", model, (long long)o->batch, o->autocast == DEFT_BF16 ? "bf16" : "f32");
+}
+
+int main(int argc, char **argv) {
+    bench_help(argc, argv, help);
+    options o = {.model = gpt2_124m(), .batch = 16, .warmup = 20, .repeats = 7, .peak_tflops = 989.0,
+                 .autocast = DEFT_BF16};
+    deft_compile_options co = {0};
+    parse(argc, argv, &o, &co);
+
+    deft_device dev;
+    if (o.device) {
+        deft_status s = deft_device_parse(o.device, &dev);
+        if (s == DEFT_ERR_NO_CUDA) {
+            printf("%s: skipped: %s (--device cpu runs on the CPU)\n", prog, deft_errmsg());
+            return 0;
+        }
+        if (s != DEFT_OK) {
+            fprintf(stderr, "%s: --device %s: %s\n", prog, o.device, deft_errmsg());
+            return 2;
+        }
+    } else {
+        if (deft_cuda_device_count() < 1) {
+            printf("%s: skipped: no usable CUDA device (--device cpu runs on the CPU)\n", prog);
+            return 0;
+        }
+        dev = deft_cuda(0);
+    }
+    char k[160], dname[256], dstr[32];
+    make_key(&o, k, sizeof k);
+    if (deft_device_name(dev, dname, sizeof dname) != DEFT_OK) snprintf(dname, sizeof dname, "?");
+    printf("# %s: deft %s on %s (%s): %lld layers, width %lld, %lld heads, T %lld, vocab %lld, batch %lld, %s%s%s\n",
+           prog, deft_version(), deft_device_str(dev, dstr, sizeof dstr), dname, (long long)o.model.layers,
+           (long long)o.model.width, (long long)o.model.heads, (long long)o.model.seq, (long long)o.model.vocab,
+           (long long)o.batch, o.autocast == DEFT_BF16 ? "bf16 autocast" : "f32",
+           co.no_cuda_graphs ? ", CUDA Graphs off" : "", o.checkpoint_budget ? ", checkpoint budget" : "");
+    printf("gpt2.%s.params %lld count\n", k, (long long)gpt2_param_count(&o.model));
+    printf("gpt2.%s.flops_per_token %.0f FLOP\n", k, flops_per_token(&o.model));
+    printf("gpt2.%s.tokens_per_step %lld tokens\n", k, (long long)(o.batch * o.model.seq));
+    printf("gpt2.%s.peak_tflops %.1f TFLOP/s\n", k, o.peak_tflops);
+    if (o.checkpoint_budget) printf("gpt2.%s.deft_checkpoint_budget_bytes %zu bytes\n", k, o.checkpoint_budget);
+    fflush(stdout);
+    if (o.largest_batch) largest_batch(&o, dev, &co, k);
+    const deft_status s = bench(&o, dev, &co, k);
+    deft_memory_release_all();
+    return s == DEFT_OK ? 0 : 1;
+}

@@ -1,0 +1,313 @@
+#!/usr/bin/env python3
+"""The PyTorch peer of bench/bench_gpt2.c: one GPT-2 training step (the model of examples/gpt2.h, nanoGPT style) timed
+in each of PyTorch's fast modes, on the same random tokens, printing one figure per line as `<name> <value> <unit>`
+with "torch_<mode>_" where the C bench prints "deft_", then PyTorch's best.
+
+    python3 bench/peers/gpt2.py [--batch B] [--seq T] [--layers L] [--width C] [--heads H] [--vocab V]
+        [--steps N] [--warmup W] [--repeats R] [--device cuda:N|cpu] [--autocast bf16|f32] [--peak-tflops P]
+        [--modes eager,graph,compile_graph,autotune_graph]
+
+The model: nn.Embedding token and position tables, pre-norm blocks (nn.LayerNorm, causal self-attention through
+F.scaled_dot_product_attention(is_causal=True), residual, nn.LayerNorm, MLP with GELU's tanh form, residual), a final
+nn.LayerNorm and an LM head tied to the token table; Linear layers with biases; GPT-2's initialisation (normal 0.02,
+the residual projections 0.02 / sqrt(2 L), zero biases). AdamW (fused=True; lr 6e-4, betas 0.9 and 0.95, eps 1e-8,
+weight decay 0.1 on the parameters of two or more dims and none on the others, nanoGPT's groups),
+clip_grad_norm_(1.0), bf16 autocast around forward and loss. The tokens: x[i] = hash32(1, k B T + i) mod V and
+y[i] = hash32(2, k B T + i) mod V for batch k of FEED_BATCHES kept in pinned host memory (bench_util.h's hash, the C
+bench's batches); each step copies the next one into the model's input buffers (non_blocking) and trains on it.
+
+The modes, each in a clean slate (a new model and optimizer, the allocator's cache emptied), run in the order given
+and printed as each finishes, so that a run cut short still says something:
+  eager           zero_grad(set_to_none=True), forward, loss, backward, clip, step: each op launched from Python.
+  graph           the same step captured whole in one torch.cuda.CUDAGraph (the PyTorch docs' "whole network
+                  capture": 3 warm-up steps on a side stream, static inputs, AdamW(capturable=True)); a step is the
+                  batch's copy and one replay.
+  compile_graph   the model under torch.compile (mode "default"), its forward and backward warmed up (compiled) on
+                  the side stream, then the whole step captured as in graph.
+  autotune_graph  the same with torch.compile(mode="max-autotune-no-cudagraphs").
+torch_<mode>_compile_s is the wall time of the first warm-up step (compilation included; for eager and graph, that
+first step's time): it is not counted in the step times.
+
+Timing (peer_common.py's, as every peer): --warmup steps, then N steps a repeat (--steps, or CALIBRATE steps choose
+N so that a repeat takes about TARGET_REPEAT_S) between two CUDA events, --repeats repeats, the median. Figures per
+mode: step_ms (and its min and max), tokens_per_s = B T / step, tflops and mfu (nanoGPT's estimate_mfu:
+6 N + 12 L H Q T FLOPs a token, N the parameters less the position table; --peak-tflops, default 989: the H100's
+dense bf16), peak_bytes = torch.cuda.max_memory_allocated and peak_reserved_bytes = max_memory_reserved, both from
+after the first warm-up step (so compilation's and autotuning's scratch is not counted) to the end, and the losses.
+Then torch_best_*: the mode with the least step time, its figures, and its name in a comment line and as
+`torch_best_mode <name> mode`. A mode that fails says why in a `# ...` line and the next one runs.
+
+On the CPU (--device cpu) only eager runs, timed with a host clock. Without PyTorch or a usable GPU the script says it
+skipped and exits 0. torch is imported inside main(), so the file compiles and imports without it.
+"""
+import argparse
+import math
+import sys
+import time
+
+import peer_common
+from peer_common import Timer, fresh, hash32
+
+FEED_BATCHES = 4
+CALIBRATE = 5
+TARGET_REPEAT_S = 1.0
+GRAPH_SIDE_WARMUP = 3
+MODES = ("eager", "graph", "compile_graph", "autotune_graph")
+COMPILE_MODE = {"compile_graph": "default", "autotune_graph": "max-autotune-no-cudagraphs"}
+
+
+def make_model(torch, a, device):
+    nn, F = torch.nn, torch.nn.functional
+    C, H, L = a.width, a.heads, a.layers
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln_1, self.ln_2 = nn.LayerNorm(C), nn.LayerNorm(C)
+            self.c_attn, self.attn_proj = nn.Linear(C, 3 * C), nn.Linear(C, C)
+            self.c_fc, self.mlp_proj = nn.Linear(C, 4 * C), nn.Linear(4 * C, C)
+
+        def forward(self, x):
+            B, T, _ = x.shape
+            q, k, v = self.c_attn(self.ln_1(x)).split(C, dim=2)
+            q, k, v = (t.view(B, T, H, C // H).transpose(1, 2) for t in (q, k, v))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.attn_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+            return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+
+    class GPT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wte, self.wpe = nn.Embedding(a.vocab, C), nn.Embedding(a.seq, C)
+            self.h = nn.ModuleList(Block() for _ in range(L))
+            self.ln_f = nn.LayerNorm(C)
+            self.lm_head = nn.Linear(C, a.vocab, bias=False)
+            self.lm_head.weight = self.wte.weight   # tied
+            for name, p in self.named_parameters():
+                if name.endswith("bias"):
+                    nn.init.zeros_(p)
+                elif p.dim() >= 2:
+                    proj = name.endswith("attn_proj.weight") or name.endswith("mlp_proj.weight")
+                    nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * L) if proj else 0.02)
+
+        def forward(self, x, y):
+            pos = torch.arange(x.shape[1], device=x.device)
+            h = self.wte(x) + self.wpe(pos)
+            for block in self.h:
+                h = block(h)
+            logits = self.lm_head(self.ln_f(h))
+            return F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
+
+    return GPT().to(device)
+
+
+def make_optimizer(torch, model, cuda, capturable):
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    extra = {"fused": True, "capturable": capturable} if cuda else {}
+    return torch.optim.AdamW(groups, lr=6e-4, betas=(0.9, 0.95), eps=1e-8, **extra)
+
+
+def make_batches(torch, a, cuda):
+    """FEED_BATCHES batches of (x, y) int64 tokens in host memory (pinned on CUDA), bench_gpt2's values."""
+    n = a.batch * a.seq
+    out = []
+    for k in range(FEED_BATCHES):
+        idx = torch.arange(k * n, (k + 1) * n, dtype=torch.int64)
+        x, y = (hash32(s, idx) % a.vocab for s in (1, 2))
+        x, y = x.view(a.batch, a.seq), y.view(a.batch, a.seq)
+        out.append((x.pin_memory(), y.pin_memory()) if cuda else (x, y))
+    return out
+
+
+def flops_per_token(a, params):
+    return 6.0 * (params - a.seq * a.width) + 12.0 * a.layers * a.heads * (a.width // a.heads) * a.seq
+
+
+class Run:
+    """One mode's model, optimizer, static inputs and step."""
+
+    def __init__(self, torch, a, mode, device, cuda):
+        self.torch, self.a, self.mode, self.device, self.cuda = torch, a, mode, device, cuda
+        self.model = make_model(torch, a, device)
+        self.params = sum(p.numel() for p in self.model.parameters())
+        self.fwd = torch.compile(self.model, mode=COMPILE_MODE[mode]) if mode in COMPILE_MODE else self.model
+        self.opt = make_optimizer(torch, self.model, cuda, capturable=mode != "eager")
+        self.batches = make_batches(torch, a, cuda)
+        self.x = torch.empty(a.batch, a.seq, dtype=torch.int64, device=device)
+        self.y = torch.empty_like(self.x)
+        self.next = 0
+        self.loss = None
+        self.graph = None
+        dtype = torch.bfloat16 if a.autocast == "bf16" else None
+        self.autocast = (lambda: torch.autocast(device_type=device.type, dtype=dtype)) if dtype else None
+
+    def feed(self):
+        x, y = self.batches[self.next % FEED_BATCHES]
+        self.next += 1
+        self.x.copy_(x, non_blocking=True)
+        self.y.copy_(y, non_blocking=True)
+
+    def body(self):
+        """Forward, loss, backward, clipping and the update (grads set to None first, as the capture needs)."""
+        self.opt.zero_grad(set_to_none=True)
+        if self.autocast:
+            with self.autocast():
+                loss = self.fwd(self.x, self.y)
+        else:
+            loss = self.fwd(self.x, self.y)
+        loss.backward()
+        self.torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.opt.step()
+        return loss
+
+    def step(self):
+        self.feed()
+        if self.graph is None:
+            self.loss = self.body()
+        else:
+            self.graph.replay()
+
+    def warm_up(self, steps):
+        """The first step timed apart (compilation), the rest of the warm-up, and for graph modes the capture. Returns
+        (seconds of the first step, its loss)."""
+        torch = self.torch
+        if self.cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        if self.mode == "eager":
+            self.step()
+            first = self.loss.item()
+            took = time.perf_counter() - t0
+            if self.cuda:
+                torch.cuda.reset_peak_memory_stats(self.device)
+            for _ in range(steps - 1):
+                self.step()
+            return took, first
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for i in range(GRAPH_SIDE_WARMUP):
+                self.step()
+                if i == 0:
+                    first = self.loss.item()
+                    took = time.perf_counter() - t0
+                    torch.cuda.reset_peak_memory_stats(self.device)
+        torch.cuda.current_stream().wait_stream(side)
+        self.feed()
+        self.graph = torch.cuda.CUDAGraph()
+        self.opt.zero_grad(set_to_none=True)
+        with torch.cuda.graph(self.graph):
+            self.loss = self.body()
+        for _ in range(max(0, steps - GRAPH_SIDE_WARMUP)):   # the capture itself runs nothing
+            self.step()
+        return took, first
+
+
+def run_mode(torch, a, mode, device, cuda, key):
+    fresh(torch, cuda)
+    r = Run(torch, a, mode, device, cuda)
+    compile_s, first = r.warm_up(a.warmup)
+    timer = Timer(torch, cuda)
+    if a.steps:
+        n = a.steps
+        us = sorted(timer.seconds(r.step, n) / n * 1e6 for _ in range(a.repeats))
+        loss = r.loss.item()
+    else:
+        us, n, loss = peer_common.measure(timer, r.step, lambda: r.loss.item(), CALIBRATE, a.repeats,
+                                          TARGET_REPEAT_S)
+    ms = [u / 1e3 for u in us]
+    med = ms[len(ms) // 2]
+    tps = a.batch * a.seq / (med * 1e-3)
+    fpt = flops_per_token(a, r.params)
+    fig = {"step_ms": med, "tokens_per_s": tps, "peak_bytes": None, "peak_reserved_bytes": None}
+    if cuda:
+        fig["peak_bytes"] = torch.cuda.max_memory_allocated(device)
+        fig["peak_reserved_bytes"] = torch.cuda.max_memory_reserved(device)
+    tag = f"gpt2.{key}.torch_{mode}"
+    print(f"{tag}_compile_s {compile_s:.3f} s")
+    print(f"{tag}_step_ms {med:.3f} ms")
+    print(f"{tag}_step_ms_min {ms[0]:.3f} ms")
+    print(f"{tag}_step_ms_max {ms[-1]:.3f} ms")
+    print(f"{tag}_steps_per_repeat {n} count")
+    print(f"{tag}_tokens_per_s {tps:.1f} tokens/s")
+    print(f"{tag}_tflops {fpt * tps / 1e12:.3f} TFLOP/s")
+    print(f"{tag}_mfu {100.0 * fpt * tps / (a.peak_tflops * 1e12):.2f} %")
+    if cuda:
+        print(f"{tag}_peak_bytes {fig['peak_bytes']} bytes")
+        print(f"{tag}_peak_reserved_bytes {fig['peak_reserved_bytes']} bytes")
+    print(f"{tag}_loss_first {first:.6f} loss")
+    print(f"{tag}_loss {loss:.6f} loss")
+    sys.stdout.flush()
+    del r
+    return fig
+
+
+def key_of(a):
+    model = "124m" if (a.layers, a.width, a.heads, a.seq, a.vocab) == (12, 768, 12, 1024, 50304) else \
+        f"l{a.layers}_c{a.width}_h{a.heads}_t{a.seq}_v{a.vocab}"
+    return f"{model}_b{a.batch}_{a.autocast}"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--batch", type=int, default=16, help="sequences a step (default: 16)")
+    ap.add_argument("--seq", type=int, default=1024, help="sequence length (default: 1024)")
+    ap.add_argument("--layers", type=int, default=12, help="blocks (default: 12)")
+    ap.add_argument("--width", type=int, default=768, help="model width (default: 768)")
+    ap.add_argument("--heads", type=int, default=12, help="attention heads (default: 12)")
+    ap.add_argument("--vocab", type=int, default=50304, help="vocabulary (default: 50304)")
+    ap.add_argument("--steps", type=int, default=0, help="timed steps a repeat (default: about 1 s of them)")
+    ap.add_argument("--warmup", type=int, default=20, help="untimed steps first (default: 20)")
+    ap.add_argument("--repeats", type=int, default=7, help="timed repeats, the median reported (default: 7)")
+    ap.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (cpu: eager only)")
+    ap.add_argument("--autocast", choices=("bf16", "f32"), default="bf16", help="mixed precision (default: bf16)")
+    ap.add_argument("--peak-tflops", type=float, default=989.0, help="dense peak for MFU (default: 989, H100 bf16)")
+    ap.add_argument("--modes", default=",".join(MODES), help="comma-separated, run in this order (default: all)")
+    a = ap.parse_args(argv)
+    modes = [m for m in a.modes.split(",") if m]
+    bad = [m for m in modes if m not in MODES]
+    if bad or not modes or min(a.batch, a.seq, a.layers, a.width, a.heads, a.vocab, a.warmup, a.repeats) < 1 \
+            or a.steps < 0 or a.width % a.heads or a.peak_tflops <= 0:
+        ap.error(f"bad options (modes: {', '.join(MODES)}; sizes >= 1; heads must divide width)")
+
+    opened = peer_common.open_device("gpt2.py", a.device, "--device cpu runs eager on the CPU")
+    if opened is None:
+        return 0
+    torch, device, cuda = opened
+    torch.manual_seed(0)
+    if not cuda:
+        modes = [m for m in modes if m == "eager"]
+    key = key_of(a)
+    where = f"{device} ({torch.cuda.get_device_name(device)})" if cuda else "cpu"
+    print(f"# gpt2.py: torch {torch.__version__} on {where}: {a.layers} layers, width {a.width}, {a.heads} heads, "
+          f"T {a.seq}, vocab {a.vocab}, batch {a.batch}, {a.autocast}; modes {', '.join(modes)}")
+    sys.stdout.flush()
+
+    best = None
+    for mode in modes:
+        try:
+            fig = run_mode(torch, a, mode, device, cuda, key)
+        except Exception as e:   # a mode the installed torch cannot run: said, and the next one runs
+            print(f"# gpt2.{key}: torch_{mode} failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            sys.stdout.flush()
+            continue
+        if best is None or fig["step_ms"] < best[1]["step_ms"]:
+            best = (mode, fig)
+    if best is None:
+        print(f"# gpt2.{key}: no mode ran")
+        return 1
+    mode, fig = best
+    print(f"# gpt2.{key}: torch's best: {mode}")
+    print(f"gpt2.{key}.torch_best_mode {mode} mode")
+    print(f"gpt2.{key}.torch_best_step_ms {fig['step_ms']:.3f} ms")
+    print(f"gpt2.{key}.torch_best_tokens_per_s {fig['tokens_per_s']:.1f} tokens/s")
+    if cuda:
+        print(f"gpt2.{key}.torch_best_peak_bytes {fig['peak_bytes']} bytes")
+        print(f"gpt2.{key}.torch_best_peak_reserved_bytes {fig['peak_reserved_bytes']} bytes")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
