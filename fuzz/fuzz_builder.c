@@ -1,5 +1,6 @@
 /* libFuzzer target: the builder API driven by bytes. Each input is a program of builder calls (leaves, elementwise,
- * products, shape ops, reductions, losses, layers, convolutions, pooling, batch norm, backward, optimizers) with
+ * products, shape ops, reductions, losses, layers, convolutions, pooling, batch norm, gathers, attention, backward,
+ * optimizers) with
  * shapes, dtypes, devices and options from the bytes, odd values now and then (negative, zero, huge dimensions,
  * invalid dtypes and enums, NaN scalars, NULL operands); then deft_plan_memory, deft_compile with options from the
  * bytes (a small memory budget among them) and, when it compiles, two runs on the CPU under a 64 MiB device limit,
@@ -217,9 +218,10 @@ static void op_elementwise(fuzz_state *s, unsigned op) {
         break;
     }
     case 2: {
-        deft_tensor *(*const f[10])(deft_tensor *) = {deft_neg,  deft_exp,     deft_log,  deft_sqrt, deft_rsqrt,
-                                                      deft_tanh, deft_sigmoid, deft_relu, deft_gelu, deft_silu};
-        x = f[u8(s) % 10](a);
+        deft_tensor *(*const f[11])(deft_tensor *) = {deft_neg,  deft_exp,     deft_log,  deft_sqrt, deft_rsqrt,
+                                                      deft_tanh, deft_sigmoid, deft_relu, deft_gelu, deft_silu,
+                                                      deft_gelu_tanh};
+        x = f[u8(s) % 11](a);
         break;
     }
     case 3: {
@@ -286,11 +288,48 @@ static void op_shape(fuzz_state *s, unsigned op) {
     push(s, x);
 }
 
+/* The transformer's ops: gathers, selection, attention, cross-entropy with options. */
+static void op_transformer(fuzz_state *s, unsigned op) {
+    deft_tensor *a = pick(s), *x = NULL;
+    const unsigned which = u8(s);
+    switch (op % 6) {
+    case 0: x = deft_embedding(a, pick(s)); break;
+    case 1: x = deft_index_select(a, (int)(int8_t)u8(s), pick(s)); break;
+    case 2: {
+        deft_tensor *b = pick(s);
+        x = deft_where(a, b, pick(s));
+        break;
+    }
+    case 3: x = deft_masked_fill(a, pick(s), scalar(s)); break;
+    case 4: {
+        const deft_attention_options o = {.causal = (int)(which & 1), .scale = which & 2 ? scalar(s) : 0};
+        deft_tensor *k = pick(s);
+        x = deft_attention(a, k, pick(s), which & 4 ? &o : NULL);
+        break;
+    }
+    case 5: {
+        deft_cross_entropy_options o = deft_cross_entropy_defaults();
+        o.use_ignore_index = (int)(which & 1);
+        o.ignore_index = (int32_t)(int8_t)u8(s);
+        o.label_smoothing = which & 2 ? scalar(s) : 0;
+        o.reduction = (deft_reduction)((which >> 2) % 3);
+        x = deft_cross_entropy_ex(a, pick(s), which & 0x10 ? NULL : &o);
+        break;
+    }
+    }
+    push(s, x);
+}
+
+/* Calls 0-7 are the layers; 8-13 the transformer's ops (added after the seeds, whose calls stay below 8). */
 static void op_layer(fuzz_state *s, unsigned op) {
+    if (op % 14 >= 8) {
+        op_transformer(s, op % 14 - 8);
+        return;
+    }
     deft_tensor *a = pick(s), *x = NULL;
     char nb[96];
     const unsigned which = u8(s);
-    switch (op % 8) {
+    switch (op % 14) {
     case 0: x = which & 1 ? deft_cross_entropy(a, pick(s)) : deft_mse_loss(a, pick(s)); break;
     case 1: x = deft_dropout(a, scalar(s), which); break;
     case 2: {
