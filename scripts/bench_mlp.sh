@@ -9,7 +9,9 @@
 # backward pass) over the f32 program's, also as `mlp_train.<cfg>_<amp>.activation_over_f32 <r> x`), writes
 # everything they print to <log-dir>/mlp_train.txt, and prints a table of the per-step times with the ratios torch/deft (> 1: deft is faster), also as
 # `mlp_train.<cfg>.speedup_vs_torch_graphs <r> x` and `mlp_train.<cfg>.speedup_vs_torch_eager <r> x` lines (appended
-# to the same file). The loss columns are the losses at step 20 of each: the same data and initial weights go into
+# to the same file), and against PyTorch's best (the fastest of its modes: eager, graph, compile_graph,
+# autotune_graph; mlp_train.py's torch_best_*, the mode named in the table) as `mlp_train.<cfg>.speedup_vs_torch_best
+# <r> x`. MODES (mlp_train.py --modes; default all) picks PyTorch's modes. The loss columns are the losses at step 20 of each: the same data and initial weights go into
 # both, so they should agree to a few digits. PER_CONFIG=1 runs every configuration in a process of its own on both
 # sides (a process's first program can run a few percent faster than a later one of the same process).
 set -uo pipefail
@@ -19,6 +21,8 @@ python=${PYTHON:-python3}
 mkdir -p "$log"
 out="$log/mlp_train.txt"
 rc=0
+modes=()
+[ -n "${MODES:-}" ] && modes=(--modes "$MODES")
 
 # Runs "$@" once, or with PER_CONFIG=1 once per configuration of $configs (--config c added), one process each.
 configs="tiny small mid large"
@@ -50,14 +54,14 @@ each "$build/bench_mlp_train" --no-fusion > "$log/mlp_train_deft_nofusion.txt" 2
 cat "$log/mlp_train_deft_nofusion.txt" >> "$out"
 
 echo "== torch: $python bench/peers/mlp_train.py" >&2
-each "$python" bench/peers/mlp_train.py > "$log/mlp_train_torch.txt" 2>&1 || { echo "mlp_train.py failed" >&2; rc=1; }
+each "$python" bench/peers/mlp_train.py "${modes[@]}" > "$log/mlp_train_torch.txt" 2>&1 || { echo "mlp_train.py failed" >&2; rc=1; }
 cat "$log/mlp_train_torch.txt" >> "$out"
 
 # TF32 on both sides, mid and large (figures named <config>_tf32).
 echo "== TF32: $build/bench_mlp_train --tf32, $python bench/peers/mlp_train.py --tf32" >&2
 configs="mid large" each "$build/bench_mlp_train" --tf32 > "$log/mlp_train_deft_tf32.txt" 2>&1 || { echo "bench_mlp_train --tf32 failed" >&2; rc=1; }
 cat "$log/mlp_train_deft_tf32.txt" >> "$out"
-configs="mid large" each "$python" bench/peers/mlp_train.py --tf32 > "$log/mlp_train_torch_tf32.txt" 2>&1 \
+configs="mid large" each "$python" bench/peers/mlp_train.py --tf32 "${modes[@]}" > "$log/mlp_train_torch_tf32.txt" 2>&1 \
   || { echo "mlp_train.py --tf32 failed" >&2; rc=1; }
 cat "$log/mlp_train_torch_tf32.txt" >> "$out"
 
@@ -68,7 +72,7 @@ for amp in bf16 f16; do
   each "$build/bench_mlp_train" --amp $amp > "$log/mlp_train_deft_$amp.txt" 2>&1 \
     || { echo "bench_mlp_train --amp $amp failed" >&2; rc=1; }
   cat "$log/mlp_train_deft_$amp.txt" >> "$out"
-  each "$python" bench/peers/mlp_train.py --amp $amp > "$log/mlp_train_torch_$amp.txt" 2>&1 \
+  each "$python" bench/peers/mlp_train.py --amp $amp "${modes[@]}" > "$log/mlp_train_torch_$amp.txt" 2>&1 \
     || { echo "mlp_train.py --amp $amp failed" >&2; rc=1; }
   cat "$log/mlp_train_torch_$amp.txt" >> "$out"
 done
@@ -84,20 +88,28 @@ awk '
   END {
     n = split("tiny small mid large mid_tf32 large_tf32 tiny_bf16 small_bf16 mid_bf16 large_bf16 " \
               "tiny_f16 small_f16 mid_f16 large_f16", cfgs, " ")
-    printf "%-10s %11s %11s %11s %11s %11s %10s %10s   %-10s %-10s %-10s\n", "config", "deft_us", "deft_nogr", \
-      "deft_nofus", "torch_eag", "torch_gr", "gr/deft", "eag/deft", "loss20_dft", "loss20_eag", "loss20_gr"
+    printf "%-10s %11s %11s %11s %11s %11s %11s %11s %10s %10s %-14s %10s   %-10s %-10s %-10s\n", "config", \
+      "deft_us", "deft_nogr", "deft_nofus", "torch_eag", "torch_gr", "torch_cgr", "torch_agr", "gr/deft", "eag/deft", \
+      "torch_best", "best/deft", "loss20_dft", "loss20_eag", "loss20_gr"
     for (i = 1; i <= n; i++) {
       c = cfgs[i]; p = "mlp_train." c "."
       d = get(p "deft_step_us"); dn = get(p "deft_nographs_step_us"); df = get(p "deft_nofusion_step_us")
       e = get(p "torch_eager_step_us"); g = get(p "torch_graph_step_us")
-      if (d == "" && e == "" && g == "") continue
-      rg = ratio(g, d); re = ratio(e, d)
-      printf "%-10s %11s %11s %11s %11s %11s %10s %10s   %-10s %-10s %-10s\n", c, num(d), num(dn), num(df), num(e), num(g), \
-        rg == "" ? "-" : sprintf("%.2fx", rg), re == "" ? "-" : sprintf("%.2fx", re), \
+      cg = get(p "torch_compile_graph_step_us"); ag = get(p "torch_autotune_graph_step_us")
+      # PyTorch best: the fastest of all its modes, as mlp_train.py names it (torch_best_*)
+      b = get(p "torch_best_step_us"); bm = get(p "torch_best_mode")
+      if (d == "" && e == "" && g == "" && b == "") continue
+      rg = ratio(g, d); re = ratio(e, d); rb = ratio(b, d)
+      printf "%-10s %11s %11s %11s %11s %11s %11s %11s %10s %10s %-14s %10s   %-10s %-10s %-10s\n", c, num(d), num(dn), \
+        num(df), num(e), num(g), num(cg), num(ag), rg == "" ? "-" : sprintf("%.2fx", rg), \
+        re == "" ? "-" : sprintf("%.2fx", re), bm == "" ? "-" : bm, rb == "" ? "-" : sprintf("%.2fx", rb), \
         get(p "deft_loss_warmup"), get(p "torch_eager_loss_warmup"), get(p "torch_graph_loss_warmup")
       if (rg != "") lines = lines sprintf("%sspeedup_vs_torch_graphs %.3f x\n", p, rg)
       if (re != "") lines = lines sprintf("%sspeedup_vs_torch_eager %.3f x\n", p, re)
+      if (rb != "") lines = lines sprintf("%sspeedup_vs_torch_best %.3f x\n", p, rb)
+      if (rb != "") notes = notes sprintf("# %s: torch_best is %s\n", c, bm)
     }
+    printf "%s", notes
     printf "%s", lines
     printf "\n%-12s %14s %14s %9s %12s %8s %12s %12s %9s\n", "autocast", "deft_arena", "f32_arena", "arena/f32", \
       "loss_scale", "skipped", "deft_act", "f32_act", "act/f32"

@@ -5,7 +5,7 @@ torch.utils.checkpoint.checkpoint_sequential over segment counts, printing per p
 as `<name> <value> <unit>`:
 
     python3 bench/peers/checkpoint.py [--model mlp|resnet] [--device cuda:N] [--layers L] [--width W] [--batch B]
-                                      [--segments 2,3,...]
+                                      [--segments 2,3,...] [--modes eager,graph,compile_graph,autotune_graph]
 
 --model resnet: torchvision's resnet18(num_classes=10) as bench/peers/resnet.py builds it (its own torch.nn copy
 without torchvision), channels_last, on 32x32 images, batch 256, cuDNN's TF32 on (torch's default; matmul TF32 off),
@@ -13,29 +13,38 @@ cudnn.benchmark on, SGD with weight decay 5e-4 as bench_resnet; checkpoint_seque
 its children (conv1, bn1, relu, maxpool, layer1..4, avgpool, flatten, fc) for segment counts 1, 2, 3, 4, 6 (1 is
 checkpoint_sequential's own: its last segment is never checkpointed, so it keeps everything). The figures are named
 checkpoint.resnet.torch.<pt>.*. The data are bench_resnet's (resnet.py's make_batch); the weights are torch's
-own draws, so the losses agree with deft's only roughly. A point that torch refuses prints "# <point>: failed: ..."
-and the others still run.
+own draws, so the losses agree with deft's only roughly. A mode that torch refuses at a point prints
+"# <point>: torch_<mode> failed: ..." and the others still run.
 
-Points: "none" (the plain model) and "s<k>" (checkpoint_sequential(model, k, x, use_reentrant=False): every segment
-but the last keeps only its input and is recomputed in the backward pass). The model is an nn.Sequential of
-`layers` blocks (Linear + ReLU, the last a Linear alone), so segments split it at layer boundaries.
+Points: "none" (the plain model) and "s<k>" (checkpoint_sequential(model, k, x, use_reentrant=False,
+preserve_rng_state=False: nothing draws random numbers): every segment but the last keeps only its input and is
+recomputed in the backward pass). The model is an nn.Sequential of `layers` blocks (Linear + ReLU, the last a Linear
+alone), so segments split it at layer boundaries. SGD is fused (SGD(fused=True), PyTorch's fastest).
 
-Figures per point: checkpoint.torch.<pt>.peak_bytes (torch.cuda.max_memory_allocated over the point, reset before
-its model is made: parameters, gradients, momentum, the batch, activations, cuBLAS's workspace; for the ResNet reset
-again after the first step, whose cudnn.benchmark trials allocate large workspaces; its ReLUs are not in place, which
-checkpoint_sequential's recompute needs), .step_ms (the median
-over repeats, eager mode, between CUDA events; fastest and slowest beside it), .loss_warmup and .loss.
+Each point runs in each of PyTorch's modes (--modes picks them and their order; each in a clean slate:
+peer_common.py's Stepper and run_modes): eager; graph (the whole step captured in one CUDA Graph after 3 warm-up steps
+on a side stream); compile_graph (forward, checkpointing and loss under torch.compile, mode "default", then captured
+likewise) and autotune_graph (mode "max-autotune-no-cudagraphs", captured). A mode that fails says why in a `# ...`
+line and the next one runs.
+
+Figures per point and mode, under checkpoint.torch.<pt>.* for eager (the names this peer always had) and
+checkpoint.torch_<mode>.<pt>.* for the others: .peak_bytes (torch.cuda.max_memory_allocated from after the first
+warm-up step to the end: parameters, gradients, momentum, the batch, activations, cuBLAS's workspace, the graph's
+pool; not the first step's compilation, autotuning and cudnn.benchmark trials with their workspaces; the ResNet's
+ReLUs are not in place, which checkpoint_sequential's recompute needs), .step_ms (the median over repeats, between
+CUDA events; fastest and slowest beside it), .compile_s (the first warm-up step's wall time, never counted in the
+step times), .loss_warmup and .loss. Then checkpoint.torch_best.<pt>.mode (the mode with the least step_ms),
+.segments, .peak_bytes and .step_ms: that mode's.
 
 Data and weights come from bench_mlp_train's index hash (hash32 in peer_common.py, the C bench's bit for bit), so the losses
 after the warm-up steps agree with bench_checkpoint's to f32 rounding. TF32 is off. torch is imported inside main().
 """
 import argparse
-import gc
 import math
 import sys
 
 import peer_common
-from peer_common import Timer, hash32, hash_uniform
+from peer_common import Timer, fresh, hash32, hash_uniform
 
 WARMUP_STEPS = 5
 CALIBRATE_STEPS = 3
@@ -77,47 +86,53 @@ def make_resnet(torch, batch, device):
     return model, x, y
 
 
-def run_point(torch, name, segments, args, device):
+def side_of(mode):
+    """The side in the figure names: "torch" for eager (the names this peer always had), torch_<mode> for the others."""
+    return "torch" if mode == "eager" else peer_common.tag(mode)
+
+
+def run_point(torch, name, segments, args, device, mode):
+    """One point in one mode, in a clean slate: its figures printed, (step time, peak) returned."""
     from torch.utils.checkpoint import checkpoint_sequential
 
-    gc.collect()
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats(device)
+    fresh(torch, True)
     if args.model == "resnet":
         model, x, y = make_resnet(torch, args.batch, device)
-        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4, fused=True)
     else:
         model = make_model(torch, args.layers, args.width, device)
         x, y = make_batch(torch, args.width, args.batch, device)
-        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, fused=True)
     loss_fn = torch.nn.CrossEntropyLoss()
-    last = [None]
 
-    def step():
+    def forward_loss(x, y):
+        # nothing here draws random numbers, so the RNG state is not saved for the recompute (that saving also reads
+        # the generator's state, which a CUDA Graph capture refuses)
+        out = checkpoint_sequential(model, segments, x, use_reentrant=False, preserve_rng_state=False) \
+            if segments else model(x)
+        return loss_fn(out, y)
+
+    fwd = peer_common.compile_for(torch, forward_loss, mode)
+
+    def body():
         opt.zero_grad(set_to_none=True)
-        out = checkpoint_sequential(model, segments, x, use_reentrant=False) if segments else model(x)
-        loss = loss_fn(out, y)
+        loss = fwd(x, y)
         loss.backward()
         opt.step()
-        last[0] = loss
+        return loss
 
-    step()
-    if args.model == "resnet":
-        # cudnn.benchmark tries each convolution's algorithms, with their workspaces, in the first step: that is
-        # tuning, not the step's memory, so the peak is taken from the second step on
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats(device)
-    for _ in range(WARMUP_STEPS - 1):
-        step()
-    warm = last[0].item()
-    per = Timer(torch, True).seconds(step, CALIBRATE_STEPS) / CALIBRATE_STEPS
-    n = max(1, math.ceil(TARGET_REPEAT_S / max(per, 1e-9)))
-    ms = sorted(Timer(torch, True).seconds(step, n) / n * 1e3 for _ in range(REPEATS))
-    loss = last[0].item()
+    # The first step is timed apart and the peak restarts after it: it holds compilation and, for the ResNet,
+    # cudnn.benchmark's trials of each convolution's algorithms with their workspaces (tuning, not the step's memory).
+    step = peer_common.Stepper(torch, body)
+    compile_s, _ = step.warm_up(mode, WARMUP_STEPS, device)
+    warm = step.loss.item()
+    us, n, loss = peer_common.measure(Timer(torch, True), step, lambda: step.loss.item(), CALIBRATE_STEPS, REPEATS,
+                                      TARGET_REPEAT_S)
+    ms = [u / 1e3 for u in us]
     peak = torch.cuda.max_memory_allocated(device)
-    p = f"checkpoint.{'resnet.' if args.model == 'resnet' else ''}torch.{name}"
+    p = f"checkpoint.{'resnet.' if args.model == 'resnet' else ''}{side_of(mode)}.{name}"
     print(f"{p}.segments {segments} count")
+    print(f"{p}.compile_s {compile_s:.3f} s")
     print(f"{p}.peak_bytes {peak} bytes")
     print(f"{p}.step_ms {ms[REPEATS // 2]:.3f} ms")
     print(f"{p}.step_ms_min {ms[0]:.3f} ms")
@@ -126,7 +141,8 @@ def run_point(torch, name, segments, args, device):
     print(f"{p}.loss_warmup {warm:.6f} loss")
     print(f"{p}.loss {loss:.6f} loss")
     sys.stdout.flush()
-    del model, opt, x, y, last
+    del step, model, opt, x, y
+    return {"time": ms[REPEATS // 2], "peak": peak}
 
 
 def main(argv=None):
@@ -138,7 +154,9 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, help="default: 4096 (mlp), 256 (resnet)")
     ap.add_argument("--segments", help="segment counts, comma-separated (default: 2,3,4,6,9,12,18 for the mlp, "
                     "1,2,3,4,6 for the resnet)")
+    ap.add_argument("--modes", default=",".join(peer_common.MODES), help=peer_common.MODES_HELP)
     args = ap.parse_args(argv)
+    modes = peer_common.parse_modes(ap, args.modes)
     resnet = args.model == "resnet"
     if args.batch is None:
         args.batch = 256 if resnet else 4096
@@ -158,20 +176,27 @@ def main(argv=None):
     what = (f"resnet18 (32x32, 10 classes), batch {args.batch}, f32 channels_last, cuDNN TF32 on" if resnet
             else f"{args.layers} layers of width {args.width}, batch {args.batch}, f32")
     print(f"# checkpoint.py: torch {torch.__version__} on {device} ({torch.cuda.get_device_name(device)}): "
-          f"{what}, SGD")
+          f"{what}, SGD; modes {', '.join(modes)}")
     sys.stdout.flush()
     # checkpoint_sequential cuts the Sequential's modules: the MLP's layers, the ResNet's 11 children
     modules = 11 if resnet else args.layers
+    pre = f"checkpoint.{'resnet.' if resnet else ''}"
     failed = 0
     for name, s in [("none", 0)] + [(f"s{s}", s) for s in (int(v) for v in args.segments.split(",") if v)]:
         if s and not (resnet or s > 1) or s > modules:
             continue
-        try:
-            run_point(torch, name, s, args, device)
-        except RuntimeError as e:   # a point torch refuses (out of memory, an in-place clash): said, not hidden
-            print(f"# checkpoint.py: {args.model} {name}: failed: {e}")
-            sys.stdout.flush()
+        # a mode torch refuses at this point (out of memory, an in-place clash, a capture): said, not hidden
+        best = peer_common.run_modes(f"{pre}{name}", modes,
+                                     lambda mode: run_point(torch, name, s, args, device, mode))
+        if best is None:
             failed = 1
+            continue
+        mode, fig = best
+        print(f"{pre}torch_best.{name}.mode {mode} mode")
+        print(f"{pre}torch_best.{name}.segments {s} count")
+        print(f"{pre}torch_best.{name}.peak_bytes {fig['peak']} bytes")
+        print(f"{pre}torch_best.{name}.step_ms {fig['time']:.3f} ms")
+        sys.stdout.flush()
     return failed
 
 

@@ -16,8 +16,9 @@ clip_grad_norm_(1.0), bf16 autocast around forward and loss. The tokens: x[i] = 
 y[i] = hash32(2, k B T + i) mod V for batch k of FEED_BATCHES kept in pinned host memory (bench_util.h's hash, the C
 bench's batches); each step copies the next one into the model's input buffers (non_blocking) and trains on it.
 
-The modes, each in a clean slate (a new model and optimizer, the allocator's cache emptied), run in the order given
-and printed as each finishes, so that a run cut short still says something:
+The modes, each in a clean slate (a new model and optimizer, the allocator's cache emptied, torch._dynamo reset
+for the compiled ones; peer_common.py's Stepper, compile_for and run_modes, shared by every peer), run in the order
+given and printed as each finishes, so that a run cut short still says something:
   eager           zero_grad(set_to_none=True), forward, loss, backward, clip, step: each op launched from Python.
   graph           the same step captured whole in one torch.cuda.CUDAGraph (the PyTorch docs' "whole network
                   capture": 3 warm-up steps on a side stream, static inputs, AdamW(capturable=True)); a step is the
@@ -43,17 +44,13 @@ skipped and exits 0. torch is imported inside main(), so the file compiles and i
 import argparse
 import math
 import sys
-import time
 
 import peer_common
-from peer_common import Timer, fresh, hash32
+from peer_common import MODES, Timer, fresh, hash32
 
 FEED_BATCHES = 4
 CALIBRATE = 5
 TARGET_REPEAT_S = 1.0
-GRAPH_SIDE_WARMUP = 3
-MODES = ("eager", "graph", "compile_graph", "autotune_graph")
-COMPILE_MODE = {"compile_graph": "default", "autotune_graph": "max-autotune-no-cudagraphs"}
 
 
 def make_model(torch, a, device):
@@ -126,22 +123,21 @@ def flops_per_token(a, params):
 
 
 class Run:
-    """One mode's model, optimizer, static inputs and step."""
+    """One mode's model, optimizer, static inputs and step (peer_common.Stepper: eager, or captured and replayed)."""
 
     def __init__(self, torch, a, mode, device, cuda):
-        self.torch, self.a, self.mode, self.device, self.cuda = torch, a, mode, device, cuda
+        self.torch, self.a = torch, a
         self.model = make_model(torch, a, device)
         self.params = sum(p.numel() for p in self.model.parameters())
-        self.fwd = torch.compile(self.model, mode=COMPILE_MODE[mode]) if mode in COMPILE_MODE else self.model
+        self.fwd = peer_common.compile_for(torch, self.model, mode)
         self.opt = make_optimizer(torch, self.model, cuda, capturable=mode != "eager")
         self.batches = make_batches(torch, a, cuda)
         self.x = torch.empty(a.batch, a.seq, dtype=torch.int64, device=device)
         self.y = torch.empty_like(self.x)
         self.next = 0
-        self.loss = None
-        self.graph = None
         dtype = torch.bfloat16 if a.autocast == "bf16" else None
         self.autocast = (lambda: torch.autocast(device_type=device.type, dtype=dtype)) if dtype else None
+        self.step = peer_common.Stepper(torch, self.body, self.feed)
 
     def feed(self):
         x, y = self.batches[self.next % FEED_BATCHES]
@@ -162,66 +158,24 @@ class Run:
         self.opt.step()
         return loss
 
-    def step(self):
-        self.feed()
-        if self.graph is None:
-            self.loss = self.body()
-        else:
-            self.graph.replay()
-
-    def warm_up(self, steps):
-        """The first step timed apart (compilation), the rest of the warm-up, and for graph modes the capture. Returns
-        (seconds of the first step, its loss)."""
-        torch = self.torch
-        if self.cuda:
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        if self.mode == "eager":
-            self.step()
-            first = self.loss.item()
-            took = time.perf_counter() - t0
-            if self.cuda:
-                torch.cuda.reset_peak_memory_stats(self.device)
-            for _ in range(steps - 1):
-                self.step()
-            return took, first
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for i in range(GRAPH_SIDE_WARMUP):
-                self.step()
-                if i == 0:
-                    first = self.loss.item()
-                    took = time.perf_counter() - t0
-                    torch.cuda.reset_peak_memory_stats(self.device)
-        torch.cuda.current_stream().wait_stream(side)
-        self.feed()
-        self.graph = torch.cuda.CUDAGraph()
-        self.opt.zero_grad(set_to_none=True)
-        with torch.cuda.graph(self.graph):
-            self.loss = self.body()
-        for _ in range(max(0, steps - GRAPH_SIDE_WARMUP)):   # the capture itself runs nothing
-            self.step()
-        return took, first
-
 
 def run_mode(torch, a, mode, device, cuda, key):
     fresh(torch, cuda)
     r = Run(torch, a, mode, device, cuda)
-    compile_s, first = r.warm_up(a.warmup)
+    compile_s, first = r.step.warm_up(mode, a.warmup, device)
     timer = Timer(torch, cuda)
     if a.steps:
         n = a.steps
         us = sorted(timer.seconds(r.step, n) / n * 1e6 for _ in range(a.repeats))
-        loss = r.loss.item()
+        loss = r.step.loss.item()
     else:
-        us, n, loss = peer_common.measure(timer, r.step, lambda: r.loss.item(), CALIBRATE, a.repeats,
+        us, n, loss = peer_common.measure(timer, r.step, lambda: r.step.loss.item(), CALIBRATE, a.repeats,
                                           TARGET_REPEAT_S)
     ms = [u / 1e3 for u in us]
     med = ms[len(ms) // 2]
     tps = a.batch * a.seq / (med * 1e-3)
     fpt = flops_per_token(a, r.params)
-    fig = {"step_ms": med, "tokens_per_s": tps, "peak_bytes": None, "peak_reserved_bytes": None}
+    fig = {"time": med, "step_ms": med, "tokens_per_s": tps, "peak_bytes": None, "peak_reserved_bytes": None}
     if cuda:
         fig["peak_bytes"] = torch.cuda.max_memory_allocated(device)
         fig["peak_reserved_bytes"] = torch.cuda.max_memory_reserved(device)
@@ -264,13 +218,12 @@ def main(argv=None):
     ap.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (cpu: eager only)")
     ap.add_argument("--autocast", choices=("bf16", "f32"), default="bf16", help="mixed precision (default: bf16)")
     ap.add_argument("--peak-tflops", type=float, default=989.0, help="dense peak for MFU (default: 989, H100 bf16)")
-    ap.add_argument("--modes", default=",".join(MODES), help="comma-separated, run in this order (default: all)")
+    ap.add_argument("--modes", default=",".join(MODES), help=peer_common.MODES_HELP)
     a = ap.parse_args(argv)
-    modes = [m for m in a.modes.split(",") if m]
-    bad = [m for m in modes if m not in MODES]
-    if bad or not modes or min(a.batch, a.seq, a.layers, a.width, a.heads, a.vocab, a.warmup, a.repeats) < 1 \
+    modes = peer_common.parse_modes(ap, a.modes)
+    if min(a.batch, a.seq, a.layers, a.width, a.heads, a.vocab, a.warmup, a.repeats) < 1 \
             or a.steps < 0 or a.width % a.heads or a.peak_tflops <= 0:
-        ap.error(f"bad options (modes: {', '.join(MODES)}; sizes >= 1; heads must divide width)")
+        ap.error("bad options (sizes >= 1; heads must divide width)")
 
     opened = peer_common.open_device("gpt2.py", a.device, "--device cpu runs eager on the CPU")
     if opened is None:
@@ -285,21 +238,10 @@ def main(argv=None):
           f"T {a.seq}, vocab {a.vocab}, batch {a.batch}, {a.autocast}; modes {', '.join(modes)}")
     sys.stdout.flush()
 
-    best = None
-    for mode in modes:
-        try:
-            fig = run_mode(torch, a, mode, device, cuda, key)
-        except Exception as e:   # a mode the installed torch cannot run: said, and the next one runs
-            print(f"# gpt2.{key}: torch_{mode} failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-            sys.stdout.flush()
-            continue
-        if best is None or fig["step_ms"] < best[1]["step_ms"]:
-            best = (mode, fig)
+    best = peer_common.run_modes(f"gpt2.{key}", modes, lambda mode: run_mode(torch, a, mode, device, cuda, key))
     if best is None:
-        print(f"# gpt2.{key}: no mode ran")
         return 1
     mode, fig = best
-    print(f"# gpt2.{key}: torch's best: {mode}")
     print(f"gpt2.{key}.torch_best_mode {mode} mode")
     print(f"gpt2.{key}.torch_best_step_ms {fig['step_ms']:.3f} ms")
     print(f"gpt2.{key}.torch_best_tokens_per_s {fig['tokens_per_s']:.1f} tokens/s")

@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """The PyTorch peer of bench/bench_mlp_train.c: one MLP training step (forward, loss, backward, SGD update) timed
-in eager mode and as a whole-step CUDA Graph replay, on the same four configurations, the same data and the same
-initial weights, printing one figure per line as `<name> <value> <unit>` with "torch_eager_" / "torch_graph_" where
-the C bench prints "deft_".
+in each of PyTorch's fast modes (eager, a whole-step CUDA Graph replay, and torch.compile's two settings with the
+compiled step captured likewise), on the same four configurations, the same data and the same initial weights,
+printing one figure per line as `<name> <value> <unit>` with "torch_<mode>_" where the C bench prints "deft_", then
+"torch_best_": the fastest mode's.
 
     python3 bench/peers/mlp_train.py [--config tiny|small|mid|large] [--device cuda:N|cpu] [--tf32]
-                                     [--amp bf16|f16]
+                                     [--amp bf16|f16] [--modes eager,graph,compile_graph,autotune_graph]
 
 With --tf32, f32 matmuls may use TF32 (torch.backends.cuda.matmul.allow_tf32 = True), only mid and large run
 unless --config says otherwise, and the figures are named after "<config>_tf32" (bench_mlp_train --tf32 does the
@@ -14,9 +15,9 @@ same with deft's compile option `tf32`).
 With --amp bf16|f16, forward and loss run under torch.autocast(dtype=...) (the loss in f32, as autocast puts it),
 and the figures are named after "<config>_bf16" / "<config>_f16" (bench_mlp_train --amp does the same with deft's
 compile option `autocast`). f16 adds a torch.amp.GradScaler (GradScaler's defaults, as deft's): scale(loss).backward(),
-scaler.step(opt), scaler.update(). For the whole-step CUDA Graph to hold the scaler without a host synchronisation
-(GradScaler.step reads found_inf on the host for other optimizers), f16 uses SGD(fused=True), whose step takes the
-scale and found_inf on the device; in both modes, so that eager and graph do the same work. bf16 keeps the default SGD.
+scaler.step(opt), scaler.update(). On CUDA every mode and precision uses SGD(fused=True) (PyTorch's fastest SGD;
+its step also takes the scale and found_inf on the device, so that the whole-step CUDA Graph holds the scaler
+without a host synchronisation: GradScaler.step reads found_inf on the host for other optimizers).
 
 Configurations (f32, TF32 off; `layers` nn.Linear layers, nn.ReLU between them, none after the last):
     tiny   Linear(10, 1), batch 32, nn.MSELoss against f32 targets [32, 1], SGD lr 0.01 (no momentum)
@@ -31,13 +32,20 @@ both programs train the same model on the same batch and their losses at a given
 Timing: the batch is made once on the device and reused (static inputs). 20 warm-up steps (the loss of the first
 and of the 20th is printed), 10 steps to choose N so that N steps take about 100 ms, then 7 repeats of N steps
 between two torch.cuda.Event records; the figure is the median of (time / N), with the fastest and slowest repeat.
-  eager: optimizer.zero_grad(set_to_none=True), forward, loss, backward, optimizer.step() per step.
-  graph: the "whole network capture" recipe of the PyTorch CUDA Graphs docs: 3 warm-up steps on a side stream
-         (counted among the 20), zero_grad(set_to_none=True), then forward, loss, backward and optimizer.step()
-         captured into one torch.cuda.CUDAGraph; each step is one replay.
-torch_peak_bytes is torch.cuda.max_memory_allocated() over graph mode (reset before its model is made, so it
-counts parameters, gradients, momentum, the batch, activations and the graph's pool); torch_eager_peak_bytes the
-same over eager mode. With --device cpu only eager mode runs, timed with a host clock.
+The modes (--modes picks them and their order; each in a clean slate: peer_common.py's Stepper and run_modes):
+  eager           optimizer.zero_grad(set_to_none=True), forward, loss, backward, optimizer.step() per step.
+  graph           the "whole network capture" recipe of the PyTorch CUDA Graphs docs: 3 warm-up steps on a side
+                  stream (counted among the 20), zero_grad(set_to_none=True), then forward, loss, backward and
+                  optimizer.step() captured into one torch.cuda.CUDAGraph; each step is one replay.
+  compile_graph   forward and loss under torch.compile (mode "default"), compiled in the first warm-up step, then
+                  the whole step captured as in graph.
+  autotune_graph  the same with torch.compile(mode="max-autotune-no-cudagraphs").
+torch_<mode>_compile_s is the first warm-up step's wall time (compilation and autotuning included), never counted in
+the step times. torch_peak_bytes is torch.cuda.max_memory_allocated() over graph mode from after that first step to
+the end (parameters, gradients, momentum, the batch, activations and the graph's pool; not compilation's scratch);
+torch_<mode>_peak_bytes the same over the other modes. Then torch_best_mode (the mode with the least median step
+time, also said in a `# ...: torch's best: <mode>` line), torch_best_step_us, _tflops and _peak_bytes. A mode that
+fails says why in a `# ...` line and the next one runs. With --device cpu only eager runs, timed with a host clock.
 
 torch is imported inside main(), so the file compiles and imports without it.
 """
@@ -52,7 +60,6 @@ WARMUP_STEPS = 20
 CALIBRATE_STEPS = 10
 REPEATS = 7
 TARGET_REPEAT_S = 0.1
-GRAPH_SIDE_WARMUP = 3
 
 # name: (layers, in_dim, width, classes, batch, mse, lr, momentum, run by --device cpu without --config)
 CONFIGS = {
@@ -121,7 +128,7 @@ class Amp:
         return self.torch.autocast(device_type=self.device.type, dtype=self.dtype)
 
     def optimizer(self, model, cfg):
-        extra = {"fused": True} if self.kind == "f16" else {}
+        extra = {"fused": True} if self.device.type == "cuda" else {}
         return self.torch.optim.SGD(model.parameters(), lr=cfg[6], momentum=cfg[7], **extra)
 
     def backward_step(self, loss, opt):
@@ -151,75 +158,37 @@ def report(name, tag, cfg, us, n, losses, steps, peak):
     sys.stdout.flush()
 
 
-def run_eager(torch, name, cfg, device, cuda, amp_kind):
+def run_mode(torch, name, cfg, device, cuda, amp_kind, mode):
+    """One mode of one configuration in a clean slate: its figures printed, (step time, peak) returned."""
     fresh(torch, cuda)
     amp = Amp(torch, amp_kind, device)
     model = make_model(torch, cfg, device)
     x, y = make_batch(torch, cfg, device)
     loss_fn = torch.nn.MSELoss() if cfg[5] else torch.nn.CrossEntropyLoss()
     opt = amp.optimizer(model, cfg)
-    last = [None]
 
-    def step():
+    def forward_loss(x, y):
+        return loss_fn(model(x), y)
+
+    fwd = peer_common.compile_for(torch, forward_loss, mode)
+
+    def body():
         opt.zero_grad(set_to_none=True)
         with amp.autocast():
-            loss = loss_fn(model(x), y)
+            loss = fwd(x, y)
         amp.backward_step(loss, opt)
-        last[0] = loss
+        return loss
 
-    step()
-    first = last[0].item()
-    for _ in range(WARMUP_STEPS - 1):
-        step()
-    warm = last[0].item()
-    timer = Timer(torch, cuda)
-    us, n, loss = measure(timer, step, lambda: last[0].item())
+    step = peer_common.Stepper(torch, body)
+    compile_s, first = step.warm_up(mode, WARMUP_STEPS, device)
+    warm = step.loss.item()
+    us, n, loss = measure(Timer(torch, cuda), step, lambda: step.loss.item())
     peak = torch.cuda.max_memory_allocated(device) if cuda else None
     steps = WARMUP_STEPS + CALIBRATE_STEPS + REPEATS * n
-    report(name, "torch_eager", cfg, us, n, (first, warm, loss), steps, peak)
-    del model, opt, x, y, last
-
-
-def run_graph(torch, name, cfg, device, amp_kind):
-    fresh(torch, True)
-    amp = Amp(torch, amp_kind, device)
-    model = make_model(torch, cfg, device)
-    static_x, static_y = make_batch(torch, cfg, device)
-    loss_fn = torch.nn.MSELoss() if cfg[5] else torch.nn.CrossEntropyLoss()
-    opt = amp.optimizer(model, cfg)
-
-    # Warm-up on a side stream (the first GRAPH_SIDE_WARMUP of the warm-up steps).
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    first_loss = None
-    with torch.cuda.stream(side):
-        for i in range(GRAPH_SIDE_WARMUP):
-            opt.zero_grad(set_to_none=True)
-            with amp.autocast():
-                loss = loss_fn(model(static_x), static_y)
-            amp.backward_step(loss, opt)
-            if i == 0:
-                first_loss = loss.detach()
-    torch.cuda.current_stream().wait_stream(side)
-    first = first_loss.item()
-
-    # Capture: grads are None here, so backward allocates them from the graph's private pool.
-    graph = torch.cuda.CUDAGraph()
-    opt.zero_grad(set_to_none=True)
-    with torch.cuda.graph(graph):
-        with amp.autocast():
-            static_loss = loss_fn(model(static_x), static_y)
-        amp.backward_step(static_loss, opt)
-
-    for _ in range(WARMUP_STEPS - GRAPH_SIDE_WARMUP):
-        graph.replay()
-    warm = static_loss.item()
-    timer = Timer(torch, True)
-    us, n, loss = measure(timer, graph.replay, static_loss.item)
-    peak = torch.cuda.max_memory_allocated(device)
-    steps = WARMUP_STEPS + CALIBRATE_STEPS + REPEATS * n
-    report(name, "torch_graph", cfg, us, n, (first, warm, loss), steps, peak)
-    del graph, static_loss, model, opt, static_x, static_y, first_loss
+    print(f"mlp_train.{name}.{peer_common.tag(mode)}_compile_s {compile_s:.3f} s")
+    report(name, peer_common.tag(mode), cfg, us, n, (first, warm, loss), steps, peak)
+    del step, model, opt, x, y
+    return {"time": us[REPEATS // 2], "peak": peak}
 
 
 def main(argv=None):
@@ -228,20 +197,25 @@ def main(argv=None):
     ap.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (cpu: eager only, tiny and small)")
     ap.add_argument("--tf32", action="store_true", help="let f32 matmuls use TF32 (mid and large by default)")
     ap.add_argument("--amp", choices=("bf16", "f16"), help="torch.autocast in bf16 or f16 (f16 with a GradScaler)")
+    ap.add_argument("--modes", default=",".join(peer_common.MODES), help=peer_common.MODES_HELP)
     args = ap.parse_args(argv)
+    peer_common.parse_modes(ap, args.modes)
 
     opened = peer_common.open_device("mlp_train.py", args.device, "--device cpu runs tiny and small on the CPU")
     if opened is None:
         return 0
     torch, device, cuda = opened
+    modes = peer_common.parse_modes(ap, args.modes, cuda)
     torch.backends.cuda.matmul.allow_tf32 = args.tf32
     torch.backends.cudnn.allow_tf32 = args.tf32
     torch.manual_seed(0)
     where = f"{device} ({torch.cuda.get_device_name(device)})" if cuda else "cpu"
     amp_note = f", autocast {args.amp}" if args.amp else ""
-    print(f"# mlp_train.py: torch {torch.__version__} on {where}, TF32 {'on' if args.tf32 else 'off'}{amp_note}")
+    print(f"# mlp_train.py: torch {torch.__version__} on {where}, TF32 {'on' if args.tf32 else 'off'}{amp_note}; "
+          f"modes {', '.join(modes)}")
     sys.stdout.flush()
 
+    failed = 0
     for name, cfg in CONFIGS.items():
         if args.config and name != args.config:
             continue
@@ -254,14 +228,19 @@ def main(argv=None):
         if args.amp:
             name = name + "_" + args.amp
         print(f"mlp_train.{name}.step_gflop {step_flop(cfg) / 1e9:.6f} GFLOP")
-        run_eager(torch, name, cfg, device, cuda, args.amp)
-        if cuda:
-            try:
-                run_graph(torch, name, cfg, device, args.amp)
-            except RuntimeError as e:   # a capture the installed torch refuses: said, not hidden
-                print(f"# mlp_train.py: {name}: the CUDA Graph capture failed: {e}")
-                sys.stdout.flush()
-    return 0
+        best = peer_common.run_modes(f"mlp_train.{name}", modes,
+                                     lambda mode: run_mode(torch, name, cfg, device, cuda, args.amp, mode))
+        if best is None:
+            failed = 1
+            continue
+        mode, fig = best
+        print(f"mlp_train.{name}.torch_best_mode {mode} mode")
+        print(f"mlp_train.{name}.torch_best_step_us {fig['time']:.2f} us")
+        print(f"mlp_train.{name}.torch_best_tflops {step_flop(cfg) / (fig['time'] * 1e-6) / 1e12:.3f} TFLOP/s")
+        if fig["peak"] is not None:
+            print(f"mlp_train.{name}.torch_best_peak_bytes {fig['peak']} bytes")
+        sys.stdout.flush()
+    return failed
 
 
 if __name__ == "__main__":

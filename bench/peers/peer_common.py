@@ -1,9 +1,22 @@
 """What the PyTorch peers share: bench/bench_util.h's hash (the same data and initial weights as the deft benches,
-bit for bit), timing with device events (a host clock on the CPU), the calibrate-then-repeat measurement, and a clean
-slate between configurations. Imported by the peers beside it (they run as scripts from this folder)."""
+bit for bit), timing with device events (a host clock on the CPU), the calibrate-then-repeat measurement, a clean
+slate between configurations, and PyTorch's fast modes (MODES): a step run eagerly, captured whole in a CUDA Graph,
+or compiled by torch.compile and then captured; Stepper warms a step up and captures it, run_modes runs the modes one
+after the other and picks the fastest. Imported by the peers beside it (they run as scripts from this folder)."""
+import contextlib
 import gc
+import importlib
 import math
+import sys
 import time
+
+# PyTorch's modes, in the order they run by default. compile_graph and autotune_graph compile the forward and loss
+# with torch.compile in COMPILE_MODES' mode and then capture the whole step (backward and optimizer included) as
+# graph does; "max-autotune-no-cudagraphs" because the capture is ours (torch.compile's own CUDA Graphs would nest).
+MODES = ("eager", "graph", "compile_graph", "autotune_graph")
+COMPILE_MODES = {"compile_graph": "default", "autotune_graph": "max-autotune-no-cudagraphs"}
+MODES_HELP = "comma-separated, run in this order (default: all): " + ", ".join(MODES)
+GRAPH_SIDE_WARMUP = 3   # the CUDA Graphs docs' warm-up on a side stream before a capture
 
 
 def hash32(stream, i):
@@ -80,3 +93,111 @@ def fresh(torch, cuda):
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
+
+
+def parse_modes(ap, text, cuda=True):
+    """The modes of --modes (comma-separated), in order; argparse's error for an unknown one or none. Without CUDA
+    only eager is kept (the others capture CUDA Graphs)."""
+    modes = [m for m in text.split(",") if m]
+    bad = [m for m in modes if m not in MODES]
+    if bad or not modes:
+        ap.error(f"--modes: {', '.join(bad) or 'none given'}: choose from {', '.join(MODES)}")
+    return modes if cuda else [m for m in modes if m == "eager"]
+
+
+def tag(mode):
+    """A mode's prefix in the figure names: torch_<mode>_."""
+    return f"torch_{mode}"
+
+
+def compile_for(torch, fn, mode):
+    """fn (a module or a function) under torch.compile in the mode's setting, or fn itself for eager and graph.
+    torch._dynamo.reset() first: every mode and configuration compiles from a clean slate, and a new model is never
+    counted against dynamo's recompilation limit (past it, dynamo runs the code eagerly with only a warning).
+    Compilation itself happens in the first call, which Stepper.warm_up times apart."""
+    if mode not in COMPILE_MODES:
+        return fn
+    importlib.import_module("torch._dynamo").reset()
+    return torch.compile(fn, mode=COMPILE_MODES[mode])
+
+
+class Stepper:
+    """One mode's training step. body() runs one step eagerly and returns its loss; it starts with
+    zero_grad(set_to_none=True), so that in a capture backward allocates the gradients from the graph's private pool
+    (the "whole network capture" recipe of PyTorch's CUDA Graphs docs). feed(), if given, runs before every step and
+    outside the graph (a copy into the static inputs). Calling the Stepper runs one step: body() until warm_up has
+    captured it (graph modes), one replay after; .loss is the last step's loss tensor (the static one once captured)."""
+
+    def __init__(self, torch, body, feed=None):
+        self.torch, self.body, self.feed = torch, body, feed
+        self.graph = None
+        self.loss = None
+
+    def __call__(self):
+        if self.feed is not None:
+            self.feed()
+        if self.graph is None:
+            self.loss = self.body()
+        else:
+            self.graph.replay()
+
+    def warm_up(self, mode, steps, device, read_loss=None, side_warmup=GRAPH_SIDE_WARMUP, side=None):
+        """`steps` warm-up steps for eager; for the other modes, side_warmup steps on a side stream (`side`, or a new
+        one), the capture (which runs nothing) and replays up to `steps` (at least one). The first step is timed alone with a host
+        clock: for the compiled modes it includes the compilation (and autotuning), for all it includes first-call
+        costs such as cudnn.benchmark's trials; it is returned as compile_s and never counted in the step times, and
+        the peak memory statistics restart after it, so that its scratch is not counted either. Returns (compile_s,
+        the first step's loss read by read_loss(), default self.loss.item())."""
+        torch, cuda = self.torch, device.type == "cuda"
+        read = read_loss or (lambda: self.loss.item())
+        if mode != "eager" and not cuda:
+            raise RuntimeError(f"{mode} captures a CUDA Graph and needs a CUDA device")
+        if cuda:
+            torch.cuda.synchronize()
+        if mode != "eager":
+            side = side or torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+        t0 = time.perf_counter()
+        with torch.cuda.stream(side) if mode != "eager" else contextlib.nullcontext():
+            self()
+            first = read()   # waits for the step
+            took = time.perf_counter() - t0
+            if cuda:
+                torch.cuda.reset_peak_memory_stats(device)
+            for _ in range((steps if mode == "eager" else side_warmup) - 1):
+                self()
+        if mode == "eager":
+            return took, first
+        torch.cuda.current_stream().wait_stream(side)
+        if self.feed is not None:
+            self.feed()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self.loss = self.body()
+        self.graph = graph
+        for _ in range(max(1, steps - side_warmup)):   # at least one replay: the static loss then holds a value
+            self()
+        return took, first
+
+
+def run_modes(label, modes, run_one):
+    """Runs run_one(mode) for each mode in order; each returns its figures, a dict whose "time" is its step time
+    (less is faster). A mode that raises is said in a `# <label>: torch_<mode> failed: ...` line and the next one
+    runs. Returns (the fastest mode, its figures), or None when none ran."""
+    best = None
+    for mode in modes:
+        try:
+            fig = run_one(mode)
+        except Exception as e:   # a mode the installed torch cannot run (capture, compile, memory): said, not hidden
+            why = str(e).splitlines()[0] if str(e) else ""
+            print(f"# {label}: {tag(mode)} failed: {type(e).__name__}: {why}")
+            sys.stdout.flush()
+            continue
+        if best is None or fig["time"] < best[1]["time"]:
+            best = (mode, fig)
+    if best is None:
+        print(f"# {label}: no mode ran")
+    else:
+        print(f"# {label}: torch's best: {best[0]}")
+    sys.stdout.flush()
+    return best

@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """The PyTorch peer of bench/bench_resnet.c: images per second of a ResNet-18 training step (torchvision's
 resnet18(num_classes=10) on 32x32 images; forward, nn.CrossEntropyLoss, backward, SGD lr 0.01, momentum 0.9,
-weight decay 5e-4) in eager mode and as a whole-step CUDA Graph replay, printing one figure per line as
-`<name> <value> <unit>` with "torch_eager_" / "torch_graph_" where the C bench prints "deft_".
+weight decay 5e-4, fused) in each of PyTorch's fast modes (eager, a whole-step CUDA Graph replay, and
+torch.compile's two settings with the compiled step captured likewise), printing one figure per line as
+`<name> <value> <unit>` with "torch_<mode>_" where the C bench prints "deft_", then "torch_best_": the fastest mode's.
 
     python3 bench/peers/resnet.py [--batch N] [--precision f32|bf16|f16] [--device cuda:N|cpu] [--tf32]
-                                  [--no-cudnn-tf32] [--nhwc]
+                                  [--no-cudnn-tf32] [--nhwc] [--modes eager,graph,compile_graph,autotune_graph]
 
 Configurations, named "b<batch>_<precision>": batch 128 and 512 (or --batch), each in
     f32    NCHW (contiguous; channels_last with --nhwc, as bench_resnet's --nhwc), no autocast. Convolutions follow
@@ -22,13 +23,20 @@ bench computes it), made once on the device and reused.
 Timing (as bench/peers/mlp_train.py): 20 warm-up steps (the loss of the first and of the 20th printed), 10 steps to
 choose N so that N steps take about 200 ms, then 7 repeats of N steps between two torch.cuda.Event records; the
 figures are the median of (time / N) and batch / that time, with the fastest and slowest repeat.
-  eager: optimizer.zero_grad(set_to_none=True), forward, loss, backward, optimizer.step() per step.
-  graph: the "whole network capture" recipe of the PyTorch CUDA Graphs docs: 3 warm-up steps on a side stream
-         (counted among the 20), then forward, loss, backward and optimizer.step() captured into one
-         torch.cuda.CUDAGraph; each step is one replay.
-<tag>_peak_bytes is torch.cuda.max_memory_allocated() over the mode (reset before its model is made: parameters,
-gradients, momentum, the batch, activations, cuDNN workspaces and the graph's pool). With --device cpu only eager
-mode runs, batch 16, timed with a host clock.
+The modes (--modes picks them and their order; each in a clean slate: peer_common.py's Stepper and run_modes):
+  eager           optimizer.zero_grad(set_to_none=True), forward, loss, backward, optimizer.step() per step.
+  graph           the "whole network capture" recipe of the PyTorch CUDA Graphs docs: 3 warm-up steps on a side
+                  stream (counted among the 20), then forward, loss, backward and optimizer.step() captured into one
+                  torch.cuda.CUDAGraph; each step is one replay.
+  compile_graph   forward and loss under torch.compile (mode "default"), compiled in the first warm-up step, then
+                  the whole step captured as in graph.
+  autotune_graph  the same with torch.compile(mode="max-autotune-no-cudagraphs").
+<tag>_compile_s is the first warm-up step's wall time (compilation, autotuning and cudnn.benchmark's trials), never
+counted in the step times. <tag>_peak_bytes is torch.cuda.max_memory_allocated() over the mode from after that first
+step to the end (parameters, gradients, momentum, the batch, activations, cuDNN workspaces and the graph's pool; not
+the first step's tuning scratch). Then torch_best_mode (the mode with the least median step time, also said in a
+`# ...: torch's best: <mode>` line), torch_best_images_per_s, _step_us and _peak_bytes. A mode that fails says why
+in a `# ...` line and the next one runs. With --device cpu only eager runs, batch 16, timed with a host clock.
 
 torch is imported inside main(), so the file compiles and imports without it.
 """
@@ -43,7 +51,6 @@ WARMUP_STEPS = 20
 CALIBRATE_STEPS = 10
 REPEATS = 7
 TARGET_REPEAT_S = 0.2
-GRAPH_SIDE_WARMUP = 3
 BATCHES = (128, 512)
 
 
@@ -143,18 +150,20 @@ def report(name, tag, batch, us, n, losses, steps, peak):
 
 
 class Setup:
-    """What one configuration trains: the model, the batch, the optimizer, the autocast context and, for f16, the
-    GradScaler (GradScaler's defaults, as deft's). f16 uses SGD(fused=True), whose step takes the scale and found_inf
-    on the device, so that the whole step, scaler included, can be one CUDA Graph (GradScaler.step reads found_inf on
-    the host for other optimizers); in both modes, so that eager and graph do the same work."""
+    """What one configuration trains in one mode: the model, the batch, the forward and loss (under torch.compile in
+    the compiled modes), the optimizer, the autocast context and, for f16, the GradScaler (GradScaler's defaults, as
+    deft's). On CUDA every mode uses SGD(fused=True): PyTorch's fastest SGD, and its step takes the scale and
+    found_inf on the device, so that the whole step, scaler included, can be one CUDA Graph (GradScaler.step reads
+    found_inf on the host for other optimizers)."""
 
-    def __init__(self, torch, batch, precision, device):
+    def __init__(self, torch, batch, precision, device, mode):
         import contextlib
         channels_last = precision != "f32" or F32_CHANNELS_LAST
         self.model = make_model(torch, device, channels_last)
         self.x, self.y = make_batch(torch, batch, device, channels_last)
         self.loss_fn = torch.nn.CrossEntropyLoss()
-        extra = {"fused": True} if precision == "f16" else {}
+        self.fwd = peer_common.compile_for(torch, self.forward_loss, mode)
+        extra = {"fused": True} if device.type == "cuda" else {}
         self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4, **extra)
         dtype = {"bf16": torch.bfloat16, "f16": torch.float16}.get(precision)
         self.autocast = (lambda: torch.autocast(device_type=device.type, dtype=dtype)) if dtype \
@@ -173,60 +182,32 @@ class Setup:
         self.scaler.step(self.opt)
         self.scaler.update()
 
+    def forward_loss(self, x, y):
+        return self.loss_fn(self.model(x), y)
+
     def step(self):
         self.opt.zero_grad(set_to_none=True)
         with self.autocast():
-            loss = self.loss_fn(self.model(self.x), self.y)
+            loss = self.fwd(self.x, self.y)
         self.backward_step(loss)
         return loss
 
 
-def run_eager(torch, name, batch, precision, device, cuda):
+def run_mode(torch, name, batch, precision, device, cuda, mode):
+    """One mode of one configuration in a clean slate: its figures printed, (step time, peak) returned."""
     fresh(torch, cuda)
-    s = Setup(torch, batch, precision, device)
-    last = [s.step()]
-    first = last[0].item()
+    s = Setup(torch, batch, precision, device, mode)
+    step = peer_common.Stepper(torch, s.step)
     warmup = WARMUP_STEPS if cuda else 3
-    for _ in range(warmup - 1):
-        last[0] = s.step()
-    warm = last[0].item()
-
-    def step():
-        last[0] = s.step()
-
+    compile_s, first = step.warm_up(mode, warmup, device)
+    warm = step.loss.item()
     calibrate = CALIBRATE_STEPS if cuda else 2
-    us, n, loss = measure(Timer(torch, cuda), step, lambda: last[0].item(), calibrate)
+    us, n, loss = measure(Timer(torch, cuda), step, lambda: step.loss.item(), calibrate)
     peak = torch.cuda.max_memory_allocated(device) if cuda else None
-    report(name, "torch_eager", batch, us, n, (first, warm, loss), warmup + calibrate + REPEATS * n, peak)
-    del s, last
-
-
-def run_graph(torch, name, batch, precision, device):
-    fresh(torch, True)
-    s = Setup(torch, batch, precision, device)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for i in range(GRAPH_SIDE_WARMUP):
-            loss = s.step()
-            if i == 0:
-                first_loss = loss.detach()
-    torch.cuda.current_stream().wait_stream(side)
-    first = first_loss.item()
-
-    graph = torch.cuda.CUDAGraph()
-    s.opt.zero_grad(set_to_none=True)
-    with torch.cuda.graph(graph):
-        with s.autocast():
-            static_loss = s.loss_fn(s.model(s.x), s.y)
-        s.backward_step(static_loss)
-    for _ in range(WARMUP_STEPS - GRAPH_SIDE_WARMUP):
-        graph.replay()
-    warm = static_loss.item()
-    us, n, loss = measure(Timer(torch, True), graph.replay, static_loss.item, CALIBRATE_STEPS)
-    peak = torch.cuda.max_memory_allocated(device)
-    report(name, "torch_graph", batch, us, n, (first, warm, loss), WARMUP_STEPS + CALIBRATE_STEPS + REPEATS * n, peak)
-    del graph, static_loss, s, first_loss
+    print(f"resnet.{name}.{peer_common.tag(mode)}_compile_s {compile_s:.3f} s")
+    report(name, peer_common.tag(mode), batch, us, n, (first, warm, loss), warmup + calibrate + REPEATS * n, peak)
+    del step, s
+    return {"time": us[REPEATS // 2], "peak": peak}
 
 
 def main(argv=None):
@@ -237,7 +218,9 @@ def main(argv=None):
     ap.add_argument("--tf32", action="store_true", help="let f32 matmuls use TF32")
     ap.add_argument("--no-cudnn-tf32", action="store_true", help="f32 convolutions without TF32 (torch's default: on)")
     ap.add_argument("--nhwc", action="store_true", help="the f32 model and batch in channels_last too")
+    ap.add_argument("--modes", default=",".join(peer_common.MODES), help=peer_common.MODES_HELP)
     args = ap.parse_args(argv)
+    peer_common.parse_modes(ap, args.modes)
     global F32_CHANNELS_LAST
     F32_CHANNELS_LAST = args.nhwc
 
@@ -245,6 +228,7 @@ def main(argv=None):
     if opened is None:
         return 0
     torch, device, cuda = opened
+    modes = peer_common.parse_modes(ap, args.modes, cuda)
     torch.backends.cuda.matmul.allow_tf32 = args.tf32
     torch.backends.cudnn.allow_tf32 = not args.no_cudnn_tf32
     torch.backends.cudnn.benchmark = True
@@ -257,7 +241,7 @@ def main(argv=None):
     where = f"{device} ({torch.cuda.get_device_name(device)})" if cuda else "cpu"
     print(f"# resnet.py: torch {torch.__version__} on {where}, resnet18 from {source}, cudnn.benchmark on, "
           f"matmul TF32 {'on' if args.tf32 else 'off'}, cuDNN TF32 {'off' if args.no_cudnn_tf32 else 'on'}, "
-          f"f32 {'channels_last' if args.nhwc else 'NCHW'}")
+          f"f32 {'channels_last' if args.nhwc else 'NCHW'}; modes {', '.join(modes)}")
     sys.stdout.flush()
 
     batches = (args.batch,) if args.batch else BATCHES if cuda else (16,)
@@ -267,14 +251,18 @@ def main(argv=None):
             continue
         for batch in batches:
             name = f"b{batch}_{precision}"
-            run_eager(torch, name, batch, precision, device, cuda)
-            if cuda:
-                try:
-                    run_graph(torch, name, batch, precision, device)
-                except RuntimeError as e:   # a capture the installed torch refuses: said, not hidden
-                    print(f"# resnet.{name}: the CUDA Graph capture failed: {e}")
-                    sys.stdout.flush()
-                    failed = 1
+            best = peer_common.run_modes(f"resnet.{name}", modes,
+                                         lambda mode: run_mode(torch, name, batch, precision, device, cuda, mode))
+            if best is None:
+                failed = 1
+                continue
+            mode, fig = best
+            print(f"resnet.{name}.torch_best_mode {mode} mode")
+            print(f"resnet.{name}.torch_best_images_per_s {batch / (fig['time'] * 1e-6):.1f} images/s")
+            print(f"resnet.{name}.torch_best_step_us {fig['time']:.2f} us")
+            if fig["peak"] is not None:
+                print(f"resnet.{name}.torch_best_peak_bytes {fig['peak']} bytes")
+            sys.stdout.flush()
     return failed
 
 
