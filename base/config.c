@@ -69,3 +69,5 @@ int deft_debug_find(const char *name) {
         if (strcmp(name, deft_debug_table[k].name) == 0) return k;
     return -1;
 }
+
+const char *deft_env_get(const char *name) { return name ? getenv(name) : NULL; }

@@ -34,6 +34,11 @@ const char *deft_debug_name(deft_debug_knob knob);
 /* The knob of that name (with or without the DEFT_ prefix), -1 when there is none. */
 int deft_debug_find(const char *name);
 
+/* The environment's value of `name` at this call (NULL when unset), for the variables that are a launcher's
+ * protocol rather than knobs (dist/dist_env.c reads torchrun's, Open MPI's and PMI's RANK, WORLD_SIZE, ...): read
+ * at each call, never kept, so that the environment is still read in this file alone. */
+const char *deft_env_get(const char *name);
+
 #ifdef __cplusplus
 }
 #endif

@@ -126,3 +126,10 @@ add_test(NAME text_to_tokens
                  $<TARGET_FILE:test_tokens> ${PROJECT_BINARY_DIR}/text_to_tokens)
 set_tests_properties(text_to_tokens PROPERTIES LABELS cpu TIMEOUT 120 SKIP_RETURN_CODE 77
                      ENVIRONMENT "${DEFT_TEST_ENV}")
+
+# scripts/deft_launch on small shell commands (ranks' variables, prefixed output, a failing, a killed and a hanging
+# rank, SIGTERM passed on, bad options), and test_dist_env --print under it (the library reads what it sets).
+add_test(NAME deft_launch
+         COMMAND ${DEFT_BASH} ${PROJECT_SOURCE_DIR}/tests/deft_launch_test.sh ${PROJECT_SOURCE_DIR}
+                 ${PROJECT_BINARY_DIR}/deft_launch_test $<TARGET_FILE:test_dist_env>)
+set_tests_properties(deft_launch PROPERTIES LABELS cpu TIMEOUT 120 ENVIRONMENT "${DEFT_TEST_ENV}")

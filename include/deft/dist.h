@@ -39,6 +39,17 @@ typedef struct deft_dist_options {
 deft_status deft_dist_init_local(int ngpus, double timeout_s, deft_dist **out);
 /* One rank of `world`, one process each; returns once every rank has joined (or with an error at the deadline). */
 deft_status deft_dist_init(const deft_dist_options *o, deft_dist **out);
+/* The options a launcher gives this process through the environment (scripts/deft_launch, torchrun, mpirun):
+ * rank and world from RANK and WORLD_SIZE (torchrun's names), else OMPI_COMM_WORLD_RANK and OMPI_COMM_WORLD_SIZE
+ * (Open MPI), else PMI_RANK and PMI_SIZE (MPICH and others); device from LOCAL_RANK (or
+ * OMPI_COMM_WORLD_LOCAL_RANK), else -1; the rendezvous "tcp:MASTER_ADDR:MASTER_PORT", written into `rendezvous` (n
+ * bytes), which o->rendezvous then points to. MPI launchers set no MASTER_ADDR or MASTER_PORT: pass them (mpirun -x).
+ * An empty variable counts as unset. o->timeout_s is left as it was. A missing variable or a bad value (not a
+ * decimal integer, negative, rank >= world, world < 1, a port outside 1..65535, an address too long for the buffer)
+ * is DEFT_ERR_INVALID naming the variable and its value, and leaves *o and the buffer as they were. */
+deft_status deft_dist_options_from_env(deft_dist_options *o, char *rendezvous, size_t n);
+/* deft_dist_options_from_env, then deft_dist_init with timeout_s (0: 300 s). */
+deft_status deft_dist_init_env(double timeout_s, deft_dist **out);
 /* Stops the threads of deft_dist_run and destroys the communicators; free the programs compiled with it first. */
 void deft_dist_free(deft_dist *d);
 int deft_dist_world(const deft_dist *d);
