@@ -1,4 +1,5 @@
-/* IEEE half and bfloat16 conversions on the host, round to nearest even; NaN stays NaN. */
+/* A float's bits and back, and IEEE half and bfloat16 conversions on the host, round to nearest even; NaN stays
+ * NaN. */
 #ifndef DEFT_HALF_H
 #define DEFT_HALF_H
 
@@ -15,6 +16,18 @@ static inline float deft_bits_f32(uint32_t u) {
     float f;
     memcpy(&f, &u, sizeof f);
     return f;
+}
+
+static inline uint64_t deft_f64_bits(double d) {
+    uint64_t u;
+    memcpy(&u, &d, sizeof u);
+    return u;
+}
+
+static inline double deft_bits_f64(uint64_t u) {
+    double d;
+    memcpy(&d, &u, sizeof d);
+    return d;
 }
 
 static inline uint16_t deft_half_pack(float f) {

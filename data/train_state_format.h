@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "file_format.h"
+#include "half.h"
 #include "optimizer_state.h"
 
 #define DEFT_TS_MAGIC "DEFTSTAT"
@@ -37,25 +38,10 @@ typedef struct deft_ts_head {
     uint32_t arrays;                       /* bit a: flat array a (deft_optimizer_array) follows */
 } deft_ts_head;
 
-static inline uint64_t deft_ts_f64_bits(double v) {
-    uint64_t b;
-    memcpy(&b, &v, sizeof b);
-    return b;
-}
-
-static inline double deft_ts_f64(uint64_t b) {
-    double v;
-    memcpy(&v, &b, sizeof v);
-    return v;
-}
-
 /* The head's bytes (DEFT_TS_HEAD_BYTES, the CRC not included), magic and version first. */
 static inline void deft_ts_head_encode(const deft_ts_head *h, unsigned char *b) {
     memset(b, 0, DEFT_TS_HEAD_BYTES);
     memcpy(b, DEFT_TS_MAGIC, DEFT_TS_MAGIC_LEN);
-    float scale = h->c.loss_scale;
-    uint32_t scale_bits;
-    memcpy(&scale_bits, &scale, sizeof scale_bits);
     deft_put_le(b + 8, DEFT_TS_VERSION, 4);
     deft_put_le(b + 12, h->flags, 4);
     deft_put_le(b + 16, h->n_params, 4);
@@ -71,9 +57,9 @@ static inline void deft_ts_head_encode(const deft_ts_head *h, unsigned char *b) 
     deft_put_le(b + 80, (uint64_t)h->c.updates, 8);
     deft_put_le(b + 88, (uint32_t)h->c.micro, 4);
     deft_put_le(b + 92, (uint32_t)h->c.scaling_started, 4);
-    deft_put_le(b + 96, deft_ts_f64_bits(h->c.lr), 8);
-    deft_put_le(b + 104, deft_ts_f64_bits(h->c.last_norm), 8);
-    deft_put_le(b + 112, scale_bits, 4);
+    deft_put_le(b + 96, deft_f64_bits(h->c.lr), 8);
+    deft_put_le(b + 104, deft_f64_bits(h->c.last_norm), 8);
+    deft_put_le(b + 112, deft_f32_bits(h->c.loss_scale), 4);
     deft_put_le(b + 116, (uint32_t)h->c.growth_tracker, 4);
     deft_put_le(b + 120, (uint64_t)h->c.skipped, 8);
     deft_put_le(b + 128, h->arrays, 4);
@@ -96,10 +82,9 @@ static inline void deft_ts_head_decode(const unsigned char *b, deft_ts_head *h) 
     h->c.updates = (int64_t)deft_get_le(b + 80, 8);
     h->c.micro = (int32_t)(uint32_t)deft_get_le(b + 88, 4);
     h->c.scaling_started = (int)deft_get_le(b + 92, 4);
-    h->c.lr = deft_ts_f64(deft_get_le(b + 96, 8));
-    h->c.last_norm = deft_ts_f64(deft_get_le(b + 104, 8));
-    uint32_t scale_bits = (uint32_t)deft_get_le(b + 112, 4);
-    memcpy(&h->c.loss_scale, &scale_bits, sizeof scale_bits);
+    h->c.lr = deft_bits_f64(deft_get_le(b + 96, 8));
+    h->c.last_norm = deft_bits_f64(deft_get_le(b + 104, 8));
+    h->c.loss_scale = deft_bits_f32((uint32_t)deft_get_le(b + 112, 4));
     h->c.growth_tracker = (int32_t)(uint32_t)deft_get_le(b + 116, 4);
     h->c.skipped = (int64_t)deft_get_le(b + 120, 8);
     h->arrays = (uint32_t)deft_get_le(b + 128, 4);
@@ -123,8 +108,8 @@ static inline void deft_ts_entry_encode(const deft_optimizer *opt, int i, unsign
     memcpy(b, t->name, strlen(t->name));   /* at most 63 bytes: a node name */
     deft_put_le(b + DEFT_TS_NAME_BYTES, (uint64_t)opt->offsets[i], 8);
     deft_put_le(b + DEFT_TS_NAME_BYTES + 8, (uint64_t)(end - opt->offsets[i]), 8);
-    deft_put_le(b + DEFT_TS_NAME_BYTES + 16, deft_ts_f64_bits(g.weight_decay), 8);
-    deft_put_le(b + DEFT_TS_NAME_BYTES + 24, deft_ts_f64_bits(g.lr_scale), 8);
+    deft_put_le(b + DEFT_TS_NAME_BYTES + 16, deft_f64_bits(g.weight_decay), 8);
+    deft_put_le(b + DEFT_TS_NAME_BYTES + 24, deft_f64_bits(g.lr_scale), 8);
 }
 
 /* data/train_state.c, for saving and loading alike: the arguments checked (`who` names the caller), and the head

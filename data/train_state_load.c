@@ -128,8 +128,8 @@ static deft_status deft_ts_entry_differs(const deft_ts_load *L, int i, const uns
                               (long long)deft_get_le(w + 8, 8), (long long)deft_get_le(w, 8));
     return deft_set_error(DEFT_ERR_INVALID, "%s: %s: the optimizer's parameter '%s' has weight decay %g and lr_scale "
                           "%g in the file but %g and %g here (its parameter group differs)", WHO, L->r.path, here,
-                          deft_ts_f64(deft_get_le(g + 16, 8)), deft_ts_f64(deft_get_le(g + 24, 8)),
-                          deft_ts_f64(deft_get_le(w + 16, 8)), deft_ts_f64(deft_get_le(w + 24, 8)));
+                          deft_bits_f64(deft_get_le(g + 16, 8)), deft_bits_f64(deft_get_le(g + 24, 8)),
+                          deft_bits_f64(deft_get_le(w + 16, 8)), deft_bits_f64(deft_get_le(w + 24, 8)));
 }
 
 /* After the parameter records, so that a model of other shapes is named by its first parameter that differs. */

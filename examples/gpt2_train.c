@@ -7,7 +7,9 @@
  *   ./gpt2_train [--model 124M | --layers L --width C --heads H --seq T --vocab V] [--tokens PATTERN | --text FILE]
  *                [--steps N] [--batch B] [--lr LR] ...   (--help lists every option) */
 #define _POSIX_C_SOURCE 200809L
+#include <errno.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -175,22 +177,44 @@ static int parse(int argc, char **argv, options *o) {
 typedef struct data {
     deft_tokens *train, *val;
     char dir[256];             /* the text's shards, removed at the end */
+    char why[512];             /* a failure the library did not describe (reading the text) */
 } data;
 
-static deft_status text_to_shards(data *d, const char *path) {
+/* The text's bytes as tokens, or NULL with d->why saying what went wrong. */
+static int32_t *read_text(data *d, const char *path, int64_t *n) {
     FILE *f = fopen(path, "rb");
-    if (!f) return DEFT_ERR_IO;
-    fseek(f, 0, SEEK_END);
-    const long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    int32_t *tok = n > 0 ? malloc(sizeof(int32_t) * (size_t)n) : NULL;
-    unsigned char *bytes = n > 0 ? malloc((size_t)n) : NULL;
-    deft_status s = tok && bytes && fread(bytes, 1, (size_t)n, f) == (size_t)n ? DEFT_OK : DEFT_ERR_IO;
-    fclose(f);
-    for (long i = 0; s == DEFT_OK && i < n; i++) tok[i] = bytes[i];
-    snprintf(d->dir, sizeof d->dir, "%s/deft-gpt2-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-    if (s == DEFT_OK && !mkdtemp(d->dir)) s = DEFT_ERR_IO;
-    char train[300], val[300];
+    long len = -1;
+    if (f && fseek(f, 0, SEEK_END) == 0) len = ftell(f);
+    unsigned char *bytes = len > 0 ? malloc((size_t)len) : NULL;
+    int32_t *tok = len > 0 && (unsigned long)len <= SIZE_MAX / sizeof(int32_t) ? malloc(sizeof(int32_t) * (size_t)len)
+                                                                                : NULL;
+    const int ok = f && bytes && tok && fseek(f, 0, SEEK_SET) == 0 && fread(bytes, 1, (size_t)len, f) == (size_t)len;
+    if (!f) snprintf(d->why, sizeof d->why, "cannot open the text %s: %s", path, strerror(errno));
+    else if (len == 0) snprintf(d->why, sizeof d->why, "the text %s is empty", path);
+    else if (!ok) snprintf(d->why, sizeof d->why, "cannot read the text %s", path);
+    if (f) fclose(f);
+    for (long i = 0; ok && i < len; i++) tok[i] = bytes[i];
+    free(bytes);
+    if (!ok) free(tok);
+    *n = ok ? (int64_t)len : 0;
+    return ok ? tok : NULL;
+}
+
+/* The last tenth validates. The shards go to a fresh temporary directory, removed by data_close. */
+static deft_status text_to_shards(data *d, const char *path) {
+    int64_t n = 0;
+    int32_t *tok = read_text(d, path, &n);
+    if (!tok) return DEFT_ERR_IO;
+    const char *tmp = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+    char dir[sizeof d->dir];
+    deft_status s = DEFT_OK;
+    if (snprintf(dir, sizeof dir, "%s/deft-gpt2-XXXXXX", tmp) >= (int)sizeof dir || !mkdtemp(dir)) {
+        snprintf(d->why, sizeof d->why, "cannot make a temporary directory in %s for the text's shards", tmp);
+        s = DEFT_ERR_IO;
+    } else {
+        memcpy(d->dir, dir, sizeof dir);
+    }
+    char train[sizeof d->dir + 32], val[sizeof d->dir + 32];
     snprintf(train, sizeof train, "%s/text_train.bin", d->dir);
     snprintf(val, sizeof val, "%s/text_val.bin", d->dir);
     const int64_t n_val = n / 10;
@@ -199,7 +223,6 @@ static deft_status text_to_shards(data *d, const char *path) {
     if (s == DEFT_OK) s = deft_tokens_open(train, &d->train);
     if (s == DEFT_OK) s = deft_tokens_open(val, &d->val);
     free(tok);
-    free(bytes);
     return s;
 }
 
@@ -322,7 +345,7 @@ static deft_status build(run *r) {
 
 /* The mean loss of the first K validation batches (in stream order). */
 static deft_status validate(run *r, double *loss) {
-    const int64_t per = r->o.batch * r->o.model.seq;
+    const int64_t per = r->o.batch * r->o.model.seq;   /* x's elements: the library checked the product */
     int32_t *x = malloc(sizeof(int32_t) * (size_t)(per + 1)), *y = malloc(sizeof(int32_t) * (size_t)per);
     deft_status s = x && y ? DEFT_OK : DEFT_ERR_OOM;
     const int64_t avail = r->d.val ? (deft_tokens_count(r->d.val) - 1) / per : 0;
@@ -332,7 +355,7 @@ static deft_status validate(run *r, double *loss) {
         for (int64_t row = 0; s == DEFT_OK && row < r->o.batch; row++) {
             const int64_t start = b * per + row * r->o.model.seq, t = r->o.model.seq;
             s = deft_tokens_read(r->d.val, start, t + 1, x + row * t);
-            memcpy(y + row * t, x + row * t + 1, sizeof(int32_t) * (size_t)t);
+            if (s == DEFT_OK) memcpy(y + row * t, x + row * t + 1, sizeof(int32_t) * (size_t)t);
         }
         float l = 0;
         if (s == DEFT_OK) s = deft_program_feed(r->eval, r->m.x, x, sizeof(int32_t) * (size_t)per);
@@ -418,18 +441,26 @@ static deft_status resume(run *r, int64_t *first) {
 /* Greedy decoding: the context sits in row 0 of a batch; the causal model's logits at position t - 1 see only
  * tokens 0..t-1, so the rest of the row may hold anything. */
 static deft_status sample(run *r) {
-    const int64_t t_max = r->o.model.seq, v = r->o.model.vocab, per = r->o.batch * t_max;
-    int32_t *x = calloc((size_t)per, sizeof(int32_t));
-    float *logits = malloc(sizeof(float) * (size_t)(per * v));
-    deft_status s = x && logits ? DEFT_OK : DEFT_ERR_OOM;
+    /* The graph's byte counts: the library checked them when it built the tensors. */
+    const size_t x_bytes = deft_tensor_nbytes(r->m.x), logit_bytes = deft_tensor_nbytes(r->m.logits);
+    const int64_t t_max = r->o.model.seq, v = r->o.model.vocab;
+    int32_t *x = calloc(1, x_bytes);
+    float *logits = malloc(logit_bytes);
+    if (!x || !logits) {
+        free(x);
+        free(logits);
+        fprintf(stderr, "gpt2_train: no host memory for the sample's logits (%zu bytes)\n", logit_bytes);
+        return DEFT_ERR_OOM;
+    }
+    deft_status s = DEFT_OK;
     int64_t len = 1;
     x[0] = '\n' < v ? '\n' : 0;
     printf("sample:\n");
     for (int64_t i = 0; s == DEFT_OK && i < r->o.sample; i++) {
-        s = deft_program_feed(r->eval, r->m.x, x, sizeof(int32_t) * (size_t)per);
-        if (s == DEFT_OK) s = deft_program_feed(r->eval, r->m.y, x, sizeof(int32_t) * (size_t)per);
+        s = deft_program_feed(r->eval, r->m.x, x, x_bytes);
+        if (s == DEFT_OK) s = deft_program_feed(r->eval, r->m.y, x, x_bytes);
         if (s == DEFT_OK) s = deft_program_run(r->eval);
-        if (s == DEFT_OK) s = deft_program_read(r->eval, r->m.logits, logits, sizeof(float) * (size_t)(per * v));
+        if (s == DEFT_OK) s = deft_program_read(r->eval, r->m.logits, logits, logit_bytes);
         if (s != DEFT_OK) break;
         const float *row = logits + (len - 1) * v;
         int32_t best = 0;
@@ -462,7 +493,7 @@ int main(int argc, char **argv) {
     if (!r.o.autocast_set) r.o.autocast = r.dev.type == DEFT_CPU ? DEFT_F32 : DEFT_BF16;
     deft_status s = data_open(&r.d, &r.o);
     if (s != DEFT_OK) {
-        fprintf(stderr, "gpt2_train: the data: %s\n", deft_errmsg());
+        fprintf(stderr, "gpt2_train: the data: %s\n", r.d.why[0] ? r.d.why : deft_errmsg());
         data_close(&r.d);
         return 1;
     }
