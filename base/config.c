@@ -20,6 +20,9 @@ static const deft_debug_entry deft_debug_table[DEFT_DEBUG_KNOB_COUNT] = {
     [DEFT_DEBUG_FUSED_REFERENCE] = {"FUSED_REFERENCE", true},
     [DEFT_DEBUG_CONV_GEMM_PLAIN] = {"CONV_GEMM_PLAIN", false},
     [DEFT_DEBUG_CONV_GEMM_ROWS] = {"CONV_GEMM_ROWS", false},
+    [DEFT_DEBUG_ATTENTION_KERNEL] = {"ATTENTION_KERNEL", false},
+    [DEFT_DEBUG_SHAPE_REFERENCE] = {"SHAPE_REFERENCE", true},
+    [DEFT_DEBUG_SLICE_GRAD_ADDS] = {"SLICE_GRAD_ADDS", true},
 };
 
 static _Atomic int64_t deft_debug_values[DEFT_DEBUG_KNOB_COUNT];

@@ -22,6 +22,10 @@ typedef enum deft_debug_knob {
     DEFT_DEBUG_FUSED_REFERENCE,    /* 1: fused elementwise chains run one element per thread, never vectorised */
     DEFT_DEBUG_CONV_GEMM_PLAIN,    /* nonzero: the im2col of the convolutions as products takes its plain kernel */
     DEFT_DEBUG_CONV_GEMM_ROWS,     /* > 0: those convolutions cut their rows into chunks of at most this many */
+    DEFT_DEBUG_ATTENTION_KERNEL,   /* attention on a GPU: 0 the fastest that takes it, 1 the plain kernels, 2 deft's
+                                    * tensor-core kernels, 3 cuDNN's fused attention (each falls back to the plain) */
+    DEFT_DEBUG_SHAPE_REFERENCE,    /* 1: permutes, strided slices and concats on a GPU take the one-element kernel */
+    DEFT_DEBUG_SLICE_GRAD_ADDS,    /* 1: backward adds the zero-padded gradients of slices, never one concat of them */
     DEFT_DEBUG_KNOB_COUNT
 } deft_debug_knob;
 

@@ -16,14 +16,21 @@
 #include <stdint.h>
 
 /* ---- scratch per stream (cuda_workspace.cu) ---- */
-/* cuBLAS(Lt)'s scratch on a main stream; no other size measured (RESULTS: "Checkpointing ResNet-18" counts it). */
+/* A stream's cuBLAS and cuDNN scratch is what the algorithms chosen on it ask for; these are its caps, which the
+ * algorithms are chosen within (cuBLASLt's MAX_WORKSPACE_BYTES, cuDNN's candidates by their memory). */
+/* cuBLAS(Lt)'s cap on a main stream; no other size measured (RESULTS: "Checkpointing ResNet-18" counts it). */
 #define DEFT_CUBLAS_WORKSPACE_BYTES ((size_t)32 << 20)
-/* cuDNN's scratch on a main stream, which bounds its algorithms; no other size measured (RESULTS: the same). */
+/* cuDNN's cap on a main stream; no other size measured (RESULTS: the same). */
 #define DEFT_CUDNN_WORKSPACE_BYTES ((size_t)64 << 20)
-/* cuDNN's scratch on a side lane: ResNet-18 bf16 b512, step and peak, full against small (RESULTS: Eighth round). */
+/* cuDNN's cap on a side lane: ResNet-18 bf16 b512, step and peak, full against small (RESULTS: Eighth round). */
 #define DEFT_CUDNN_SIDE_WORKSPACE_BYTES ((size_t)16 << 20)
-/* cuBLAS(Lt)'s scratch on a side lane: measured together with the cuDNN one above (RESULTS: Eighth round). */
+/* cuBLAS(Lt)'s cap on a side lane: measured together with the cuDNN one above (RESULTS: Eighth round). */
 #define DEFT_CUBLAS_SIDE_WORKSPACE_BYTES ((size_t)4 << 20)
+/* The floor of a stream's cuBLAS scratch once a plain cuBLAS call (cublasGemmEx, which chooses its own kernel within
+ * what cublasSetWorkspace gives it) runs there: cuBLAS's documented recommendation for user workspaces
+ * (cublasSetWorkspace: 32 MiB on Hopper, 4 MiB on other architectures), cut to the stream's cap; not measured. */
+#define DEFT_CUBLAS_PLAIN_WORKSPACE_BYTES ((size_t)4 << 20)
+#define DEFT_CUBLAS_PLAIN_WORKSPACE_HOPPER_BYTES ((size_t)32 << 20)
 /* Batch norm's fast sums: column arrival counts a stream's scratch holds; a capacity, no measurement recorded. */
 #define DEFT_NORM_COUNTERS 65536
 /* Batch norm's fast sums: double2 chunk partials a stream's scratch holds; a capacity, no measurement recorded. */

@@ -27,7 +27,7 @@ typedef struct options {
     double lr, min_lr_frac, weight_decay, clip;
     size_t checkpoint_budget;
     deft_dtype autocast;
-    int autocast_set, no_shuffle, print_plan;
+    int autocast_set, no_shuffle, print_plan, deterministic;
     uint64_t seed;
 } options;
 
@@ -71,6 +71,8 @@ static const char help[] =
     "  --save-every N       also save it every N steps, to FILE.step<N> (default: 0, only at the end)\n"
     "  --resume FILE        start from a saved state: the run continues as if it had never stopped, bit for bit\n"
     "                       (the same model, data and options; --steps counts from the start of training)\n"
+    "  --deterministic      the same bits every run (on a GPU, attention's backward without float atomics; on by\n"
+    "                       default with --state or --resume)\n"
     "Reports:\n"
     "  --log-every N        print the loss every N steps (default: 10)\n"
     "  --val-every N        validation loss every N steps and at the end; 0: only at the end (default: 100)\n"
@@ -136,6 +138,7 @@ static int parse_one(options *o, const char *k, const char *v) {
 static int parse_flag(options *o, const char *k) {
     if (!strcmp(k, "--no-shuffle")) o->no_shuffle = 1;
     else if (!strcmp(k, "--print-plan")) o->print_plan = 1;
+    else if (!strcmp(k, "--deterministic")) o->deterministic = 1;
     else return 0;
     return 1;
 }
@@ -330,8 +333,11 @@ static deft_status build(run *r) {
     s = deft_optimizer_decay_2d_only(r->opt);
     r->step = s == DEFT_OK ? deft_optimizer_step(r->opt) : NULL;
     if (!r->step) return s != DEFT_OK ? s : deft_graph_error(r->m.g);
+    /* A saved run resumes bit for bit only if every step gives the same bits: no float atomics anywhere. */
+    const int deterministic = r->o.deterministic || r->o.state || r->o.resume;
     const deft_compile_options co = {.autocast = r->o.autocast, .memory_budget = r->o.checkpoint_budget,
-                                     .checkpoint = r->o.checkpoint_budget ? DEFT_CHECKPOINT_BUDGET : 0};
+                                     .checkpoint = r->o.checkpoint_budget ? DEFT_CHECKPOINT_BUDGET : 0,
+                                     .deterministic = deterministic};
     r->train = deft_compile(r->m.g, (deft_tensor *[]){r->m.loss, r->step}, 2, &co);
     if (!r->train) return deft_graph_error(r->m.g) != DEFT_OK ? deft_graph_error(r->m.g) : DEFT_ERR_INVALID;
     const deft_compile_options eo = {.autocast = r->o.autocast};

@@ -3,8 +3,13 @@
  *
  *   to L        matmul, conv2d, attention: f32 inputs cast to L (the kernels accumulate in f32), an L result
  *               (attention's row statistics stay f32)
- *   to f32      reductions (sum, mean, max), softmax, log_softmax, cross-entropy, exp, log, pow, sqrt, rsqrt,
- *               reciprocal: L inputs cast up, an f32 result
+ *   to f32      reductions (sum, mean, max), softmax, log_softmax, exp, log, pow, sqrt, rsqrt,
+ *               reciprocal, layer_norm: L inputs cast up, an f32 result (torch's fp32 list; a pre-norm transformer's
+ *               residual stream is f32 already, so layer norm then reads it with no cast)
+ *   f32 loss    cross-entropy (torch's fp32 list too): the logits stay as they are, L included, and the loss is f32;
+ *               its kernels compute in f32 as if the logits had been cast (exact), so the loss has the bits the cast
+ *               would give, and the gradient comes out in L rounded once, as the cast of the f32 one would: no
+ *               [N, C] cast each way, which on a GPT-2 step cost more than the loss itself
  *   promote     binary ops, where and concat with mixed inputs run in f32, except where every f32 input is a parameter
  *               (a bias, a scale): then it is cast to L, as torch's F.linear casts its bias
  *   norm        batch norm: per source, as deft_batch_norm_input_dtype says (each keeps its dtype)
@@ -40,12 +45,12 @@ static deft_policy deft_policy_of(deft_op op) {
     case DEFT_OP_MAX:
     case DEFT_OP_SOFTMAX:
     case DEFT_OP_LOG_SOFTMAX:
-    case DEFT_OP_CROSS_ENTROPY:
     case DEFT_OP_EXP:
     case DEFT_OP_LOG:
     case DEFT_OP_POW_SCALAR:
     case DEFT_OP_SQRT:
     case DEFT_OP_RSQRT:
+    case DEFT_OP_LAYER_NORM:
     case DEFT_OP_RDIV_SCALAR: return DEFT_POLICY_F32;
     case DEFT_OP_ADD:
     case DEFT_OP_SUB:
@@ -181,7 +186,11 @@ static deft_tensor *deft_rebuild(const deft_tensor *t, deft_tensor **src) {
     case DEFT_OP_GT: return deft_gt(src[0], src[1]);
     case DEFT_OP_GE: return deft_ge(src[0], src[1]);
     case DEFT_OP_MATMUL: return deft_matmul_t(src[0], src[1], t->p.matmul.trans_a, t->p.matmul.trans_b);
-    case DEFT_OP_CONCAT: return deft_concat(src, t->nsrc, t->p.axis);
+    case DEFT_OP_CONCAT: {
+        deft_tensor *c = deft_concat(src, t->nsrc, t->p.axis);
+        if (c && c->op == DEFT_OP_CONCAT && t->nsrc > 1) c->p.concat.add_zero = t->p.concat.add_zero;
+        return c;
+    }
     /* gathers keep the table's dtype (torch's embedding is on no autocast list); their index is i32 */
     case DEFT_OP_EMBEDDING: return deft_embedding(src[0], src[1]);
     case DEFT_OP_INDEX_SELECT: return deft_index_select(src[0], t->p.gather.axis, src[1]);
@@ -189,11 +198,14 @@ static deft_tensor *deft_rebuild(const deft_tensor *t, deft_tensor **src) {
     case DEFT_OP_MASKED_FILL: return deft_masked_fill(src[0], src[1], t->p.scalar);
     case DEFT_OP_CROSS_ENTROPY: {
         const deft_cross_entropy_options o = deft_cross_entropy_options_of(t);
-        return deft_cross_entropy_ex(src[0], src[1], &o);
+        return deft_cross_entropy_as(src[0], src[1], &o, t->dtype);
     }
     case DEFT_OP_ATTENTION:
         return deft_attention(src[0], src[1], src[2],
                               &(deft_attention_options){.causal = t->p.attn.causal, .scale = t->p.attn.scale});
+    case DEFT_OP_LAYER_NORM:
+        return deft_layer_norm(src[0], t->p.ln.has_weight ? src[1] : NULL,
+                               t->p.ln.has_bias ? src[1 + t->p.ln.has_weight] : NULL, t->p.ln.eps);
     default: return t->nsrc == 1 ? deft_rebuild_unary(t, src[0]) : NULL;
     }
 }
@@ -202,7 +214,8 @@ static deft_tensor *deft_rebuild(const deft_tensor *t, deft_tensor **src) {
 static bool deft_rebuildable(deft_op op) {
     return op != DEFT_OP_ACT_GRAD && op != DEFT_OP_EXPAND && op != DEFT_OP_SLICE_GRAD &&
            op != DEFT_OP_CROSS_ENTROPY_GRAD && op != DEFT_OP_OPTIMIZER && op != DEFT_OP_ATTENTION_GRAD &&
-           op != DEFT_OP_INDEX_ORDER && op != DEFT_OP_EMBEDDING_GRAD && op != DEFT_OP_INDEX_SELECT_GRAD;
+           op != DEFT_OP_INDEX_ORDER && op != DEFT_OP_EMBEDDING_GRAD && op != DEFT_OP_INDEX_SELECT_GRAD &&
+           op != DEFT_OP_LAYER_NORM_GRAD && op != DEFT_OP_LAYER_NORM_WEIGHT_GRAD;
 }
 
 deft_tensor *deft_autocast_node(deft_autocast *ac, deft_tensor *t, deft_tensor **src) {

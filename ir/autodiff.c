@@ -88,10 +88,13 @@ static deft_status deft_backward_sweep(deft_tensor *loss, deft_tensor *seed, def
                               "backward: the loss %s does not depend on any parameter that requires a gradient",
                               loss->name);
     }
+    const int first = g->n_nodes;
     grads[last] = seed ? seed : deft_one_like(loss);
     deft_status s = DEFT_OK;
     for (int id = last; id >= 0 && g->first_error == DEFT_OK; id--) {
         deft_tensor *t = g->nodes[id];
+        /* Every consumer of node id has a higher id, so its gradient is complete here. */
+        grads[id] = deft_join_slice_grads(grads[id], first);
         if (!grads[id] || !reach[id] || deft_op_is_leaf(t->op)) continue;
         s = deft_grad_rule(t, grads[id], reach, grads);
         if (s != DEFT_OK) break;

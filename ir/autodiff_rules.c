@@ -173,7 +173,9 @@ static void deft_rule_attention(deft_tensor *t, deft_tensor *dy, const bool *rea
 }
 
 deft_status deft_grad_rule(deft_tensor *t, deft_tensor *dy, const bool *reach, deft_tensor **grads) {
-    if (deft_grad_rule_image(t, dy, reach, grads) || deft_grad_rule_gather(t, dy, reach, grads)) return DEFT_OK;
+    if (deft_grad_rule_image(t, dy, reach, grads) || deft_grad_rule_gather(t, dy, reach, grads) ||
+        deft_grad_rule_norm(t, dy, reach, grads))
+        return DEFT_OK;
     switch (t->op) {
     case DEFT_OP_ADD:
     case DEFT_OP_SUB:

@@ -14,6 +14,10 @@ deft_tensor *deft_slice_grad(deft_tensor *dy, const deft_tensor *slice);
 deft_tensor *deft_cross_entropy_grad(deft_tensor *dloss, deft_tensor *logits, deft_tensor *targets);
 /* The gradient of the loss node `loss` (DEFT_OP_CROSS_ENTROPY) for dloss: its sources and its options (p.ce). */
 deft_tensor *deft_cross_entropy_grad_for(deft_tensor *dloss, const deft_tensor *loss);
+/* deft_cross_entropy_ex with a loss of loss_dtype: the logits' or f32 (autocast's f32 loss of bf16 or f16 logits,
+ * which the kernels read as they are, computing as if they had been cast to f32). */
+deft_tensor *deft_cross_entropy_as(deft_tensor *logits, deft_tensor *targets, const deft_cross_entropy_options *o,
+                                   deft_dtype loss_dtype);
 /* The options a loss node was built with, for a rebuild (autocast) to build it again. */
 deft_cross_entropy_options deft_cross_entropy_options_of(const deft_tensor *loss);
 /* dq, dk and dv stacked ([3, B, H, T, D]) for attention node attn whose gradient is dout (ir/build_attention.c),
@@ -24,5 +28,13 @@ deft_tensor *deft_attention_grad_part(deft_tensor *grad, int which);
  * of an index_order node it builds over the index. */
 deft_tensor *deft_embedding_grad(deft_tensor *dy, const deft_tensor *embedding);
 deft_tensor *deft_index_select_grad(deft_tensor *dy, const deft_tensor *index_select);
+/* Layer norm's backward nodes (ir/build_layer_norm.c) for node ln whose gradient is dy: dx, and the sums [2, C] of
+ * dy * xhat (row 0: the weight's gradient) and of dy (row 1: the bias's), a row of which deft_layer_norm_sums_row
+ * views as [C]. ln's weight and bias, NULL when it has none. */
+deft_tensor *deft_layer_norm_input_grad(deft_tensor *dy, const deft_tensor *ln);
+deft_tensor *deft_layer_norm_grad_sums(deft_tensor *dy, const deft_tensor *ln);
+deft_tensor *deft_layer_norm_sums_row(deft_tensor *sums, int row);
+deft_tensor *deft_layer_norm_weight_of(const deft_tensor *ln);
+deft_tensor *deft_layer_norm_bias_of(const deft_tensor *ln);
 
 #endif

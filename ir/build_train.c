@@ -104,7 +104,8 @@ static void deft_ce_flatten(deft_tensor **l, deft_tensor **t) {
     }
 }
 
-deft_tensor *deft_cross_entropy_ex(deft_tensor *logits, deft_tensor *targets, const deft_cross_entropy_options *o) {
+deft_tensor *deft_cross_entropy_as(deft_tensor *logits, deft_tensor *targets, const deft_cross_entropy_options *o,
+                                   deft_dtype loss_dtype) {
     deft_tensor *srcs[2] = {logits, targets};
     deft_graph *g = deft_srcs_graph("cross_entropy", 2, srcs);
     if (!g) return NULL;
@@ -112,9 +113,14 @@ deft_tensor *deft_cross_entropy_ex(deft_tensor *logits, deft_tensor *targets, co
     if (!deft_check_ce_options(g, &opts)) return NULL;
     /* Flatten only once the dtypes are right, so a refused call adds no node. */
     if (!deft_require_float(g, "cross_entropy", logits->dtype)) return NULL;
+    if (loss_dtype != logits->dtype && loss_dtype != DEFT_F32) {
+        deft_graph_fail(g, DEFT_ERR_DTYPE, "cross_entropy: a %s loss from %s logits (the logits' dtype or f32)",
+                        deft_dtype_name(loss_dtype), deft_dtype_name(logits->dtype));
+        return NULL;
+    }
     if (targets->dtype == DEFT_I32) deft_ce_flatten(&srcs[0], &srcs[1]);
     if (!deft_check_ce(g, srcs[0], srcs[1])) return NULL;
-    deft_tensor *t = deft_node_new(g, DEFT_OP_CROSS_ENTROPY, logits->dtype, logits->device, 0, NULL, 2, srcs);
+    deft_tensor *t = deft_node_new(g, DEFT_OP_CROSS_ENTROPY, loss_dtype, logits->device, 0, NULL, 2, srcs);
     if (t) {
         t->p.ce.has_ignore = opts.use_ignore_index ? 1 : 0;
         t->p.ce.ignore_index = opts.use_ignore_index ? opts.ignore_index : 0;
@@ -122,6 +128,10 @@ deft_tensor *deft_cross_entropy_ex(deft_tensor *logits, deft_tensor *targets, co
         t->p.ce.reduction = (int)opts.reduction;
     }
     return t;
+}
+
+deft_tensor *deft_cross_entropy_ex(deft_tensor *logits, deft_tensor *targets, const deft_cross_entropy_options *o) {
+    return deft_cross_entropy_as(logits, targets, o, logits ? logits->dtype : DEFT_F32);
 }
 
 deft_tensor *deft_cross_entropy(deft_tensor *logits, deft_tensor *targets) {
@@ -139,6 +149,12 @@ deft_tensor *deft_cross_entropy_grad(deft_tensor *dloss, deft_tensor *logits, de
     deft_tensor *srcs[3] = {dloss, logits, targets};
     deft_graph *g = deft_srcs_graph("cross_entropy_grad", 3, srcs);
     if (!g || !deft_check_ce(g, logits, targets)) return NULL;
+    /* An f32 loss of low-precision logits (deft_cross_entropy_as) gives an f32 dloss beside them. */
+    if (dloss->dtype != logits->dtype && dloss->dtype != DEFT_F32) {
+        deft_graph_fail(g, DEFT_ERR_DTYPE, "cross_entropy_grad: a %s loss gradient for %s logits",
+                        deft_dtype_name(dloss->dtype), deft_dtype_name(logits->dtype));
+        return NULL;
+    }
     return deft_node_new(g, DEFT_OP_CROSS_ENTROPY_GRAD, logits->dtype, logits->device, 2, logits->shape, 3, srcs);
 }
 
@@ -177,38 +193,6 @@ deft_tensor *deft_dropout(deft_tensor *x, double p, uint64_t seed) {
         t->p.dropout.seed = seed;
     }
     return t;
-}
-
-static bool deft_check_affine(deft_graph *g, const deft_tensor *x, const deft_tensor *w, const char *what) {
-    if (!w) return true;
-    if (w->ndim == 1 && w->shape[0] == x->shape[x->ndim - 1] && w->dtype == x->dtype) return true;
-    char s[96];
-    deft_graph_fail(g, DEFT_ERR_SHAPE, "layer_norm: %s must be [%lld] of %s, got %s %s", what,
-                    (long long)x->shape[x->ndim - 1], deft_dtype_name(x->dtype),
-                    deft_shape_str(w->ndim, w->shape, s, sizeof s), deft_dtype_name(w->dtype));
-    return false;
-}
-
-/* Built from primitives, so autodiff differentiates it exactly; a fused kernel belongs with the CUDA work. */
-deft_tensor *deft_layer_norm(deft_tensor *x, deft_tensor *weight, deft_tensor *bias, double eps) {
-    deft_graph *g = deft_srcs_graph("layer_norm", 1, &x);
-    if (!g || !deft_require_float(g, "layer_norm", x->dtype)) return NULL;
-    if (x->ndim < 1) {
-        deft_graph_fail(g, DEFT_ERR_SHAPE, "layer_norm: the input has no dimension to normalise over");
-        return NULL;
-    }
-    if (!deft_check_affine(g, x, weight, "weight") || !deft_check_affine(g, x, bias, "bias")) return NULL;
-    if (!(eps >= 0.0)) {
-        deft_graph_fail(g, DEFT_ERR_INVALID, "layer_norm: eps %g must be >= 0", eps);
-        return NULL;
-    }
-    int last = -1;
-    deft_tensor *centred = deft_sub(x, deft_mean(x, 1, &last, 1));
-    deft_tensor *var = deft_mean(deft_mul(centred, centred), 1, &last, 1);
-    deft_tensor *y = deft_mul(centred, deft_rsqrt(deft_add_scalar(var, eps)));
-    if (weight) y = deft_mul(y, weight);
-    if (bias) y = deft_add(y, bias);
-    return y;
 }
 
 deft_tensor *deft_graph_find(const deft_graph *g, const char *name) {

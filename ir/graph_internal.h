@@ -110,6 +110,12 @@ typedef enum deft_op {
     DEFT_OP_INDEX_SELECT_GRAD,      /* src (dy, index, order); p.gather.axis; out the selected tensor's shape */
     DEFT_OP_WHERE,                  /* src (cond, a, b) broadcasting; cond any dtype (nonzero: true): a, else b */
     DEFT_OP_MASKED_FILL,            /* src (a, mask) (mask any dtype, broadcast to a); p.scalar where mask != 0 */
+    /* layer norm over the last dim (ir/build_layer_norm.c): p.ln. The forward node keeps each row's mean and
+     * 1 / sqrt(var + eps) past its value (deft_node_extra_bytes), which its backward nodes read */
+    DEFT_OP_LAYER_NORM,             /* src (x[, weight][, bias]); out x's shape */
+    DEFT_OP_LAYER_NORM_GRAD,        /* src (dy, x, ln[, weight]): dx, x's shape */
+    DEFT_OP_LAYER_NORM_WEIGHT_GRAD, /* src (dy, x, ln): out [2, C] = column sums of dy * xhat (the weight's gradient)
+                                     * and of dy (the bias's); its buffer holds the row blocks' partial sums past them */
     DEFT_OP_COUNT
 } deft_op;
 
@@ -150,6 +156,9 @@ typedef union deft_op_params {
     int perm[DEFT_MAX_DIMS];                                /* permute: out dim i = in dim perm[i] */
     struct { int axis; int64_t start, step; int is_view; } slice;   /* normalised: 0 <= start, step > 0 */
     int axis;                                               /* concat, softmax, log_softmax */
+    /* concat: axis aliases p.axis; add_zero: each element is stored as x + 0 in its dtype's arithmetic (-0 becomes
+     * +0), as the sum of zero-padded slice gradients it replaces gave (ir/autodiff_slices.c) */
+    struct { int axis; int add_zero; } concat;
     struct { uint32_t mask; int keepdim; } reduce;         /* bit i set: input axis i is reduced */
     deft_init init;                                         /* params */
     deft_op act;                                            /* act_grad: the activation */
@@ -171,6 +180,7 @@ typedef union deft_op_params {
     /* index_select and its gradient: the axis; index_order: rows (the index's range [0, rows)) and embedding (1
      * when it orders an embedding's ids, for the message naming a bad one) */
     struct { int axis; int embedding; int64_t rows; } gather;
+    struct { double eps; int has_weight, has_bias; } ln;  /* layer norm and its gradients */
 } deft_op_params;
 
 struct deft_tensor {
@@ -264,9 +274,48 @@ static inline size_t deft_node_extra_offset(const deft_tensor *t) {
 static inline int64_t deft_attention_rows(const deft_tensor *t) {
     return t->shape[t->ndim - 4] * t->shape[t->ndim - 3] * t->shape[t->ndim - 2];
 }
+/* Layer norm's rows: every element of x but its last dim's (x, dy or the forward node). Its forward node keeps the
+ * rows' means then their 1 / sqrt(var + eps) (f64 for f64, f32 otherwise); the weight gradient node keeps the partial
+ * sums of DEFT_LAYER_NORM_PARTS blocks of rows at most ([parts, 2, C]), which it adds up in a fixed order (no float
+ * atomics: the same bits every run). deft_layer_norm checks at build that these fit. */
+#define DEFT_LAYER_NORM_PARTS 64
+static inline int64_t deft_layer_norm_rows(const deft_tensor *x) {
+    int64_t r = 1;
+    for (int d = 0; d + 1 < x->ndim; d++) r *= x->shape[d];
+    return r;
+}
+static inline int64_t deft_layer_norm_parts(int64_t rows) {
+    return rows < 1 ? 1 : rows < DEFT_LAYER_NORM_PARTS ? rows : DEFT_LAYER_NORM_PARTS;
+}
+/* A sum, mean or max on a GPU with few outputs and long rows splits each output's row over `parts` blocks
+ * (ops/cuda/cuda_reduce.cu): their 8-byte partials (double; int64 for i32) sit past the value, and a second kernel
+ * adds each output's partials in a fixed order (the same bits every run). 0: no split. The rows are longer than a
+ * fused chain's reduction may be (ops/fused.h's DEFT_FUSED_MAX_REDUCE_NUMEL, 2^16), which sums in one block's
+ * order, so that a fused chain keeps the unfused bits (cuda_reduce.cu asserts it). No measurement recorded. */
+#define DEFT_REDUCE_SPLIT_MAX_OUTPUTS 64
+#define DEFT_REDUCE_SPLIT_MIN_LEN (((int64_t)1 << 16) + 1)
+#define DEFT_REDUCE_SPLIT_PART_LEN 8192   /* elements a part at least */
+#define DEFT_REDUCE_SPLIT_PARTIALS 1024   /* outputs x parts at most */
+static inline int64_t deft_reduce_split_parts(const deft_tensor *t) {
+    if ((t->op != DEFT_OP_SUM && t->op != DEFT_OP_MEAN && t->op != DEFT_OP_MAX) || t->device.type != DEFT_CUDA ||
+        t->nsrc < 1)
+        return 0;
+    const int64_t nout = deft_shape_numel(t->ndim, t->shape);
+    if (nout < 1 || nout > DEFT_REDUCE_SPLIT_MAX_OUTPUTS) return 0;
+    const int64_t len = deft_shape_numel(t->src[0]->ndim, t->src[0]->shape) / nout;
+    if (len < DEFT_REDUCE_SPLIT_MIN_LEN) return 0;
+    const int64_t by_len = len / DEFT_REDUCE_SPLIT_PART_LEN, cap = DEFT_REDUCE_SPLIT_PARTIALS / nout;
+    return by_len < cap ? by_len : cap;
+}
 static inline size_t deft_node_extra_bytes(const deft_tensor *t) {
+    const size_t esz = t->dtype == DEFT_F64 ? 8 : 4;
+    if (t->op == DEFT_OP_SUM || t->op == DEFT_OP_MEAN || t->op == DEFT_OP_MAX)
+        return (size_t)deft_reduce_split_parts(t) * (size_t)deft_shape_numel(t->ndim, t->shape) * 8;
+    if (t->op == DEFT_OP_LAYER_NORM) return 2 * (size_t)deft_layer_norm_rows(t) * esz;
+    if (t->op == DEFT_OP_LAYER_NORM_WEIGHT_GRAD)
+        return (size_t)deft_layer_norm_parts(deft_layer_norm_rows(t->src[0])) * 2 * (size_t)t->shape[1] * esz;
     if (t->op != DEFT_OP_ATTENTION && t->op != DEFT_OP_ATTENTION_GRAD) return 0;
-    return (size_t)deft_attention_rows(t) * (t->dtype == DEFT_F64 ? 8 : 4);
+    return (size_t)deft_attention_rows(t) * esz;
 }
 static inline size_t deft_node_buffer_bytes(const deft_tensor *t) {
     const size_t extra = deft_node_extra_bytes(t);

@@ -120,6 +120,10 @@ void deft_op_cost(const deft_tensor *t, double *flops, double *bytes) {
     case DEFT_OP_BATCH_NORM_WEIGHT_GRAD: *flops = 8.0 * in_elems; break;
     case DEFT_OP_ATTENTION:
     case DEFT_OP_ATTENTION_GRAD: *flops = deft_attention_flops(t); break;
+    /* layer norm: the moments, then a pass to apply; its gradients: two reductions per row and a pass to apply */
+    case DEFT_OP_LAYER_NORM: *flops = 6.0 * deft_numel_of(t); break;
+    case DEFT_OP_LAYER_NORM_GRAD:
+    case DEFT_OP_LAYER_NORM_WEIGHT_GRAD: *flops = 8.0 * deft_numel_of(t->src[0]); break;
     default: *flops = deft_per_element(t->op) * deft_numel_of(t); break;
     }
 }

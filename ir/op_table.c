@@ -77,6 +77,9 @@ static const deft_op_info deft_ops[DEFT_OP_COUNT] = {
     /* element i reads element i of a same-shape input (broadcast inputs are never taken over: schedule.c) */
     [DEFT_OP_WHERE] = {"where", DEFT_KIND_ELEMENTWISE},
     [DEFT_OP_MASKED_FILL] = {"masked_fill", DEFT_KIND_ELEMENTWISE},
+    [DEFT_OP_LAYER_NORM] = {"layer_norm", DEFT_KIND_OTHER, true},
+    [DEFT_OP_LAYER_NORM_GRAD] = {"layer_norm_grad", DEFT_KIND_OTHER, true},
+    [DEFT_OP_LAYER_NORM_WEIGHT_GRAD] = {"layer_norm_weight_grad", DEFT_KIND_OTHER, true},
 };
 
 const deft_op_info *deft_op_info_of(deft_op op) {

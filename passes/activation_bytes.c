@@ -30,16 +30,25 @@ static deft_status deft_mark_ancestors(const deft_tensor *t, int n, bool *mark) 
     return DEFT_OK;
 }
 
-/* The forward pass of p: the ancestors of every differentiated loss and of its autocast counterparts. */
+/* The forward pass of p: the ancestors of every differentiated loss, of the autocast counterparts of those and of
+ * the counterparts' casts to f32. A cast that the loss does not read (the f32 read-through of bf16 logits that a
+ * program outputs, now that cross-entropy reads the bf16 logits) is forward work too, not a reader after the forward
+ * pass. */
 static deft_status deft_forward_nodes(const deft_program *p, bool *fwd) {
     const deft_graph *g = p->graph;
     deft_status s = DEFT_OK;
     for (int c = 0; s == DEFT_OK && c < g->n_backward_calls; c++) {
         const deft_tensor *loss = g->backward_calls[c].loss;
         s = deft_mark_ancestors(loss, p->n_nodes, fwd);
-        for (const deft_autocast *ac = g->autocasts; s == DEFT_OK && ac; ac = ac->next)
-            if (loss->id < ac->n_user && ac->map[loss->id]) s = deft_mark_ancestors(ac->map[loss->id], p->n_nodes, fwd);
     }
+    for (const deft_autocast *ac = g->autocasts; s == DEFT_OK && ac; ac = ac->next)
+        for (int id = 0; s == DEFT_OK && id < ac->n_user && id < p->n_nodes; id++)
+            if (fwd[id] && ac->map[id]) {
+                const deft_tensor *m = ac->map[id];
+                s = deft_mark_ancestors(m, p->n_nodes, fwd);
+                if (s == DEFT_OK && m->id < ac->cap && ac->to_f32[m->id])
+                    s = deft_mark_ancestors(ac->to_f32[m->id], p->n_nodes, fwd);
+            }
     return s;
 }
 

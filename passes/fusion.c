@@ -2,11 +2,15 @@
  *
  *   matmul groups   a matmul and the bias add (and ReLU) after it, as one cuBLASLt call with an epilogue; or a
  *                   matmul and the sum over the rows of its second operand (a bias gradient), which cuBLASLt computes
- *                   while it reads that operand
+ *                   while it reads that operand. A linear layer on [B, T, C] takes part too: its product is one 2-d
+ *                   product over the stacked rows, and its weight gradient reads dy [B, T, N] flattened, whose sum over
+ *                   B and T is the bias gradient
  *   batches         products of one shape, each too small to fill the GPU, that nothing reads before the last of
  *                   them: an MLP's weight gradients, as one cuBLASLt call (passes/fusion_batch.c)
  *   batch norm      a normalisation and the add and ReLU after it (passes/fusion_norm.c); its backward nodes
  *                   and the ReLU gradient they read, masked on load (passes/fusion_norm_grad.c)
+ *   layer norm      a residual add and the layer norm reading it; layer norm's dx and the add of the residual
+ *                   gradient to it (passes/fusion_layer_norm.c)
  *   casts           the casts of parameters and constants to one dtype (autocast's weights), in one launch
  *                   (passes/fusion_casts.c)
  *   elementwise     a chain of same-shape elementwise nodes in f32, bf16 or f16, casts between them included
@@ -124,17 +128,19 @@ static bool deft_single_reader(const deft_fusion *f, int id, int reader) {
            f->cons[f->cons_start[id]] == reader;
 }
 
+/* A vector over the product's last dim: [N], or [1, ..., 1, N] of no more dims than the product. */
 static bool deft_is_bias_for(const deft_tensor *bias, const deft_tensor *mm) {
-    const int64_t n = mm->shape[1];
-    return bias->dtype == mm->dtype && ((bias->ndim == 1 && bias->shape[0] == n) ||
-                                        (bias->ndim == 2 && bias->shape[0] == 1 && bias->shape[1] == n));
+    const int64_t n = mm->shape[mm->ndim - 1];
+    return bias->dtype == mm->dtype && bias->ndim >= 1 && bias->ndim <= mm->ndim &&
+           bias->shape[bias->ndim - 1] == n && deft_shape_numel(bias->ndim, bias->shape) == n;
 }
 
 /* matmul -> add(bias) [-> relu]: the add (or relu) is the root. */
 static deft_status deft_fuse_bias(deft_fusion *f, int m) {
     const deft_tensor *mm = deft_node(f, m);
     const int c0 = f->cons_start[m];
-    if (!deft_single_reader(f, m, f->cons[c0])) return DEFT_OK;
+    /* A product read by nothing (an output, dx of a linear layer on [B, T, C]) has no cons[c0] to look at. */
+    if (f->cons_start[m + 1] - c0 != 1 || !deft_single_reader(f, m, f->cons[c0])) return DEFT_OK;
     const int a = f->cons[c0];
     const deft_tensor *add = deft_node(f, a);
     if (add->op != DEFT_OP_ADD || !deft_is_step(f, a) || f->group_of[a] >= 0 || !deft_same_shape(add, mm))
@@ -161,37 +167,53 @@ static deft_status deft_fuse_bias(deft_fusion *f, int m) {
     return DEFT_OK;
 }
 
-/* The sum over k of op(b)[k, n]: b [K, N] summed over axis 0, or b [N, K] (transposed) over axis 1. */
+/* Whether b is y [..., N] flattened to [rows, N] in place: the reshape view through which autodiff's weight gradient
+ * of a linear layer on [B, T, C] reads dy (ir/autodiff_rules.c). */
+static bool deft_flattens(const deft_tensor *b, const deft_tensor *y) {
+    return b->is_view && b->op == DEFT_OP_RESHAPE && b->view_offset == 0 && b->src[0] == y && b->ndim == 2 &&
+           y->ndim >= 2 && y->shape[y->ndim - 1] == b->shape[1];
+}
+
+/* The sum over k of op(b)[k, n]: b [K, N] summed over axis 0, or b [N, K] (transposed) over axis 1; or, b being y
+ * [..., N] flattened (untransposed), y summed over every axis but the last, the same sum. */
 bool deft_is_bias_grad_of(const deft_tensor *s, const deft_tensor *mm) {
-    const deft_tensor *b = mm->src[1];
-    if (s->op != DEFT_OP_SUM || s->src[0] != b || b->ndim != 2 || s->dtype != mm->dtype) return false;
-    const uint32_t axis = mm->p.matmul.trans_b ? 2u : 1u;
-    return s->p.reduce.mask == axis && deft_shape_numel(s->ndim, s->shape) == mm->shape[1];
+    const deft_tensor *b = mm->src[1], *y = s->src[0];
+    if (s->op != DEFT_OP_SUM || mm->ndim != 2 || b->ndim != 2 || s->dtype != mm->dtype ||
+        deft_shape_numel(s->ndim, s->shape) != mm->shape[1])
+        return false;
+    if (y == b) return s->p.reduce.mask == (mm->p.matmul.trans_b ? 2u : 1u);
+    return !mm->p.matmul.trans_b && deft_flattens(b, y) && s->p.reduce.mask == (1u << (y->ndim - 1)) - 1u;
+}
+
+int deft_find_bias_grad(const deft_fusion *f, int m) {
+    const deft_tensor *mm = deft_node(f, m), *b = mm->src[1];
+    const int reads[2] = {b->id, b->is_view && b->op == DEFT_OP_RESHAPE ? b->src[0]->id : -1};
+    for (int r = 0; r < 2 && reads[r] >= 0; r++)
+        for (int c = f->cons_start[reads[r]]; c < f->cons_start[reads[r] + 1]; c++) {
+            const int s = f->cons[c];
+            if (s != m && f->group_of[s] < 0 && deft_is_step(f, s) && deft_is_bias_grad_of(deft_node(f, s), mm))
+                return s;
+        }
+    return -1;
 }
 
 /* matmul + sum of its second operand's rows: whichever runs later is the root. */
 static deft_status deft_fuse_bias_grad(deft_fusion *f, int m) {
     const deft_tensor *mm = deft_node(f, m);
-    const int b = mm->src[1]->id;
-    for (int c = f->cons_start[b]; c < f->cons_start[b + 1]; c++) {
-        const int s = f->cons[c];
-        if (s == m || f->group_of[s] >= 0 || !deft_is_step(f, s) || !deft_is_bias_grad_of(deft_node(f, s), mm))
-            continue;
-        if (!deft_cuda_matmul_fusable(mm, DEFT_MM_EPI_BGRAD_B, f->p->cuda_flags)) return DEFT_OK;
-        deft_group *g = deft_group_add(f, DEFT_GROUP_MATMUL);
-        if (!g) return deft_set_error(DEFT_ERR_OOM, "compile: out of host memory");
-        const int gi = f->p->n_groups - 1;
-        g->matmul = m;
-        g->epilogue = DEFT_MM_EPI_BGRAD_B;
-        deft_group_join(f, gi, m < s ? m : s);
-        deft_group_join(f, gi, m < s ? s : m);
-        const int at = f->pos[m] > f->pos[s] ? f->pos[m] : f->pos[s];
-        if (!deft_readers_after(f, gi, -1, at)) {   /* a reader of the earlier one runs before the later one */
-            f->group_of[m] = f->group_of[s] = -1;
-            free(g->members);
-            f->p->n_groups--;
-        }
-        return DEFT_OK;
+    const int s = deft_find_bias_grad(f, m);
+    if (s < 0 || !deft_cuda_matmul_fusable(mm, DEFT_MM_EPI_BGRAD_B, f->p->cuda_flags)) return DEFT_OK;
+    deft_group *g = deft_group_add(f, DEFT_GROUP_MATMUL);
+    if (!g) return deft_set_error(DEFT_ERR_OOM, "compile: out of host memory");
+    const int gi = f->p->n_groups - 1;
+    g->matmul = m;
+    g->epilogue = DEFT_MM_EPI_BGRAD_B;
+    deft_group_join(f, gi, m < s ? m : s);
+    deft_group_join(f, gi, m < s ? s : m);
+    const int at = f->pos[m] > f->pos[s] ? f->pos[m] : f->pos[s];
+    if (!deft_readers_after(f, gi, -1, at)) {   /* a reader of the earlier one runs before the later one */
+        f->group_of[m] = f->group_of[s] = -1;
+        free(g->members);
+        f->p->n_groups--;
     }
     return DEFT_OK;
 }
@@ -200,7 +222,7 @@ static deft_status deft_fuse_matmuls(deft_fusion *f) {
     for (int i = 0; i < f->p->n_steps; i++) {
         const int m = f->p->steps[i];
         const deft_tensor *mm = deft_node(f, m);
-        if (mm->op != DEFT_OP_MATMUL || mm->device.type != DEFT_CUDA || mm->ndim != 2 || f->group_of[m] >= 0)
+        if (mm->op != DEFT_OP_MATMUL || mm->device.type != DEFT_CUDA || f->group_of[m] >= 0)
             continue;
         deft_status s = deft_fuse_bias(f, m);
         if (s == DEFT_OK && f->group_of[m] < 0) s = deft_fuse_bias_grad(f, m);
@@ -471,6 +493,7 @@ deft_status deft_program_fuse(deft_program *p) {
     if (s == DEFT_OK) s = deft_fuse_matmuls(&f);
     if (s == DEFT_OK) s = deft_fuse_norm_epilogues(&f);
     if (s == DEFT_OK) s = deft_fuse_norm_grads(&f);
+    if (s == DEFT_OK) s = deft_fuse_layer_norms(&f);
     if (s == DEFT_OK) s = deft_fuse_leaf_casts(&f);
     if (s == DEFT_OK) s = deft_fuse_elementwise(&f);
     if (s == DEFT_OK) s = deft_fusion_commit(&f);

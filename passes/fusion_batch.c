@@ -42,13 +42,7 @@ static bool deft_batch_candidate(const deft_fusion *f, int m) {
 static int deft_batch_bias_grad(const deft_fusion *f, int m) {
     const deft_tensor *mm = deft_batch_node(f, m);
     if (!deft_cuda_matmul_fusable(mm, DEFT_MM_EPI_BGRAD_B, f->p->cuda_flags)) return -1;
-    const int b = mm->src[1]->id;
-    for (int c = f->cons_start[b]; c < f->cons_start[b + 1]; c++) {
-        const int s = f->cons[c];
-        if (s != m && f->group_of[s] < 0 && deft_is_step(f, s) && deft_is_bias_grad_of(deft_batch_node(f, s), mm))
-            return s;
-    }
-    return -1;
+    return deft_find_bias_grad(f, m);
 }
 
 /* Whether every reader of node u comes after step `at`. */

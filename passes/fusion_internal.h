@@ -27,6 +27,9 @@ bool deft_readers_after(const deft_fusion *f, int gi, int joining, int at);
 
 /* Whether s is the sum over k of op(b)[k, n] for matmul mm's b (a bias gradient its epilogue can compute). */
 bool deft_is_bias_grad_of(const deft_tensor *s, const deft_tensor *mm);
+/* The bias gradient of product m that no group holds yet (a step reading m's b, or the tensor b flattens), -1 if
+ * none (CUDA builds only). */
+int deft_find_bias_grad(const deft_fusion *f, int m);
 
 /* Batches of products of one shape (passes/fusion_batch.c), formed first, from the products free then. */
 deft_status deft_fuse_product_batches(deft_fusion *f);
@@ -36,6 +39,10 @@ deft_status deft_fuse_norm_epilogues(deft_fusion *f);
 
 /* Batch norm's backward nodes with the ReLU gradient they read folded in (passes/fusion_norm_grad.c). */
 deft_status deft_fuse_norm_grads(deft_fusion *f);
+
+/* Layer norm with the residual add before it, and its dx with the add of the residual gradient after it
+ * (passes/fusion_layer_norm.c). */
+deft_status deft_fuse_layer_norms(deft_fusion *f);
 
 /* Groups of casts of parameters and constants (passes/fusion_casts.c). */
 deft_status deft_fuse_leaf_casts(deft_fusion *f);

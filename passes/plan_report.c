@@ -41,6 +41,24 @@ void deft_program_node_plan(const deft_program *p, const deft_tensor *t, deft_no
     out->buffer = s->buffer;
 }
 
+static size_t deft_workspaces_used(const deft_program *p, deft_device d);
+
+/* The scratch over every GPU the program touches (each counted once). */
+static size_t deft_program_workspace_bytes(const deft_program *p) {
+    int seen[DEFT_MAX_ARENAS], n = 0;
+    size_t sum = 0;
+    for (int id = 0; p->nodes && id < p->n_nodes; id++) {
+        const deft_device d = p->graph->nodes[id]->device;
+        if (!p->nodes[id].needed || d.type != DEFT_CUDA) continue;
+        bool dup = false;
+        for (int i = 0; i < n; i++) dup = dup || seen[i] == d.index;
+        if (dup || n == DEFT_MAX_ARENAS) continue;
+        seen[n++] = d.index;
+        sum += deft_workspaces_used(p, d);
+    }
+    return sum;
+}
+
 deft_status deft_program_memory(const deft_program *p, deft_memory_report *out) {
     if (!p || !out) return deft_set_error(DEFT_ERR_INVALID, "program_memory: NULL argument");
     *out = (deft_memory_report){0};
@@ -51,6 +69,7 @@ deft_status deft_program_memory(const deft_program *p, deft_memory_report *out) 
     }
     out->persistent_bytes = p->persistent_bytes;
     for (int b = 0; b < p->n_buffers; b++) out->buffers += p->buffers[b].merged_into < 0;
+    out->workspace_bytes = deft_program_workspace_bytes(p);
     return DEFT_OK;
 }
 
@@ -160,11 +179,17 @@ static int deft_footprint_slot(deft_device_footprint *fp, int *n, int max, deft_
     return (*n)++;
 }
 
-/* The scratch of the program's streams on d (mem/cuda_workspace.cu): on the main stream cuBLAS's if it
+/* The scratch of the program's streams on d (mem/cuda_workspace.cu). Once it has run, what they hold: what the
+ * algorithms chosen for its steps asked for. Before, the most they may hold: on the main stream cuBLAS's cap if it
  * multiplies matrices there, cuDNN's if it convolves, batch norm's if it sums per channel (batch statistics, gradient
- * sums); on the side lane (passes/side_lane.h) the smaller cuBLAS and cuDNN scratch, as its steps need them. */
+ * sums); on the side lane (passes/side_lane.h) the smaller caps, as its steps need them. */
 static size_t deft_workspaces_used(const deft_program *p, deft_device d) {
     if (d.type != DEFT_CUDA || !deft_has_cuda_build()) return 0;
+    if (p->workspace_noted) {
+        for (int i = 0; i < p->n_workspace; i++)
+            if (p->workspace_device[i] == d.index) return p->workspace_bytes[i];
+        return 0;
+    }
     bool cublas[2] = {false, false}, cudnn[2] = {false, false}, norm = false;
     for (int id = 0; id < p->n_nodes; id++) {   /* every node, as a product may be a fused group's member */
         const deft_tensor *t = p->graph->nodes[id];

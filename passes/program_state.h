@@ -51,7 +51,9 @@ typedef enum deft_group_kind {
     DEFT_GROUP_NORM,          /* a batch norm and the add and ReLU after it: passes/fusion_norm.c */
     DEFT_GROUP_CASTS,         /* casts of parameters, run together at the first one's step: passes/fusion_casts.c */
     DEFT_GROUP_NORM_GRAD,     /* batch norm's backward reading a ReLU's gradient masked: passes/fusion_norm_grad.c */
-    DEFT_GROUP_MATMUL_BATCH   /* products of one shape (and their bias gradients) as one call: passes/fusion_batch.c */
+    DEFT_GROUP_MATMUL_BATCH,  /* products of one shape (and their bias gradients) as one call: passes/fusion_batch.c */
+    DEFT_GROUP_LN_ADD,        /* a residual add and the layer norm reading it: passes/fusion_layer_norm.c */
+    DEFT_GROUP_LN_GRAD_ADD    /* layer norm's dx and the add of the residual stream's gradient to it: the same */
 } deft_group_kind;
 
 typedef struct deft_group {
@@ -70,6 +72,8 @@ typedef struct deft_group {
     int norm, residual;       /* norm: the batch norm node; the node its output is added to (-1 if none) */
     int relu;                 /* norm: 1 when a ReLU ends the group */
     int mask;                 /* norm_grad: the ReLU's gradient (DEFT_OP_ACT_GRAD) that is never stored */
+    int add, cast;            /* ln_add: the add (its value is x) and the cast to f32 of one of its operands folded in
+                               * (-1 if none); ln_grad_add: the add, and norm the dx node */
 } deft_group;
 
 struct deft_program {
@@ -102,6 +106,13 @@ struct deft_program {
     struct deft_ddp *ddp;             /* data parallel: the replica's gradient buckets (dist/dist_program.c) */
     int *alias;           /* autocast: per node id, the node whose value reading it gives (its counterpart for the
                            * outputs asked for, itself elsewhere); NULL without autocast (autocast_program.c) */
+    /* The library scratch (cuBLAS, cuDNN, batch norm's) its streams hold on each GPU, noted by the runtime after every
+     * run (runtime/program_graph.c): what the algorithms chosen for its steps asked for (mem/cuda_workspace.h).
+     * Before the first run nothing is noted, and the reports count each scratch at its cap (passes/plan_report.c). */
+    bool workspace_noted;
+    int n_workspace;
+    int workspace_device[DEFT_MAX_ARENAS];     /* CUDA device indices */
+    size_t workspace_bytes[DEFT_MAX_ARENAS];
 };
 
 /* The node whose storage node id's value lives in (itself unless a view), and the byte offset in it (may be NULL). */

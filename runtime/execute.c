@@ -133,6 +133,7 @@ static deft_status deft_program_run_with(deft_program *p, deft_trace *tr) {
         s = deft_prefetch_before_run(p);
         if (s == DEFT_OK) s = tr ? deft_run_steps_with(p, tr) : deft_program_gpu_run(p, deft_run_steps);
         if (s == DEFT_OK) s = deft_prefetch_after_run(p);
+        deft_program_gpu_note_workspaces(p);   /* a failed run may have grown some scratch too */
     } else {
         s = deft_run_steps_with(p, tr);
         for (int a = 0; s == DEFT_OK && a < p->n_arenas; a++) s = deft_device_synchronize(p->arenas[a].device);

@@ -84,6 +84,32 @@ static deft_status deft_run_norm_grad(deft_program *p, const deft_group *g, void
     return s;
 }
 
+/* The add's operands (the cast's source in place of the cast), its value s when stored, the layer norm's other
+ * sources as its own step passes them. */
+static deft_status deft_run_ln_add(deft_program *p, const deft_group *g, void *stream) {
+    const deft_tensor *ln = p->graph->nodes[g->norm], *add = p->graph->nodes[g->add];
+    const void *in[3] = {NULL, NULL, NULL};   /* x (unread), weight, bias */
+    for (int k = 1; k < ln->nsrc && k < 3; k++) in[k] = deft_program_data(p, ln->src[k]->id);
+    const deft_tensor *a = add->src[0], *b = add->src[1];
+    if (g->cast >= 0 && a->id == g->cast) {   /* the cast read through its source, as b (a + b == b + a) */
+        a = add->src[1];
+        b = add->src[0];
+    }
+    const deft_tensor *bsrc = g->cast >= 0 ? b->src[0] : b;
+    void *s = p->nodes[g->add].buffer >= 0 ? deft_program_data(p, g->add) : NULL;
+    return deft_cuda_layer_norm_add(ln, deft_program_data(p, g->norm), s, deft_program_data(p, a->id),
+                                    deft_program_data(p, bsrc->id), bsrc->dtype, in, stream);
+}
+
+/* dx computed from its sources and added to the residual gradient, stored as the add's value. */
+static deft_status deft_run_ln_grad_add(deft_program *p, const deft_group *g, void *stream) {
+    const deft_tensor *dx = p->graph->nodes[g->norm];
+    const void *in[4];
+    for (int k = 0; k < dx->nsrc && k < 4; k++) in[k] = deft_program_data(p, dx->src[k]->id);
+    return deft_cuda_layer_norm_grad_add(dx, deft_program_data(p, g->add), in, deft_program_data(p, g->residual),
+                                         stream);
+}
+
 static deft_status deft_run_casts(deft_program *p, const deft_group *g, void *stream) {
     const deft_tensor *casts[DEFT_CASTS_MAX];
     void *out[DEFT_CASTS_MAX];
@@ -109,6 +135,8 @@ deft_status deft_group_run(deft_program *p, const deft_group *g, void *stream) {
     case DEFT_GROUP_CASTS: return deft_run_casts(p, g, stream);
     case DEFT_GROUP_NORM_GRAD: return deft_run_norm_grad(p, g, stream);
     case DEFT_GROUP_MATMUL_BATCH: return deft_run_matmul_batch(p, g, stream);
+    case DEFT_GROUP_LN_ADD: return deft_run_ln_add(p, g, stream);
+    case DEFT_GROUP_LN_GRAD_ADD: return deft_run_ln_grad_add(p, g, stream);
     default: return deft_run_matmul(p, g, stream);
     }
 #else

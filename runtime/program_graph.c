@@ -154,6 +154,30 @@ deft_status deft_program_gpu_run(deft_program *p, deft_status (*run_steps)(deft_
     return run_steps(p, g->stream);
 }
 
+size_t deft_program_gpu_workspace(const deft_program *p, int device, int asked) {
+    const deft_lanes *L = &p->gpu->lanes;
+    size_t sum = 0;
+    for (int i = 0; i < L->n; i++)   /* the side lane is a lane of its own, on lane 0's GPU */
+        if (L->device[i] == device && L->stream[i])
+            sum += deft_cuda_stream_workspace_bytes(device, L->stream[i], asked);
+    return sum;
+}
+
+/* After a run rather than at compile: the algorithms are chosen by the first (eager) run, which grows the scratch to
+ * what they ask for before any capture (mem/cuda_workspace.cu). */
+void deft_program_gpu_note_workspaces(deft_program *p) {
+    const deft_lanes *L = &p->gpu->lanes;
+    p->n_workspace = 0;
+    for (int i = 0; i < L->n && p->n_workspace < DEFT_MAX_ARENAS; i++) {
+        int seen = 0;
+        for (int j = 0; j < i; j++) seen = seen || L->device[j] == L->device[i];
+        if (seen) continue;
+        p->workspace_device[p->n_workspace] = L->device[i];
+        p->workspace_bytes[p->n_workspace++] = deft_program_gpu_workspace(p, L->device[i], 0);
+    }
+    p->workspace_noted = true;
+}
+
 int64_t deft_program_graph_replays(const deft_program *p) { return p ? p->gpu->replays : 0; }
 
 const char *deft_program_graph_status(const deft_program *p) {

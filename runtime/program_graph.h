@@ -47,7 +47,7 @@ void deft_program_gpu_free(struct deft_program *p);
 deft_status deft_program_gpu_run(struct deft_program *p, deft_status (*run_steps)(struct deft_program *, void *));
 
 /* ---- the CUDA calls (runtime/program_graph_cuda.c; without CUDA, program_graph_nocuda.c answers DEFT_ERR_NO_CUDA) ---- */
-/* side: the stream of a side lane (passes/side_lane.h), whose cuDNN and cuBLAS scratch are the smaller
+/* side: the stream of a side lane (passes/side_lane.h), whose cuDNN and cuBLAS scratch have the smaller caps
  * DEFT_CUDNN_SIDE_WORKSPACE_BYTES and DEFT_CUBLAS_SIDE_WORKSPACE_BYTES (mem/cuda_workspace.h). */
 deft_status deft_cuda_stream_create(int device, int side, void **stream);
 void deft_cuda_stream_destroy(int device, void *stream);
@@ -57,6 +57,13 @@ deft_status deft_cuda_capture_end(int device, void *stream, void **graph, void *
 deft_status deft_cuda_graph_launch(int device, void *exec, void *stream);
 void deft_cuda_graph_destroy(int device, void *graph, void *exec);
 deft_status deft_cuda_stream_sync(int device, void *stream);
+/* The bytes of library scratch the stream holds (asked = 0) or the largest its chosen algorithms asked for (1), over
+ * cuBLAS's, cuDNN's and batch norm's (mem/cuda_workspace.h); 0 without CUDA. */
+size_t deft_cuda_stream_workspace_bytes(int device, void *stream, int asked);
+/* Notes in p what its streams' scratch holds per GPU (p->workspace_bytes), after a run. */
+void deft_program_gpu_note_workspaces(struct deft_program *p);
+/* Of every stream of p, the scratch held (asked = 0) or asked for (1) on cuda:device; for the tests. */
+size_t deft_program_gpu_workspace(const struct deft_program *p, int device, int asked);
 /* Lets `device` reach `peer`'s memory when cudaDeviceCanAccessPeer says it can. Where it cannot, or enabling is
  * refused, copies between the two are staged by the driver: only a failure to ask is an error. */
 deft_status deft_cuda_peer_enable(int device, int peer);

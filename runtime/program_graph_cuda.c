@@ -88,6 +88,14 @@ deft_status deft_cuda_stream_sync(int device, void *stream) {
     return e == cudaSuccess ? DEFT_OK : deft_cuda_graph_error(e, "cudaStreamSynchronize", device);
 }
 
+size_t deft_cuda_stream_workspace_bytes(int device, void *stream, int asked) {
+    size_t sum = 0;
+    for (int k = 0; k < DEFT_WORKSPACE_KINDS; k++)
+        sum += asked ? deft_stream_workspace_asked(device, stream, (deft_workspace_kind)k)
+                     : deft_stream_workspace_held(device, stream, (deft_workspace_kind)k);
+    return sum;
+}
+
 deft_status deft_cuda_peer_enable(int device, int peer) {
     int can = 0;
     cudaError_t e = cudaDeviceCanAccessPeer(&can, device, peer);

@@ -6,6 +6,8 @@
 
 #include "deft.h"
 
+#include <stdbool.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -69,9 +71,18 @@ deft_tensor *deft_testing_act_grad(const char *act, deft_tensor *dy, deft_tensor
 deft_tensor *deft_expand(deft_tensor *a, int ndim, const int64_t *shape);
 deft_tensor *deft_slice_grad(deft_tensor *dy, const deft_tensor *slice);
 deft_tensor *deft_cross_entropy_grad(deft_tensor *dloss, deft_tensor *logits, deft_tensor *targets);
+/* cross-entropy with a loss of loss_dtype (the logits' or f32), as autocast builds it (ir/build_train.c) */
+deft_tensor *deft_cross_entropy_as(deft_tensor *logits, deft_tensor *targets, const deft_cross_entropy_options *o,
+                                   deft_dtype loss_dtype);
 deft_tensor *deft_conv2d_input_grad(deft_tensor *dy, const deft_tensor *conv);
 deft_tensor *deft_conv2d_weight_grad(deft_tensor *dy, const deft_tensor *conv);
 deft_tensor *deft_pool2d_grad(deft_tensor *dy, const deft_tensor *pool);
+/* attention's gradient node (dq, dk, dv stacked) of the attention node attn, for its output gradient dout */
+deft_tensor *deft_attention_grad(deft_tensor *dout, const deft_tensor *attn);
+/* Where node t's per-row statistics (attention's log-sum-exp, its gradient's scratch) start in its buffer, in bytes,
+ * and the buffer's whole size (testing_kernels.c). */
+size_t deft_testing_node_extra_offset(const deft_tensor *t);
+size_t deft_testing_node_buffer_bytes(const deft_tensor *t);
 
 /* ---- random numbers: value i of stream seed, as every creation kernel draws it (testing_graph.c) ---- */
 double deft_testing_rng_uniform01(uint64_t seed, uint64_t i);
@@ -240,6 +251,16 @@ deft_status deft_prefetch_cuda_copy_stream(int device, void **stream);
 #define DEFT_CUBLAS_WORKSPACE_BYTES ((size_t)32 << 20)
 #define DEFT_CUDNN_WORKSPACE_BYTES ((size_t)64 << 20)
 #define DEFT_CUBLAS_SIDE_WORKSPACE_BYTES ((size_t)4 << 20)
+#define DEFT_CUDNN_SIDE_WORKSPACE_BYTES ((size_t)16 << 20)
+/* The caps above bound a stream's cuBLAS and cuDNN scratch, which holds what the algorithms chosen on it asked for
+ * (mem/cuda_workspace.h). A plain cuBLAS call (f64 products, DEFT_DEBUG_MATMUL_REFERENCE) asks for cuBLAS's
+ * recommendation on cuda:device, cut to the stream's cap: 32 MiB from compute capability 9 on, 4 MiB before; 0
+ * without CUDA. */
+size_t deft_testing_cublas_floor(int device);
+/* Of every stream of p on cuda:device (its main stream, and its side lane's), the library scratch held now (asked =
+ * 0), or the largest each kind's chosen algorithms asked for outside a capture (asked = 1), summed over cuBLAS's,
+ * cuDNN's and batch norm's; 0 before the first run and without CUDA. */
+size_t deft_testing_program_workspace(const deft_program *p, int device, int asked);
 #define DEFT_MM_BATCH_MAX 12
 /* Runs node n with device pointers, enqueued on `stream` (a cudaStream_t); flags: DEFT_CUDA_ALLOW_TF32. */
 deft_status deft_cuda_run_node(const deft_tensor *n, void *out, const void *const *in, void *stream, unsigned flags);
@@ -248,6 +269,17 @@ void deft_cuda_fail_next_launch(int cuda_error);
 /* Gives back the library scratch (cuBLAS, cuDNN) that kernels run on a stream the test made took for it: call it
  * before destroying the stream, as programs do for theirs (CUDA builds only). */
 void deft_stream_workspaces_release(int dev, void *stream);
+/* cuDNN's fused attention (ops/cuda/cuda_kernels.h says what each does; CUDA builds only). st is a cudaStream_t. */
+#define DEFT_CUDA_DETERMINISTIC 2u
+#define DEFT_CUDNN_ATTENTION_REFUSED DEFT_ERR_DEVICE
+struct CUstream_st;
+bool deft_cudnn_attention_usable(const deft_tensor *n);
+deft_status deft_cudnn_attention(const deft_tensor *n, void *out, const void *const *in, struct CUstream_st *st);
+deft_status deft_cudnn_attention_flags(const deft_tensor *n, void *out, const void *const *in, struct CUstream_st *st,
+                                       unsigned flags);
+int deft_cudnn_attention_describe(const deft_tensor *n, unsigned flags, char *buf, size_t cap);
+void deft_cudnn_attention_release(int dev);
+deft_status deft_cuda_attention_own(const deft_tensor *n, void *out, const void *const *in, struct CUstream_st *st);
 /* Matmuls with a cuBLASLt epilogue. */
 #define DEFT_TESTING_MM_NONE 0
 #define DEFT_TESTING_MM_BIAS 1        /* out[m, n] = (a b)[m, n] + bias[n] */
@@ -283,6 +315,11 @@ deft_status deft_testing_fused_relu(deft_dtype input_dtype, int64_t numel);
  *   FUSED_REFERENCE    1: fused elementwise chains run one element per thread, never vectorised
  *   CONV_GEMM_PLAIN    nonzero: the im2col of convolutions as products takes its plain kernel
  *   CONV_GEMM_ROWS     > 0: convolutions as products cut their rows into chunks of at most this many
+ *   ATTENTION_KERNEL   attention on a GPU: 0 the fastest that takes it, 1 the plain kernels, 2 deft's tensor-core
+ *                      kernels, 3 cuDNN's fused attention (2 and 3 fall back to the plain kernels where they refuse)
+ *   SHAPE_REFERENCE    1: permutes, strided slices and concats on a GPU copy one element per thread (no row copies)
+ *   SLICE_GRAD_ADDS    1: backward sums the zero-padded gradients of slices of one tensor, as it did before it
+ *                      joined them into one concat (read when deft_backward runs)
  * DEFT_ERR_INVALID for a name that is no knob. */
 deft_status deft_testing_set_debug(const char *name, int64_t value);
 /* The knob's value now (0 for a name that is no knob). */

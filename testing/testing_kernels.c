@@ -14,6 +14,9 @@ _Static_assert(DEFT_TESTING_MM_NONE == DEFT_MM_EPI_NONE && DEFT_TESTING_MM_BIAS 
                    DEFT_TESTING_MM_BIAS_RELU == DEFT_MM_EPI_BIAS_RELU && DEFT_TESTING_MM_BGRAD_B == DEFT_MM_EPI_BGRAD_B,
                "deft_testing.h's epilogue kinds follow ops/cuda/cuda_matmul.h");
 
+size_t deft_testing_node_extra_offset(const deft_tensor *t) { return deft_node_extra_offset(t); }
+size_t deft_testing_node_buffer_bytes(const deft_tensor *t) { return deft_node_buffer_bytes(t); }
+
 #ifdef DEFT_HAVE_CUDA
 
 int deft_testing_matmul_fusable(const deft_tensor *mm, int kind, unsigned flags) {
@@ -53,7 +56,14 @@ deft_status deft_testing_fused_relu(deft_dtype input_dtype, int64_t numel) {
     return deft_cuda_fused_run(&k, out, in, NULL);
 }
 
+size_t deft_testing_cublas_floor(int device) { return deft_cuda_cublas_floor(device); }
+
 #else
+
+size_t deft_testing_cublas_floor(int device) {
+    (void)device;
+    return 0;
+}
 
 static deft_status deft_testing_no_cuda(const char *what) {
     return deft_set_error(DEFT_ERR_NO_CUDA, "%s: built without CUDA", what);

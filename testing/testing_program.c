@@ -9,6 +9,7 @@
 #include "grad_buckets.h"
 #include "optimizer.h"
 #include "optimizer_split.h"
+#include "program_graph.h"
 #include "program_state.h"
 
 _Static_assert(DEFT_TESTING_PLACE_NONE == DEFT_PLACE_NONE && DEFT_TESTING_PLACE_PERSISTENT == DEFT_PLACE_PERSISTENT &&
@@ -30,6 +31,8 @@ static const char *deft_testing_group_kind(deft_group_kind kind) {
     case DEFT_GROUP_CASTS: return "casts";
     case DEFT_GROUP_NORM_GRAD: return "norm_grad";
     case DEFT_GROUP_MATMUL_BATCH: return "matmul_batch";
+    case DEFT_GROUP_LN_ADD: return "ln_add";
+    case DEFT_GROUP_LN_GRAD_ADD: return "ln_grad_add";
     }
     return "unknown";
 }
@@ -150,4 +153,8 @@ int deft_program_batched_products(const deft_program *p) {
             n += p->graph->nodes[g->members[m]]->op == DEFT_OP_MATMUL;
     }
     return n;
+}
+
+size_t deft_testing_program_workspace(const deft_program *p, int device, int asked) {
+    return p ? deft_program_gpu_workspace(p, device, asked) : 0;
 }

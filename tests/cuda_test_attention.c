@@ -1,15 +1,19 @@
-/* deft_attention on cuda:0 (ops/cuda/cuda_attention.cu) against the plain reference that materialises the T x T
+/* deft_attention on cuda:0 (ops/cuda/cuda_attention.cu, cuda_attention_mma.cu) against the plain reference that materialises the T x T
  * probabilities in double (tests/attention_ref.h): the output and dq, dk, dv of loss = sum(out * r), causal and
  * not, T = 1, T off the kernels' tiles (16 query rows forward, 8 backward, 32 keys) and T = 1000, D = 5, 64 and 128.
  * Tolerances, as the largest error over the largest reference magnitude (at least 0.01):
  *   f32                   1e-4   (float products and sums; the log-sum-exp saved in f32)
  *   bf16 under autocast   3e-2   (q, k, v and the output gradient cast to bf16, each result rounded to bf16 once)
  *   f16 (f16 parameters)  5e-3
+ * The f16 and bf16 cases run on each kernel (debug knob ATTENTION_KERNEL: 1 deft's plain ones, 2 its tensor-core
+ * ones, which take head sizes 32, 64, 96 and 128 and leave the others to the plain kernels; their tiles are 64 rows,
+ * so T = 1, 33, 37, 45, 77, 130 and 1000 end off a tile; 3 cuDNN's fused attention, where it takes the shape).
  * Inputs are rounded to the dtype first, so that the reference sees exactly what the kernels see. Also: the backward
  * is deterministic (two runs, the same bits), f64 on a GPU is refused at compile naming the op, and the plan of a
  * causal step at T = 1024 holds no T x T buffer. Skips (exit 77) where no GPU works; DEFT_TEST_GPU_AS_CPU=1 runs it
  * on the CPU's kernel instead. */
 #include "check.h"
+#include "deft_testing.h"
 #include "ref.h"
 #include "attention_ref.h"
 #include "attention_run.h"
@@ -60,7 +64,11 @@ static void test_f32(void) {
         }
 }
 
+/* The halves' kernel the cases run on (1 plain, 2 tensor cores), for the messages. */
+static int64_t kernel_now(void) { return deft_testing_debug("ATTENTION_KERNEL"); }
+
 static void test_bf16_autocast(void) {
+    fprintf(stderr, "bf16 autocast, attention kernel %lld\n", (long long)kernel_now());
     for (size_t i = 0; i < N_SHAPES; i++)
         for (int causal = 0; causal < 2; causal++) {
             if (shapes[i].t == 1000 && shapes[i].d == 128 && !causal) continue;   /* time: the other T = 1000 do */
@@ -72,21 +80,24 @@ static void test_bf16_autocast(void) {
 }
 
 static void test_f16(void) {
-    const att_shape f16_shapes[] = {{2, 2, 45, 64, 1, 0}, {1, 1, 1, 128, 0, 0}, {1, 1, 130, 128, 0, 0}};
-    for (size_t i = 0; i < 3; i++) {
+    const att_shape f16_shapes[] = {{2, 2, 45, 64, 1, 0}, {1, 1, 1, 128, 0, 0}, {1, 1, 130, 128, 0, 0},
+                                    {2, 3, 200, 96, 1, 0}, {1, 2, 129, 32, 1, 0.3}};
+    fprintf(stderr, "f16, attention kernel %lld\n", (long long)kernel_now());
+    for (size_t i = 0; i < 5; i++) {
         att_result r = gpu_case(&f16_shapes[i], DEFT_F16, 0, 5e-3);
         att_result_free(&r);
     }
 }
 
-/* dq is summed per query tile and dk, dv per key tile, never with atomics: two runs give the same bits. */
+/* Under the compile option `deterministic` (deft's kernels: always) dq is summed per query tile and dk, dv per key
+ * tile, never with atomics: two runs give the same bits. */
 static void test_deterministic(void) {
     const att_shape s = {2, 2, 300, 64, 1, 0};
     double *qkv[3], *r;
     att_random(&rng, &s, DEFT_BF16, 1.0, qkv, &r);
     const int64_t n = att_numel(&s);
-    const deft_compile_options opts = {.autocast = DEFT_BF16};
-    att_result a, b;
+    const deft_compile_options opts = {.autocast = DEFT_BF16, .deterministic = 1};
+    att_result a = {0}, b = {0};
     const int ok = att_run(&s, DEFT_F32, GPU, &opts, (const double *const *)qkv, r, 1, &a) &&
                    att_run(&s, DEFT_F32, GPU, &opts, (const double *const *)qkv, r, 1, &b);
     if (ok) {
@@ -138,9 +149,13 @@ static void test_no_square_buffer(void) {
 int main(void) {
     if (!deft_test_gpu(&GPU)) return DEFT_CHECK_SKIP;
     test_f32();
-    test_bf16_autocast();
-    test_f16();
-    test_deterministic();
+    for (int kernel = 1; kernel <= 3; kernel++) {
+        CHECK_OK(deft_testing_set_debug("ATTENTION_KERNEL", kernel));
+        test_bf16_autocast();
+        test_f16();
+        test_deterministic();
+    }
+    CHECK_OK(deft_testing_set_debug("ATTENTION_KERNEL", 0));
     test_f64_refused();
     test_no_square_buffer();
     return deft_check_finish();

@@ -255,10 +255,10 @@ static const char *const epi_names[] = {"none", "bias", "bias+relu", "bgrad_b"};
  * of op(b). */
 static void epilogue_want(const mm_case *c, int kind, const ref_tensor *bias, double *out,
                           double *grad) {
-    const int64_t M = c->M, N = c->N, K = c->K;
+    const int64_t N = c->N, K = c->K;
     const int tb = deft_testing_matmul_transposed(c->node, 1);
     if (kind == DEFT_TESTING_MM_BIAS || kind == DEFT_TESTING_MM_BIAS_RELU)
-        for (int64_t i = 0; i < M * N; i++) {
+        for (int64_t i = 0; i < c->n_out; i++) {   /* every output matrix of a batch, each row's bias by column */
             const double v = out[i] + bias->v[i % N];
             out[i] = kind == DEFT_TESTING_MM_BIAS_RELU && v < 0.0 ? 0.0 : v;
         }
@@ -286,41 +286,60 @@ static void run_fused(const mm_case *c, int kind, const void *dbias, unsigned fl
     cudaFree(dgrad);
 }
 
+/* c's node fused with the epilogue, through cuBLASLt (or the small-product kernels) and through the fallback. */
+static void check_fused_node(mm_case *c, deft_dtype dt, int kind, int tf32, const char *name) {
+    const int64_t N = c->N;
+    const unsigned flags = tf32 ? DEFT_CUDA_ALLOW_TF32 : 0;
+    CHECK_MSG(deft_testing_matmul_fusable(c->node, kind, flags), "%s: not fusable", name);
+    /* A bias around the products' size, so ReLU clips about half the outputs. */
+    ref_tensor bias = ref_random(&rng, dt, 1, &N, -1, 1);
+    void *dbias = upload(&bias);
+    double *want = cpu_product(c), *want_grad = malloc((size_t)(N + 1) * sizeof(double));
+    epilogue_want(c, kind, &bias, want, want_grad);
+    double *out, *grad, *fout, *fgrad;
+    run_fused(c, kind, dbias, flags, 0, name, &out, &grad);
+    run_fused(c, kind, dbias, flags, 1, name, &fout, &fgrad);
+    const double tol = tol_of(dt, tf32);
+    check_close(name, out, want, c->n_out, tol);
+    check_close(name, fout, want, c->n_out, tol_of(dt, 0));
+    if (kind == DEFT_TESTING_MM_BGRAD_B) {
+        char gname[180];
+        snprintf(gname, sizeof gname, "%s: bias gradient", name);
+        check_close(gname, grad, want_grad, N, tol_of(dt, 0));
+        check_close(gname, fgrad, want_grad, N, tol_of(dt, 0));
+    }
+    free(want);
+    free(want_grad);
+    free(out);
+    free(grad);
+    free(fout);
+    free(fgrad);
+    cudaFree(dbias);
+    ref_free(&bias);
+}
+
 static void check_fused(deft_dtype dt, int64_t M, int64_t N, int64_t K, int ta, int tb, int kind,
                         int tf32) {
     mm_case c;
     const int64_t as[2] = {ta ? K : M, ta ? M : K}, bs[2] = {tb ? N : K, tb ? K : N};
     if (case_make(&c, dt, 2, as, 2, bs, ta, tb)) {
-        const unsigned flags = tf32 ? DEFT_CUDA_ALLOW_TF32 : 0;
         char name[160];
         snprintf(name, sizeof name, "fused %s %s %lldx%lldx%lld ta=%d tb=%d%s", epi_names[kind], dt_name(dt),
                  (long long)M, (long long)N, (long long)K, ta, tb, tf32 ? " tf32" : "");
-        CHECK_MSG(deft_testing_matmul_fusable(c.node, kind, flags), "%s: not fusable", name);
-        /* A bias around the products' size, so ReLU clips about half the outputs. */
-        ref_tensor bias = ref_random(&rng, dt, 1, &N, -1, 1);
-        void *dbias = upload(&bias);
-        double *want = cpu_product(&c), *want_grad = malloc((size_t)(N + 1) * sizeof(double));
-        epilogue_want(&c, kind, &bias, want, want_grad);
-        double *out, *grad, *fout, *fgrad;
-        run_fused(&c, kind, dbias, flags, 0, name, &out, &grad);
-        run_fused(&c, kind, dbias, flags, 1, name, &fout, &fgrad);
-        const double tol = tol_of(dt, tf32);
-        check_close(name, out, want, c.n_out, tol);
-        check_close(name, fout, want, c.n_out, tol_of(dt, 0));
-        if (kind == DEFT_TESTING_MM_BGRAD_B) {
-            char gname[180];
-            snprintf(gname, sizeof gname, "%s: bias gradient", name);
-            check_close(gname, grad, want_grad, N, tol_of(dt, 0));
-            check_close(gname, fgrad, want_grad, N, tol_of(dt, 0));
-        }
-        free(want);
-        free(want_grad);
-        free(out);
-        free(grad);
-        free(fout);
-        free(fgrad);
-        cudaFree(dbias);
-        ref_free(&bias);
+        check_fused_node(&c, dt, kind, tf32, name);
+    }
+    case_free(&c);
+}
+
+/* A linear layer on [B, T, K] (a 3-d a against a 2-d b): one product over the B * T stacked rows, the bias over N. */
+static void check_fused_rows(deft_dtype dt, int64_t B, int64_t T, int64_t N, int64_t K, int tb, int kind) {
+    mm_case c;
+    const int64_t as[3] = {B, T, K}, bs[2] = {tb ? N : K, tb ? K : N};
+    if (case_make(&c, dt, 3, as, 2, bs, 0, tb)) {
+        char name[160];
+        snprintf(name, sizeof name, "fused %s %s [%lld, %lld, %lld] x %lldx%lld tb=%d", epi_names[kind], dt_name(dt),
+                 (long long)B, (long long)T, (long long)K, (long long)K, (long long)N, tb);
+        check_fused_node(&c, dt, kind, 0, name);
     }
     case_free(&c);
 }
@@ -345,6 +364,13 @@ static void test_fused(void) {
     check_fused(DEFT_F32, 1000, 16, 77, 1, 0, DEFT_TESTING_MM_NONE, 0);
     check_fused(DEFT_F32, 33, 3, 1100, 1, 0, DEFT_TESTING_MM_BGRAD_B, 1);
     check_fused(DEFT_F16, 768, 1024, 512, 1, 0, DEFT_TESTING_MM_BGRAD_B, 0);
+    /* Linear layers on [B, T, C]: GPT-2's MLP shape scaled down, odd shapes, and the small-product kernels' rows. */
+    for (int di = 0; di < 3; di++)
+        for (int k = DEFT_TESTING_MM_BIAS; k <= DEFT_TESTING_MM_BIAS_RELU; k++) {
+            check_fused_rows(dtypes[di], 4, 64, 384, 96, 0, k);
+            check_fused_rows(dtypes[di], 3, 37, 29, 65, 1, k);
+            check_fused_rows(dtypes[di], 2, 5, 40, 24, 0, k);
+        }
 }
 
 /* ---- CUDA Graph capture ---- */
@@ -419,6 +445,22 @@ static void test_refusals(void) {
                   "plain 2-d f32 matmul not fusable with %s", epi_names[k]);
         CHECK_MSG(deft_testing_matmul_fusable(tb, kind, 0) == (kind != DEFT_TESTING_MM_BGRAD_B),
                   "matmul with b transposed: fusable with %s is wrong", epi_names[k]);
+    }
+    /* A 3-d a against a 2-d b: one product over a's stacked rows, with a bias but no bias gradient (its a is not 2-d),
+     * and not with a transposed (each matrix of a transposed is no stack of rows). */
+    const int64_t ast[3] = {2, 16, 8};
+    deft_tensor *a3 = deft_input(g, "a3", DEFT_F32, 3, as, deft_cuda(0));
+    deft_tensor *b2 = deft_input(g, "b2", DEFT_F32, 2, bs + 1, deft_cuda(0));
+    deft_tensor *rows = deft_matmul(a3, b2);
+    deft_tensor *rows_tb = deft_matmul_t(a3, deft_input(g, "b2t", DEFT_F32, 2, bst, deft_cuda(0)), 0, 1);
+    deft_tensor *a3t = deft_matmul_t(deft_input(g, "a3t", DEFT_F32, 3, ast, deft_cuda(0)), b2, 1, 0);
+    CHECK(rows && rows_tb && a3t);
+    for (int k = DEFT_TESTING_MM_NONE; k <= DEFT_TESTING_MM_BGRAD_B; k++) {
+        CHECK_MSG(deft_testing_matmul_fusable(rows, k, 0) == (k != DEFT_TESTING_MM_BGRAD_B), "3-d a with %s",
+                  epi_names[k]);
+        CHECK_MSG(deft_testing_matmul_fusable(rows_tb, k, 0) == (k != DEFT_TESTING_MM_BGRAD_B), "3-d a, b^T with %s",
+                  epi_names[k]);
+        CHECK_MSG(!deft_testing_matmul_fusable(a3t, k, 0), "3-d a transposed fusable with %s", epi_names[k]);
     }
     CHECK(!deft_testing_matmul_fusable(deft_input(g, "x", DEFT_F32, 2, as + 1, deft_cuda(0)), DEFT_TESTING_MM_BIAS, 0));
     CHECK(!deft_testing_matmul_fusable(NULL, DEFT_TESTING_MM_BIAS, 0));

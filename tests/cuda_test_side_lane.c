@@ -52,7 +52,8 @@ static void test_conv_same_bits(void) {
     acn_free(&b);
 }
 
-/* The footprint's scratch: the main stream's cuBLAS workspace, and the side lane's smaller one when it has steps. */
+/* The footprint's scratch before the first run, at the caps (after it, what the chosen algorithms asked for:
+ * cuda_test_workspace.c): the main stream's cuBLAS cap, and the side lane's smaller one when it has steps. */
 static void check_workspaces(deft_program *p, int side) {
     deft_device_footprint fp[2];
     int n = 0;

@@ -5,12 +5,12 @@
  * its input), the logits (cross-entropy's gradient), and fc1's matmul input (its weight gradient). In f32 that input
  * is x, an input kept in persistent storage, so the arena holds a and the logits:
  *   f32:   4 B H + 4 B C
- * Under bf16 the matmuls read x.bf16 and a is bf16 (saved in L); the logits are cast to f32 for the cross-entropy,
- * which keeps that f32 copy; the weights' bf16 copies depend on no input and are not activations; x.bf16, the cast of
- * an input, is not kept for fc1's weight gradient but cast again from x just before it (passes/checkpoint.h), so it
- * lives in the forward pass only:
- *   bf16:  2 B H + 4 B C
- * so the matmul activation a is exactly half. Both are live together at the cross-entropy's gradient, so each sum is
+ * Under bf16 the matmuls read x.bf16 and a is bf16 (saved in L); the cross-entropy reads the bf16 logits as they are
+ * (an f32 loss, no f32 copy of the logits: ir/autocast_policy.c), so its gradient keeps them in bf16; the weights'
+ * bf16 copies depend on no input and are not activations; x.bf16, the cast of an input, is not kept for fc1's
+ * weight gradient but cast again from x just before it (passes/checkpoint.h), so it lives in the forward pass only:
+ *   bf16:  2 B H + 2 B C
+ * so the activations are exactly half. Both are live together at the cross-entropy's gradient, so each sum is
  * the peak. Keeping x.bf16 (the internal switch deft_testing_keep_input_casts) would add its 2 B IN. A program without
  * the backward pass keeps nothing for it: 0. */
 #include <stdbool.h>
@@ -70,15 +70,15 @@ static void test_by_hand(void) {
     const size_t bf16 = compiled_activations(&t, train, 2, DEFT_BF16, false);
     const size_t f16 = compiled_activations(&t, train, 2, DEFT_F16, false);
     const size_t kept = compiled_activations(&t, train, 2, DEFT_BF16, true);
-    const size_t want_f32 = 4 * B * H + 4 * B * C, want_low = 2 * B * H + 4 * B * C;
+    const size_t want_f32 = 4 * B * H + 4 * B * C, want_low = 2 * B * H + 2 * B * C;
     printf("activation bytes: f32 %zu (by hand %zu), bf16 %zu, f16 %zu (by hand %zu); bf16 keeping x's cast %zu\n",
            f32, (size_t)want_f32, bf16, f16, (size_t)want_low, kept);
     CHECK(f32 == want_f32);
     CHECK(bf16 == want_low);
     CHECK(f16 == want_low);
     CHECK(kept == want_low + 2 * B * IN);
-    /* a alone: what is left once the logits' f32 copy is taken away is halved exactly */
-    CHECK(f32 - 4 * B * C == 2 * (bf16 - 4 * B * C));
+    /* a and the logits, both kept in bf16: halved exactly */
+    CHECK(f32 == 2 * bf16);
     CHECK(compiled_activations(&t, infer, 1, DEFT_F32, false) == 0);
     CHECK(compiled_activations(&t, infer, 1, DEFT_BF16, false) == 0);
     deft_graph_free(t.g);
@@ -93,11 +93,11 @@ static void test_mlp_ratio(void) {
     if (pf && pb) {
         const size_t f = activation_bytes(pf), b = activation_bytes(pb);
         printf("amp_net activation bytes: f32 %zu, bf16 %zu (%.3fx)\n", f, b, (double)b / (double)f);
-        /* f32: two hidden activations and the logits; bf16: the same in bf16 but the logits' f32 copy (x.bf16 is
-         * recast for the backward pass), so the hidden activations are exactly half */
+        /* f32: two hidden activations and the logits; bf16: the same in bf16, the logits too (the cross-entropy
+         * reads them as they are; x.bf16 is recast for the backward pass), so exactly half */
         CHECK(f == 4 * (2 * 256 * 64 + 256 * 8));
-        CHECK(b == 2 * (2 * 256 * 64) + 4 * 256 * 8);
-        CHECK(f - 4 * 256 * 8 == 2 * (b - 4 * 256 * 8));
+        CHECK(b == 2 * (2 * 256 * 64 + 256 * 8));
+        CHECK(f == 2 * b);
     }
     amp_free(&n);
 }

@@ -95,7 +95,7 @@ def run_point(torch, name, segments, args, device, mode):
     """One point in one mode, in a clean slate: its figures printed, (step time, peak) returned."""
     from torch.utils.checkpoint import checkpoint_sequential
 
-    fresh(torch, True)
+    left = fresh(torch, True)
     if args.model == "resnet":
         model, x, y = make_resnet(torch, args.batch, device)
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4, fused=True)
@@ -129,7 +129,7 @@ def run_point(torch, name, segments, args, device, mode):
     us, n, loss = peer_common.measure(Timer(torch, True), step, lambda: step.loss.item(), CALIBRATE_STEPS, REPEATS,
                                       TARGET_REPEAT_S)
     ms = [u / 1e3 for u in us]
-    peak = torch.cuda.max_memory_allocated(device)
+    peak = torch.cuda.max_memory_allocated(device) - left
     p = f"checkpoint.{'resnet.' if args.model == 'resnet' else ''}{side_of(mode)}.{name}"
     print(f"{p}.segments {segments} count")
     print(f"{p}.compile_s {compile_s:.3f} s")

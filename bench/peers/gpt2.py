@@ -160,7 +160,7 @@ class Run:
 
 
 def run_mode(torch, a, mode, device, cuda, key):
-    fresh(torch, cuda)
+    left = fresh(torch, cuda)
     r = Run(torch, a, mode, device, cuda)
     compile_s, first = r.step.warm_up(mode, a.warmup, device)
     timer = Timer(torch, cuda)
@@ -177,7 +177,7 @@ def run_mode(torch, a, mode, device, cuda, key):
     fpt = flops_per_token(a, r.params)
     fig = {"time": med, "step_ms": med, "tokens_per_s": tps, "peak_bytes": None, "peak_reserved_bytes": None}
     if cuda:
-        fig["peak_bytes"] = torch.cuda.max_memory_allocated(device)
+        fig["peak_bytes"] = torch.cuda.max_memory_allocated(device) - left
         fig["peak_reserved_bytes"] = torch.cuda.max_memory_reserved(device)
     tag = f"gpt2.{key}.torch_{mode}"
     print(f"{tag}_compile_s {compile_s:.3f} s")

@@ -160,7 +160,7 @@ def report(name, tag, cfg, us, n, losses, steps, peak):
 
 def run_mode(torch, name, cfg, device, cuda, amp_kind, mode):
     """One mode of one configuration in a clean slate: its figures printed, (step time, peak) returned."""
-    fresh(torch, cuda)
+    left = fresh(torch, cuda)
     amp = Amp(torch, amp_kind, device)
     model = make_model(torch, cfg, device)
     x, y = make_batch(torch, cfg, device)
@@ -183,7 +183,7 @@ def run_mode(torch, name, cfg, device, cuda, amp_kind, mode):
     compile_s, first = step.warm_up(mode, WARMUP_STEPS, device)
     warm = step.loss.item()
     us, n, loss = measure(Timer(torch, cuda), step, lambda: step.loss.item())
-    peak = torch.cuda.max_memory_allocated(device) if cuda else None
+    peak = torch.cuda.max_memory_allocated(device) - left if cuda else None
     steps = WARMUP_STEPS + CALIBRATE_STEPS + REPEATS * n
     print(f"mlp_train.{name}.{peer_common.tag(mode)}_compile_s {compile_s:.3f} s")
     report(name, peer_common.tag(mode), cfg, us, n, (first, warm, loss), steps, peak)

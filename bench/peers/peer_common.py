@@ -87,12 +87,17 @@ def open_device(prog, device_arg, no_cuda_hint):
 
 
 def fresh(torch, cuda):
-    """Frees what the previous configuration left and restarts the peak memory statistics."""
+    """Frees what the previous configuration left and restarts the peak memory statistics. Returns the bytes still
+    allocated after that (0 on the CPU): what earlier modes and configurations leave behind in this process (the
+    cuBLAS workspaces of streams that outlive them, memory held by torch.compile's caches), which the peers subtract
+    from torch.cuda.max_memory_allocated so that a mode's peak is its own whatever ran before it."""
     gc.collect()
-    if cuda:
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
+    if not cuda:
+        return 0
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    return torch.cuda.memory_allocated()
 
 
 def parse_modes(ap, text, cuda=True):

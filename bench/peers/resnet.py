@@ -195,7 +195,7 @@ class Setup:
 
 def run_mode(torch, name, batch, precision, device, cuda, mode):
     """One mode of one configuration in a clean slate: its figures printed, (step time, peak) returned."""
-    fresh(torch, cuda)
+    left = fresh(torch, cuda)
     s = Setup(torch, batch, precision, device, mode)
     step = peer_common.Stepper(torch, s.step)
     warmup = WARMUP_STEPS if cuda else 3
@@ -203,7 +203,7 @@ def run_mode(torch, name, batch, precision, device, cuda, mode):
     warm = step.loss.item()
     calibrate = CALIBRATE_STEPS if cuda else 2
     us, n, loss = measure(Timer(torch, cuda), step, lambda: step.loss.item(), calibrate)
-    peak = torch.cuda.max_memory_allocated(device) if cuda else None
+    peak = torch.cuda.max_memory_allocated(device) - left if cuda else None
     print(f"resnet.{name}.{peer_common.tag(mode)}_compile_s {compile_s:.3f} s")
     report(name, peer_common.tag(mode), batch, us, n, (first, warm, loss), warmup + calibrate + REPEATS * n, peak)
     del step, s

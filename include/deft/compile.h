@@ -29,10 +29,11 @@ typedef struct deft_compile_options {
     int no_cuda_graphs;        /* 1: run every step eagerly, never as a CUDA Graph replay (for debugging) */
     int tf32;                  /* 1: f32 matmuls on a GPU may use TF32 tensor cores (10-bit mantissa products, f32
                                 * accumulation), as torch.backends.cuda.matmul.allow_tf32; the CPU is unaffected */
-    int deterministic;         /* 1: convolutions on a GPU take only the algorithms cuDNN calls deterministic (as
-                                * torch.backends.cudnn.deterministic), so that the same program on the same inputs
+    int deterministic;         /* 1: convolutions and attention's backward on a GPU take only the kernels that give
+                                * the same bits on every run (as torch.backends.cudnn.deterministic and
+                                * torch.use_deterministic_algorithms), so that the same program on the same inputs
                                 * gives the same bits on every run; the default lets cuDNN choose kernels that sum
-                                * weight gradients with atomics, a few ulps apart from run to run */
+                                * weight gradients (and attention's dq) with atomics, a few ulps apart run to run */
     int no_fusion;             /* 1: every node runs as its own kernel (no fused elementwise chains, matmul or batch
                                 * norm epilogues, or ReLU gradients folded into batch norm's backward), for
                                 * debugging and for measuring what fusion gives */
@@ -152,6 +153,8 @@ typedef struct deft_memory_report {
     size_t no_reuse_bytes;     /* arena size if no buffer were reused */
     size_t persistent_bytes;   /* parameters, constants and inputs */
     int buffers;               /* planned buffers (views share their base's) */
+    size_t workspace_bytes;    /* library scratch of its GPUs' streams (cuBLAS, cuDNN, batch norm's sums), as
+                                * deft_device_memory's below: summed over its GPUs */
 } deft_memory_report;
 deft_status deft_program_memory(const deft_program *p, deft_memory_report *out);
 /* Plans the program that deft_compile would build, without allocating anything, and reports its memory: how much a
@@ -174,7 +177,11 @@ typedef struct deft_device_memory {
     deft_device device;
     size_t persistent_bytes;   /* inputs, parameters, constants and optimizer state on this device */
     size_t arena_bytes;        /* the planned arena */
-    size_t workspace_bytes;    /* scratch the program's kernels use (cuBLAS, cuDNN, batch norm's sums) */
+    size_t workspace_bytes;    /* scratch the program's kernels use (cuBLAS, cuDNN, batch norm's sums): once it has
+                                * run, what its streams hold, which is what the algorithms chosen for its steps asked
+                                * for (the caching allocator's statistics count the same blocks); before its first
+                                * run, the most they may hold (each scratch at its cap: 32 MiB cuBLAS, 64 MiB cuDNN
+                                * on the main stream, 4 and 16 MiB on a side lane) */
     size_t total_bytes;        /* the sum of the three */
     size_t activation_bytes;   /* of the arena, the peak of saved activations: forward values that depend on an input
                                 * and that the backward pass reads, summed over the steps they are kept alive for it

@@ -250,7 +250,10 @@ deft_tensor *deft_cross_entropy_ex(deft_tensor *logits, deft_tensor *targets, co
 /* Zeroes each element with probability p and scales the rest by 1/(1-p). The mask comes from `seed` and the run
  * count: a new mask each run, the same one wherever the run reads it again (the backward pass, recomputation). */
 deft_tensor *deft_dropout(deft_tensor *x, double p, uint64_t seed);
-/* Normalises over the last dim: (x - mean) / sqrt(var + eps) * weight + bias; weight and bias ([D]) may be NULL. */
+/* Normalises over the last dim: (x - mean) / sqrt(var + eps) * weight + bias; weight and bias ([D], x's dtype) may be
+ * NULL; eps finite and >= 0. One node that keeps each row's mean and 1 / sqrt(var + eps) for its backward pass; on a
+ * GPU a residual add before it (s = a + b read by the layer norm) and the add of the residual gradient after its dx
+ * run fused with it. Under autocast it runs in f32, as torch's layer_norm does. */
 deft_tensor *deft_layer_norm(deft_tensor *x, deft_tensor *weight, deft_tensor *bias, double eps);
 /* Scaled dot-product attention: softmax(scale * q k^T [+ causal mask]) v over q, k, v [B, H, T, D] (one shape, a
  * float dtype, D at most DEFT_ATTENTION_MAX_HEAD). One node, fused like FlashAttention: no T x T tensor exists in

@@ -1,6 +1,9 @@
 /* Fused cross-entropy and its gradient (torch.nn.functional.cross_entropy over [N, C] logits, with an ignore index,
  * label smoothing, and a mean or sum), on f32, f64, f16 and bf16 logits (halves compute in float and round once on
- * the store). The options are the node's p.ce (ir/graph_internal.h). */
+ * the store). The options are the node's p.ce (ir/graph_internal.h). The loss may be f32 beside f16 or bf16 logits,
+ * and the gradient's dloss f32 beside them (autocast's loss, deft_cross_entropy_as): halves are read exactly into
+ * float, so they give the bits that the logits cast to f32 give, and the gradient's one rounding (double to float
+ * to half) is the one the f32 gradient's cast would make. */
 #include <string.h>
 
 #include "cpu_internal.h"
@@ -65,7 +68,9 @@ static deft_status ce_check(const deft_tensor *n, int lo, const int32_t *targets
     const char *name = deft_op_name(n->op);
     const deft_tensor *tl = n->src[lo], *tt = n->src[lo + 1];
     if (!deft_cpu_is_float(n->dtype)) return deft_cpu_dtype_error(n, n->dtype);
-    if (tl->dtype != n->dtype || tt->dtype != DEFT_I32)
+    /* the loss: the logits' dtype or f32; the gradient: the logits' */
+    const int out_ok = tl->dtype == n->dtype || (lo == 0 && n->dtype == DEFT_F32);
+    if (!deft_cpu_is_float(tl->dtype) || !out_ok || tt->dtype != DEFT_I32)
         return deft_set_error(DEFT_ERR_DTYPE, "%s: logits %s and targets %s for a %s output (targets must be i32)",
                               name, deft_dtype_name(tl->dtype), deft_dtype_name(tt->dtype),
                               deft_dtype_name(n->dtype));
@@ -111,7 +116,7 @@ deft_status deft_cpu_cross_entropy(const deft_tensor *n, void *out, const void *
     const int64_t nchunks = (rows + chunk - 1) / chunk;
     const double ls = n->p.ce.smoothing;
     double part[CE_CHUNKS];
-    switch (n->dtype) {
+    switch (n->src[0]->dtype) {
     case DEFT_F32: CE_FORWARD(f32, float); break;
     case DEFT_F64: CE_FORWARD(f64, double); break;
     case DEFT_F16: CE_FORWARD(f16, uint16_t); break;
@@ -149,14 +154,14 @@ deft_status deft_cpu_cross_entropy_grad(const deft_tensor *n, void *out, const v
     deft_status s = ce_check(n, 1, t, &count);
     if (s != DEFT_OK) return s;
     const deft_tensor *td = n->src[0];
-    if (td->dtype != n->dtype || deft_shape_numel(td->ndim, td->shape) != 1)
-        return deft_set_error(DEFT_ERR_SHAPE, "cross_entropy_grad: the loss gradient must be one %s element",
+    if ((td->dtype != n->dtype && td->dtype != DEFT_F32) || deft_shape_numel(td->ndim, td->shape) != 1)
+        return deft_set_error(DEFT_ERR_SHAPE, "cross_entropy_grad: the loss gradient must be one %s or f32 element",
                               deft_dtype_name(n->dtype));
     if (!same_shape(n, n->src[1]))
         return deft_set_error(DEFT_ERR_SHAPE, "cross_entropy_grad: the output must have the logits' shape");
     const int64_t rows = n->src[1]->shape[0], c = n->src[1]->shape[1];
     if (rows == 0 || c == 0) return DEFT_OK;
-    const double dl = deft_load_as_f64(dloss, n->dtype, 0), ls = n->p.ce.smoothing;
+    const double dl = deft_load_as_f64(dloss, td->dtype, 0), ls = n->p.ce.smoothing;
     const double scale = n->p.ce.reduction == DEFT_REDUCTION_SUM ? dl : count > 0 ? dl / (double)count : 0.0;
     switch (n->dtype) {
     case DEFT_F32: CE_BACKWARD(f32, float); break;

@@ -110,6 +110,10 @@ deft_status deft_cpu_run_node(const deft_tensor *n, void *out, const void *const
     case DEFT_OP_ATTENTION:
     case DEFT_OP_ATTENTION_GRAD:
         return deft_cpu_attention(n, out, in);
+    case DEFT_OP_LAYER_NORM:
+    case DEFT_OP_LAYER_NORM_GRAD:
+    case DEFT_OP_LAYER_NORM_WEIGHT_GRAD:
+        return deft_cpu_layer_norm(n, out, in);
     default:
         break;
     }

@@ -84,6 +84,8 @@ deft_status deft_cpu_pool2d(const deft_tensor *n, void *out, const void *const *
 deft_status deft_cpu_batch_norm(const deft_tensor *n, void *out, const void *const *in);  /* cpu_norm.c */
 /* attention and its gradient (cpu_attention.c): src (q, k, v), or (dout, q, k, v, out) */
 deft_status deft_cpu_attention(const deft_tensor *n, void *out, const void *const *in);
+/* layer norm and its gradients (cpu_layer_norm.c): in as the node's sources */
+deft_status deft_cpu_layer_norm(const deft_tensor *n, void *out, const void *const *in);
 /* gathers (cpu_gather.c): embedding and index_select; the order their gradients sum by; the gradients. where and
  * masked_fill (cpu_where.c): in as the node's sources */
 deft_status deft_cpu_gather(const deft_tensor *n, void *out, const void *a, const void *index);

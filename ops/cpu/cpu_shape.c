@@ -107,6 +107,34 @@ deft_status deft_cpu_slice(const deft_tensor *n, void *out, const void *a) {
     return DEFT_OK;
 }
 
+/* x + 0 in place, in the arithmetic of the add kernels (cpu_binary.c): x itself but for -0, which becomes +0, and
+ * NaN, which comes out quiet. A concat that stands for a sum of zero-padded gradients (p.concat.add_zero) ends so. */
+static void deft_cpu_add_zero(void *out, deft_dtype dt, int64_t n) {
+    switch (dt) {
+    case DEFT_F32: {
+        float *o = out;
+        for (int64_t i = 0; i < n; i++) o[i] = o[i] + 0.0f;
+        break;
+    }
+    case DEFT_F64: {
+        double *o = out;
+        for (int64_t i = 0; i < n; i++) o[i] = o[i] + 0.0;
+        break;
+    }
+    case DEFT_F16: {
+        uint16_t *o = out;
+        for (int64_t i = 0; i < n; i++) o[i] = deft_half_pack(deft_half_unpack(o[i]) + 0.0f);
+        break;
+    }
+    case DEFT_BF16: {
+        uint16_t *o = out;
+        for (int64_t i = 0; i < n; i++) o[i] = deft_bf16_pack(deft_bf16_unpack(o[i]) + 0.0f);
+        break;
+    }
+    default: break;   /* integers: x + 0 is x */
+    }
+}
+
 deft_status deft_cpu_concat(const deft_tensor *n, void *out, const void *const *in) {
     const int ax = n->p.axis;
     if (ax < 0 || ax >= n->ndim) return deft_set_error(DEFT_ERR_SHAPE, "concat: axis %d out of range", ax);
@@ -137,5 +165,6 @@ deft_status deft_cpu_concat(const deft_tensor *n, void *out, const void *const *
             memcpy(dst + (size_t)(o * orow) * esz, src + (size_t)(o * irow) * esz, (size_t)irow * esz);
         col += irow;
     }
+    if (n->p.concat.add_zero) deft_cpu_add_zero(out, n->dtype, total);
     return DEFT_OK;
 }

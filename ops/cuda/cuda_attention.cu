@@ -11,6 +11,7 @@
  *             statistics; no T x T value exists anywhere.
  * Shared memory stays under the 48 KB a block has without opting in; rows read by lane are padded by one column so
  * that 32 lanes reading 32 rows hit 32 banks. */
+#include "config.h"
 #include "cuda_common.cuh"
 
 #define DEFT_ATT_DMAX 128
@@ -334,10 +335,15 @@ extern "C" bool deft_cuda_attention_supported(const deft_tensor *n, char *why, s
     return false;
 }
 
-deft_status deft_cuda_attention(const deft_tensor *n, void *out, const void *const *in, cudaStream_t st) {
+/* deft's own kernels: the tensor-core ones where they take the node (unless the knob asks for the plain ones), else
+ * the plain ones. */
+extern "C" deft_status deft_cuda_attention_own(const deft_tensor *n, void *out, const void *const *in,
+                                               cudaStream_t st) {
     char why[160];
     if (!deft_cuda_attention_supported(n, why, sizeof why))
         return deft_set_error(DEFT_ERR_DTYPE, "cuda %s: %s", deft_op_name(n->op), why);
+    if (deft_debug(DEFT_DEBUG_ATTENTION_KERNEL) != 1 && deft_cuda_attention_mma_usable(n, out, in))
+        return deft_cuda_attention_mma(n, out, in, st);
     const bool fwd = n->op == DEFT_OP_ATTENTION;
     switch (n->dtype) {
     case DEFT_F32:
@@ -348,4 +354,17 @@ deft_status deft_cuda_attention(const deft_tensor *n, void *out, const void *con
         return fwd ? deft_att_forward_run<__nv_bfloat16>(n, out, in, st)
                    : deft_att_backward_run<__nv_bfloat16>(n, out, in, st);
     }
+}
+
+/* cuDNN's fused attention first where it takes the node (the fastest measured: bench/RESULTS.md, eighteenth round),
+ * else deft's own kernels. Its backward is deterministic only under the compile option `deterministic` (flags); a
+ * problem cuDNN refuses (its graph, or more workspace than the stream's cuDNN scratch) runs on deft's kernels. */
+deft_status deft_cuda_attention(const deft_tensor *n, void *out, const void *const *in, cudaStream_t st,
+                                unsigned flags) {
+    const int64_t pick = deft_debug(DEFT_DEBUG_ATTENTION_KERNEL);
+    if ((pick == 0 || pick == 3) && deft_cudnn_attention_usable(n)) {
+        const deft_status s = deft_cudnn_attention_flags(n, out, in, st, flags);
+        if (s != DEFT_CUDNN_ATTENTION_REFUSED) return s;
+    }
+    return deft_cuda_attention_own(n, out, in, st);
 }

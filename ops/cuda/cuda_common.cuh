@@ -235,7 +235,12 @@ deft_status deft_cuda_cross_entropy_grad(const deft_tensor *n, void *out, const 
                                          const void *targets, cudaStream_t st);
 deft_status deft_cuda_dropout(const deft_tensor *n, void *out, const void *x, cudaStream_t st);
 /* cuda_attention.cu: DEFT_OP_ATTENTION (in: q, k, v) and DEFT_OP_ATTENTION_GRAD (in: dout, q, k, v, out) */
-deft_status deft_cuda_attention(const deft_tensor *n, void *out, const void *const *in, cudaStream_t st);
+deft_status deft_cuda_attention(const deft_tensor *n, void *out, const void *const *in, cudaStream_t st,
+                                unsigned flags);
+deft_status deft_cuda_attention_mma(const deft_tensor *n, void *out, const void *const *in, cudaStream_t st);
+/* cuda_layer_norm.cu: layer norm (in: x[, weight][, bias]), its dx (dy, x, ln[, weight]) and its weight and bias
+ * gradients (dy, x, ln) */
+deft_status deft_cuda_layer_norm(const deft_tensor *n, void *out, const void *const *in, cudaStream_t st);
 /* cuda_gather.cu: embedding and index_select (in: a, index), the order their gradients sum by (in: index), the
  * gradients (dy, index, order); cuda_where.cu: where and masked_fill (in: the node's sources) */
 deft_status deft_cuda_gather(const deft_tensor *n, void *out, const void *a, const void *index, cudaStream_t st);

@@ -9,8 +9,13 @@
  * (DEFT_CUDA_CUDNN_FIND) the choice is measured instead (cudnnFind*Ex, on the op's own buffers and stream, which it
  * synchronises), outside a stream capture only.
  * The heuristic is the default because it gave the faster steps: ResNet-18 ran slower on the algorithms cudnnFind
- * timed fastest one by one (bench/RESULTS.md, "cuDNN algorithm choice: heuristic against cudnnFind"). Only what fits
- * the stream's fixed workspace is chosen (cuda_workspace.cu), so a captured step never needs a new allocation. */
+ * timed fastest one by one (bench/RESULTS.md, "cuDNN algorithm choice: heuristic against cudnnFind").
+ *
+ * The choice is made within the stream's cap (cuda_workspace.h; cudnnFind measures in a block of that size lent for
+ * the measurement), and the stream's scratch then grows to what the chosen algorithm asks for: outside a capture, so
+ * the eager run before a capture has grown it for every problem of the step and a replay never needs more. Where the
+ * stream holds less than a choice asks (inside a capture, or a scratch a capture froze), the call chooses again,
+ * for itself, within what the stream holds. */
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,12 +93,8 @@ static deft_status deft_cudnn_device(const deft_tensor *n, int *dev) {
     return DEFT_OK;
 }
 
-/* The current device's handle bound to `st`, and the stream's workspace (none for a new stream met in a capture,
- * which then takes an algorithm that needs none); the caller holds the device's lock. */
-static deft_status deft_cudnn_handle(const deft_tensor *n, cudaStream_t st, int dev, cudnnHandle_t *h, void **ws,
-                                     size_t *ws_bytes) {
-    deft_status ws_status = deft_stream_workspace_sized(dev, st, DEFT_WORKSPACE_CUDNN, ws, ws_bytes);
-    if (ws_status != DEFT_OK) return ws_status;
+/* The current device's handle bound to `st`; the caller holds the device's lock. */
+static deft_status deft_cudnn_handle(const deft_tensor *n, cudaStream_t st, int dev, cudnnHandle_t *h) {
     cudnnStatus_t cs;
     if (!deft_cudnn_handles[dev]) {
         cs = cudnnCreate(&deft_cudnn_handles[dev]);
@@ -138,7 +139,7 @@ static unsigned deft_conv_align(const void *p) {
 typedef struct deft_conv_ptrs {
     const deft_tensor *x, *w, *y;
     void *px, *pw, *py;
-    size_t ws_bytes;   /* the stream's scratch: DEFT_CUDNN_WORKSPACE_BYTES, or 0 for a new stream met in a capture */
+    size_t ws_bytes;   /* the most a chosen algorithm may ask for: the stream's cap, or what it holds */
 } deft_conv_ptrs;
 
 static deft_conv_ptrs deft_conv_operands(const deft_tensor *n, void *out, const void *const *in) {
@@ -346,15 +347,25 @@ static deft_conv_entry *deft_conv_find_cached(const deft_conv_key &k) {
     return NULL;
 }
 
-/* Runs the problem once without keeping it: inside a capture, or with the cache full. */
+/* Runs the problem once with a choice not kept: inside a capture, with the cache full, or where the stream holds
+ * less than the kept choice asks. Chosen within the cap, and again within what the stream holds where it cannot
+ * grow to that (a stream first met in a capture holds nothing: an algorithm that needs no workspace). */
 static deft_status deft_conv_run_uncached(const deft_tensor *n, cudnnHandle_t h, const deft_conv_key &k,
-                                          const deft_conv_ptrs &p, void *ws) {
+                                          deft_conv_ptrs p, cudaStream_t st, size_t cap) {
     deft_conv_entry e;
     memset(&e, 0, sizeof e);
     e.key = k;
+    p.ws_bytes = cap;
+    void *ws = NULL;
+    size_t held = 0;
     cudnnStatus_t cs = deft_conv_describe(&e);
-    deft_status s = cs == CUDNN_STATUS_SUCCESS ? deft_conv_choose(n, h, &e, p, ws, false)
+    deft_status s = cs == CUDNN_STATUS_SUCCESS ? deft_conv_choose(n, h, &e, p, NULL, false)
                                                : deft_cudnn_error(n, "cuDNN descriptor setup", cs);
+    if (s == DEFT_OK) s = deft_stream_workspace_reserve(k.dev, st, DEFT_WORKSPACE_CUDNN, e.ws_bytes, &ws, &held);
+    if (s == DEFT_OK && e.ws_bytes > held) {
+        p.ws_bytes = held;
+        s = deft_conv_choose(n, h, &e, p, NULL, false);
+    }
     if (s == DEFT_OK) {
         cs = deft_conv_launch(h, &e, p, ws);
         if (cs != CUDNN_STATUS_SUCCESS) s = deft_cudnn_error(n, "cudnnConvolution*", cs);
@@ -363,17 +374,22 @@ static deft_status deft_conv_run_uncached(const deft_tensor *n, cudnnHandle_t h,
     return s;
 }
 
-/* The cached entry for k, made and chosen on a miss (measured unless told not to). The caller holds the lock. */
+/* The cached entry for k, made and chosen within `cap` on a miss (measured with the compile option cudnn_find, in a
+ * block of `cap` bytes lent for it). The caller holds the lock. */
 static deft_status deft_conv_entry_for(const deft_tensor *n, cudnnHandle_t h, const deft_conv_key &k,
-                                       const deft_conv_ptrs &p, void *ws, deft_conv_entry **out) {
+                                       deft_conv_ptrs p, cudaStream_t st, size_t cap, deft_conv_entry **out) {
     *out = deft_conv_find_cached(k);
     if (*out) return DEFT_OK;
     deft_conv_entry e;
     memset(&e, 0, sizeof e);
     e.key = k;
+    p.ws_bytes = cap;
+    void *probe = NULL;
     cudnnStatus_t cs = deft_conv_describe(&e);
-    deft_status s = cs == CUDNN_STATUS_SUCCESS ? deft_conv_choose(n, h, &e, p, ws, k.find != 0)
-                                               : deft_cudnn_error(n, "cuDNN descriptor setup", cs);
+    deft_status s = cs == CUDNN_STATUS_SUCCESS ? DEFT_OK : deft_cudnn_error(n, "cuDNN descriptor setup", cs);
+    if (s == DEFT_OK && k.find) s = deft_stream_workspace_probe(k.dev, st, cap, &probe);
+    if (s == DEFT_OK) s = deft_conv_choose(n, h, &e, p, probe, k.find != 0);
+    deft_stream_workspace_probe_end(k.dev, probe);   /* Find has synchronised: its work is done */
     if (s != DEFT_OK) {
         deft_conv_entry_free(&e);
         return s;
@@ -383,29 +399,43 @@ static deft_status deft_conv_entry_for(const deft_tensor *n, cudnnHandle_t h, co
     return DEFT_OK;
 }
 
+/* The convolutions of few input channels that run as products, in the columns' scratch they ask for. */
+static deft_status deft_conv_gemm_try(const deft_tensor *n, const deft_conv_ptrs &p, cudaStream_t st, int dev,
+                                      unsigned flags, bool *done) {
+    void *ws = NULL;
+    size_t held = 0;
+    const size_t want = deft_conv_gemm_bytes(n, p.x, p.w, p.y);
+    deft_status s = deft_stream_workspace_reserve(dev, st, DEFT_WORKSPACE_CUDNN, want, &ws, &held);
+    if (s != DEFT_OK) return s;
+    return deft_conv_gemm_run(n, p.x, p.w, p.y, p.px, n->op == DEFT_OP_CONV2D ? p.pw : p.py,
+                              n->op == DEFT_OP_CONV2D ? p.py : p.pw, ws, held, st, flags, done);
+}
+
 static deft_status deft_conv_run(const deft_tensor *n, deft_conv_ptrs p, cudaStream_t st, unsigned flags) {
     int dev = 0;
     deft_status s = deft_cudnn_device(n, &dev);
     if (s != DEFT_OK) return s;
     std::lock_guard<std::mutex> guard(deft_cudnn_locks[dev]);
     cudnnHandle_t h = NULL;
-    void *ws = NULL;
-    s = deft_cudnn_handle(n, st, dev, &h, &ws, &p.ws_bytes);
+    s = deft_cudnn_handle(n, st, dev, &h);
     if (s != DEFT_OK) return s;
     if (deft_conv_gemm_takes(n, p.x, p.w, flags)) {
         bool done = false;
-        s = deft_conv_gemm_run(n, p.x, p.w, p.y, p.px, n->op == DEFT_OP_CONV2D ? p.pw : p.py,
-                               n->op == DEFT_OP_CONV2D ? p.py : p.pw, ws, p.ws_bytes, st, flags, &done);
+        s = deft_conv_gemm_try(n, p, st, dev, flags, &done);
         if (s != DEFT_OK || done) return s;
     }
     deft_conv_key k;
     if ((s = deft_conv_key_of(n, p, dev, flags, &k)) != DEFT_OK) return s;
-    const deft_conv_entry *cached = deft_conv_find_cached(k);
-    if ((!cached && (deft_conv_capturing(st) || deft_conv_caches[dev].size() >= DEFT_CONV_CACHE_MAX)) ||
-        (cached && cached->ws_bytes > p.ws_bytes))
-        return deft_conv_run_uncached(n, h, k, p, ws);
-    deft_conv_entry *e = NULL;
-    if ((s = deft_conv_entry_for(n, h, k, p, ws, &e)) != DEFT_OK) return s;
+    const size_t cap = deft_stream_workspace_cap(dev, st, DEFT_WORKSPACE_CUDNN);
+    deft_conv_entry *e = deft_conv_find_cached(k);
+    if (!e && !deft_conv_capturing(st) && deft_conv_caches[dev].size() < DEFT_CONV_CACHE_MAX &&
+        (s = deft_conv_entry_for(n, h, k, p, st, cap, &e)) != DEFT_OK)
+        return s;
+    void *ws = NULL;
+    size_t held = 0;
+    if (e && (s = deft_stream_workspace_reserve(dev, st, DEFT_WORKSPACE_CUDNN, e->ws_bytes, &ws, &held)) != DEFT_OK)
+        return s;
+    if (!e || e->ws_bytes > held) return deft_conv_run_uncached(n, h, k, p, st, cap);
     cudnnStatus_t cs = deft_conv_launch(h, e, p, ws);
     return cs == CUDNN_STATUS_SUCCESS ? DEFT_OK : deft_cudnn_error(n, "cudnnConvolution*", cs);
 }

@@ -158,21 +158,43 @@ static size_t deft_round_up(size_t v, size_t to) {
     return (v + to - 1) / to * to;
 }
 
-/* false where the scratch cannot hold the weights and a chunk worth running. */
+/* The padded weights' (forward) or the gradient's f32 sums' bytes, at the start of the scratch. */
+static size_t deft_conv_gemm_wbytes(const deft_conv_geom &g, const deft_tensor *n) {
+    const size_t elt = n->op == DEFT_OP_CONV2D ? deft_dtype_size(n->dtype) : 4;
+    return deft_round_up((size_t)g.O * (size_t)g.Kp * elt, 256);
+}
+
+/* The rows of a chunk at most: the debug knob's cap, else all of them. */
+static int64_t deft_conv_gemm_rows_cap(const deft_conv_geom &g) {
+    const int64_t cap = deft_debug(DEFT_DEBUG_CONV_GEMM_ROWS);
+    return cap > 0 && cap < g.rows ? cap : g.rows;
+}
+
+/* false where the scratch cannot hold the weights and a chunk worth running. A chunk is a multiple of 256 rows
+ * unless it is the whole problem (one chunk). */
 static bool deft_conv_gemm_plan_make(const deft_conv_geom &g, const deft_tensor *n, void *ws, size_t ws_bytes,
                                      deft_conv_gemm_plan *p) {
     p->g = g;
     p->elt = deft_dtype_size(n->dtype);
-    const size_t wbytes = deft_round_up((size_t)g.O * (size_t)g.Kp * (n->op == DEFT_OP_CONV2D ? p->elt : 4), 256);
+    const size_t wbytes = deft_conv_gemm_wbytes(g, n);
     if (!ws || ws_bytes < wbytes) return false;
     p->wbuf = ws;
     p->cols = (char *)ws + wbytes;
     int64_t fit = (int64_t)((ws_bytes - wbytes) / ((size_t)g.Kp * p->elt));
-    const int64_t cap = deft_debug(DEFT_DEBUG_CONV_GEMM_ROWS);
-    if (cap > 0 && cap < fit) fit = cap;
-    fit = fit / 256 * 256;
-    p->chunk = fit < g.rows ? fit : g.rows;
+    const int64_t cap = deft_conv_gemm_rows_cap(g);
+    if (cap < fit) fit = cap;
+    p->chunk = fit >= g.rows ? g.rows : fit / 256 * 256;
     return p->chunk >= DEFT_CONV_GEMM_MIN_ROWS || (p->chunk == g.rows && g.rows > 0);
+}
+
+size_t deft_conv_gemm_bytes(const deft_tensor *n, const deft_tensor *x, const deft_tensor *w, const deft_tensor *y) {
+    const deft_conv_geom g = deft_conv_geom_of(n, x, w, y);
+    const size_t rows = (size_t)deft_conv_gemm_rows_cap(g), row_bytes = (size_t)g.Kp * deft_dtype_size(n->dtype);
+    const size_t wbytes = deft_conv_gemm_wbytes(g, n);
+    size_t cols = 0, total = 0;
+    /* past size_t, the most there is: the stream's cap cuts it (base/checked.h's helpers are C only) */
+    if (__builtin_mul_overflow(rows, row_bytes, &cols) || __builtin_add_overflow(wbytes, cols, &total)) return SIZE_MAX;
+    return total;
 }
 
 /* The product for rows r0 .. r0 + nrows. */

@@ -10,6 +10,11 @@
  * 7 input channels, not turned off by DEFT_CUDA_CONV_GEMM_NEVER. */
 bool deft_conv_gemm_takes(const deft_tensor *n, const deft_tensor *x, const deft_tensor *w, unsigned flags);
 
+/* The scratch n would use at most: its padded weights (or f32 gradient sums) and the columns of every row (of a chunk
+ * under the debug knob DEFT_DEBUG_CONV_GEMM_ROWS); SIZE_MAX past size_t. What it asks of the stream's cuDNN scratch,
+ * which the stream's cap cuts (the rows are then done in chunks). */
+size_t deft_conv_gemm_bytes(const deft_tensor *n, const deft_tensor *x, const deft_tensor *w, const deft_tensor *y);
+
 /* Queues n on st: px is x's data; in1 is w's (forward) or dy's (weight gradient); out is n's output; ws and
  * ws_bytes the stream's cuDNN scratch, which holds the columns. *done = false, with nothing queued, where the
  * scratch is too small or cuBLASLt has no product for it: cuDNN then runs the convolution. */

@@ -40,6 +40,8 @@ static deft_dtype deft_cuda_input_dtype(const deft_tensor *n, int i) {
         return DEFT_DTYPE_COUNT;
     if ((n->op == DEFT_OP_CROSS_ENTROPY && i == 1) || (n->op == DEFT_OP_CROSS_ENTROPY_GRAD && i == 2))
         return DEFT_I32;
+    /* an f32 loss of f16 or bf16 logits, and its f32 dloss (cuda_cross_entropy.cu checks the pairs) */
+    if ((n->op == DEFT_OP_CROSS_ENTROPY || n->op == DEFT_OP_CROSS_ENTROPY_GRAD) && i == 0) return DEFT_DTYPE_COUNT;
     /* the gathers' index and order; where's condition and masked_fill's mask may have any dtype */
     if (((n->op == DEFT_OP_EMBEDDING || n->op == DEFT_OP_INDEX_SELECT) && i == 1) ||
         ((n->op == DEFT_OP_EMBEDDING_GRAD || n->op == DEFT_OP_INDEX_SELECT_GRAD) && i >= 1))
@@ -128,7 +130,11 @@ static deft_status deft_cuda_route(const deft_tensor *n, void *out, const void *
         return deft_cuda_batch_norm(n, out, in, st);
     case DEFT_OP_ATTENTION:
     case DEFT_OP_ATTENTION_GRAD:
-        return deft_cuda_attention(n, out, in, st);
+        return deft_cuda_attention(n, out, in, st, flags);
+    case DEFT_OP_LAYER_NORM:
+    case DEFT_OP_LAYER_NORM_GRAD:
+    case DEFT_OP_LAYER_NORM_WEIGHT_GRAD:
+        return deft_cuda_layer_norm(n, out, in, st);
     case DEFT_OP_EMBEDDING:
     case DEFT_OP_INDEX_SELECT:
         return deft_cuda_gather(n, out, in[0], in[1], st);

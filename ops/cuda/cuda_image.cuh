@@ -7,8 +7,8 @@
 
 #include "cuda_common.cuh"
 
-/* Algorithms that need more than DEFT_CUDNN_WORKSPACE_BYTES (cuda_workspace.h), the scratch of each stream, are not
- * chosen. */
+/* Algorithms that need more than the cap of the stream's cuDNN scratch (DEFT_CUDNN_WORKSPACE_BYTES on a main
+ * stream, cuda_workspace.h) are not chosen; the scratch holds what the chosen ones ask for. */
 
 /* DEFT_OP_CONV2D (in: x, w[, bias]), DEFT_OP_CONV2D_INPUT_GRAD (in: dy, w) and DEFT_OP_CONV2D_WEIGHT_GRAD
  * (in: dy, x). flags: DEFT_CUDA_ALLOW_TF32 lets f32 use TF32 tensor cores. */

@@ -33,6 +33,17 @@ deft_status deft_cuda_batch_norm_epilogue(const deft_tensor *n, void *out, const
 deft_status deft_cuda_batch_norm_grad_masked(const deft_tensor *n, void *out, const void *const *in,
                                              const void *relu_out, void *stream);
 
+/* Layer norm node n (DEFT_OP_LAYER_NORM) reading x = a + b in place of its x: the sum rounded to n's dtype as the add
+ * kernel rounds it, stored in s (the residual stream) and normalised into out (with its statistics), bit for bit what
+ * the add's kernel and n's own give. b has b_dtype: n's, or bf16 or f16 under an f32 n (the source of a cast to f32,
+ * widened on load, which is exact). in: n's sources as its own step passes them (in[0] unread). Layer norm's dx node n
+ * (DEFT_OP_LAYER_NORM_GRAD) with `residual` (n's shape and dtype) added to it: out = residual + dx, dx rounded as its
+ * store would round it. Run fused groups of passes/fusion_layer_norm.c. */
+deft_status deft_cuda_layer_norm_add(const deft_tensor *n, void *out, void *s, const void *a, const void *b,
+                                     deft_dtype b_dtype, const void *const *in, void *stream);
+deft_status deft_cuda_layer_norm_grad_add(const deft_tensor *n, void *out, const void *const *in, const void *residual,
+                                          void *stream);
+
 /* Casts casts[0..n) (DEFT_OP_CAST nodes of one source and one destination dtype) in one launch: in[i] the source of
  * casts[i], out[i] its value; the same values as n separate casts. Runs a fused group of passes/fusion_casts.c. */
 #define DEFT_CASTS_MAX 24   /* casts per launch: a fused group's members (DEFT_FUSED_MAX_OPS) */
@@ -45,6 +56,32 @@ bool deft_cuda_conv_supported(const deft_tensor *n, char *why, size_t why_bytes)
 /* Whether the attention kernels (ops/cuda/cuda_attention.cu) take node n (attention or its gradient): f32, f16,
  * bf16, head size up to DEFT_ATTENTION_MAX_HEAD; when not, why. */
 bool deft_cuda_attention_supported(const deft_tensor *n, char *why, size_t why_bytes);
+/* Whether deft's tensor-core attention kernels (ops/cuda/cuda_attention_mma.cu) take node n with these buffers: f16
+ * or bf16, head size 32, 64, 96 or 128, every buffer 16-byte aligned. */
+bool deft_cuda_attention_mma_usable(const deft_tensor *n, void *out, const void *const *in);
+
+/* cuDNN's fused attention (ops/cuda/cuda_attention_cudnn.cu) for an attention node or its gradient, with the
+ * buffers of deft_cuda_attention (the forward's log-sum-exp past its value, the backward's f32 scratch), on `st` (a
+ * cudaStream_t). _usable: f16 or bf16, head size a multiple of 8 up to 128, T >= 2 for the gradient, an sm80+ GPU, a
+ * build with cuDNN (no cuDNN call). Whatever cuDNN will not run (its graph or plan refused, the plan's workspace
+ * past the stream's cuDNN scratch, a problem first met inside a CUDA Graph capture, misaligned buffers) returns
+ * DEFT_CUDNN_ATTENTION_REFUSED with the reason and cuDNN's own text, nothing enqueued: run deft's kernels then.
+ * deft_cudnn_attention's backward is deterministic (DEFT_CUDA_DETERMINISTIC); _flags takes the program's flags, and
+ * without that bit the backward sums dq with f32 atomics (faster, less workspace, bits vary run to run). */
+#define DEFT_CUDNN_ATTENTION_REFUSED DEFT_ERR_DEVICE
+struct CUstream_st;
+bool deft_cudnn_attention_usable(const deft_tensor *n);
+deft_status deft_cudnn_attention(const deft_tensor *n, void *out, const void *const *in, struct CUstream_st *st);
+deft_status deft_cudnn_attention_flags(const deft_tensor *n, void *out, const void *const *in, struct CUstream_st *st,
+                                       unsigned flags);
+/* One line on the plan node n runs with under flags (engine, workspace; 1), or the full text of this thread's last
+ * refusal (0), into buf. */
+int deft_cudnn_attention_describe(const deft_tensor *n, unsigned flags, char *buf, size_t cap);
+/* Destroys cuda:dev's plans and cuDNN handle (its work done, and no CUDA Graph left that captured them). */
+void deft_cudnn_attention_release(int dev);
+/* deft's own attention kernels (the tensor-core ones where they take n and the knob allows, else the plain ones),
+ * callable from C: what runs where cuDNN refuses, and the reference the tests compare cuDNN with. */
+deft_status deft_cuda_attention_own(const deft_tensor *n, void *out, const void *const *in, struct CUstream_st *st);
 
 /* The library handles of cuda:dev (cuBLAS, cuBLASLt, cuDNN), destroyed once its work is done
  * (deft_memory_release_all); the next call on it makes new ones. */
@@ -68,9 +105,12 @@ deft_status deft_cuda_optimizer_part_run(struct deft_optimizer *o, const struct 
 deft_status deft_cuda_dist_pack(void *const *tensors, const size_t *offsets, const size_t *bytes, int n, void *packed,
                                 int unpack, void *stream);
 
-/* DEFT_CUBLAS_WORKSPACE_BYTES and DEFT_CUDNN_WORKSPACE_BYTES: the scratch a stream's cuBLAS and cuDNN calls get
- * from the caching allocator (shown in memory footprints). */
+/* DEFT_CUBLAS_WORKSPACE_BYTES and DEFT_CUDNN_WORKSPACE_BYTES: the caps of the scratch a stream's cuBLAS and cuDNN
+ * calls get from the caching allocator, sized to what their chosen algorithms ask for (shown in memory reports). */
 #include "cuda_workspace.h"
+/* What a plain cuBLAS call asks of its stream's scratch on cuda:dev (cuda_matmul.cu): cuBLAS's recommendation,
+ * DEFT_CUBLAS_PLAIN_WORKSPACE_HOPPER_BYTES from compute capability 9 on, else DEFT_CUBLAS_PLAIN_WORKSPACE_BYTES. */
+size_t deft_cuda_cublas_floor(int dev);
 
 #ifdef __cplusplus
 }

@@ -27,8 +27,25 @@ static cublasHandle_t deft_cublas_handles[DEFT_CUBLAS_MAX_DEVICES];
 static std::mutex deft_cublas_lock;
 
 /* The workspace is the stream's (cuda_workspace.cu), from the caching allocator, so that it shows in the statistics
- * and snapshots and the memory a program reports before running includes it (32 MiB: what cuBLAS asks for on
- * Hopper). cuBLAS and cuBLASLt share it: both enqueue on the caller's stream, so their calls never overlap in it. */
+ * and snapshots and in the program's reports. cuBLAS and cuBLASLt share it: both enqueue on the caller's stream, so
+ * their calls never overlap in it. cuBLASLt's calls ask for what their algorithm needs; a plain cuBLAS call chooses
+ * its kernel inside cuBLAS, within what cublasSetWorkspace gives it, so it asks for cuBLAS's documented
+ * recommendation (cuda_tuning.h's DEFT_CUBLAS_PLAIN_WORKSPACE_*). */
+
+/* The recommendation for cuda:dev: Hopper's from compute capability 9 on (asked of the device once and kept). */
+extern "C" size_t deft_cuda_cublas_floor(int dev) {
+    static int majors[DEFT_CUBLAS_MAX_DEVICES];   /* 0: not asked yet */
+    if (dev < 0 || dev >= DEFT_CUBLAS_MAX_DEVICES) return DEFT_CUBLAS_PLAIN_WORKSPACE_BYTES;
+    int major = __atomic_load_n(&majors[dev], __ATOMIC_RELAXED);
+    if (!major) {
+        if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+            (void)cudaGetLastError();
+            return DEFT_CUBLAS_PLAIN_WORKSPACE_BYTES;
+        }
+        __atomic_store_n(&majors[dev], major, __ATOMIC_RELAXED);
+    }
+    return major >= 9 ? DEFT_CUBLAS_PLAIN_WORKSPACE_HOPPER_BYTES : DEFT_CUBLAS_PLAIN_WORKSPACE_BYTES;
+}
 
 deft_status deft_cublas_error(const char *what, cublasStatus_t s) {
     return deft_set_error(DEFT_ERR_RUNTIME, "cuda matmul: %s failed: %s", what, cublasGetStatusString(s));
@@ -53,7 +70,8 @@ static deft_status deft_cublas_handle(cudaStream_t st, cublasHandle_t *out) {
     if (ds != DEFT_OK) return ds;
     void *ws = NULL;
     size_t ws_bytes = 0;
-    ds = deft_stream_workspace_sized(dev, st, DEFT_WORKSPACE_CUBLAS, &ws, &ws_bytes);
+    /* Less than the floor inside a capture (a stream first met there holds nothing): cuBLAS then picks within it. */
+    ds = deft_stream_workspace_reserve(dev, st, DEFT_WORKSPACE_CUBLAS, deft_cuda_cublas_floor(dev), &ws, &ws_bytes);
     if (ds != DEFT_OK) return ds;
     cublasStatus_t s;
     if (!deft_cublas_handles[dev]) {

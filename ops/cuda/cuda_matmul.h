@@ -24,9 +24,11 @@ typedef struct deft_mm_epilogue {
     void *bias_grad;    /* BGRAD_B: receives N elements of the output's dtype */
 } deft_mm_epilogue;
 
-/* Whether deft_cuda_matmul_fused can run `mm` (a DEFT_OP_MATMUL node) with this epilogue kind: 2-d operands only
- * (no batch dims), on a CUDA device, in f32, f16 or bf16, with every dimension below 2^31. NONE, BIAS and BIAS_RELU
- * take any transposes; BGRAD_B only an untransposed b (cuBLASLt's BGRADA, which computes it, needs transa = N).
+/* Whether deft_cuda_matmul_fused can run `mm` (a DEFT_OP_MATMUL node) with this epilogue kind: a 2-d b, and a 2-d a
+ * or (NONE, BIAS, BIAS_RELU) an untransposed a of more dims, whose stacked rows make one 2-d product (a linear layer
+ * on [B, T, C]; the bias is over the last dim); on a CUDA device, in f32, f16 or bf16, with every dimension (a's rows
+ * all together) below 2^31. NONE, BIAS and BIAS_RELU take any transposes of 2-d operands; BGRAD_B only 2-d operands
+ * and an untransposed b (cuBLASLt's BGRADA, which computes it, needs transa = N).
  * TF32 changes nothing here. The fusion pass asks before rewriting the graph, so it never plans a fusion that would
  * fail at run time; where cuBLASLt has no algorithm for an accepted shape, the call still succeeds (the product
  * and separate epilogue kernels run instead). */

@@ -8,8 +8,9 @@
 #include "cuda_matmul_impl.cuh"
 
 extern "C" int deft_cuda_matmul_batchable(const deft_tensor *first, const deft_tensor *mm) {
-    if (!deft_cuda_matmul_fusable(first, DEFT_MM_EPI_NONE, 0) || !deft_cuda_matmul_fusable(mm, DEFT_MM_EPI_NONE, 0))
-        return 0;
+    if (!first || !mm || first->ndim != 2 || mm->ndim != 2 || !deft_cuda_matmul_fusable(first, DEFT_MM_EPI_NONE, 0) ||
+        !deft_cuda_matmul_fusable(mm, DEFT_MM_EPI_NONE, 0))
+        return 0;   /* 2-d products only: fusable also takes a's stacked rows, which a batch does not */
     const deft_tensor *a0 = first->src[0], *b0 = first->src[1], *a = mm->src[0], *b = mm->src[1];
     return first->dtype == mm->dtype && first->device.index == mm->device.index &&
            first->p.matmul.trans_a == mm->p.matmul.trans_a && first->p.matmul.trans_b == mm->p.matmul.trans_b &&

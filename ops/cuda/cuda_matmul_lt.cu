@@ -12,7 +12,12 @@
  * once; its descriptors and algorithm are kept in a host cache for the life of the process, so the capture of a
  * step into a CUDA Graph (which follows eager runs of the same step) only looks them up. A problem met for the first
  * time inside a capture is not looked up in cuBLASLt at all: it takes the fallback (the reference product, plus the
- * small epilogue kernels below), whose calls are capturable. So are the problems cuBLASLt has no algorithm for. */
+ * small epilogue kernels below), whose calls are capturable. So are the problems cuBLASLt has no algorithm for.
+ *
+ * The heuristic is offered the stream's cap (cuda_workspace.h) and the stream's scratch then grows to what the
+ * chosen algorithm asks for: outside a capture, so the eager run before a capture has grown it for every problem
+ * of the step. Where the stream holds less than the choice asks (inside a capture, or a scratch a capture froze),
+ * the heuristic's choice within what it holds is taken instead (a cached one only, inside a capture). */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,7 +63,8 @@ typedef struct deft_lt_key {
     int ptr_array;   /* 1: count products whose A, B and D are device arrays of pointers (the strides unused) */
     int64_t M, N, K, count, stride_a, stride_b;   /* count 1: one product; strides in elements, 0 repeats one */
     uint32_t align_a, align_b, align_out, align_bias;
-    uint64_t ws_bytes;   /* the stream's scratch, which bounds the algorithm's (a side lane's is smaller) */
+    uint64_t ws_bytes;   /* the most the algorithm may ask for: the stream's cap (a side lane's is smaller), or
+                          * inside a capture what the stream holds (cuda_workspace.h) */
 } deft_lt_key;
 
 typedef struct deft_lt_entry {
@@ -67,6 +73,7 @@ typedef struct deft_lt_entry {
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t la, lb, ld;   /* cuBLASLt's A (our b), B (our a), C = D (our out) */
     cublasLtMatmulAlgo_t algo;
+    size_t ws_need;   /* the workspace the algorithm asks for (the heuristic's workspaceSize) */
 } deft_lt_entry;
 
 /* Distinct problems kept; past this, new ones take the fallback rather than grow the cache without end. */
@@ -170,6 +177,7 @@ static cublasStatus_t deft_lt_choose(cublasLtHandle_t h, const deft_lt_key &k, c
                 CUBLAS_STATUS_SUCCESS &&
             got > 0 && r.state == CUBLAS_STATUS_SUCCESS) {
             e->algo = r.algo;
+            e->ws_need = r.workspaceSize;
             e->found = true;
         }
     }
@@ -268,6 +276,40 @@ static deft_status deft_lt_stage_table(deft_lt_call &c, void *dst, cudaStream_t 
     return DEFT_OK;
 }
 
+/* The scratch kept for algorithms rounded to this, so that a pointer table after it stays aligned. */
+#define DEFT_LT_WS_ALIGN ((size_t)256)
+
+static size_t deft_lt_round(size_t v) {
+    return (v + DEFT_LT_WS_ALIGN - 1) / DEFT_LT_WS_ALIGN * DEFT_LT_WS_ALIGN;
+}
+
+/* c's algorithm and the stream's scratch that holds its workspace (then its pointer table, if any): NULL with *s
+ * DEFT_OK where the fallback must run. Chosen within the stream's cap; where the stream cannot hold that choice,
+ * chosen again within what it holds. The caller holds deft_lt_lock. */
+static deft_lt_entry *deft_lt_prepare(cublasLtHandle_t h, deft_lt_call &c, cudaStream_t st, bool capturing, void **ws,
+                                      size_t *ws_bytes, deft_status *s) {
+    const size_t table = c.table ? DEFT_LT_TABLE_BYTES : 0;
+    const size_t cap = deft_stream_workspace_cap(c.key.dev, st, DEFT_WORKSPACE_CUBLAS);
+    *s = DEFT_OK;
+    if (cap <= table) return NULL;
+    c.key.ws_bytes = (cap - table) / DEFT_LT_WS_ALIGN * DEFT_LT_WS_ALIGN;
+    deft_lt_entry *e = deft_lt_entry_for(h, c.key, c.bias, capturing, s);
+    if (!e || !e->found) return NULL;
+    size_t held = 0;
+    *s = deft_stream_workspace_reserve(c.key.dev, st, DEFT_WORKSPACE_CUBLAS, deft_lt_round(e->ws_need) + table, ws,
+                                       &held);
+    if (*s != DEFT_OK) return NULL;
+    if (held < table) return NULL;   /* no room for the table (a stream first met in a capture holds nothing) */
+    const size_t room = (held - table) / DEFT_LT_WS_ALIGN * DEFT_LT_WS_ALIGN;
+    if (e->ws_need > room) {   /* held smaller: the choice within what is held */
+        c.key.ws_bytes = room;
+        e = deft_lt_entry_for(h, c.key, c.bias, capturing, s);
+        if (!e || !e->found || e->ws_need > room) return NULL;
+    }
+    *ws_bytes = room;
+    return e;
+}
+
 /* Runs c through cuBLASLt: *done = false (nothing enqueued) where the fallback must run instead. */
 static deft_status deft_lt_run(deft_lt_call &c, cudaStream_t st, bool *done) {
     *done = false;
@@ -285,17 +327,9 @@ static deft_status deft_lt_run(deft_lt_call &c, cudaStream_t st, bool *done) {
     void *ws = NULL;
     size_t ws_bytes = 0;
     if (capturing && !deft_lt_handles[c.key.dev]) return DEFT_OK;   /* creating one is no capture's business */
-    if ((s = deft_lt_handle(c.key.dev, &h)) != DEFT_OK ||
-        (s = deft_stream_workspace_sized(c.key.dev, st, DEFT_WORKSPACE_CUBLAS, &ws, &ws_bytes)) != DEFT_OK)
-        return s;
-    if (ws_bytes == 0) return DEFT_OK;   /* a new stream met in a capture: the fallback */
-    if (c.table) {
-        if (ws_bytes <= DEFT_LT_TABLE_BYTES) return DEFT_OK;
-        ws_bytes -= DEFT_LT_TABLE_BYTES;
-    }
-    c.key.ws_bytes = ws_bytes;
-    deft_lt_entry *e = deft_lt_entry_for(h, c.key, c.bias, capturing, &s);
-    if (!e || !e->found) return s;
+    if ((s = deft_lt_handle(c.key.dev, &h)) != DEFT_OK) return s;
+    deft_lt_entry *e = deft_lt_prepare(h, c, st, capturing, &ws, &ws_bytes, &s);
+    if (!e) return s;
     if (c.dry) {
         *done = true;
         return DEFT_OK;
@@ -307,8 +341,7 @@ static deft_status deft_lt_run(deft_lt_call &c, cudaStream_t st, bool *done) {
     const float one = 1.0f, zero = 0.0f;
     if (cs == CUBLAS_STATUS_SUCCESS)
         cs = cublasLtMatmul(h, e->desc, &one, c.b, e->la, c.a, e->lb, c.accumulate ? &one : &zero, c.out, e->ld,
-                            c.out, e->ld, &e->algo,
-                            ws, ws_bytes, st);
+                            c.out, e->ld, &e->algo, ws_bytes ? ws : NULL, ws_bytes, st);
     if (cs == CUBLAS_STATUS_NOT_SUPPORTED) {
         /* Refused before launching anything: remember it, and let the fallback run now and from here on. */
         e->found = false;
@@ -442,11 +475,15 @@ extern "C" int deft_cuda_matmul_fusable(const deft_tensor *mm, deft_mm_epilogue_
     (void)flags;   /* TF32 or not, cuBLASLt offers the same epilogues */
     if (!mm || mm->op != DEFT_OP_MATMUL || mm->nsrc != 2 || mm->device.type != DEFT_CUDA) return 0;
     const deft_tensor *a = mm->src[0], *b = mm->src[1];
-    if (mm->ndim != 2 || a->ndim != 2 || b->ndim != 2) return 0;
+    /* An untransposed a of more dims against a 2-d b is, in memory, one 2-d product with a's rows stacked (a linear
+     * layer on [B, T, C]): its rows fold into M, and a bias over the last dim is one over D's rows as before. */
+    const bool folded = a->ndim > 2 && !mm->p.matmul.trans_a && kind != DEFT_MM_EPI_BGRAD_B;
+    if (b->ndim != 2 || mm->ndim != a->ndim || (a->ndim != 2 && !folded)) return 0;
     if (mm->dtype != DEFT_F32 && mm->dtype != DEFT_F16 && mm->dtype != DEFT_BF16) return 0;
     if (a->dtype != mm->dtype || b->dtype != mm->dtype) return 0;
+    if (deft_shape_numel(a->ndim - 1, a->shape) > INT32_MAX || a->shape[a->ndim - 1] > INT32_MAX) return 0;
     for (int i = 0; i < 2; i++)
-        if (a->shape[i] > INT32_MAX || b->shape[i] > INT32_MAX) return 0;
+        if (b->shape[i] > INT32_MAX) return 0;
     switch (kind) {
     case DEFT_MM_EPI_NONE:
     case DEFT_MM_EPI_BIAS:
@@ -489,6 +526,11 @@ extern "C" deft_status deft_cuda_matmul_fused(const deft_tensor *mm, void *out, 
     deft_mm s;
     deft_status r = deft_mm_make(mm, &s);
     if (r != DEFT_OK) return r;
+    if (s.nbatch > 0) {   /* a's stacked rows against one b (fusable said so): one product of batch * M rows */
+        s.M *= s.batch;
+        s.nbatch = 0;
+        s.batch = s.a_mats = s.b_mats = 1;
+    }
     /* Empty products (cuBLASLt wants every dimension positive) and the debug knob DEFT_DEBUG_MATMUL_REFERENCE take
      * the fallback. */
     if (s.M > 0 && s.N > 0 && s.K > 0 && !deft_matmul_reference_requested()) {

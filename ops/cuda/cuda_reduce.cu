@@ -3,12 +3,18 @@
  * As on the CPU (ops/cpu/cpu_reduce.c, cpu_softmax.c): floating sums and means accumulate in double and i32 in
  * int64 (wrapping on the store); max propagates NaN; softmax subtracts the row maximum before exp and sums the
  * exponentials in double. Each output (or softmax row) is reduced either by one thread, when neighbouring outputs
- * sit next to each other in memory and there are many of them, or by one block with a shared-memory reduction. */
+ * sit next to each other in memory and there are many of them, or by one block with a shared-memory reduction, or,
+ * when the outputs are few and their rows long (graph_internal.h's deft_reduce_split_parts), by several blocks each
+ * (deft_k_reduce_split): one block summed a [16, 12, 1024, 64] tensor to a scalar in milliseconds. */
 #include <string.h>
 
 #include "cuda_block_reduce.cuh"
 #include "cuda_common.cuh"
 #include "cuda_tuning.h"
+#include "fused.h"
+
+/* A fused chain's reduction sums in one block's order and must give the unfused bits: no split at its lengths. */
+static_assert(DEFT_REDUCE_SPLIT_MIN_LEN > DEFT_FUSED_MAX_REDUCE_NUMEL, "split reductions must be longer than fused");
 
 /* ---- sum / mean / max ---- */
 /* The input regrouped into kept runs and reduced runs (adjacent axes of one kind merge, size-1 axes vanish), each
@@ -111,6 +117,60 @@ template <class T, int OP> __global__ void deft_k_reduce_block(T *o, const T *x,
     }
 }
 
+/* ---- few outputs, long rows: two stages ----
+ * Block b takes output b / parts and its part b % parts, the reduced indices [k chunk, (k + 1) chunk) of that output
+ * (a run of neighbours in memory when the innermost reduced run is long), read by its threads in turn and combined
+ * by deft_block_reduce into part[b]; then a block per output combines its parts (thread t parts t, t + B, ..., then
+ * the block's tree) and rounds once. Both orders are fixed by the shape, so every run gives the same bits; they
+ * differ from the one-block order, so a split sum may differ from an unsplit one in its last bits. The partials are
+ * 8 bytes each, past the node's value (graph_internal.h's deft_node_extra_bytes): the kernels allocate nothing. */
+template <class T, int OP>
+__global__ void deft_k_reduce_split(typename deft_red_acc<T>::A *part, const T *x, deft_red_plan p, int64_t parts,
+                                    int64_t chunk) {
+    typedef typename deft_red_acc<T>::A A;
+    for (int64_t b = blockIdx.x; b < p.nout * parts; b += gridDim.x) {
+        const int64_t i = b / parts, lo = (b % parts) * chunk, hi = lo + chunk < p.rtot ? lo + chunk : p.rtot;
+        const T *base = x + deft_run_offset(p.ks, p.kst, p.nk, i);
+        A acc = OP == DEFT_RED_MAX ? deft_red_acc<T>::lowest() : A(0);
+        for (int64_t r = lo + threadIdx.x; r < hi; r += blockDim.x) {
+            const int64_t off = p.nr == 1 ? r * p.rst[0] : deft_run_offset(p.rs, p.rst, p.nr, r);
+            const A v = (A)deft_ty<T>::load(base[off]);
+            acc = OP == DEFT_RED_MAX ? deft_max_nan(v, acc) : acc + v;
+        }
+        if (OP == DEFT_RED_MAX) acc = deft_block_reduce(acc, deft_r_max());
+        else acc = deft_block_reduce(acc, deft_r_sum());
+        if (threadIdx.x == 0) part[b] = acc;
+    }
+}
+
+template <class T, int OP>
+__global__ void deft_k_reduce_join(T *o, const typename deft_red_acc<T>::A *part, int64_t nout, int64_t parts,
+                                   int64_t rtot) {
+    typedef typename deft_red_acc<T>::A A;
+    for (int64_t i = blockIdx.x; i < nout; i += gridDim.x) {
+        A acc = OP == DEFT_RED_MAX ? deft_red_acc<T>::lowest() : A(0);
+        for (int64_t k = threadIdx.x; k < parts; k += blockDim.x)
+            acc = OP == DEFT_RED_MAX ? deft_max_nan(part[i * parts + k], acc) : acc + part[i * parts + k];
+        if (OP == DEFT_RED_MAX) acc = deft_block_reduce(acc, deft_r_max());
+        else acc = deft_block_reduce(acc, deft_r_sum());
+        if (threadIdx.x == 0) o[i] = deft_red_finish<T, OP>(acc, rtot);
+    }
+}
+
+template <class T, int OP>
+static deft_status deft_reduce_split_launch(const deft_tensor *n, T *o, const T *x, const deft_red_plan &p,
+                                            int64_t parts, cudaStream_t st) {
+    typedef typename deft_red_acc<T>::A A;
+    A *part = (A *)((char *)o + deft_node_extra_offset(n));
+    const int64_t chunk = (p.rtot + parts - 1) / parts, blocks = p.nout * parts;
+    deft_k_reduce_split<T, OP><<<(unsigned)(blocks < DEFT_CUDA_MAX_BLOCKS ? blocks : DEFT_CUDA_MAX_BLOCKS),
+                                 DEFT_CUDA_THREADS, 0, st>>>(part, x, p, parts, chunk);
+    deft_status s = deft_cuda_check_launch(n, "reduce split");
+    if (s != DEFT_OK) return s;
+    deft_k_reduce_join<T, OP><<<(unsigned)p.nout, deft_reduce_threads(parts), 0, st>>>(o, part, p.nout, parts, p.rtot);
+    return deft_cuda_check_launch(n, "reduce join");
+}
+
 /* Sums over the rows of a row-major [R, C] (a bias gradient: the sum of dy over the batch): block b takes columns
  * 32b .. 32b+31, thread (x, y) rows y, y + 32, ... of column 32b + x, so each warp reads 32 neighbouring columns of
  * one row at a time; the 32 partials of a column are then added in row-block order. The one-block-per-column path
@@ -146,6 +206,11 @@ static bool deft_red_is_cols(const deft_red_plan &p) {
 template <class T, int OP>
 static deft_status deft_reduce_launch(const deft_tensor *n, T *o, const T *x, const deft_red_plan &p,
                                       cudaStream_t st) {
+    /* Split where the planner left room for the partials and the innermost reduced run is contiguous (the column
+     * tiles take the other layout). */
+    const int64_t parts = deft_reduce_split_parts(n);
+    if (parts > 1 && p.nout <= DEFT_REDUCE_SPLIT_MAX_OUTPUTS && !p.inner_kept && p.nr >= 1)
+        return deft_reduce_split_launch<T, OP>(n, o, x, p, parts, st);
     if (deft_red_is_cols(p)) {
         const unsigned blocks = (unsigned)((p.nout + DEFT_COLS_TILE - 1) / DEFT_COLS_TILE);
         deft_k_reduce_cols<T, OP><<<blocks, dim3(DEFT_COLS_TILE, DEFT_COLS_TILE), 0, st>>>(o, x, p.rtot, p.nout);
