@@ -307,6 +307,14 @@ static inline int64_t deft_reduce_split_parts(const deft_tensor *t) {
     const int64_t by_len = len / DEFT_REDUCE_SPLIT_PART_LEN, cap = DEFT_REDUCE_SPLIT_PARTIALS / nout;
     return by_len < cap ? by_len : cap;
 }
+/* A half-precision attention gradient on a GPU also keeps, past its statistics, an f32 [B, H, T, D] accumulator for
+ * cuDNN's dq (summed with atomics across key blocks): in the node's buffer rather than the stream's cuDNN scratch,
+ * whose cap it would pass at GPT-2's sizes (bench/RESULTS.md, eighteenth round). Under 4/6 of the node's own bytes,
+ * so the sizes deft_attention checked cover it. */
+static inline bool deft_attention_has_accum(const deft_tensor *t) {
+    return t->op == DEFT_OP_ATTENTION_GRAD && t->device.type == DEFT_CUDA &&
+           (t->dtype == DEFT_BF16 || t->dtype == DEFT_F16);
+}
 static inline size_t deft_node_extra_bytes(const deft_tensor *t) {
     const size_t esz = t->dtype == DEFT_F64 ? 8 : 4;
     if (t->op == DEFT_OP_SUM || t->op == DEFT_OP_MEAN || t->op == DEFT_OP_MAX)
@@ -315,7 +323,13 @@ static inline size_t deft_node_extra_bytes(const deft_tensor *t) {
     if (t->op == DEFT_OP_LAYER_NORM_WEIGHT_GRAD)
         return (size_t)deft_layer_norm_parts(deft_layer_norm_rows(t->src[0])) * 2 * (size_t)t->shape[1] * esz;
     if (t->op != DEFT_OP_ATTENTION && t->op != DEFT_OP_ATTENTION_GRAD) return 0;
-    return (size_t)deft_attention_rows(t) * esz;
+    const size_t stats = (size_t)deft_attention_rows(t) * esz;
+    if (!deft_attention_has_accum(t)) return stats;
+    return ((stats + 255) & ~(size_t)255) + (size_t)deft_attention_rows(t) * (size_t)t->shape[t->ndim - 1] * 4;
+}
+/* Where the f32 dq accumulator of a GPU half-precision attention gradient starts (deft_attention_has_accum). */
+static inline size_t deft_attention_accum_offset(const deft_tensor *t) {
+    return deft_node_extra_offset(t) + (((size_t)deft_attention_rows(t) * 4 + 255) & ~(size_t)255);
 }
 static inline size_t deft_node_buffer_bytes(const deft_tensor *t) {
     const size_t extra = deft_node_extra_bytes(t);

@@ -9,7 +9,9 @@
  * rowsum(dO * o) (cuDNN's softmax_sum) in the gradient node's f32 scratch.
  *
  * Determinism: the backward's default form accumulates dq in f32 with atomics across key blocks (as the frontend's
- * default on cuDNN 9), whose sums vary in order from run to run. With DEFT_CUDA_DETERMINISTIC (the default of
+ * default on cuDNN 9), whose sums vary in order from run to run; the accumulator is part of the gradient node's
+ * buffer (ir/graph_internal.h's deft_attention_has_accum), so the stream's scratch holds cuDNN's own part only.
+ * With DEFT_CUDA_DETERMINISTIC (the default of
  * deft_cudnn_attention) dq is instead a product of the whole dS with k (the frontend's is_deterministic_algorithm on
  * Hopper), no atomics, and engines cuDNN marks nondeterministic are passed over unless no other takes the graph
  * (deft_cudnn_attention_describe then says "nondeterministic"): deft's own backward is deterministic, so the same
@@ -184,8 +186,7 @@ typedef struct deft_catt_entry {
     deft_cg g;              /* every descriptor of the graph and its plan */
     deft_cg_plan plan;
     int variant;            /* which form of the graph cuDNN took (cuda_attention_cudnn.cuh) */
-    size_t accum_offset;    /* the backward's f32 dq accumulator in the workspace, past cuDNN's own part */
-    size_t accum_bytes;
+    int accum;              /* the backward's f32 dq accumulator: in the node's buffer (deft_attention_accum_offset) */
     size_t ws_bytes;        /* the workspace the call needs */
     float scale, neg_inf, one;   /* by-value operands: cuDNN reads them at each execution */
 } deft_catt_entry;
@@ -269,8 +270,6 @@ static deft_status deft_catt_handle(const deft_tensor *n, int dev, cudaStream_t 
     return DEFT_OK;
 }
 
-static size_t deft_catt_round(size_t v) { return (v + 255) & ~(size_t)255; }
-
 /* Builds k's graph and chooses its plan within `cap` bytes of workspace, trying each form of the graph in turn. */
 static deft_status deft_catt_build(const deft_tensor *n, cudnnHandle_t h, const deft_catt_key &k, size_t cap,
                                    deft_catt_entry **out) {
@@ -278,16 +277,9 @@ static deft_status deft_catt_build(const deft_tensor *n, cudnnHandle_t h, const 
     if (!e) return deft_set_error(DEFT_ERR_OOM, "cuda %s: no host memory for a cuDNN plan", deft_op_name(n->op));
     e->key = k;
     e->scale = (float)k.scale, e->neg_inf = -INFINITY, e->one = 1.0f;
-    size_t accum = 0;   /* B * H * T * D floats: a quarter of what the gradient node's buffer was checked to hold */
-    if (!k.forward && !k.deterministic &&
-        (__builtin_mul_overflow((size_t)(k.b * k.h * k.t * k.d), sizeof(float), &accum) || accum > cap)) {
-        free(e);
-        return deft_catt_refuse(n, "the f32 dq accumulator, B * H * T * D floats, does not fit the %zu bytes of this "
-                                "stream's cuDNN workspace", cap);
-    }
-    e->accum_bytes = accum;
-    /* cuDNN's part, rounded up to 256 bytes, then the accumulator */
-    const size_t plan_cap = accum ? (cap - accum) & ~(size_t)255 : cap;
+    /* The backward's f32 dq accumulator lives in the gradient node's buffer (deft_attention_accum_offset), not here. */
+    e->accum = !k.forward && !k.deterministic;
+    const size_t plan_cap = cap;
     char why[DEFT_CATT_TEXT];
     why[0] = '\0';
     for (int variant = 0; variant < DEFT_CATT_VARIANTS; variant++) {
@@ -297,8 +289,7 @@ static deft_status deft_catt_build(const deft_tensor *n, cudnnHandle_t h, const 
         if (deft_catt_build_graph(&e->g, h, &s) && deft_cg_choose_plan(&e->g, h, k.deterministic != 0, plan_cap,
                                                                        &e->plan)) {
             e->variant = variant;
-            e->accum_offset = deft_catt_round((size_t)e->plan.workspace);
-            e->ws_bytes = e->accum_bytes ? e->accum_offset + e->accum_bytes : (size_t)e->plan.workspace;
+            e->ws_bytes = (size_t)e->plan.workspace;
             *out = e;
             return DEFT_OK;
         }
@@ -360,7 +351,7 @@ static void deft_catt_put(deft_catt_pack *p, int64_t uid, const void *ptr) {
 }
 
 static void deft_catt_pack_of(const deft_tensor *n, const deft_catt_entry *e, void *out, const void *const *in,
-                              void *ws, deft_catt_pack *p) {
+                              deft_catt_pack *p) {
     p->n = 0;
     deft_catt_put(p, DEFT_CATT_UID_SCALE, &e->scale);
     if (e->key.causal) deft_catt_put(p, DEFT_CATT_UID_NEG_INF, &e->neg_inf);
@@ -384,7 +375,7 @@ static void deft_catt_pack_of(const deft_tensor *n, const deft_catt_entry *e, vo
     deft_catt_put(p, DEFT_CATT_UID_DK, (char *)out + part);
     deft_catt_put(p, DEFT_CATT_UID_DV, (char *)out + 2 * part);
     deft_catt_put(p, DEFT_CATT_UID_DELTA, (char *)out + deft_node_extra_offset(n));
-    if (e->accum_bytes) deft_catt_put(p, DEFT_CATT_UID_ACCUM, (char *)ws + e->accum_offset);
+    if (e->accum) deft_catt_put(p, DEFT_CATT_UID_ACCUM, (char *)out + deft_attention_accum_offset(n));
 }
 
 /* Enqueues e's plan on the handle's stream. Setting up the pack refuses (nothing ran); a failed execution whose
@@ -442,12 +433,11 @@ static deft_status deft_catt_run(const deft_tensor *n, void *out, const void *co
     s = deft_stream_workspace_reserve(dev, st, DEFT_WORKSPACE_CUDNN, e->ws_bytes, &ws, &held);
     if (s != DEFT_OK) return s;
     if (held < e->ws_bytes)
-        return deft_catt_refuse(n, "the plan needs %zu bytes of workspace (cuDNN's %lld%s) and this stream's cuDNN "
-                                "scratch holds %zu%s", e->ws_bytes, (long long)e->plan.workspace,
-                                e->accum_bytes ? " and the f32 dq accumulator" : "", held,
+        return deft_catt_refuse(n, "the plan needs %zu bytes of workspace and this stream's cuDNN scratch holds %zu%s",
+                                e->ws_bytes, held,
                                 deft_catt_capturing(st) ? " (it cannot grow inside a capture)" : "");
     deft_catt_pack p;
-    deft_catt_pack_of(n, e, out, in, ws, &p);
+    deft_catt_pack_of(n, e, out, in, &p);
     if (!deft_catt_aligned(&p))
         return deft_catt_refuse(n, "a tensor's address is not aligned to %d bytes", DEFT_CATT_ALIGN);
     return deft_catt_execute(n, h, e, &p, ws);
@@ -489,7 +479,7 @@ extern "C" int deft_cudnn_attention_describe(const deft_tensor *n, unsigned flag
              (long long)e->plan.engine, e->plan.heur_mode, e->plan.candidate, e->variant,
              e->plan.runtime_compiled ? ", runtime compiled" : "",
              e->plan.nondeterministic ? ", nondeterministic" : "", (long long)e->plan.workspace,
-             e->accum_bytes ? " + the f32 dq accumulator" : "", e->ws_bytes);
+             e->accum ? " + the f32 dq accumulator in the node's buffer" : "", e->ws_bytes);
     return 1;
 }
 
