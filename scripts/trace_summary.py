@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """Where a traced step's time goes: sums the slices of a trace written by deft_program_trace (gpt2_train --trace,
 bench --trace) by op, prints one line per op (total us, share, count, the largest slice's name), the biggest first.
+A fused group's slice counts under its last member's op, marked "(group of N)" (a product with its bias epilogue
+shows as an add).
 Usage: scripts/trace_summary.py TRACE.json [--top N] [--by op|name]"""
 import argparse
 import collections
@@ -28,6 +30,8 @@ def main():
             continue
         args = e.get("args", {})
         k = args.get("op", "?") if a.by == "op" else e.get("name", "?")
+        if a.by == "op" and args.get("members"):   # a fused group's slice is named by its last member
+            k = f"{k} (group of {len(args['members'])})"
         if args.get("dtype"):
             k = f"{k} {args['dtype']}"
         dur = float(e.get("dur", 0))
