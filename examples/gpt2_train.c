@@ -90,6 +90,7 @@ static int parse_size(const char *s, size_t *out) {
     else if (*end == 'M' || *end == 'm') mult = 1048576.0, end++;
     else if (*end == 'G' || *end == 'g') mult = 1073741824.0, end++;
     if (*end == 'B' || *end == 'b') end++;
+    if (v * mult >= 18446744073709551616.0) return 0;   /* 2^64: past any size_t (converting it is undefined) */
     *out = (size_t)(v * mult);
     return *end == 0;
 }
