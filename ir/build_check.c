@@ -1,12 +1,39 @@
 /* Checks shared by the builders: one place for each message users see. */
+#include <string.h>
+
 #include "checked.h"
 #include "device_internal.h"
 #include "node.h"
 
+/* Where a message about a NULL operand quotes the error before it: a chain of calls after one failure quotes that
+ * failure once, not each link. */
+#define DEFT_NULL_CAUSE "; the last error before it: "
+
+/* A NULL operand: usually the result of a call that failed (its message is the one worth reading), else a mistake
+ * of its own. Either way the call fails saying which operand, on the graph of another operand when there is one
+ * (quoting that graph's first error, the cause, if it has one), else quoting this thread's last error. */
+static void deft_null_operand(const char *op, int n, deft_tensor *const *srcs, int i) {
+    deft_graph *g = NULL;
+    for (int j = 0; j < n && !g; j++)
+        if (srcs[j]) g = srcs[j]->graph;
+    /* beside an operand whose graph is healthy the NULL came from nowhere: nothing before it to quote */
+    const char *before = !g ? deft_errmsg() : g->first_error != DEFT_OK ? g->first_errmsg : "";
+    const char *cause = strstr(before, DEFT_NULL_CAUSE);
+    cause = cause ? cause + strlen(DEFT_NULL_CAUSE) : before;
+    if (*cause) deft_graph_fail(g, DEFT_ERR_INVALID, "%s: operand %d is NULL" DEFT_NULL_CAUSE "%s", op, i, cause);
+    else deft_graph_fail(g, DEFT_ERR_INVALID, "%s: operand %d is NULL", op, i);
+}
+
 deft_graph *deft_srcs_graph(const char *op, int n, deft_tensor *const *srcs) {
-    if (!srcs) return NULL;
+    if (!srcs) {
+        deft_set_error(DEFT_ERR_INVALID, "%s: no operands given (NULL)", op);
+        return NULL;
+    }
     for (int i = 0; i < n; i++)
-        if (!srcs[i]) return NULL;
+        if (!srcs[i]) {
+            deft_null_operand(op, n, srcs, i);
+            return NULL;
+        }
     deft_graph *g = srcs[0]->graph;
     for (int i = 1; i < n; i++) {
         if (srcs[i]->graph != g) {

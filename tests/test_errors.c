@@ -75,6 +75,22 @@ static void test_null_chains(void) {
     deft_graph_free(g);
 }
 
+/* A NULL given where no call failed: the builder says which operand, and its graph keeps that as its error. */
+static void test_null_operand(void) {
+    deft_graph *g = deft_graph_new();
+    deft_tensor *a = deft_input(g, "a", DEFT_F32, 1, (int64_t[]){4}, CPU);
+    CHECK(deft_add(a, NULL) == NULL);
+    CHECK_MSG(strstr(deft_errmsg(), "add: operand 1 is NULL") != NULL, "message: %s", deft_errmsg());
+    CHECK(deft_graph_error(g) == DEFT_ERR_INVALID);
+    CHECK(deft_relu(NULL) == NULL);   /* no graph to blame: the message quotes the error before it, once */
+    CHECK_MSG(strstr(deft_errmsg(), "relu: operand 0 is NULL; the last error before it: add: operand 1 is NULL") != NULL,
+              "message: %s", deft_errmsg());
+    CHECK(deft_sum(deft_relu(NULL), 0, NULL, 0) == NULL);
+    CHECK_MSG(strstr(deft_errmsg(), "sum: operand 0 is NULL; the last error before it: add: operand 1") != NULL,
+              "message: %s", deft_errmsg());
+    deft_graph_free(g);
+}
+
 static void test_device_errors(void) {
     deft_device d = CPU;
     CHECK_ERR(deft_device_parse("cuda:abc", &d), DEFT_ERR_DEVICE, "unknown device \"cuda:abc\"");
@@ -160,6 +176,7 @@ int main(void) {
     test_leaf_errors();
     test_dtype_errors();
     test_null_chains();
+    test_null_operand();
     test_device_errors();
     test_program_errors();
     test_budget_errors();
