@@ -26,6 +26,7 @@ typedef enum deft_debug_knob {
                                     * tensor-core kernels, 3 cuDNN's fused attention (each falls back to the plain) */
     DEFT_DEBUG_SHAPE_REFERENCE,    /* 1: permutes, strided slices and concats on a GPU take the one-element kernel */
     DEFT_DEBUG_SLICE_GRAD_ADDS,    /* 1: backward adds the zero-padded gradients of slices, never one concat of them */
+    DEFT_DEBUG_MAP_SCALAR,         /* 1: unary, scalar and activation-gradient ops on a GPU: one element a thread */
     DEFT_DEBUG_KNOB_COUNT
 } deft_debug_knob;
 

@@ -214,11 +214,20 @@ static void print_amp_figures(mlp *m, const deft_compile_options *co, const char
     printf("mlp_train.%s.%s_skipped_steps %lld count\n", k, tag, (long long)skipped);
 }
 
-static void bench(const mlp_config *c, deft_device dev, const deft_compile_options *co, feed_mode feed) {
+/* Graphs of earlier runs kept alive under --repeat N --keep (freed at exit). */
+#define MAX_REPEAT_RUNS 16
+static deft_graph *kept[MAX_REPEAT_RUNS];
+static int n_kept;
+
+/* run: 1 for the first build of a configuration in this process; --repeat's later ones (2, 3, ...) name their
+ * figures "_run<k>", so one log holds them all. */
+static void bench(const mlp_config *c, deft_device dev, const deft_compile_options *co, feed_mode feed, int run,
+                  int keep) {
     static const char *const feed_tags[] = {"", "_feed_host", "_feed_prefetch"};
-    char tag[64], k[48];
-    snprintf(tag, sizeof tag, "%s%s%s", co->no_cuda_graphs ? "deft_nographs" : "deft",
-             co->no_fusion ? "_nofusion" : "", feed_tags[feed]);
+    char tag[80], k[48], run_tag[16] = "";
+    if (run > 1) snprintf(run_tag, sizeof run_tag, "_run%d", run);
+    snprintf(tag, sizeof tag, "%s%s%s%s", co->no_cuda_graphs ? "deft_nographs" : "deft",
+             co->no_fusion ? "_nofusion" : "", feed_tags[feed], run_tag);
     snprintf(k, sizeof k, "%s%s%s", c->name, co->tf32 ? "_tf32" : "",
              co->autocast == DEFT_BF16 ? "_bf16" : co->autocast == DEFT_F16 ? "_f16" : "");
     mlp m = {.feed = feed};
@@ -278,14 +287,16 @@ static void bench(const mlp_config *c, deft_device dev, const deft_compile_optio
     if (co->autocast != DEFT_F32) print_amp_figures(&m, co, k, tag, mr.arena_bytes);
     fflush(stdout);
     deft_loader_free(m.loader);   /* before the graph: its buffers may still be read by the last copies */
-    deft_graph_free(m.g);
+    if (keep && n_kept < MAX_REPEAT_RUNS) kept[n_kept++] = m.g;
+    else deft_graph_free(m.g);
     free(m.xs);
     free(m.ys);
 }
 
 static const char help[] =
     "usage: bench_mlp_train [--config tiny|small|mid|large] [--device cuda:N|cpu] [--no-graphs] [--no-fusion]\n"
-    "                       [--tf32] [--feed device|host|prefetch] [--amp bf16|f16] [A/B options]\n"
+    "                       [--tf32] [--feed device|host|prefetch] [--amp bf16|f16] [--repeat N] [--keep]\n"
+    "                       [A/B options]\n"
     "\n"
     "The time of one MLP training step (forward, loss, backward, optimizer update) compiled by deft, on four sizes\n"
     "from launch-bound to matmul-bound. One figure per line: <name> <value> <unit>.\n"
@@ -298,12 +309,16 @@ static const char help[] =
     "  --feed device|host|prefetch     where each step's batch comes from (default: device, fed once)\n"
     "  --amp bf16|f16                  autocast (default: off, f32)\n"
     BENCH_AB_HELP
+    "  --repeat N                      build and time each configuration N times in this process, the later\n"
+    "                                  runs' figures named _run2, _run3, ... (default: 1; at most 16)\n"
+    "  --keep                          with --repeat, keep each run's program alive until the end (default: freed)\n"
     "  -h, --help                      this help\n";
 
 static void usage(void) {
     fprintf(stderr,
             "usage: %s [--config tiny|small|mid|large] [--device cuda:N|cpu] [--no-graphs] "
-            "[--no-fusion] [--tf32] [--feed device|host|prefetch] [--amp bf16|f16] " BENCH_AB_USAGE "\n",
+            "[--no-fusion] [--tf32] [--feed device|host|prefetch] [--amp bf16|f16] [--repeat N] [--keep] "
+            BENCH_AB_USAGE "\n",
             prog);
     exit(2);
 }
@@ -312,11 +327,22 @@ int main(int argc, char **argv) {
     const char *only = NULL, *device = NULL;
     deft_compile_options co = {0};
     feed_mode feed = FEED_DEVICE;
+    int repeat = 1, keep = 0;
     bench_help(argc, argv, help);
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--config") && i + 1 < argc) only = argv[++i];
         else if (!strcmp(argv[i], "--device") && i + 1 < argc) device = argv[++i];
         else if (!strcmp(argv[i], "--no-graphs")) co.no_cuda_graphs = 1;
+        else if (!strcmp(argv[i], "--repeat") && i + 1 < argc) {
+            char *end = NULL;
+            const long r = strtol(argv[++i], &end, 10);
+            if (!end || *end || r < 1 || r > MAX_REPEAT_RUNS) {
+                fprintf(stderr, "%s: --repeat takes 1 to %d, not %s\n", prog, MAX_REPEAT_RUNS, argv[i]);
+                return 2;
+            }
+            repeat = (int)r;
+        }
+        else if (!strcmp(argv[i], "--keep")) keep = 1;
         else if (!strcmp(argv[i], "--no-fusion")) co.no_fusion = 1;
         else if (!strcmp(argv[i], "--tf32")) co.tf32 = 1;
         else if (!strcmp(argv[i], "--amp") && i + 1 < argc) {
@@ -370,7 +396,8 @@ int main(int argc, char **argv) {
         const mlp_config *c = &configs[i];
         if (only ? strcmp(c->name, only) != 0 : dev.type == DEFT_CPU && !c->cpu_default) continue;
         if (!only && co.tf32 && c->cpu_default) continue;   /* TF32 figures: mid and large */
-        bench(c, dev, &co, feed);
+        for (int run = 1; run <= repeat; run++) bench(c, dev, &co, feed, run, keep);
     }
+    for (int i = 0; i < n_kept; i++) deft_graph_free(kept[i]);
     return 0;
 }

@@ -4,6 +4,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "config.h"
 #include "cuda_common.cuh"
 #include "cuda_elementwise_fn.cuh"
 
@@ -75,6 +76,24 @@ template <class T, class F> __global__ void deft_k_map(T *o, const T *a, int64_t
     for (int64_t i = deft_tid(); i < n; i += deft_nthreads()) o[i] = Ty::store(f(Ty::load(a[i])));
 }
 
+/* The same with 16 bytes a load and store where both start on 16 bytes: GPT-2's GELU over bf16 moved 2 bytes a load
+ * one element a thread and ran well under the memory's rate. The last n mod V elements go one to a thread. */
+template <class T, class F> __global__ void deft_k_map_vec(T *o, const T *a, int64_t n, F f) {
+    typedef deft_ty<T> Ty;
+    constexpr int V = (int)(16 / sizeof(T));
+    typedef deft_vec<T, V> Vec;
+    const int64_t nvec = n / V;
+    for (int64_t v = deft_tid(); v < nvec; v += deft_nthreads()) {
+        const Vec in = reinterpret_cast<const Vec *>(a)[v];
+        Vec r;
+#pragma unroll
+        for (int u = 0; u < V; u++) r.e[u] = Ty::store(f(Ty::load(in.e[u])));
+        reinterpret_cast<Vec *>(o)[v] = r;
+    }
+    const int64_t j = nvec * V + deft_tid();
+    if (j < n) o[j] = Ty::store(f(Ty::load(a[j])));
+}
+
 /* FN<C> is a functor of the compute type; `y` is the op's scalar rounded to C (torch computes a float tensor with a
  * python scalar in the tensor's precision, and so does the CPU backend). */
 template <template <class> class FN>
@@ -85,8 +104,12 @@ static deft_status deft_map_float(const deft_tensor *n, void *out, const void *a
         typedef typename deft_ty<T>::C C;
         FN<C> f;
         f.y = (C)y;
-        deft_k_map<T, FN<C>><<<deft_cuda_blocks(total, DEFT_CUDA_THREADS), DEFT_CUDA_THREADS, 0, st>>>(
-            (T *)out, (const T *)a, total, f);
+        if (deft_is_aligned(out, 16) && deft_is_aligned(a, 16) && !deft_debug(DEFT_DEBUG_MAP_SCALAR))
+            deft_k_map_vec<T, FN<C>><<<deft_cuda_blocks(total / (int64_t)(16 / sizeof(T)) + 1, DEFT_CUDA_THREADS),
+                                       DEFT_CUDA_THREADS, 0, st>>>((T *)out, (const T *)a, total, f);
+        else
+            deft_k_map<T, FN<C>><<<deft_cuda_blocks(total, DEFT_CUDA_THREADS), DEFT_CUDA_THREADS, 0, st>>>(
+                (T *)out, (const T *)a, total, f);
         return deft_cuda_check_launch(n, "map");
     });
 }

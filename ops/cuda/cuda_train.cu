@@ -4,6 +4,7 @@
  * backends drop the same elements. */
 #include <string.h>
 
+#include "config.h"
 #include "cuda_common.cuh"
 #include "cuda_tuning.h"
 #include "cuda_elementwise_fn.cuh"
@@ -16,21 +17,23 @@ template <class T, class F> __global__ void deft_k_act_grad(T *o, const T *dy, c
     for (int64_t i = deft_tid(); i < n; i += deft_nthreads()) o[i] = Ty::store(f(Ty::load(dy[i]), Ty::load(x[i])));
 }
 
-/* The same, four elements a load where out, dy and x all start on a whole vector: thread t takes vectors t,
- * t + threads, ..., then the last n mod 4 elements go one to a thread. One element a load moved 4 bytes at a time,
- * and the mid MLP's ReLU gradients were slower that way (bench/RESULTS.md, "Ninth round"). */
+/* The same, 16 bytes a load where out, dy and x all start on 16 bytes: thread t takes vectors t, t + threads, ...,
+ * then the last n mod W elements go one to a thread. One element a load moved 4 bytes at a time, and the mid MLP's
+ * ReLU gradients were slower that way (bench/RESULTS.md, "Ninth round"); GPT-2's bf16 GELU gradients likewise moved
+ * 8 bytes a load with four elements. */
 template <class T, class F> __global__ void deft_k_act_grad_vec(T *o, const T *dy, const T *x, int64_t n, F f) {
     typedef deft_ty<T> Ty;
-    typedef deft_vec<T, 4> V;
-    const int64_t nvec = n / 4;
+    constexpr int W = (int)(16 / sizeof(T));
+    typedef deft_vec<T, W> V;
+    const int64_t nvec = n / W;
     for (int64_t v = deft_tid(); v < nvec; v += deft_nthreads()) {
         const V g = reinterpret_cast<const V *>(dy)[v], in = reinterpret_cast<const V *>(x)[v];
         V r;
 #pragma unroll
-        for (int u = 0; u < 4; u++) r.e[u] = Ty::store(f(Ty::load(g.e[u]), Ty::load(in.e[u])));
+        for (int u = 0; u < W; u++) r.e[u] = Ty::store(f(Ty::load(g.e[u]), Ty::load(in.e[u])));
         reinterpret_cast<V *>(o)[v] = r;
     }
-    const int64_t j = nvec * 4 + deft_tid();
+    const int64_t j = nvec * W + deft_tid();
     if (j < n) o[j] = Ty::store(f(Ty::load(dy[j]), Ty::load(x[j])));
 }
 
@@ -40,9 +43,10 @@ static deft_status deft_act_grad_launch(const deft_tensor *n, void *out, const v
     const int64_t total = deft_shape_numel(n->ndim, n->shape);
     return deft_with_float_dtype(n, [&](auto tag) -> deft_status {
         typedef typename decltype(tag)::type T;
-        const size_t vb = 4 * sizeof(T);
-        if (deft_is_aligned(out, vb) && deft_is_aligned(dy, vb) && deft_is_aligned(x, vb))
-            deft_k_act_grad_vec<T, F><<<deft_cuda_blocks(total / 4, DEFT_CUDA_THREADS), DEFT_CUDA_THREADS, 0, st>>>(
+        const bool vec = deft_is_aligned(out, 16) && deft_is_aligned(dy, 16) && deft_is_aligned(x, 16);
+        if (vec && !deft_debug(DEFT_DEBUG_MAP_SCALAR))
+            deft_k_act_grad_vec<T, F><<<deft_cuda_blocks(total / (int64_t)(16 / sizeof(T)) + 1, DEFT_CUDA_THREADS),
+                                        DEFT_CUDA_THREADS, 0, st>>>(
                 (T *)out, (const T *)dy, (const T *)x, total, f);
         else
             deft_k_act_grad<T, F><<<deft_cuda_blocks(total, DEFT_CUDA_THREADS), DEFT_CUDA_THREADS, 0, st>>>(
