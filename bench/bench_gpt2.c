@@ -30,6 +30,20 @@
  * built to run, for the largest batch whose step fits the device's free memory (deft_device_memory), planning only,
  * and prints the bytes planned for it and for the next batch (the one refused).
  *
+ * --activation-fraction F (0 < F <= 1; a decimal or N/D, as 1/3) asks the budget search for F of the activation bytes
+ * (issue 29: "activation bytes / 3 at <= +10 % step time, / 5 at <= +20 %"). The step is first planned without
+ * checkpointing, by the planning path --largest-batch takes (plan_step: nothing allocated, nothing run), for its
+ * planned peak P (arena + persistent: what the budget bounds) and its activation bytes A; the step then compiles with
+ * DEFT_CHECKPOINT_BUDGET and the budget P - (1 - F) A: the peak less the activations that are not to stay. Its
+ * figures are those above, under the key "<model>_b<B>_<precision>_af<F>", F to two decimals with a 'p' for the
+ * point (1/3: "_af0p33"; a dot would split the name), so that the points of a curve never collide in one log; beside
+ * them deft_activation_fraction, deft_checkpoint_budget_bytes (the budget used) and the plan without checkpointing:
+ * deft_activation_bytes_without_checkpointing (A) and deft_planned_peak_bytes_before_budget (P). The budget bounds
+ * the peak, not the activation figure itself, so the activation bytes reached may sit above F A (the recomputed
+ * values live at the peak too); the report's activation_bytes says where they landed. scripts/bench_gpt2_checkpoint.sh
+ * runs the curve beside PyTorch's torch.utils.checkpoint per block and its activation memory budget
+ * (bench/peers/gpt2.py --checkpoint).
+ *
  * Without a usable GPU (and without --device cpu) the bench says so and exits 0. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
@@ -52,6 +66,7 @@ typedef struct options {
     int64_t batch, steps, warmup, repeats;
     double peak_tflops;
     size_t checkpoint_budget;
+    double activation_fraction;   /* 0: not given */
     deft_dtype autocast;
     int no_cuda_graphs, largest_batch;
     const char *device;
@@ -97,16 +112,37 @@ static deft_status build_probe(deft_graph *g, int64_t batch, void *ctx, deft_ten
     return DEFT_OK;
 }
 
-/* Arena + persistent bytes a step of `batch` plans for (what deft_largest_batch compares with the bytes given). */
-static deft_status planned_bytes(probe_ctx *pc, int64_t batch, const deft_compile_options *co, size_t *out) {
+/* What a step plans for before anything is allocated or run. */
+typedef struct step_plan {
+    size_t peak;          /* arena + persistent: what deft_largest_batch compares with the bytes given, and what a
+                           * checkpoint budget bounds */
+    size_t activations;   /* of the arena, the peak of saved activations (deft_device_footprint.activation_bytes) */
+} step_plan;
+
+/* Plans a step of `batch` (the graph the probes build) without running it. The compile stops before its last stage,
+ * the budget check (compile.h lists the stages): the plan is then complete and nothing is allocated, as in
+ * deft_plan_memory, and the program still answers deft_program_footprint, which gives the activation bytes. */
+static deft_status plan_step(probe_ctx *pc, int64_t batch, const deft_compile_options *co, step_plan *out) {
     deft_graph *g = deft_graph_new();
     if (!g) return DEFT_ERR_OOM;
+    deft_compile_options plan = *co;
+    plan.stop_after = deft_compile_stage_name(deft_compile_stage_count() - 2);
     deft_tensor *outs[2];
-    int n = 0;
+    int n = 0, nfp = 0;
+    deft_program *p = NULL;
     deft_memory_report r;
+    deft_device_footprint fp[4];
     deft_status s = build_probe(g, batch, pc, outs, &n);
-    if (s == DEFT_OK) s = deft_plan_memory(g, outs, n, co, &r);
-    if (s == DEFT_OK) *out = r.arena_bytes + r.persistent_bytes;
+    if (s == DEFT_OK && deft_graph_error(g) != DEFT_OK) s = deft_graph_error(g);
+    if (s == DEFT_OK && !(p = deft_compile(g, outs, n, &plan))) s = DEFT_ERR_INVALID;
+    if (s == DEFT_OK) s = deft_program_memory(p, &r);
+    if (s == DEFT_OK) s = deft_program_footprint(p, fp, 4, &nfp);
+    if (s == DEFT_OK) {
+        out->peak = r.arena_bytes + r.persistent_bytes;
+        out->activations = 0;
+        for (int i = 0; i < nfp; i++) out->activations += fp[i].activation_bytes;
+    }
+    deft_program_free(p);
     deft_graph_free(g);
     return s;
 }
@@ -120,7 +156,7 @@ static void largest_batch(const options *o, deft_device dev, const deft_compile_
     plan.memory_budget = 0;
     plan.checkpoint = DEFT_CHECKPOINT_NONE;
     int64_t best = 0;
-    size_t need = 0, next = 0;
+    step_plan need, next;
     const double t0 = seconds();
     const deft_status s = deft_largest_batch(build_probe, &pc, free_b, LARGEST_MAX_BATCH, &plan, &best);
     const double took = seconds() - t0;
@@ -131,13 +167,42 @@ static void largest_batch(const options *o, deft_device dev, const deft_compile_
         fflush(stdout);
         return;
     }
-    CHECK(planned_bytes(&pc, best, &plan, &need));
+    CHECK(plan_step(&pc, best, &plan, &need));
     printf("gpt2.%s.deft_largest_batch %lld sequences\n", k, (long long)best);
-    printf("gpt2.%s.deft_largest_batch_planned_bytes %zu bytes\n", k, need);
+    printf("gpt2.%s.deft_largest_batch_planned_bytes %zu bytes\n", k, need.peak);
     printf("gpt2.%s.deft_largest_batch_seconds %.3f s\n", k, took);
-    if (best < LARGEST_MAX_BATCH && planned_bytes(&pc, best + 1, &plan, &next) == DEFT_OK)
-        printf("gpt2.%s.deft_largest_batch_next_planned_bytes %zu bytes\n", k, next);
+    if (best < LARGEST_MAX_BATCH && plan_step(&pc, best + 1, &plan, &next) == DEFT_OK)
+        printf("gpt2.%s.deft_largest_batch_next_planned_bytes %zu bytes\n", k, next.peak);
     fflush(stdout);
+}
+
+/* --activation-fraction: plans the step without checkpointing (plan_step: nothing runs) for its peak P and activation
+ * bytes A, then sets the budget search on P - (1 - F) A, the peak less the activations not to keep. */
+static deft_status fraction_budget(const options *o, deft_device dev, deft_compile_options *co, const char *k) {
+    probe_ctx pc = {&o->model, dev};
+    deft_compile_options plan = *co;
+    plan.memory_budget = 0;
+    plan.checkpoint = DEFT_CHECKPOINT_NONE;
+    step_plan without;
+    const double t0 = seconds();
+    deft_status s = plan_step(&pc, o->batch, &plan, &without);
+    if (s != DEFT_OK) {
+        printf("# gpt2.%s: planning without checkpointing: %s: %s\n", k, deft_status_name(s), deft_errmsg());
+        fflush(stdout);
+        return s;
+    }
+    /* A is a part of the arena, so the budget stays above the persistent bytes; it is never 0 (no budget). */
+    const size_t drop = (size_t)((1.0 - o->activation_fraction) * (double)without.activations);
+    const size_t budget = drop < without.peak ? without.peak - drop : 1;
+    printf("gpt2.%s.deft_activation_fraction %.6f fraction\n", k, o->activation_fraction);
+    printf("gpt2.%s.deft_planned_peak_bytes_before_budget %zu bytes\n", k, without.peak);
+    printf("gpt2.%s.deft_activation_bytes_without_checkpointing %zu bytes\n", k, without.activations);
+    printf("gpt2.%s.deft_checkpoint_budget_bytes %zu bytes\n", k, budget);
+    printf("gpt2.%s.deft_budget_plan_s %.3f s\n", k, seconds() - t0);
+    fflush(stdout);
+    co->memory_budget = budget;
+    co->checkpoint = DEFT_CHECKPOINT_BUDGET;
+    return DEFT_OK;
 }
 
 /* The FEED_BATCHES batches of tokens, in pinned host memory (x then y of batch k at xs[k], ys[k]). */
@@ -291,8 +356,8 @@ static deft_status bench(const options *o, deft_device dev, const deft_compile_o
 static const char help[] =
     "usage: bench_gpt2 [--batch B] [--seq T] [--layers L] [--width C] [--heads H] [--vocab V] [--steps N]\n"
     "                  [--warmup W] [--repeats R] [--device cuda:N|cpu] [--autocast bf16|f32]\n"
-    "                  [--checkpoint-budget BYTES] [--no-cuda-graphs] [--peak-tflops P] [--largest-batch]\n"
-    "                  [A/B options]\n"
+    "                  [--checkpoint-budget BYTES | --activation-fraction F] [--no-cuda-graphs] [--peak-tflops P]\n"
+    "                  [--largest-batch] [A/B options]\n"
     "\n"
     "The time and memory of one GPT-2 training step (feed, forward, loss, backward, clipping, fused AdamW) compiled\n"
     "by deft, on random tokens: step ms, tokens/s, MFU, peak and planned bytes, activation bytes, and with\n"
@@ -311,6 +376,10 @@ static const char help[] =
     "  --device cuda:N|cpu        where it runs (default: cuda:0 when a GPU works, else the bench skips)\n"
     "  --autocast bf16|f32        mixed precision (default: bf16)\n"
     "  --checkpoint-budget BYTES  activation checkpointing to fit BYTES a step (suffix K, M or G; default: none)\n"
+    "  --activation-fraction F    activation checkpointing to keep F of the activation bytes, 0 < F <= 1, a decimal\n"
+    "                             or N/D (1/3: the activations / 3): the step is planned without checkpointing\n"
+    "                             (nothing runs) for its peak P and activation bytes A, then compiled with the\n"
+    "                             budget P - (1 - F) A; the figures' key gets _af<F> (1/3: _af0p33) (default: none)\n"
     "  --no-cuda-graphs           every step launched kernel by kernel (default: CUDA Graph replays)\n"
     "  --peak-tflops P            the device's dense peak for MFU (default: 989, the H100 SXM's bf16)\n"
     "  --largest-batch            also ask deft_largest_batch for the largest batch the free memory fits\n"
@@ -320,8 +389,9 @@ static const char help[] =
 static void usage(void) {
     fprintf(stderr,
             "usage: %s [--batch B] [--seq T] [--layers L] [--width C] [--heads H] [--vocab V] [--steps N] "
-            "[--warmup W] [--repeats R] [--device cuda:N|cpu] [--autocast bf16|f32] [--checkpoint-budget BYTES] "
-            "[--no-cuda-graphs] [--peak-tflops P] [--largest-batch] " BENCH_AB_USAGE " (--help says more)\n",
+            "[--warmup W] [--repeats R] [--device cuda:N|cpu] [--autocast bf16|f32] [--checkpoint-budget BYTES | "
+            "--activation-fraction F] [--no-cuda-graphs] [--peak-tflops P] [--largest-batch] " BENCH_AB_USAGE
+            " (--help says more)\n",
             prog);
     exit(2);
 }
@@ -347,6 +417,23 @@ static size_t parse_bytes(const char *s) {
     return (size_t)(v * mult);
 }
 
+/* A number F with 0 < F <= 1, written as a decimal or as N/D ("1/3" asks for the activations / 3). */
+static double parse_fraction(const char *s) {
+    char *end = NULL;
+    double v = strtod(s, &end);
+    if (end != s && *end == '/') {
+        const char *d = end + 1;
+        const double den = strtod(d, &end);
+        v = end == d ? NAN : v / den;
+    }
+    if (end == s || *end || !isfinite(v) || !(v > 0) || v > 1) {
+        fprintf(stderr, "%s: --activation-fraction %s: want a number F with 0 < F <= 1 (a decimal, or N/D as 1/3)\n",
+                prog, s);
+        exit(2);
+    }
+    return v;
+}
+
 /* An option with a value; 0 when `a` is none of them. */
 static int parse_value(options *o, const char *a, const char *v) {
     if (!strcmp(a, "--batch")) o->batch = parse_count(v, 1, 1 << 20);
@@ -360,6 +447,7 @@ static int parse_value(options *o, const char *a, const char *v) {
     else if (!strcmp(a, "--repeats")) o->repeats = parse_count(v, 1, MAX_REPEATS);
     else if (!strcmp(a, "--device")) o->device = v;
     else if (!strcmp(a, "--checkpoint-budget")) o->checkpoint_budget = parse_bytes(v);
+    else if (!strcmp(a, "--activation-fraction")) o->activation_fraction = parse_fraction(v);
     else if (!strcmp(a, "--peak-tflops")) {
         char *end = NULL;
         o->peak_tflops = strtod(v, &end);
@@ -387,6 +475,10 @@ static void parse(int argc, char **argv, options *o, deft_compile_options *co) {
                 (long long)o->model.width);
         exit(2);
     }
+    if (o->checkpoint_budget && o->activation_fraction > 0) {
+        fprintf(stderr, "%s: --checkpoint-budget and --activation-fraction both set the budget: give one\n", prog);
+        exit(2);
+    }
     co->autocast = o->autocast;
     if (o->checkpoint_budget) co->memory_budget = o->checkpoint_budget, co->checkpoint = DEFT_CHECKPOINT_BUDGET;
 }
@@ -399,7 +491,14 @@ static void make_key(const options *o, char *k, size_t n) {
     else
         snprintf(model, sizeof model, "l%lld_c%lld_h%lld_t%lld_v%lld", (long long)c->layers, (long long)c->width,
                  (long long)c->heads, (long long)c->seq, (long long)c->vocab);
-    snprintf(k, n, "%s_b%lld_%s", model, (long long)o->batch, o->autocast == DEFT_BF16 ? "bf16" : "f32");
+    /* F to two decimals with a 'p' for the point (1/3: "_af0p33"): a dot would split the key in gpt2.<key>.<figure>. */
+    char fraction[32] = "";
+    if (o->activation_fraction > 0) {
+        snprintf(fraction, sizeof fraction, "_af%.2f", o->activation_fraction);
+        char *dot = strchr(fraction, '.');
+        if (dot) *dot = 'p';
+    }
+    snprintf(k, n, "%s_b%lld_%s%s", model, (long long)o->batch, o->autocast == DEFT_BF16 ? "bf16" : "f32", fraction);
 }
 
 int main(int argc, char **argv) {
@@ -430,11 +529,15 @@ int main(int argc, char **argv) {
     char k[160], dname[256], dstr[32];
     make_key(&o, k, sizeof k);
     if (deft_device_name(dev, dname, sizeof dname) != DEFT_OK) snprintf(dname, sizeof dname, "?");
+    char budget[64] = "";
+    if (o.checkpoint_budget) snprintf(budget, sizeof budget, ", checkpoint budget");
+    else if (o.activation_fraction > 0)
+        snprintf(budget, sizeof budget, ", checkpoint budget for %.4g of the activations", o.activation_fraction);
     printf("# %s: deft %s on %s (%s): %lld layers, width %lld, %lld heads, T %lld, vocab %lld, batch %lld, %s%s%s\n",
            prog, deft_version(), deft_device_str(dev, dstr, sizeof dstr), dname, (long long)o.model.layers,
            (long long)o.model.width, (long long)o.model.heads, (long long)o.model.seq, (long long)o.model.vocab,
            (long long)o.batch, o.autocast == DEFT_BF16 ? "bf16 autocast" : "f32",
-           co.no_cuda_graphs ? ", CUDA Graphs off" : "", o.checkpoint_budget ? ", checkpoint budget" : "");
+           co.no_cuda_graphs ? ", CUDA Graphs off" : "", budget);
     printf("gpt2.%s.params %lld count\n", k, (long long)gpt2_param_count(&o.model));
     printf("gpt2.%s.flops_per_token %.0f FLOP\n", k, flops_per_token(&o.model));
     printf("gpt2.%s.tokens_per_step %lld tokens\n", k, (long long)(o.batch * o.model.seq));
@@ -442,7 +545,9 @@ int main(int argc, char **argv) {
     if (o.checkpoint_budget) printf("gpt2.%s.deft_checkpoint_budget_bytes %zu bytes\n", k, o.checkpoint_budget);
     fflush(stdout);
     if (o.largest_batch) largest_batch(&o, dev, &co, k);
-    const deft_status s = bench(&o, dev, &co, k);
+    deft_status s = DEFT_OK;
+    if (o.activation_fraction > 0) s = fraction_budget(&o, dev, &co, k);
+    if (s == DEFT_OK) s = bench(&o, dev, &co, k);
     deft_memory_release_all();
     return s == DEFT_OK ? 0 : 1;
 }

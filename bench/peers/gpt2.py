@@ -5,7 +5,7 @@ with "torch_<mode>_" where the C bench prints "deft_", then PyTorch's best.
 
     python3 bench/peers/gpt2.py [--batch B] [--seq T] [--layers L] [--width C] [--heads H] [--vocab V]
         [--steps N] [--warmup W] [--repeats R] [--device cuda:N|cpu] [--autocast bf16|f32] [--peak-tflops P]
-        [--modes eager,graph,compile_graph,autotune_graph]
+        [--modes eager,graph,compile_graph,autotune_graph] [--checkpoint none|block|budget] [--memory-budget B]
 
 The model: nn.Embedding token and position tables, pre-norm blocks (nn.LayerNorm, causal self-attention through
 F.scaled_dot_product_attention(is_causal=True), residual, nn.LayerNorm, MLP with GELU's tanh form, residual), a final
@@ -38,10 +38,25 @@ after the first warm-up step (so compilation's and autotuning's scratch is not c
 Then torch_best_*: the mode with the least step time, its figures, and its name in a comment line and as
 `torch_best_mode <name> mode`. A mode that fails says why in a `# ...` line and the next one runs.
 
+Activation checkpointing (issue 29's checkpointing item, beside bench_gpt2 --activation-fraction;
+scripts/bench_gpt2_checkpoint.sh runs the curve), one point a run:
+  --checkpoint none     (the default) every activation kept, the figures' key as always.
+  --checkpoint block    each transformer block's forward wrapped in torch.utils.checkpoint.checkpoint(block, h,
+                        use_reentrant=False, preserve_rng_state=False: nothing draws random numbers, so no RNG
+                        state is saved, in a capture or out of it), in every mode: a block keeps only its input and is
+                        recomputed in the backward pass. The key gets "_ckblock".
+  --checkpoint budget   torch._functorch.config.activation_memory_budget = --memory-budget B (0 <= B <= 1: the
+                        fraction of the activation memory the compiled graph may keep; the min-cut partitioner
+                        recomputes the rest) before compiling. It only acts under torch.compile: eager and graph are
+                        skipped with a `# ...` note. The key gets "_mb<B>", B to two decimals with a "p" for the
+                        point (0.3: "_mb0p30", as bench_gpt2 --activation-fraction 1/3 gives "_af0p33"), and
+                        gpt2.<key>.torch_activation_memory_budget B fraction is printed.
+
 On the CPU (--device cpu) only eager runs, timed with a host clock. Without PyTorch or a usable GPU the script says it
 skipped and exits 0. torch is imported inside main(), so the file compiles and imports without it.
 """
 import argparse
+import importlib
 import math
 import sys
 
@@ -56,6 +71,7 @@ TARGET_REPEAT_S = 1.0
 def make_model(torch, a, device):
     nn, F = torch.nn, torch.nn.functional
     C, H, L = a.width, a.heads, a.layers
+    checkpoint = importlib.import_module("torch.utils.checkpoint").checkpoint if a.checkpoint == "block" else None
 
     class Block(nn.Module):
         def __init__(self):
@@ -91,7 +107,7 @@ def make_model(torch, a, device):
             pos = torch.arange(x.shape[1], device=x.device)
             h = self.wte(x) + self.wpe(pos)
             for block in self.h:
-                h = block(h)
+                h = checkpoint(block, h, use_reentrant=False, preserve_rng_state=False) if checkpoint else block(h)
             logits = self.lm_head(self.ln_f(h))
             return F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
 
@@ -201,7 +217,27 @@ def run_mode(torch, a, mode, device, cuda, key):
 def key_of(a):
     model = "124m" if (a.layers, a.width, a.heads, a.seq, a.vocab) == (12, 768, 12, 1024, 50304) else \
         f"l{a.layers}_c{a.width}_h{a.heads}_t{a.seq}_v{a.vocab}"
-    return f"{model}_b{a.batch}_{a.autocast}"
+    # B to two decimals with a "p" for the point (0.3: "_mb0p30"), as bench_gpt2's "_af0p33": a dot would split the
+    # key out of gpt2.<key>.<figure>
+    point = {"none": "", "block": "_ckblock",
+             "budget": f"_mb{a.memory_budget or 0:.2f}".replace(".", "p")}[a.checkpoint]
+    return f"{model}_b{a.batch}_{a.autocast}{point}"
+
+
+def checkpoint_modes(a, modes, key):
+    """The modes a checkpointing point runs in: all for none and block; for budget only the compiled ones (the
+    activation memory budget is the partitioner's, which eager and graph never reach), the others said skipped.
+    Sets the budget in torch._functorch.config, read when a mode compiles."""
+    if a.checkpoint != "budget":
+        return modes
+    importlib.import_module("torch._functorch.config").activation_memory_budget = a.memory_budget
+    print(f"gpt2.{key}.torch_activation_memory_budget {a.memory_budget:.6f} fraction")
+    kept = [m for m in modes if m in peer_common.COMPILE_MODES]
+    skipped = [m for m in modes if m not in kept]
+    if skipped:
+        print(f"# gpt2.{key}: {', '.join(skipped)} skipped: the activation memory budget only acts under "
+              f"torch.compile")
+    return kept
 
 
 def main(argv=None):
@@ -219,11 +255,21 @@ def main(argv=None):
     ap.add_argument("--autocast", choices=("bf16", "f32"), default="bf16", help="mixed precision (default: bf16)")
     ap.add_argument("--peak-tflops", type=float, default=989.0, help="dense peak for MFU (default: 989, H100 bf16)")
     ap.add_argument("--modes", default=",".join(MODES), help=peer_common.MODES_HELP)
+    ap.add_argument("--checkpoint", choices=("none", "block", "budget"), default="none",
+                    help="activation checkpointing: none; block (torch.utils.checkpoint around each block, every "
+                         "mode); budget (torch._functorch.config.activation_memory_budget = --memory-budget, the "
+                         "compile modes only) (default: none)")
+    ap.add_argument("--memory-budget", type=float, default=None, metavar="B",
+                    help="with --checkpoint budget: the activation memory budget, 0 <= B <= 1")
     a = ap.parse_args(argv)
     modes = peer_common.parse_modes(ap, a.modes)
     if min(a.batch, a.seq, a.layers, a.width, a.heads, a.vocab, a.warmup, a.repeats) < 1 \
             or a.steps < 0 or a.width % a.heads or a.peak_tflops <= 0:
         ap.error("bad options (sizes >= 1; heads must divide width)")
+    if (a.checkpoint == "budget") != (a.memory_budget is not None):
+        ap.error("--memory-budget goes with --checkpoint budget, and --checkpoint budget needs it")
+    if a.memory_budget is not None and not 0.0 <= a.memory_budget <= 1.0:
+        ap.error(f"--memory-budget {a.memory_budget}: want 0 <= B <= 1")
 
     opened = peer_common.open_device("gpt2.py", a.device, "--device cpu runs eager on the CPU")
     if opened is None:
@@ -234,9 +280,16 @@ def main(argv=None):
         modes = [m for m in modes if m == "eager"]
     key = key_of(a)
     where = f"{device} ({torch.cuda.get_device_name(device)})" if cuda else "cpu"
+    ckpt = {"none": "", "block": "; torch.utils.checkpoint per block",
+            "budget": f"; activation memory budget {a.memory_budget:g}"}[a.checkpoint]
     print(f"# gpt2.py: torch {torch.__version__} on {where}: {a.layers} layers, width {a.width}, {a.heads} heads, "
-          f"T {a.seq}, vocab {a.vocab}, batch {a.batch}, {a.autocast}; modes {', '.join(modes)}")
+          f"T {a.seq}, vocab {a.vocab}, batch {a.batch}, {a.autocast}{ckpt}; modes {', '.join(modes)}")
+    modes = checkpoint_modes(a, modes, key)
     sys.stdout.flush()
+    if not modes:
+        print(f"# gpt2.{key}: skipped: no mode left to run (--checkpoint budget needs compile_graph or "
+              f"autotune_graph, on a GPU)")
+        return 0
 
     best = peer_common.run_modes(f"gpt2.{key}", modes, lambda mode: run_mode(torch, a, mode, device, cuda, key))
     if best is None:
