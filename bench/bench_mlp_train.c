@@ -214,15 +214,69 @@ static void print_amp_figures(mlp *m, const deft_compile_options *co, const char
     printf("mlp_train.%s.%s_skipped_steps %lld count\n", k, tag, (long long)skipped);
 }
 
-/* Graphs of earlier runs kept alive under --repeat N --keep (freed at exit). */
+/* Runs kept alive under --repeat N --keep: timed once more, in build order, after the last run, then freed. */
 #define MAX_REPEAT_RUNS 16
-static deft_graph *kept[MAX_REPEAT_RUNS];
+typedef struct kept_run {
+    mlp m;
+    char name[160];   /* the figure's name up to "_step_us" */
+} kept_run;
+static kept_run kept[MAX_REPEAT_RUNS];
 static int n_kept;
+
+/* The median of REPEATS timed repeats of n steps each (sorted times in us[]); returns the last loss. */
+static float time_repeats(mlp *m, int64_t n, double *us) {
+    float loss = 0;
+    for (int r = 0; r < REPEATS; r++) {
+        const double t0 = seconds();
+        loss = run_steps(m, n);
+        us[r] = (seconds() - t0) / (double)n * 1e6;
+    }
+    sort_times(us, REPEATS);
+    return loss;
+}
+
+/* --keep: every kept run timed again after all were built and timed once. A run that was fast when first timed and
+ * is slow now is slowed by what ran since (time, other programs); one slow both times, by how it was built. */
+static void time_kept_again(void) {
+    for (int i = 0; i < n_kept; i++) {
+        double us[REPEATS];
+        const int64_t n = (int64_t)ceil(TARGET_REPEAT_S / 1e-4);
+        (void)time_repeats(&kept[i].m, n > 2000 ? 2000 : n, us);
+        printf("%s_again_step_us %.2f us\n", kept[i].name, us[REPEATS / 2]);
+    }
+    for (int i = 0; i < n_kept; i++) {
+        deft_loader_free(kept[i].m.loader);
+        deft_graph_free(kept[i].m.g);
+        free(kept[i].m.xs);
+        free(kept[i].m.ys);
+    }
+    fflush(stdout);
+}
+
+/* --probe-second: after run 1 is timed, a second program of the same configuration goes through its life one stage
+ * at a time (built and compiled with its batch fed; its first step; two more, which capture and replay its CUDA
+ * Graph; freed), and run 1 is timed again after each stage: the first stage after which run 1 is slower names what
+ * slows every later program. */
+static void probe_second(mlp *first, int64_t n, const mlp_config *c, deft_device dev, const deft_compile_options *co,
+                         const char *k, const char *tag) {
+    static const char *const stage[] = {"after_build", "after_first_step", "after_capture", "after_free"};
+    mlp second = {.feed = FEED_DEVICE};
+    double us[REPEATS];
+    for (int s = 0; s < 4; s++) {
+        if (s == 0) build(&second, c, dev, co);
+        else if (s == 1) (void)run_steps(&second, 1);
+        else if (s == 2) (void)run_steps(&second, 2);
+        else deft_graph_free(second.g);
+        (void)time_repeats(first, n, us);
+        printf("mlp_train.%s.%s_%s_step_us %.2f us\n", k, tag, stage[s], us[REPEATS / 2]);
+    }
+    fflush(stdout);
+}
 
 /* run: 1 for the first build of a configuration in this process; --repeat's later ones (2, 3, ...) name their
  * figures "_run<k>", so one log holds them all. */
 static void bench(const mlp_config *c, deft_device dev, const deft_compile_options *co, feed_mode feed, int run,
-                  int keep) {
+                  int keep, int probe) {
     static const char *const feed_tags[] = {"", "_feed_host", "_feed_prefetch"};
     char tag[80], k[48], run_tag[16] = "";
     if (run > 1) snprintf(run_tag, sizeof run_tag, "_run%d", run);
@@ -250,14 +304,8 @@ static void bench(const mlp_config *c, deft_device dev, const deft_compile_optio
     if (n > 1000000) n = 1000000;
 
     double us[REPEATS];
-    float loss = 0;
-    for (int r = 0; r < REPEATS; r++) {
-        t0 = seconds();
-        loss = run_steps(&m, n);
-        us[r] = (seconds() - t0) / (double)n * 1e6;
-        steps += n;
-    }
-    sort_times(us, REPEATS);
+    const float loss = time_repeats(&m, n, us);
+    steps += REPEATS * n;
 
     deft_memory_report mr;
     CHECK(deft_program_memory(m.p, &mr));
@@ -286,9 +334,17 @@ static void bench(const mlp_config *c, deft_device dev, const deft_compile_optio
     printf("mlp_train.%s.%s_loss_steps %lld count\n", k, tag, (long long)steps);
     if (co->autocast != DEFT_F32) print_amp_figures(&m, co, k, tag, mr.arena_bytes);
     fflush(stdout);
+    if (keep && n_kept < MAX_REPEAT_RUNS) {
+        double again[REPEATS];
+        (void)time_repeats(&m, n, again);   /* at once, before anything else is built: the same state */
+        printf("mlp_train.%s.%s_at_once_step_us %.2f us\n", k, tag, again[REPEATS / 2]);
+        if (probe && run == 1) probe_second(&m, n, c, dev, co, k, tag);
+        kept[n_kept].m = m;
+        snprintf(kept[n_kept++].name, sizeof kept[0].name, "mlp_train.%s.%s", k, tag);
+        return;
+    }
     deft_loader_free(m.loader);   /* before the graph: its buffers may still be read by the last copies */
-    if (keep && n_kept < MAX_REPEAT_RUNS) kept[n_kept++] = m.g;
-    else deft_graph_free(m.g);
+    deft_graph_free(m.g);
     free(m.xs);
     free(m.ys);
 }
@@ -296,6 +352,7 @@ static void bench(const mlp_config *c, deft_device dev, const deft_compile_optio
 static const char help[] =
     "usage: bench_mlp_train [--config tiny|small|mid|large] [--device cuda:N|cpu] [--no-graphs] [--no-fusion]\n"
     "                       [--tf32] [--feed device|host|prefetch] [--amp bf16|f16] [--repeat N] [--keep]\n"
+    "                       [--probe-second]\n"
     "                       [A/B options]\n"
     "\n"
     "The time of one MLP training step (forward, loss, backward, optimizer update) compiled by deft, on four sizes\n"
@@ -311,13 +368,17 @@ static const char help[] =
     BENCH_AB_HELP
     "  --repeat N                      build and time each configuration N times in this process, the later\n"
     "                                  runs' figures named _run2, _run3, ... (default: 1; at most 16)\n"
-    "  --keep                          with --repeat, keep each run's program alive until the end (default: freed)\n"
+    "  --keep                          with --repeat, time each run twice at once (_at_once_step_us), keep its\n"
+    "                                  program alive and, after the last run, time each once more in build order\n"
+    "                                  (_again_step_us; default: freed)\n"
+    "  --probe-second                  --keep, and after run 1 a second program of the configuration built, run\n"
+    "                                  once, captured and freed, run 1 timed after each (_after_<stage>_step_us)\n"
     "  -h, --help                      this help\n";
 
 static void usage(void) {
     fprintf(stderr,
             "usage: %s [--config tiny|small|mid|large] [--device cuda:N|cpu] [--no-graphs] "
-            "[--no-fusion] [--tf32] [--feed device|host|prefetch] [--amp bf16|f16] [--repeat N] [--keep] "
+            "[--no-fusion] [--tf32] [--feed device|host|prefetch] [--amp bf16|f16] [--repeat N] [--keep] [--probe-second] "
             BENCH_AB_USAGE "\n",
             prog);
     exit(2);
@@ -327,7 +388,7 @@ int main(int argc, char **argv) {
     const char *only = NULL, *device = NULL;
     deft_compile_options co = {0};
     feed_mode feed = FEED_DEVICE;
-    int repeat = 1, keep = 0;
+    int repeat = 1, keep = 0, probe = 0;
     bench_help(argc, argv, help);
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--config") && i + 1 < argc) only = argv[++i];
@@ -343,6 +404,7 @@ int main(int argc, char **argv) {
             repeat = (int)r;
         }
         else if (!strcmp(argv[i], "--keep")) keep = 1;
+        else if (!strcmp(argv[i], "--probe-second")) keep = probe = 1;
         else if (!strcmp(argv[i], "--no-fusion")) co.no_fusion = 1;
         else if (!strcmp(argv[i], "--tf32")) co.tf32 = 1;
         else if (!strcmp(argv[i], "--amp") && i + 1 < argc) {
@@ -396,8 +458,8 @@ int main(int argc, char **argv) {
         const mlp_config *c = &configs[i];
         if (only ? strcmp(c->name, only) != 0 : dev.type == DEFT_CPU && !c->cpu_default) continue;
         if (!only && co.tf32 && c->cpu_default) continue;   /* TF32 figures: mid and large */
-        for (int run = 1; run <= repeat; run++) bench(c, dev, &co, feed, run, keep);
+        for (int run = 1; run <= repeat; run++) bench(c, dev, &co, feed, run, keep, probe);
     }
-    for (int i = 0; i < n_kept; i++) deft_graph_free(kept[i]);
+    time_kept_again();
     return 0;
 }
