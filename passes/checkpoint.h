@@ -25,6 +25,7 @@ typedef deft_status (*deft_ckpt_measure)(void *ctx, const int *redirect, int ful
 typedef struct deft_ckpt_plan {
     int policy;              /* a deft_checkpoint_policy */
     int n_recast;            /* of the dropped values, autocast's casts of inputs (deft_ckpt_input_casts) */
+    int n_cheap;             /* of the dropped values, those one pass makes again (deft_ckpt_cheap_recomputes) */
     int n_orig;              /* the graph's nodes before the rewrite; the program's copies follow */
     int n_total;             /* the graph's nodes after it */
     int *redirect;           /* per original node: the id of its backward copy, or -1 */
@@ -85,5 +86,12 @@ void deft_ckpt_drop_segments(const deft_ckpt_graph *a, int segments, bool *drop)
  * cast kernel, while keeping the cast holds a copy of the batch through the whole forward pass (an input itself
  * lives in persistent storage, not in the arena). Sets recast[id] for them and returns their number. */
 int deft_ckpt_input_casts(const deft_ckpt_graph *a, bool *recast);
+/* Unless the compile option no_cheap_recompute is set, every policy also drops the values that one pass over memory
+ * makes again (an activation, a cast, a permute) from a forward value the backward pass reads anyway: GPT-2's GELU
+ * output (its input is kept for the GELU's gradient) and its attention output's permute back to [B, T, H, D]. Keeping
+ * such a value holds a second copy of what is already held; recomputing it costs one memory-bound kernel where the
+ * backward pass reads it (torch.compile's partitioner recomputes such ops likewise). Sets cheap[id] for them (not for
+ * those already set) and returns their number. */
+int deft_ckpt_cheap_recomputes(const deft_ckpt_graph *a, bool *cheap);
 
 #endif

@@ -1,5 +1,6 @@
 /* The fixed checkpoint policies: spans the user marked (torch.utils.checkpoint.checkpoint), segments of the forward
- * pass (torch.utils.checkpoint.checkpoint_sequential), and autocast's casts of inputs, which every policy drops. */
+ * pass (torch.utils.checkpoint.checkpoint_sequential), and what every policy drops: autocast's casts of inputs, and
+ * values one memory-bound pass makes again from a value the backward pass keeps anyway. */
 #include <math.h>
 #include <stdlib.h>
 
@@ -128,6 +129,28 @@ int deft_ckpt_input_casts(const deft_ckpt_graph *a, bool *recast) {
         while (s->is_view || (s->op == DEFT_OP_CAST && s->autocast == DEFT_AUTOCAST_CAST)) s = s->src[0];
         if (s->op != DEFT_OP_INPUT) continue;
         recast[t->id] = true;
+        n++;
+    }
+    return n;
+}
+
+/* One pass over memory per element, no reduction: activations, casts and other one-input elementwise ops, permutes. */
+static bool deft_ckpt_one_pass(const deft_tensor *t) {
+    if (t->op == DEFT_OP_PERMUTE) return true;
+    const deft_op_kind k = deft_op_info_of(t->op)->kind;
+    return t->nsrc == 1 && (k == DEFT_KIND_UNARY || k == DEFT_KIND_CAST || k == DEFT_KIND_SCALAR);
+}
+
+int deft_ckpt_cheap_recomputes(const deft_ckpt_graph *a, bool *cheap) {
+    int n = 0;
+    for (int i = 0; i < a->n_cands; i++) {
+        const deft_tensor *t = a->g->nodes[a->cands[i]];
+        if (cheap[t->id] || !deft_ckpt_one_pass(t)) continue;
+        const deft_tensor *s = t->src[0];
+        while (s->is_view) s = s->src[0];
+        /* A parameter's cast is no activation (the weights' casts): only values computed from the batch. */
+        if (deft_op_is_leaf(s->op) || !a->read_late[s->id] || cheap[s->id]) continue;
+        cheap[t->id] = true;
         n++;
     }
     return n;

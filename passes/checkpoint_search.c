@@ -23,7 +23,7 @@ typedef struct deft_ckpt_search {
     void *ctx;
     int *redirect;
     bool *drop;
-    const bool *recast;      /* dropped whatever the policy (deft_ckpt_input_casts) */
+    const bool *recast;      /* dropped whatever the policy (deft_ckpt_always) */
 } deft_ckpt_search;
 
 /* Seconds, on a device that does 50 TFLOP/s and moves 2 TB/s (the ratio matters, not the scale). */
@@ -219,6 +219,13 @@ static int deft_ckpt_recast(const deft_ckpt_graph *a, const deft_config *cfg, bo
     return deft_ckpt_input_casts(a, recast);
 }
 
+/* What every policy drops: the input casts, then (unless no_cheap_recompute) the cheap recomputations, in recast[]. */
+static int deft_ckpt_always(const deft_ckpt_graph *a, const deft_config *cfg, bool *recast, int *n_cheap) {
+    const int n = deft_ckpt_recast(a, cfg, recast);
+    *n_cheap = cfg->cheap_recompute ? deft_ckpt_cheap_recomputes(a, recast) : 0;
+    return n + *n_cheap;
+}
+
 deft_status deft_checkpoint_rewrite(deft_graph *g, deft_tensor *const *outputs, int n_outputs, const deft_config *cfg,
                                     const struct deft_program *owner, deft_ckpt_measure measure, void *ctx,
                                     deft_ckpt_plan **out) {
@@ -236,7 +243,8 @@ deft_status deft_checkpoint_rewrite(deft_graph *g, deft_tensor *const *outputs, 
     if (!plan || !drop || !recast || !plan->redirect || !plan->dropped)
         st = deft_set_error(DEFT_ERR_OOM, "compile: out of host memory");
     deft_ckpt_search s = {&a, owner, measure, ctx, plan ? plan->redirect : NULL, drop, recast};
-    const int n_recast = st == DEFT_OK ? deft_ckpt_recast(&a, cfg, recast) : 0;
+    int n_cheap = 0;
+    const int n_recast = st == DEFT_OK ? deft_ckpt_always(&a, cfg, recast, &n_cheap) : 0;
     const bool nothing = st == DEFT_OK && cfg->checkpoint == DEFT_CHECKPOINT_NONE && n_recast == 0;
     if (st == DEFT_OK && !nothing) {
         plan->policy = cfg->checkpoint;
@@ -244,6 +252,7 @@ deft_status deft_checkpoint_rewrite(deft_graph *g, deft_tensor *const *outputs, 
         st = deft_ckpt_trial(&s, 1, &plan->total_without, NULL, NULL);
         if (st == DEFT_OK) st = deft_ckpt_choose(&s, cfg, plan->total_without, n_recast);
         if (st == DEFT_OK) st = deft_ckpt_finish(&s, plan);
+        if (st == DEFT_OK) plan->n_recast -= n_cheap, plan->n_cheap = n_cheap;
     }
     free(drop);
     free(recast);

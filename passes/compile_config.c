@@ -100,6 +100,7 @@ deft_status deft_config_resolve(const deft_compile_options *opts, deft_config *o
         .split_per_bucket = o->dist && o->dist_bucket_pieces && !o->optimizer_in_backward,
         .fusion = !o->no_fusion,
         .fold_relu_grad = !o->no_relu_grad_fold,
+        .cheap_recompute = !o->no_cheap_recompute,
         .fuse_low_precision = o->fuse_low_precision,
         .cuda_graphs = !o->no_cuda_graphs,
     };

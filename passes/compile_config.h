@@ -29,6 +29,7 @@ typedef struct deft_config {
     bool product_batches;          /* products of one shape may run as one batch (passes/fusion_batch.c) */
     bool side_lane;                /* weight-gradient work may take a GPU's second stream (passes/side_lane.h) */
     bool fold_relu_grad;           /* ReLU gradients may fold into batch norm's backward */
+    bool cheap_recompute;          /* not no_cheap_recompute (passes/checkpoint.h) */
     bool fuse_low_precision;       /* bf16 and f16 elementwise chains fuse too */
     bool cuda_graphs;              /* not no_cuda_graphs */
     unsigned cuda_flags;           /* DEFT_CUDA_* (cuda_kernels.h): tf32, deterministic, conv_gemm, cudnn_find */

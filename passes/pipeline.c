@@ -41,12 +41,12 @@ static deft_status deft_stage_autocast(deft_pipeline *pl) {
 
 static deft_status deft_trial_measure(void *ctx, const int *redirect, int full, size_t *total, double *area);
 
-/* The checkpoint rewrite appends the program's copies to the graph; the program then covers them. Under autocast it
- * runs whatever the policy, for the casts of inputs (checkpoint.h). */
+/* The checkpoint rewrite appends the program's copies to the graph; the program then covers them. It runs whatever
+ * the policy, for autocast's casts of inputs and the cheap recomputations (checkpoint.h). */
 static deft_status deft_stage_checkpoint(deft_pipeline *pl) {
     deft_program *p = pl->p;
     const deft_config *c = &p->config;
-    if (c->checkpoint == DEFT_CHECKPOINT_NONE && c->autocast == DEFT_F32) return DEFT_OK;
+    if (c->checkpoint == DEFT_CHECKPOINT_NONE && c->autocast == DEFT_F32 && !c->cheap_recompute) return DEFT_OK;
     deft_status s =
         deft_checkpoint_rewrite(p->graph, pl->outputs, pl->n_outputs, c, p, deft_trial_measure, pl, &p->ckpt);
     if (s == DEFT_OK) p->n_nodes = p->graph->n_nodes;

@@ -105,9 +105,9 @@ static void deft_print_checkpoint(const deft_program *p, FILE *f) {
     deft_checkpoint_report r;
     deft_program_checkpoint(p, &r);
     const deft_ckpt_plan *c = p->ckpt;
-    fprintf(f, "  checkpointing (%s): %d activations dropped (%zu bytes; %d autocast casts of inputs), %d nodes "
-               "recomputed (%.4g GFLOP, %.4g GB moved); peak %zu bytes, %zu without\n",
-            deft_policy_name(r.policy), r.dropped, r.dropped_bytes, c->n_recast, r.recomputed,
+    fprintf(f, "  checkpointing (%s): %d activations dropped (%zu bytes; %d autocast casts of inputs, %d made again by "
+               "one pass), %d nodes recomputed (%.4g GFLOP, %.4g GB moved); peak %zu bytes, %zu without\n",
+            deft_policy_name(r.policy), r.dropped, r.dropped_bytes, c->n_recast, c->n_cheap, r.recomputed,
             r.recompute_flops / 1e9, r.recompute_bytes / 1e9, r.peak_bytes, r.peak_bytes_without);
     for (int id = 0; id < c->n_orig; id++)
         if (c->dropped[id])

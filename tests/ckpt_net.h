@@ -142,7 +142,8 @@ static inline size_t ck_run(ck_net *n, deft_program *p, int runs, unsigned char 
 /* The smallest budget DEFT_CHECKPOINT_BUDGET meets, read from the message of a budget of 1 byte. */
 static inline size_t ck_smallest_budget(ck_net *n) {
     deft_program *p = deft_compile(
-        n->g, n->outs, n->n_outs, &(deft_compile_options){.memory_budget = 1, .checkpoint = DEFT_CHECKPOINT_BUDGET});
+        n->g, n->outs, n->n_outs,
+        &(deft_compile_options){.memory_budget = 1, .checkpoint = DEFT_CHECKPOINT_BUDGET, .no_cheap_recompute = 1});
     CHECK(p == NULL);
     const char *m = strstr(deft_errmsg(), "fits is ");
     CHECK_MSG(m != NULL, "no smallest budget in \"%s\"", deft_errmsg());

@@ -10,8 +10,11 @@
 #include "ckpt_net.h"
 #include "read_file.h"
 
+/* Without the cheap recomputations every policy adds (tests/test_checkpoint_cheap.c covers them): here a policy's
+ * drops are its own. */
 static deft_program *ck_compile(ck_net *n, int policy, size_t budget, int segments) {
-    deft_compile_options o = {.memory_budget = budget, .checkpoint = policy, .checkpoint_segments = segments};
+    deft_compile_options o = {.memory_budget = budget, .checkpoint = policy, .checkpoint_segments = segments,
+                              .no_cheap_recompute = 1};
     return deft_compile(n->g, n->outs, n->n_outs, &o);
 }
 

@@ -86,6 +86,12 @@ typedef struct deft_compile_options {
                                 * products instead of cuDNN; 0: the bf16 and f16 ones */
     int cudnn_find;            /* 1: cuDNN measures the candidate algorithms once per shape (outside a capture)
                                 * instead of taking its heuristic's first choice */
+    /* 1: keep every forward value the backward pass reads, also those that one pass over memory makes again from a
+     * value it keeps anyway (an activation such as GELU, whose input its gradient reads; a cast; a permute). By
+     * default every checkpoint policy, DEFT_CHECKPOINT_NONE included, drops those and recomputes them where the
+     * backward pass reads them, as torch.compile's partitioner does: one memory-bound kernel each, for the bytes of
+     * a second copy (deft_program_checkpoint counts them as dropped and recomputed). */
+    int no_cheap_recompute;
     /* The stage of the compile pipeline to stop after (deft_compile_stage_name, below); NULL: every stage. A program
      * stopped early is for looking at: deft_program_print_plan, deft_graph_dump_dot and the reports show it as that
      * stage left it, but it holds no memory and deft_program_run, _feed and _read refuse it (DEFT_ERR_STATE). A name

@@ -113,7 +113,9 @@ typedef struct deft_checkpoint_report {
 /* What checkpointing did in p (zeros but for the arena and peak when nothing was dropped). Under autocast the casts
  * of inputs that the backward pass reads are always dropped and recast there (one cast kernel of the batch rather
  * than the cast held through the forward pass), whatever the policy, DEFT_CHECKPOINT_NONE included: they count
- * here as dropped and recomputed, and the budget search plans with them dropped. */
+ * here as dropped and recomputed, and the budget search plans with them dropped. So do, unless the compile option
+ * no_cheap_recompute is set, the values one pass over memory makes again from a value kept anyway (GELU's output,
+ * a permute of the attention output). */
 deft_status deft_program_checkpoint(const deft_program *p, deft_checkpoint_report *out);
 
 #ifdef __cplusplus
