@@ -23,7 +23,11 @@ static const deft_debug_entry deft_debug_table[DEFT_DEBUG_KNOB_COUNT] = {
     [DEFT_DEBUG_ATTENTION_KERNEL] = {"ATTENTION_KERNEL", false},
     [DEFT_DEBUG_SHAPE_REFERENCE] = {"SHAPE_REFERENCE", true},
     [DEFT_DEBUG_SLICE_GRAD_ADDS] = {"SLICE_GRAD_ADDS", true},
+    [DEFT_DEBUG_CE_REFERENCE] = {"CE_REFERENCE", true},
     [DEFT_DEBUG_MAP_SCALAR] = {"MAP_SCALAR", true},
+    [DEFT_DEBUG_LN_WIDE] = {"LN_WIDE", true},
+    [DEFT_DEBUG_LN_REFERENCE] = {"LN_REFERENCE", true},
+    [DEFT_DEBUG_OPT_REFERENCE] = {"OPT_REFERENCE", true},
 };
 
 static _Atomic int64_t deft_debug_values[DEFT_DEBUG_KNOB_COUNT];

@@ -26,7 +26,12 @@ typedef enum deft_debug_knob {
                                     * tensor-core kernels, 3 cuDNN's fused attention (each falls back to the plain) */
     DEFT_DEBUG_SHAPE_REFERENCE,    /* 1: permutes, strided slices and concats on a GPU take the one-element kernel */
     DEFT_DEBUG_SLICE_GRAD_ADDS,    /* 1: backward adds the zero-padded gradients of slices, never one concat of them */
+    DEFT_DEBUG_CE_REFERENCE,       /* 1: cross-entropy on a GPU re-reads each row per pass, never holds it in registers */
     DEFT_DEBUG_MAP_SCALAR,         /* 1: unary, scalar and activation-gradient ops on a GPU: one element a thread */
+    DEFT_DEBUG_LN_WIDE,            /* 1: autocast keeps layer norm's f32 value, cast down (read at the rewrite) */
+    DEFT_DEBUG_LN_REFERENCE,       /* 1: layer norm on a GPU: plain kernels (rows re-read, plain column sums) */
+    DEFT_DEBUG_OPT_REFERENCE,      /* 1 when an optimizer is built: its GPU step keeps flat gradients and runs the plain
+                                      kernels (gather, norm, prepare, update; ops/cuda/cuda_optimizer.cu) */
     DEFT_DEBUG_KNOB_COUNT
 } deft_debug_knob;
 

@@ -87,6 +87,10 @@
 #define DEFT_OPT_VEC 4
 /* Vectors in flight per thread in the vector walk; no measurement recorded. */
 #define DEFT_OPT_VEC_UNROLL 2
+/* Gradient loads in flight per thread in the direct step's norm (cuda_optimizer_direct.cu), whose order (one element
+ * a thread, a grid's stride apart) rules out vectors: this many of 4 or 8 bytes, twice as many of 2 (bf16, f16), for
+ * the bytes in flight; no measurement recorded. */
+#define DEFT_OPT_NORM_UNROLL 8
 /* Largest model (elements) whose step is one block without the ticket (RESULTS: Third round); bound not measured. */
 #define DEFT_OPT_ONE_BLOCK_MAX ((int64_t)1 << 16)
 

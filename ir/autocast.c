@@ -15,6 +15,7 @@ static void deft_autocast_free(deft_autocast *ac) {
     free(ac->map);
     free(ac->to_low);
     free(ac->to_f32);
+    free(ac->ln_low);
     free(ac);
 }
 
@@ -186,6 +187,7 @@ static deft_status deft_autocast_build(deft_autocast *ac, deft_graph *g) {
     bool *bwd = s == DEFT_OK ? deft_backward_nodes(g, ac->n_user) : NULL;
     ac->map = calloc((size_t)(ac->n_user ? ac->n_user : 1), sizeof *ac->map);
     if (s == DEFT_OK && (!bwd || !ac->map)) s = deft_set_error(DEFT_ERR_OOM, "autocast: out of host memory");
+    if (s == DEFT_OK) s = deft_autocast_find_ln_low(ac, g, bwd);
     if (s == DEFT_OK) s = deft_rewrite_forward(ac, g, bwd);
     int n = g->n_nodes;
     deft_tensor **grads = s == DEFT_OK ? calloc((size_t)(n ? n : 1), sizeof *grads) : NULL;

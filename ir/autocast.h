@@ -4,8 +4,9 @@
  * How it works. The graph already holds the backward pass and the optimizer's node when it is compiled, so the
  * rewrite does not touch them: it appends to the graph, once per policy, a second step made of
  *   1. the forward pass re-built node by node under the policy (ir/autocast_policy.c), casts inserted where a
- *      node's policy wants another dtype than its input has; a node whose inputs and dtype do not change is not
- *      re-built but shared (leaves always are: inputs, f32 master weights, constants);
+ *      node's policy wants another dtype than its input has (a layer norm that only products read is re-built with
+ *      its value in the low dtype instead: ir/autocast_layer_norm.c); a node whose inputs and dtype do not change
+ *      is not re-built but shared (leaves always are: inputs, f32 master weights, constants);
  *   2. the backward pass derived again from the re-built loss of each deft_backward call (ir/autodiff.c), started
  *      from the optimizer's loss scale under f16 with loss scaling, from 1 otherwise;
  *   3. for each optimizer step node, a twin reading the new gradients, updating the same flat storage. A weight's
@@ -37,7 +38,9 @@ typedef struct deft_autocast {
     int f32_grads;            /* the step twins read f32 gradients, never the low-precision ones (3. above) */
     int n_user;               /* the graph's node count when the rewrite was made: what `map` covers */
     deft_tensor **map;        /* n_user counterparts (NULL: none) */
-    deft_tensor **to_low, **to_f32;   /* casts made so far, by source node id (cap entries) */
+    deft_tensor **to_low, **to_f32;   /* casts made so far, by source node id (cap entries); a layer norm's to_low
+                                       * may be the layer norm re-built in the low dtype (ir/autocast_layer_norm.c) */
+    bool *ln_low;             /* by user node id (n_user): a layer norm that only low-precision products read */
     int cap;
     struct deft_autocast *next;
 } deft_autocast;
@@ -60,6 +63,21 @@ deft_tensor *deft_autocast_cast(deft_autocast *ac, deft_tensor *x, deft_dtype dt
  * changes, else a new node built by t's builder (marked). NULL with the graph's error on failure, or with
  * DEFT_ERR_INVALID (graph untouched) for an op the rewrite cannot re-build. */
 deft_tensor *deft_autocast_node(deft_autocast *ac, deft_tensor *t, deft_tensor **src);
+
+/* The memo slot of x's cast to dt (dt L or f32), NULL for another dtype or out of host memory (then with the error). */
+deft_tensor **deft_autocast_memo(deft_autocast *ac, const deft_tensor *x, deft_dtype dt);
+/* Whether reader r, a forward node of the user's graph, reads every float input cast to the low dtype (a product or
+ * attention in f32: torch's lower-precision list). */
+bool deft_autocast_reads_low(const deft_tensor *r);
+
+/* ---- ir/autocast_layer_norm.c ---- */
+/* Fills ac->ln_low: the user's f32 layer norms that some forward node reads and that every forward node reading them
+ * (bwd: the nodes of the user's own backward pass, which the rewrite derives again) reads cast to the low dtype. Off
+ * under the debug knob LN_WIDE. */
+deft_status deft_autocast_find_ln_low(deft_autocast *ac, const deft_graph *g, const bool *bwd);
+/* x (the counterpart of user node u) in the low dtype, for a reader that casts it: where u is marked in ln_low, the
+ * layer norm re-built with its value in the low dtype (one per x, memoised as its cast), else deft_autocast_cast. */
+deft_tensor *deft_autocast_low(deft_autocast *ac, const deft_tensor *u, deft_tensor *x);
 
 /* ---- ir/autocast_image.c ---- */
 /* Conv2d, pooling and batch norm's two nodes: re-built by deft_autocast_image. */

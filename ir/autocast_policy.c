@@ -5,7 +5,10 @@
  *               (attention's row statistics stay f32)
  *   to f32      reductions (sum, mean, max), softmax, log_softmax, exp, log, pow, sqrt, rsqrt,
  *               reciprocal, layer_norm: L inputs cast up, an f32 result (torch's fp32 list; a pre-norm transformer's
- *               residual stream is f32 already, so layer norm then reads it with no cast)
+ *               residual stream is f32 already, so layer norm then reads it with no cast). A layer norm that only
+ *               products read (each through its cast to L) writes its value in L directly, computed in f32 and
+ *               rounded once: the cast's bits, without the f32 value the backward pass would keep alive for the
+ *               statistics past it (ir/autocast_layer_norm.c)
  *   f32 loss    cross-entropy (torch's fp32 list too): the logits stay as they are, L included, and the loss is f32;
  *               its kernels compute in f32 as if the logits had been cast (exact), so the loss has the bits the cast
  *               would give, and the gradient comes out in L rounded once, as the cast of the f32 one would: no
@@ -81,12 +84,16 @@ static deft_status deft_memo_grow(deft_autocast *ac, int need) {
     return DEFT_OK;
 }
 
+deft_tensor **deft_autocast_memo(deft_autocast *ac, const deft_tensor *x, deft_dtype dt) {
+    if ((dt != ac->dtype && dt != DEFT_F32) || deft_memo_grow(ac, x->id + 1) != DEFT_OK) return NULL;
+    return dt == DEFT_F32 ? &ac->to_f32[x->id] : &ac->to_low[x->id];
+}
+
 deft_tensor *deft_autocast_cast(deft_autocast *ac, deft_tensor *x, deft_dtype dt) {
     if (!x || x->dtype == dt) return x;
     deft_tensor **slot = NULL;
     if (dt == ac->dtype || dt == DEFT_F32) {
-        if (deft_memo_grow(ac, x->id + 1) != DEFT_OK) return NULL;
-        slot = dt == DEFT_F32 ? &ac->to_f32[x->id] : &ac->to_low[x->id];
+        if (!(slot = deft_autocast_memo(ac, x, dt))) return NULL;
         if (*slot) return *slot;
     }
     deft_tensor *c = deft_cast(x, dt);
@@ -100,6 +107,10 @@ deft_tensor *deft_autocast_cast(deft_autocast *ac, deft_tensor *x, deft_dtype dt
 }
 
 static bool deft_is_low(const deft_autocast *ac, const deft_tensor *x) { return x->dtype == ac->dtype; }
+
+bool deft_autocast_reads_low(const deft_tensor *r) {
+    return r->dtype == DEFT_F32 && deft_policy_of(r->op) == DEFT_POLICY_LOW && !deft_autocast_is_image_op(r->op);
+}
 
 /* The dtype the policy gives all of t's inputs, or DEFT_DTYPE_COUNT to leave them as they are (or, for batch norm,
  * to ask deft_batch_norm_input_dtype input by input). */
@@ -226,7 +237,8 @@ deft_tensor *deft_autocast_node(deft_autocast *ac, deft_tensor *t, deft_tensor *
     for (int k = 0; k < t->nsrc; k++) {
         const deft_dtype want = norm ? deft_batch_norm_input_dtype(ac, t, k) : all;
         if (want != DEFT_DTYPE_COUNT && deft_dtype_is_float(src[k]->dtype))
-            src[k] = deft_autocast_cast(ac, src[k], want);
+            src[k] = want == ac->dtype ? deft_autocast_low(ac, t->src[k], src[k])
+                                       : deft_autocast_cast(ac, src[k], want);
         if (!src[k]) return NULL;
         changed |= src[k] != t->src[k];
     }

@@ -28,9 +28,14 @@ deft_tensor *deft_attention_grad_part(deft_tensor *grad, int which);
  * of an index_order node it builds over the index. */
 deft_tensor *deft_embedding_grad(deft_tensor *dy, const deft_tensor *embedding);
 deft_tensor *deft_index_select_grad(deft_tensor *dy, const deft_tensor *index_select);
+/* deft_layer_norm with its value in out_dtype: x's, or bf16 or f16 from f32 x, weight and bias (what autocast builds
+ * where only a low-precision product reads the value: ir/autocast_layer_norm.c); statistics f32. */
+deft_tensor *deft_layer_norm_as(deft_tensor *x, deft_tensor *weight, deft_tensor *bias, double eps,
+                                deft_dtype out_dtype);
 /* Layer norm's backward nodes (ir/build_layer_norm.c) for node ln whose gradient is dy: dx, and the sums [2, C] of
  * dy * xhat (row 0: the weight's gradient) and of dy (row 1: the bias's), a row of which deft_layer_norm_sums_row
- * views as [C]. ln's weight and bias, NULL when it has none. */
+ * views as [C], both in x's dtype; dy is read in ln's dtype (cast to it when it has another). ln's weight and bias,
+ * NULL when it has none. */
 deft_tensor *deft_layer_norm_input_grad(deft_tensor *dy, const deft_tensor *ln);
 deft_tensor *deft_layer_norm_grad_sums(deft_tensor *dy, const deft_tensor *ln);
 deft_tensor *deft_layer_norm_sums_row(deft_tensor *sums, int row);

@@ -112,8 +112,8 @@ typedef enum deft_op {
     DEFT_OP_MASKED_FILL,            /* src (a, mask) (mask any dtype, broadcast to a); p.scalar where mask != 0 */
     /* layer norm over the last dim (ir/build_layer_norm.c): p.ln. The forward node keeps each row's mean and
      * 1 / sqrt(var + eps) past its value (deft_node_extra_bytes), which its backward nodes read */
-    DEFT_OP_LAYER_NORM,             /* src (x[, weight][, bias]); out x's shape */
-    DEFT_OP_LAYER_NORM_GRAD,        /* src (dy, x, ln[, weight]): dx, x's shape */
+    DEFT_OP_LAYER_NORM,             /* src (x[, weight][, bias]); out x's shape, in x's dtype or (f32 x) bf16 or f16 */
+    DEFT_OP_LAYER_NORM_GRAD,        /* src (dy, x, ln[, weight]): dx, x's shape and dtype; dy in ln's dtype */
     DEFT_OP_LAYER_NORM_WEIGHT_GRAD, /* src (dy, x, ln): out [2, C] = column sums of dy * xhat (the weight's gradient)
                                      * and of dy (the bias's); its buffer holds the row blocks' partial sums past them */
     DEFT_OP_COUNT
@@ -134,6 +134,10 @@ typedef struct deft_op_info {
     const char *name;
     deft_op_kind kind;
     bool float_only;      /* the op is defined on floating dtypes only (the builder refuses i32) */
+    /* 1 + k where the output may take over operand k's buffer when that dies at this op (same bytes and dtype; the
+     * planner's in place, passes/schedule.c): every backend's kernel, on every path, reads each part of operand k
+     * that it writes before writing it, and no other thread writes it first. 0: none (elementwise kinds need none). */
+    unsigned char overwrites;
 } deft_op_info;
 
 /* Kinds whose kernel computes element i from element i of each input only: they may write over a dying input. */

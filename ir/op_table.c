@@ -51,7 +51,8 @@ static const deft_op_info deft_ops[DEFT_OP_COUNT] = {
     [DEFT_OP_EXPAND] = {"expand", DEFT_KIND_OTHER},
     [DEFT_OP_SLICE_GRAD] = {"slice_grad", DEFT_KIND_OTHER},
     [DEFT_OP_CROSS_ENTROPY] = {"cross_entropy", DEFT_KIND_OTHER},
-    [DEFT_OP_CROSS_ENTROPY_GRAD] = {"cross_entropy_grad", DEFT_KIND_OTHER},
+    /* a block, warp or CPU thread reads its whole row of the logits before writing that row of the gradient */
+    [DEFT_OP_CROSS_ENTROPY_GRAD] = {"cross_entropy_grad", DEFT_KIND_OTHER, .overwrites = 1 + 1},
     [DEFT_OP_DROPOUT] = {"dropout", DEFT_KIND_ELEMENTWISE},
     [DEFT_OP_OPTIMIZER] = {"optimizer", DEFT_KIND_OTHER},
     [DEFT_OP_CONV2D] = {"conv2d", DEFT_KIND_OTHER, true},
@@ -83,7 +84,7 @@ static const deft_op_info deft_ops[DEFT_OP_COUNT] = {
 };
 
 const deft_op_info *deft_op_info_of(deft_op op) {
-    static const deft_op_info unknown = {"unknown", DEFT_KIND_OTHER, false};
+    static const deft_op_info unknown = {"unknown", DEFT_KIND_OTHER, false, 0};
     return ((int)op >= 0 && op < DEFT_OP_COUNT) ? &deft_ops[op] : &unknown;
 }
 

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "config.h"
 #include "graph_hooks.h"
 #include "node.h"
 #include "optimizer.h"
@@ -102,6 +103,7 @@ static deft_optimizer *deft_optimizer_new(deft_graph *g, deft_optimizer_kind kin
     opt->kind = kind;
     opt->accumulate_steps = step && step->accumulate_steps > 0 ? step->accumulate_steps : 1;
     opt->max_grad_norm = step ? step->max_grad_norm : 0.0;
+    opt->reference = deft_debug(DEFT_DEBUG_OPT_REFERENCE) != 0;
     opt->last_norm = NAN;
     opt->scaler.scale = 1.0f;
     deft_status s = deft_collect_params(opt);

@@ -121,6 +121,9 @@ struct deft_optimizer {
     int accumulate_steps;
     double max_grad_norm;
     double lr;                 /* the learning rate (on a GPU, a mirror of dev->lr, which only set_lr writes) */
+    /* Built while the debug knob OPT_REFERENCE was on (base/config.h): on a GPU it keeps flat gradients and its step
+     * runs the plain kernels whatever its options, the reference a test holds the faster steps against. */
+    bool reference;
     deft_dtype dtype;
     deft_device device;
     int n_params;
@@ -170,12 +173,13 @@ void deft_optimizer_destroy(struct deft_optimizer *opt);
 /* A learning rate an optimizer takes. */
 static inline bool deft_optimizer_lr_valid(double lr) { return isfinite(lr) && lr >= 0.0; }
 
-/* Whether the flat gradients exist: the CPU sums into them, and on a GPU so do several micro-batches per update,
- * clipping and loss scaling (which need the norm before any update). A GPU step with neither reads each gradient where the
- * backward pass left it and updates at once (ops/cuda/cuda_optimizer.cu), so a model's worth of memory and one
- * write of it per step are saved. */
+/* Whether the flat gradients exist: the CPU sums into them, and on a GPU so do several micro-batches per update (and
+ * the reference step, deft_optimizer.reference). A GPU step of one micro-batch reads each gradient where the backward
+ * pass left it (ops/cuda/cuda_optimizer.cu): at once in one launch, or with clipping or loss scaling (which need the
+ * norm before any update) in a pass for the norm and a pass for the update; a model's worth of memory and a write and
+ * a read of it per step are saved. */
 static inline bool deft_optimizer_keeps_grads(const struct deft_optimizer *opt) {
-    return opt->device.type == DEFT_CPU || opt->accumulate_steps > 1 || opt->max_grad_norm > 0.0 || opt->scaler.on;
+    return opt->device.type == DEFT_CPU || opt->accumulate_steps > 1 || opt->reference;
 }
 
 

@@ -4,7 +4,9 @@
  *                 that reads a and b once, stores s (the stream still needs it: the next add and layer norm's
  *                 gradient read it) and the normalised value: a pass over [..., C] fewer per layer norm. Under
  *                 autocast one operand is often the cast to f32 of a bf16 or f16 value (a projection's output); when
- *                 nothing else reads that cast it joins too, and the kernel widens its source on load.
+ *                 nothing else reads that cast it joins too, and the kernel widens its source on load. Where autocast
+ *                 made the layer norm write its value in bf16 or f16 (ir/autocast_layer_norm.c), s stays f32 and
+ *                 only the normalised value is stored narrow.
  *   ln_grad_add   in the backward pass the stream's gradient is d_res + dx (the add autodiff makes where two
  *                 gradients meet): dx's kernel adds d_res as it stores, and dx itself never reaches memory.
  *

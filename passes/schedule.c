@@ -118,9 +118,14 @@ deft_status deft_schedule_buffers(deft_program *p) {
     return deft_side_keep_inputs(p);
 }
 
-/* Elementwise ops read element i before writing element i, so their output may take over an input's buffer. */
-static bool deft_may_run_in_place(const deft_tensor *t, const deft_tensor *src) {
-    if (!deft_kind_is_elementwise(deft_op_info_of(t->op)->kind)) return false;
+/* Elementwise ops read element i before writing element i, so their output may take over an input's buffer; an op
+ * whose row of the op table names an operand it overwrites (cross-entropy's gradient its logits) that operand's. */
+static bool deft_may_run_in_place(const deft_tensor *t, int k) {
+    const deft_tensor *src = t->src[k];
+    const deft_op_info *info = deft_op_info_of(t->op);
+    if (info->overwrites)
+        return k == info->overwrites - 1 && src->dtype == t->dtype && deft_tensor_bytes(src) == deft_tensor_bytes(t);
+    if (!deft_kind_is_elementwise(info->kind)) return false;
     return deft_tensor_bytes(src) == deft_tensor_bytes(t) && deft_dtype_size(src->dtype) == deft_dtype_size(t->dtype);
 }
 
@@ -141,7 +146,7 @@ static void deft_merge_in_place(deft_program *p) {
             int base = deft_view_base(g, t->src[k]->id, &off);
             int b = deft_buffer_root(p, p->nodes[base].buffer);
             if (b < 0 || off != 0 || b == own || p->buffers[b].plan.last != step ||
-                p->buffers[b].arena != p->buffers[own].arena || !deft_may_run_in_place(t, t->src[k]))
+                p->buffers[b].arena != p->buffers[own].arena || !deft_may_run_in_place(t, k))
                 continue;
             p->buffers[b].plan.last = p->buffers[own].plan.last;
             p->buffers[own].merged_into = b;

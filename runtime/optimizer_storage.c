@@ -119,11 +119,8 @@ deft_status deft_optimizer_set_scaling(deft_optimizer *opt, const deft_loss_scal
         if (s != DEFT_OK) return s;
         opt->scaler.started = 1;
     }
-    if (!opt->flat_grads) {   /* a GPU step that updated in one launch until now (deft_optimizer_keeps_grads) */
-        deft_status s = deft_mem_alloc_tagged(opt->device, (size_t)opt->total * deft_dtype_size(opt->dtype),
-                                              "optimizer.grads", &opt->flat_grads);
-        if (s != DEFT_OK) return s;
-    }
+    /* No flat gradients to make: a scaled step of one micro-batch reads the gradients where they lie (the direct step,
+     * ops/cuda/cuda_optimizer.cu), and the storage made them for any other (deft_optimizer_keeps_grads). */
     opt->scaler.on = 1;
     opt->scaler.growth = o->growth_factor;
     opt->scaler.backoff = o->backoff_factor;

@@ -114,7 +114,7 @@ static deft_status deft_program_allocate(deft_program *p) {
     bool *uploaded = calloc((size_t)(p->n_nodes ? p->n_nodes : 1), sizeof *uploaded);
     if (!uploaded) return deft_set_error(DEFT_ERR_OOM, "compile: out of host memory");
     deft_status s = deft_autocast_configure_steps(p);
-    if (s == DEFT_OK) p->persistent_bytes = deft_persistent_bytes(p);   /* loss scaling keeps flat gradients */
+    if (s == DEFT_OK) p->persistent_bytes = deft_persistent_bytes(p);   /* once loss scaling is set */
     if (s == DEFT_OK) s = deft_place_persistent(p, uploaded);
     if (s == DEFT_OK) s = deft_check_device_room(p);
     if (s == DEFT_OK) s = deft_alloc_arenas(p);

@@ -64,6 +64,9 @@ typedef struct deft_autocast deft_testing_autocast;
 deft_status deft_testing_autocast_get(deft_graph *g, deft_dtype dtype, int scaled, int f32_grads,
                                       deft_testing_autocast **out);
 deft_tensor *deft_testing_autocast_map(const deft_testing_autocast *ac, const deft_tensor *t);
+/* The node standing for the user's t in g's latest autocast rewrite (the one a compile just made or reused), NULL
+ * when g has none or it has no counterpart for t. */
+deft_tensor *deft_testing_autocast_latest(const deft_graph *g, const deft_tensor *t);
 
 /* ---- builders of the ops only the backward pass makes (implemented in the library, ir/) ---- */
 /* dy * act'(x), for y = act(x) with act "relu", "gelu", "gelu_tanh", "silu", "tanh" or "sigmoid" (testing_graph.c). */
@@ -74,6 +77,10 @@ deft_tensor *deft_cross_entropy_grad(deft_tensor *dloss, deft_tensor *logits, de
 /* cross-entropy with a loss of loss_dtype (the logits' or f32), as autocast builds it (ir/build_train.c) */
 deft_tensor *deft_cross_entropy_as(deft_tensor *logits, deft_tensor *targets, const deft_cross_entropy_options *o,
                                    deft_dtype loss_dtype);
+/* layer norm with its value in out_dtype (x's, or bf16/f16 from f32 x), as autocast builds it
+ * (ir/build_layer_norm.c) */
+deft_tensor *deft_layer_norm_as(deft_tensor *x, deft_tensor *weight, deft_tensor *bias, double eps,
+                                deft_dtype out_dtype);
 deft_tensor *deft_conv2d_input_grad(deft_tensor *dy, const deft_tensor *conv);
 deft_tensor *deft_conv2d_weight_grad(deft_tensor *dy, const deft_tensor *conv);
 deft_tensor *deft_pool2d_grad(deft_tensor *dy, const deft_tensor *pool);
@@ -304,6 +311,10 @@ deft_status deft_testing_matmul_batch(const deft_testing_mm_part *parts, int n, 
 /* A fused elementwise kernel of one relu over `numel` elements of an input stored in input_dtype, to f32, with
  * NULL pointers: what the kernel says of a description it refuses before anything runs. */
 deft_status deft_testing_fused_relu(deft_dtype input_dtype, int64_t numel);
+/* The groups of classes a thread of cross-entropy's GPU register kernels holds for rows of `classes` logits of that
+ * dtype: 0 where the plain kernels (re-reading the row each pass) run, the CE_REFERENCE knob included; -1 without
+ * CUDA. */
+int deft_testing_ce_regs_groups(deft_dtype logits, int64_t classes);
 
 /* ---- debug knobs ---- */
 /* The library's debug knobs (base/config.h), which send kernels down their reference paths so that a test can compare
@@ -320,6 +331,12 @@ deft_status deft_testing_fused_relu(deft_dtype input_dtype, int64_t numel);
  *   SHAPE_REFERENCE    1: permutes, strided slices and concats on a GPU copy one element per thread (no row copies)
  *   SLICE_GRAD_ADDS    1: backward sums the zero-padded gradients of slices of one tensor, as it did before it
  *                      joined them into one concat (read when deft_backward runs)
+ *   LN_WIDE            1: autocast keeps a layer norm's f32 value and casts it to bf16/f16 for the products that
+ *                      read it, rather than writing it in bf16/f16 directly (read when the rewrite is made)
+ *   LN_REFERENCE       1: layer norm on a GPU takes its plain kernels (each pass re-reads the row; the weight and
+ *                      bias gradients sum 32 columns a block)
+ *   CE_REFERENCE       1: cross-entropy on a GPU takes its plain block kernels (each pass re-reads the row), never
+ *                      the ones that hold a row in registers
  * DEFT_ERR_INVALID for a name that is no knob. */
 deft_status deft_testing_set_debug(const char *name, int64_t value);
 /* The knob's value now (0 for a name that is no knob). */

@@ -92,6 +92,10 @@ deft_tensor *deft_testing_autocast_map(const deft_testing_autocast *ac, const de
     return ac && t && t->id < ac->n_user ? ac->map[t->id] : NULL;
 }
 
+deft_tensor *deft_testing_autocast_latest(const deft_graph *g, const deft_tensor *t) {
+    return g && g->autocasts ? deft_testing_autocast_map(g->autocasts, t) : NULL;
+}
+
 deft_tensor *deft_testing_act_grad(const char *act, deft_tensor *dy, deft_tensor *x) {
     return deft_act_grad(deft_testing_op_named(act), dy, x);
 }

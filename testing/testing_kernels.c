@@ -58,7 +58,14 @@ deft_status deft_testing_fused_relu(deft_dtype input_dtype, int64_t numel) {
 
 size_t deft_testing_cublas_floor(int device) { return deft_cuda_cublas_floor(device); }
 
+int deft_testing_ce_regs_groups(deft_dtype logits, int64_t classes) { return deft_cuda_ce_regs_groups(logits, classes); }
+
 #else
+
+int deft_testing_ce_regs_groups(deft_dtype logits, int64_t classes) {
+    (void)logits, (void)classes;
+    return -1;
+}
 
 size_t deft_testing_cublas_floor(int device) {
     (void)device;

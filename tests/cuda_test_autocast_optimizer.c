@@ -4,8 +4,9 @@
  *  1. tests/amp_net.h's MLP under autocast gives, bit for bit, the losses and parameters of the same training with the
  *     optimizer fed f32 gradients (tests/amp_ref.h), replayed as CUDA Graphs, through every kernel that reads the
  *     table: the one-warp step (every parameter <= 32 elements), the one-block step, the many-block step (> 65536
- *     elements), the gather with two micro-batches and clipping, and the pieces of optimizer_in_backward; SGD with
- *     momentum and AdamW;
+ *     elements), the gather with two micro-batches and clipping, the direct step (one micro-batch, clipped), and the
+ *     pieces of optimizer_in_backward; SGD with momentum and AdamW; and the direct step (bf16 clipped, f16 loss
+ *     scaled with a step of overflow) bit for bit against the plain kernels (the debug knob OPT_REFERENCE);
  *  2. the casts back to f32 are not computed on the GPU either (fusion on);
  *  3. the CPU and cuda:0 agree on 5 autocast steps (bf16; SGD, AdamW, and optimizer in backward): losses within 2%;
  *     under SGD every parameter within 5% of its largest magnitude. AdamW's parameters are not compared: its update
@@ -43,10 +44,13 @@ static void test_same_as_f32_gradients(void) {
     const deft_compile_options bf16 = {.autocast = DEFT_BF16};
     const deft_compile_options split = {.autocast = DEFT_BF16, .optimizer_in_backward = 1};
     const deft_step_options accum_clip = {.accumulate_steps = 2, .max_grad_norm = 0.5};
+    const deft_step_options clip = {.max_grad_norm = 0.5};
     const net_size *sizes[] = {&WARP, &ONE, &MANY};
     for (int i = 0; i < 3; i++) {
         reference_case(sizes[i], "sgd", (amp_optim){0, NULL}, &bf16, 6);
         reference_case(sizes[i], "adamw", (amp_optim){1, NULL}, &bf16, 6);
+        reference_case(sizes[i], "sgd, clipped", (amp_optim){0, &clip}, &bf16, 6);
+        reference_case(sizes[i], "adamw, clipped", (amp_optim){1, &clip}, &bf16, 6);
         reference_case(sizes[i], "sgd, 2 micro-batches, clipped", (amp_optim){0, &accum_clip}, &bf16, 8);
         reference_case(sizes[i], "adamw, 2 micro-batches, clipped", (amp_optim){1, &accum_clip}, &bf16, 8);
         reference_case(sizes[i], "sgd, optimizer in backward", (amp_optim){0, NULL}, &split, 6);
@@ -77,6 +81,52 @@ static void test_casts_gone(void) {
     for (int k = 0; k < 3; k++) amp_step(&n, p, (uint64_t)k, 1.0f);
     CHECK(deft_optimizer_updates(n.opt) == 3);
     amp_free(&n);
+}
+
+/* The direct step (one micro-batch with clipping or f16 loss scaling: ops/cuda/cuda_optimizer_direct.cu) reads the
+ * low-precision gradients where they lie; the plain kernels (an optimizer built under the debug knob OPT_REFERENCE)
+ * gather them into flat f32 first. Both give the same losses, norms, parameters and state bit for bit, step after
+ * step, replayed, a step of f16 overflow (skipped by both) included. */
+static void direct_case(const char *what, amp_optim o, const deft_compile_options *opts) {
+    amp_net a, b;
+    CHECK_OK(deft_testing_set_debug("OPT_REFERENCE", 1));
+    const int built_b = amp_build_with(&b, GPU, MANY.batch, MANY.in, MANY.hidden, MANY.classes, o);
+    CHECK_OK(deft_testing_set_debug("OPT_REFERENCE", 0));
+    const int built_a = amp_build_with(&a, GPU, MANY.batch, MANY.in, MANY.hidden, MANY.classes, o);
+    deft_program *pa = built_a ? amp_compile(&a, opts) : NULL, *pb = built_b ? amp_compile(&b, opts) : NULL;
+    CHECK_MSG(pa && pb, "%s: compile: %s", what, deft_errmsg());
+    const size_t bytes = pa && pb ? deft_testing_optimizer_array_bytes(a.opt) : 0;
+    char *x = malloc(bytes ? bytes : 1), *y = malloc(bytes ? bytes : 1);
+    for (int k = 0; pa && pb && x && y && k < 8; k++) {
+        const float gain = opts->autocast == DEFT_F16 && k == 3 ? 1e6f : 1.0f;
+        const float la = amp_step(&a, pa, (uint64_t)k, gain), lb = amp_step(&b, pb, (uint64_t)k, gain);
+        float na = 0, nb = 0;
+        CHECK_OK(deft_program_read(pa, a.step, &na, sizeof na));
+        CHECK_OK(deft_program_read(pb, b.step, &nb, sizeof nb));
+        CHECK_MSG(memcmp(&la, &lb, sizeof la) == 0 && memcmp(&na, &nb, sizeof na) == 0,
+                  "%s, step %d: loss %.9g and norm %.9g, the plain kernels' %.9g and %.9g", what, k, la, na, lb, nb);
+        for (int arr = 0; arr < deft_testing_optimizer_arrays(a.opt); arr++) {
+            CHECK_OK(deft_testing_optimizer_read(a.opt, arr, x, bytes));
+            CHECK_OK(deft_testing_optimizer_read(b.opt, arr, y, bytes));
+            CHECK_MSG(memcmp(x, y, bytes) == 0, "%s, step %d: array %d (0 the parameters) differs from the plain "
+                      "kernels'", what, k, arr);
+        }
+    }
+    if (pa && pb) CHECK(deft_optimizer_updates(a.opt) == deft_optimizer_updates(b.opt));
+    if (pa && GPU.type == DEFT_CUDA) CHECK(deft_program_graph_replays(pa) >= 5);
+    free(x);
+    free(y);
+    amp_free(&a);
+    amp_free(&b);
+}
+
+static void test_direct_against_plain(void) {
+    const deft_compile_options bf16 = {.autocast = DEFT_BF16}, f16 = {.autocast = DEFT_F16};
+    const deft_step_options clip = {.max_grad_norm = 0.5};
+    direct_case("bf16 sgd, clipped", (amp_optim){0, &clip}, &bf16);
+    direct_case("bf16 adamw, clipped", (amp_optim){1, &clip}, &bf16);
+    direct_case("f16 sgd, loss scaled", (amp_optim){0, NULL}, &f16);
+    direct_case("f16 adamw, loss scaled and clipped", (amp_optim){1, &clip}, &f16);
 }
 
 /* The worst difference of a parameter of a and b over its largest magnitude; each must be within tol of it (tol < 0:
@@ -130,6 +180,7 @@ static void test_cpu_agrees(const char *what, amp_optim o, const deft_compile_op
 int main(void) {
     if (!deft_test_gpu(&GPU)) return DEFT_CHECK_SKIP;
     test_same_as_f32_gradients();
+    test_direct_against_plain();
     test_casts_gone();
     const deft_compile_options bf16 = {.autocast = DEFT_BF16};
     const deft_compile_options split = {.autocast = DEFT_BF16, .optimizer_in_backward = 1};

@@ -7,13 +7,17 @@
  *     formulas): one parameter of 3 elements, and 40 parameters of 1 to 32000 elements (more than the norm's grid
  *     covers in one pass) fed new gradients every run, with accumulation and clipping, within 1e-12; and in f32 the
  *     one-launch step over parameters on and off four-element vectors (its vector and scalar walks), within 2e-5;
- *  3. set_lr between runs, the update count, the step node's value (the norm; NaN before the first update), and two
- *     programs compiled from one graph driving the same optimizer (their gradients sit at different addresses).
+ *     the direct step (one micro-batch with clipping) bit for bit against the plain kernels (the debug knob
+ *     OPT_REFERENCE), f32 and f64, with and without parameter groups, and against the formulas;
+ *  3. set_lr between runs, the update count, the step node's value (the norm; NaN before the first update), two
+ *     programs compiled from one graph driving the same optimizer (their gradients sit at different addresses), and
+ *     which steps keep flat gradients.
  * Skips (exit 77) where no GPU works. DEFT_TEST_GPU_AS_CPU=1 runs every part with the CPU standing in for cuda:0,
  * which checks the test itself on a machine without a GPU. */
 #include <stdint.h>
 
 #include "check.h"
+#include "deft_testing.h"
 #include "ref.h"
 
 static deft_device GPU;   /* cuda:0, or the CPU when the test checks itself */
@@ -274,9 +278,9 @@ static void *lin_values(deft_dtype dt, const double *v, int64_t n) {
 }
 
 /* Builds the graph and the optimizer in dtype dt; set_lr_early >= 0 sets that learning rate before the step node
- * exists. */
+ * exists; groups: the odd parameters form a group without weight decay at half the rate. */
 static int lin_build_dt(lin *l, deft_dtype dt, int n, const int64_t *sizes, const double *p0, int adamw,
-                        const void *opts, int k, double max_norm, double set_lr_early) {
+                        const void *opts, int k, double max_norm, double set_lr_early, int groups) {
     memset(l, 0, sizeof *l);
     l->g = deft_graph_new();
     l->dt = dt;
@@ -308,6 +312,9 @@ static int lin_build_dt(lin *l, deft_dtype dt, int n, const int64_t *sizes, cons
     CHECK_MSG(l->opt != NULL, "the optimizer failed: %s", deft_errmsg());
     if (!l->opt) return 0;
     if (set_lr_early >= 0) CHECK_OK(deft_optimizer_set_lr(l->opt, set_lr_early));
+    for (int i = 1; groups && i < n; i += 2)
+        CHECK_OK(deft_optimizer_param_group(l->opt, &l->p[i], 1,
+                                            &(deft_param_group_options){.weight_decay = 0, .lr_scale = 0.5}));
     l->step = deft_optimizer_step(l->opt);
     CHECK_MSG(l->step != NULL, "the step node failed: %s", deft_errmsg());
     if (!l->step) return 0;
@@ -318,7 +325,7 @@ static int lin_build_dt(lin *l, deft_dtype dt, int n, const int64_t *sizes, cons
 
 static int lin_build(lin *l, int n, const int64_t *sizes, const double *p0, int adamw, const void *opts, int k,
                      double max_norm, double set_lr_early) {
-    return lin_build_dt(l, DEFT_F64, n, sizes, p0, adamw, opts, k, max_norm, set_lr_early);
+    return lin_build_dt(l, DEFT_F64, n, sizes, p0, adamw, opts, k, max_norm, set_lr_early, 0);
 }
 
 static int lin_run(lin *l, deft_program *prog, const double *c, float *norm) {
@@ -491,12 +498,114 @@ static void test_formulas_f32(void) {
             ref_opt r;
             ref_opt_init(&r, cases[ci].adamw, cases[ci].opts, 1, 0, n_total, p0);
             if (lin_build_dt(&l, DEFT_F32, N, big ? sizes : small_sizes, p0, cases[ci].adamw, cases[ci].opts, 1, 0,
-                             -1)) {
+                             -1, 0)) {
                 /* the reference starts from the f32 values the parameters hold */
                 for (int64_t j = 0; j < n_total; j++) r.p[j] = (float)p0[j];
                 lin_check_runs(&l, &r, 3, &rng, c, 2e-5, 1e-5, cases[ci].name);
             }
             lin_free(&l);
+            ref_opt_free(&r);
+        }
+    free(p0);
+    free(c);
+}
+
+/* The first element where arrays x and y of n elements of `es` bytes differ, -1 where none does. */
+static int64_t first_difference(const void *x, const void *y, int64_t n, size_t es) {
+    for (int64_t j = 0; j < n; j++)
+        if (memcmp((const char *)x + (size_t)j * es, (const char *)y + (size_t)j * es, es) != 0) return j;
+    return -1;
+}
+
+/* Every flat array of a's optimizer (the parameters, then the state) equal bit for bit to b's. */
+static void lin_same_bits(lin *a, lin *b, const char *what, int run) {
+    const size_t bytes = deft_testing_optimizer_array_bytes(a->opt), es = deft_dtype_size(a->dt);
+    void *x = malloc(bytes), *y = malloc(bytes);
+    for (int arr = 0; x && y && arr < deft_testing_optimizer_arrays(a->opt); arr++) {
+        CHECK_OK(deft_testing_optimizer_read(a->opt, arr, x, bytes));
+        CHECK_OK(deft_testing_optimizer_read(b->opt, arr, y, bytes));
+        const int64_t j = first_difference(x, y, a->total, es);
+        const double u = j < 0 ? 0 : es == 4 ? ((float *)x)[j] : ((double *)x)[j];
+        const double v = j < 0 ? 0 : es == 4 ? ((float *)y)[j] : ((double *)y)[j];
+        CHECK_MSG(j < 0, "%s, run %d: array %d (0 the parameters, then the state) element %lld is %.17g, the plain "
+                  "kernels give %.17g", what, run, arr, (long long)j, u, v);
+    }
+    free(x);
+    free(y);
+}
+
+/* The direct step (one micro-batch with clipping: no flat gradients, ops/cuda/cuda_optimizer_direct.cu) against the
+ * plain kernels (gather, norm, prepare, update), which an optimizer built while the debug knob OPT_REFERENCE is on
+ * takes: the same parameters, state and norm bit for bit after every run (replayed as CUDA Graphs), in f32 (parameters
+ * on and off four-element vectors: the update's vector and scalar walks) and f64; a parameter of 1.2M elements runs
+ * the norm's loads in flight in full, and the others cross its grid's stride; SGD and AdamW, a clip that acts and one
+ * that does not, parameter groups. Without groups both follow the formulas in double too. On a GPU the reference keeps
+ * flat gradients (a model's worth of persistent bytes more): it did take the other path. */
+static void test_direct_against_plain(void) {
+    enum { N = 24 };
+    int64_t sizes[N], total = 0;
+    for (int i = 0; i < N; i++) {
+        sizes[i] = i == 3 ? 1200000 : i < 8 ? 4 * (1 + (i * 1543 + 7) % 9000) : 1 + (int64_t)((i * 7919 + 13) % 32000);
+        total += sizes[i];
+    }
+    double *p0 = malloc((size_t)total * sizeof(double)), *c = malloc((size_t)total * sizeof(double));
+    uint64_t rng = 9191;
+    for (int64_t j = 0; j < total; j++) p0[j] = ref_unif(&rng, -1, 1);
+    deft_sgd_options sgd = {.lr = 0.1, .momentum = 0.9, .dampening = 0, .weight_decay = 0.01, .nesterov = 1};
+    deft_adamw_options aw = {0.01, 0.9, 0.95, 1e-8, 0.1};
+    struct {
+        const char *name;
+        int adamw;
+        const void *opts;
+        double max_norm;
+        int groups;
+    } cases[] = {
+        {"sgd nesterov, clip 0.5", 0, &sgd, 0.5, 0},      {"adamw, clip 0.5", 1, &aw, 0.5, 0},
+        {"adamw, clip 1e9 (never acts)", 1, &aw, 1e9, 0}, {"adamw, groups, clip 1", 1, &aw, 1.0, 1},
+        {"sgd nesterov, groups, clip 0.5", 0, &sgd, 0.5, 1},
+    };
+    const deft_dtype dts[2] = {DEFT_F32, DEFT_F64};
+    for (int d = 0; d < 2; d++)
+        for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+            char name[128];
+            snprintf(name, sizeof name, "direct step, %s %s", deft_dtype_name(dts[d]), cases[ci].name);
+            lin fast, plain;
+            ref_opt r;
+            ref_opt_init(&r, cases[ci].adamw, cases[ci].opts, 1, cases[ci].max_norm, total, p0);
+            for (int64_t j = 0; dts[d] == DEFT_F32 && j < total; j++) r.p[j] = (float)p0[j];
+            CHECK_OK(deft_testing_set_debug("OPT_REFERENCE", 1));
+            const int built_plain = lin_build_dt(&plain, dts[d], N, sizes, p0, cases[ci].adamw, cases[ci].opts, 1,
+                                                 cases[ci].max_norm, -1, cases[ci].groups);
+            CHECK_OK(deft_testing_set_debug("OPT_REFERENCE", 0));
+            const int built_fast = lin_build_dt(&fast, dts[d], N, sizes, p0, cases[ci].adamw, cases[ci].opts, 1,
+                                                cases[ci].max_norm, -1, cases[ci].groups);
+            if (built_plain && built_fast && GPU.type == DEFT_CUDA) {
+                deft_memory_report mf, mp;
+                CHECK_OK(deft_program_memory(fast.prog, &mf));
+                CHECK_OK(deft_program_memory(plain.prog, &mp));
+                CHECK_MSG(mp.persistent_bytes == mf.persistent_bytes + (size_t)total * deft_dtype_size(dts[d]),
+                          "%s: persistent bytes %zu, the plain kernels' %zu: one of them kept the wrong arrays", name,
+                          mf.persistent_bytes, mp.persistent_bytes);
+            }
+            for (int run = 0; built_plain && built_fast && run < 4; run++) {
+                for (int64_t j = 0; j < total; j++) {
+                    c[j] = ref_unif(&rng, -1, 1);
+                    if (dts[d] == DEFT_F32) c[j] = (float)c[j];
+                }
+                float nf = 0, np = 0;
+                if (!lin_run(&fast, fast.prog, c, &nf) || !lin_run(&plain, plain.prog, c, &np)) break;
+                ref_opt_run(&r, c);
+                lin_same_bits(&fast, &plain, name, run);
+                CHECK_MSG(memcmp(&nf, &np, sizeof nf) == 0, "%s, run %d: the norm is %.9g, the plain kernels' %.9g",
+                          name, run, (double)nf, (double)np);
+                CHECK_MSG(rel_close(nf, r.last_norm, dts[d] == DEFT_F32 ? 1e-5 : 1e-6),
+                          "%s, run %d: the norm is %.9g, the formula's %.9g", name, run, (double)nf, r.last_norm);
+                if (!cases[ci].groups) lin_compare(&fast, &r, dts[d] == DEFT_F32 ? 2e-5 : 1e-12, name, run);
+                CHECK(deft_optimizer_updates(fast.opt) == run + 1 && deft_optimizer_updates(plain.opt) == run + 1);
+            }
+            if (GPU.type == DEFT_CUDA && built_fast) CHECK(deft_program_graph_replays(fast.prog) >= 2);
+            lin_free(&fast);
+            lin_free(&plain);
             ref_opt_free(&r);
         }
     free(p0);
@@ -593,28 +702,32 @@ static void test_two_programs(void) {
     ref_opt_free(&r);
 }
 
-/* Only the staged GPU step (several micro-batches, or clipping) and the CPU keep flat gradients: the optimizer's
- * persistent state on a GPU is otherwise one array per state (momentum), not two. */
+/* Only the staged GPU step (several micro-batches, or an optimizer built under the debug knob OPT_REFERENCE) and the
+ * CPU keep flat gradients: the optimizer's persistent state on a GPU is otherwise one array per state (momentum), not
+ * two, clipping or not. */
 static void test_flat_gradients_only_when_needed(void) {
-    for (int staged = 0; staged < 2; staged++) {
-        deft_graph *g = deft_graph_new();
-        deft_tensor *x = deft_input(g, "x", DEFT_F32, 2, (int64_t[]){16, 8}, GPU);
-        deft_tensor *y = deft_input(g, "y", DEFT_I32, 1, (int64_t[]){16}, GPU);
-        deft_tensor *loss = deft_cross_entropy(deft_linear(x, 4, "fc", NULL), y);
-        CHECK_OK(deft_backward(loss));
-        deft_optimizer *opt = deft_sgd(g, &(deft_sgd_options){.lr = 0.1, .momentum = 0.9},
-                                       staged ? &(deft_step_options){.accumulate_steps = 2} : NULL);
-        deft_program *p = deft_compile(g, (deft_tensor *[]){loss, deft_optimizer_step(opt)}, 2, NULL);
-        CHECK_MSG(p != NULL, "compile: %s", deft_errmsg());
-        deft_memory_report r;
-        CHECK_OK(deft_program_memory(p, &r));
-        const size_t params = (8 * 4 + 4) * sizeof(float), inputs = 16 * 8 * sizeof(float) + 16 * sizeof(int32_t);
-        const int keeps = staged || GPU.type == DEFT_CPU;
-        const size_t want = params + inputs + (keeps ? 2 : 1) * params + sizeof(float);
-        CHECK_MSG(r.persistent_bytes == want, "staged %d: persistent %zu, expected %zu", staged, r.persistent_bytes,
-                  want);
-        deft_graph_free(g);
-    }
+    const deft_step_options variants[3] = {{0}, {.accumulate_steps = 2}, {.max_grad_norm = 1.0}};
+    for (int v = 0; v < 3; v++)
+        for (int reference = 0; reference < 2; reference++) {
+            deft_graph *g = deft_graph_new();
+            deft_tensor *x = deft_input(g, "x", DEFT_F32, 2, (int64_t[]){16, 8}, GPU);
+            deft_tensor *y = deft_input(g, "y", DEFT_I32, 1, (int64_t[]){16}, GPU);
+            deft_tensor *loss = deft_cross_entropy(deft_linear(x, 4, "fc", NULL), y);
+            CHECK_OK(deft_backward(loss));
+            CHECK_OK(deft_testing_set_debug("OPT_REFERENCE", reference));
+            deft_optimizer *opt = deft_sgd(g, &(deft_sgd_options){.lr = 0.1, .momentum = 0.9}, &variants[v]);
+            CHECK_OK(deft_testing_set_debug("OPT_REFERENCE", 0));
+            deft_program *p = deft_compile(g, (deft_tensor *[]){loss, deft_optimizer_step(opt)}, 2, NULL);
+            CHECK_MSG(p != NULL, "compile: %s", deft_errmsg());
+            deft_memory_report r;
+            CHECK_OK(deft_program_memory(p, &r));
+            const size_t params = (8 * 4 + 4) * sizeof(float), inputs = 16 * 8 * sizeof(float) + 16 * sizeof(int32_t);
+            const int keeps = v == 1 || reference || GPU.type == DEFT_CPU;
+            const size_t want = params + inputs + (keeps ? 2 : 1) * params + sizeof(float);
+            CHECK_MSG(r.persistent_bytes == want, "variant %d, reference %d: persistent %zu, expected %zu", v,
+                      reference, r.persistent_bytes, want);
+            deft_graph_free(g);
+        }
 }
 
 int main(void) {
@@ -631,6 +744,7 @@ int main(void) {
     test_formulas_small();
     test_formulas_many();
     test_formulas_f32();
+    test_direct_against_plain();
     test_lr_updates_norm();
     test_two_programs();
     test_flat_gradients_only_when_needed();

@@ -253,7 +253,8 @@ deft_tensor *deft_dropout(deft_tensor *x, double p, uint64_t seed);
 /* Normalises over the last dim: (x - mean) / sqrt(var + eps) * weight + bias; weight and bias ([D], x's dtype) may be
  * NULL; eps finite and >= 0. One node that keeps each row's mean and 1 / sqrt(var + eps) for its backward pass; on a
  * GPU a residual add before it (s = a + b read by the layer norm) and the add of the residual gradient after its dx
- * run fused with it. Under autocast it runs in f32, as torch's layer_norm does. */
+ * run fused with it. Under autocast it runs in f32, as torch's layer_norm does; where only products read it, its
+ * value is written in the low dtype directly (computed in f32, rounded once: the cast's bits). */
 deft_tensor *deft_layer_norm(deft_tensor *x, deft_tensor *weight, deft_tensor *bias, double eps);
 /* Scaled dot-product attention: softmax(scale * q k^T [+ causal mask]) v over q, k, v [B, H, T, D] (one shape, a
  * float dtype, D at most DEFT_ATTENTION_MAX_HEAD). One node, fused like FlashAttention: no T x T tensor exists in

@@ -21,7 +21,9 @@
  * double, which keeps its precision when the logits are large. With label smoothing ls the row's loss is
  * (1 - ls) (lse - x[t]) + ls (lse - mean(x)) (torch's: the smoothed target puts ls / C on every class), and its
  * gradient softmax - (1 - ls) onehot - ls / C; without it neither the mean nor the extra terms are formed, so the
- * plain loss is what it always was, bit for bit. */
+ * plain loss is what it always was, bit for bit. The gradient's row o may be the logits' row x (the planner writes
+ * the gradient over dying logits, ir/op_table.c): the max and the sum read the whole row first, then element l is
+ * read before it is written, and each row belongs to one thread. */
 #define DEFINE_CE(sfx, T, C, LD, ST, EXPF)                                                                       \
     static C ce_max_##sfx(const T *x, int64_t len) {                                                             \
         C m = -INFINITY;                                                                                         \

@@ -6,9 +6,13 @@
  * deft_cross_entropy_as): halves load exactly into float and every kernel's order of work depends on the shape
  * alone, never on the dtype, so such logits give the loss bits that the same logits cast to f32 give, and the
  * gradient, rounded once from double through float, the bits of the f32 gradient's cast. Rows of at least
- * DEFT_CE_ROW_MIN classes take a block each (deft_k_ce_*_block); shorter ones a warp (the plain kernels). */
+ * DEFT_CE_ROW_MIN classes take a block each, which holds the row in registers where it fits (deft_k_ce_*_regs) and
+ * otherwise re-reads it each pass (deft_k_ce_*_block, the plain kernels, which the CE_REFERENCE debug knob forces);
+ * shorter ones a warp. Every gradient kernel reads a row before writing it, so the gradient may take over the
+ * logits' buffer (ir/op_table.c). */
 #include <string.h>
 
+#include "config.h"
 #include "cuda_block_reduce.cuh"
 #include "cuda_common.cuh"
 #include "cuda_tuning.h"
@@ -203,7 +207,8 @@ __global__ void deft_k_cross_entropy_grad(T *o, const D *dloss, const T *x, cons
  * deft_ce_row_threads(C)). A group is read with 16-byte loads where the row starts on 16 bytes (8 halves in one, 8
  * floats in two), element by element otherwise, in the same order either way. A warp per row read a GPT-2 row
  * (50304 classes) as 32 scalar streams three times over; a block reads it wide, and its re-reads of the row come
- * soon enough to find it in L2. The max and the sum of exponentials take two passes (the sum needs the max). */
+ * soon enough to find it in L2. The max and the sum of exponentials take two passes (the sum needs the max): these
+ * plain kernels read the row again for each, the register kernels below once. */
 #define DEFT_CE_ROW_MIN 1024
 #define DEFT_CE_ROW_MAX_THREADS 1024
 #define DEFT_CE_GROUP 8
@@ -243,6 +248,53 @@ __device__ __forceinline__ int deft_ce_group(const T *x, int64_t c, int64_t g, b
     return DEFT_CE_GROUP;
 }
 
+/* One group's elements v[0, n) folded into the maximum (NaN wins), and into the sum of exp(v - m) and, with want_sx,
+ * the sum of v: every block kernel folds a group with these, so the plain kernels and the ones that keep a row in
+ * registers combine the same values in the same order. */
+template <class C> __device__ __forceinline__ C deft_ce_fold_max(const C *v, int n, C m) {
+#pragma unroll
+    for (int j = 0; j < DEFT_CE_GROUP; j++)
+        if (j < n) m = deft_max_nan(v[j], m);
+    return m;
+}
+template <class C>
+__device__ __forceinline__ void deft_ce_fold_sum(const C *v, int n, C m, bool want_sx, double *s, double *sx) {
+#pragma unroll
+    for (int j = 0; j < DEFT_CE_GROUP; j++)
+        if (j < n) {
+            *s += (double)deft_math_exp(v[j] - m);
+            if (want_sx) *sx += (double)v[j];
+        }
+}
+
+/* The gradient of one group, l0 its first class, stored with 16-byte stores where wide and the group is whole. */
+template <class T, class I>
+__device__ __forceinline__ void deft_ce_grad_store(T *orow, I l0, const typename deft_ty<T>::C *v, int n,
+                                                   typename deft_ty<T>::C m, double inv, int32_t tr, double hit,
+                                                   double base, double scale, bool wide) {
+    typedef deft_ty<T> Ty;
+    T w[DEFT_CE_GROUP];
+#pragma unroll
+    for (int j = 0; j < DEFT_CE_GROUP; j++)
+        if (j < n) {
+            const double p = (double)deft_math_exp(v[j] - m) * inv;
+            w[j] = Ty::from_f64((p - (l0 + j == tr ? hit : 0.0) - base) * scale);
+        }
+    if (wide && n == DEFT_CE_GROUP) {
+        constexpr int per = (int)(16 / sizeof(T));
+#pragma unroll
+        for (int k = 0; k < DEFT_CE_GROUP; k += per) {
+            uint4 raw;
+            memcpy(&raw, w + k, sizeof raw);
+            *reinterpret_cast<uint4 *>(orow + l0 + k) = raw;
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < DEFT_CE_GROUP; j++)
+            if (j < n) orow[l0 + j] = w[j];
+    }
+}
+
 /* The row's maximum (NaN wins), the sum of exp(x - max) in double and, with want_sx, the sum of x; every thread of
  * the block calls it and gets all three. */
 template <class T>
@@ -253,23 +305,12 @@ __device__ void deft_ce_block_stats(const T *x, int64_t c, bool want_sx, typenam
     const bool wide = ((uintptr_t)x & 15) == 0;
     C v[DEFT_CE_GROUP];
     C m = -INFINITY;
-    for (int64_t g = threadIdx.x; g < ng; g += blockDim.x) {
-        const int n = deft_ce_group(x, c, g, wide, v);
-#pragma unroll
-        for (int j = 0; j < DEFT_CE_GROUP; j++)
-            if (j < n) m = deft_max_nan(v[j], m);
-    }
+    for (int64_t g = threadIdx.x; g < ng; g += blockDim.x)
+        m = deft_ce_fold_max(v, deft_ce_group(x, c, g, wide, v), m);
     m = deft_block_reduce(m, deft_r_max());
     double s = 0.0, sx = 0.0;
-    for (int64_t g = threadIdx.x; g < ng; g += blockDim.x) {
-        const int n = deft_ce_group(x, c, g, wide, v);
-#pragma unroll
-        for (int j = 0; j < DEFT_CE_GROUP; j++)
-            if (j < n) {
-                s += (double)deft_math_exp(v[j] - m);
-                if (want_sx) sx += (double)v[j];
-            }
-    }
+    for (int64_t g = threadIdx.x; g < ng; g += blockDim.x)
+        deft_ce_fold_sum(v, deft_ce_group(x, c, g, wide, v), m, want_sx, &s, &sx);
     *mx = m;
     *sum = deft_block_reduce(s, deft_r_sum());
     *sumx = want_sx ? deft_block_reduce(sx, deft_r_sum()) : 0.0;
@@ -341,29 +382,219 @@ __global__ void __launch_bounds__(DEFT_CE_ROW_MAX_THREADS)
         const bool wide = (((uintptr_t)xr | (uintptr_t)orow) & 15) == 0;
         for (int64_t g = threadIdx.x; g < ng; g += blockDim.x) {
             C v[DEFT_CE_GROUP];
-            T w[DEFT_CE_GROUP];
             const int n = deft_ce_group(xr, c, g, wide, v);
-            const int64_t l0 = g * DEFT_CE_GROUP;
-#pragma unroll
-            for (int j = 0; j < DEFT_CE_GROUP; j++)
-                if (j < n) {
-                    const double p = (double)deft_math_exp(v[j] - m) * inv;
-                    w[j] = Ty::from_f64((p - (l0 + j == tr ? hit : 0.0) - base) * scale);
-                }
-            if (wide && n == DEFT_CE_GROUP) {
-                constexpr int per = (int)(16 / sizeof(T));
-#pragma unroll
-                for (int k = 0; k < DEFT_CE_GROUP; k += per) {
-                    uint4 raw;
-                    memcpy(&raw, w + k, sizeof raw);
-                    *reinterpret_cast<uint4 *>(orow + l0 + k) = raw;
-                }
-            } else {
-#pragma unroll
-                for (int j = 0; j < DEFT_CE_GROUP; j++)
-                    if (j < n) orow[l0 + j] = w[j];
-            }
+            deft_ce_grad_store(orow, g * DEFT_CE_GROUP, v, n, m, inv, tr, hit, base, scale, wide);
         }
+    }
+}
+
+/* ---- rows held in registers ----
+ * The plain block kernels above read a row twice for the loss (max, then the sum) and three times for the gradient
+ * (max, sum, then the write): GPT-2's bf16 logits are far larger than L2, so every pass is a trip to memory. These
+ * kernels load thread k's groups (k, k + B, ... with B the plain kernels' deft_ce_row_threads(C)) once into
+ * registers, as the raw bytes of the logits, and take the max, the sum and the gradient from there with the same
+ * folds (deft_ce_fold_*, deft_ce_grad_store) and the same block reductions: the plain kernels' bits from one read.
+ * G is the most groups a thread holds; rows needing more (and f64 logits) keep the plain kernels. Every thread has
+ * its whole share of the row in registers before the first block reduction returns, so writing the gradient over
+ * the logits (the planner's in place, passes/schedule.c) is safe. */
+template <class T> struct deft_ce_pack {
+    uint4 w[DEFT_CE_GROUP * sizeof(T) / 16];
+};
+
+/* Which of this thread's G slots hold a group of a row of c classes (ng groups): slots [0, k), slot tail (if any,
+ * else -1) holding the row's last group, of tail_n < DEFT_CE_GROUP classes. The slots' lengths follow from these
+ * three rather than from each slot's group index, which would hold a register a slot. Within a row the register
+ * kernels count in int: their rows have at most 8 * DEFT_CE_GROUP * 1024 classes. */
+struct deft_ce_slots {
+    int k, tail, tail_n;
+};
+__device__ __forceinline__ deft_ce_slots deft_ce_slots_of(int64_t c64) {
+    /* Formed afresh for each row from a copy the compiler cannot see through: hoisted out of the row loop, the
+     * slots' lengths would hold G registers for the whole kernel. */
+    int c;
+    asm volatile("cvt.u32.u64 %0, %1;" : "=r"(c) : "l"(c64));
+    const int ng = (c + DEFT_CE_GROUP - 1) / DEFT_CE_GROUP;
+    const int tid = threadIdx.x, b = blockDim.x, last = ng - 1, tail_n = c - last * DEFT_CE_GROUP;
+    deft_ce_slots sl;
+    sl.k = tid < ng ? (last - tid) / b + 1 : 0;
+    sl.tail = tail_n < DEFT_CE_GROUP && tid == last % b ? last / b : -1;
+    sl.tail_n = tail_n;
+    return sl;
+}
+__device__ __forceinline__ int deft_ce_slot_len(const deft_ce_slots &sl, int i) {
+    return i == sl.tail ? sl.tail_n : DEFT_CE_GROUP;
+}
+/* The first class of slot i's group. */
+__device__ __forceinline__ int deft_ce_slot_class(int i) { return (int)(threadIdx.x + i * blockDim.x) * DEFT_CE_GROUP; }
+
+/* This thread's groups of the row xr into pk[0, sl.k). */
+template <class T, int G>
+__device__ __forceinline__ void deft_ce_regs_load(const T *xr, const deft_ce_slots &sl, bool wide,
+                                                  deft_ce_pack<T> *pk) {
+    constexpr int words = (int)(sizeof(deft_ce_pack<T>) / 16);
+#pragma unroll
+    for (int i = 0; i < G; i++) {
+        if (i >= sl.k) continue;
+        const int n = deft_ce_slot_len(sl, i);
+        const T *src = xr + deft_ce_slot_class(i);
+        if (wide && n == DEFT_CE_GROUP) {
+#pragma unroll
+            for (int k = 0; k < words; k++) pk[i].w[k] = reinterpret_cast<const uint4 *>(src)[k];
+        } else {
+            T e[DEFT_CE_GROUP];
+#pragma unroll
+            for (int j = 0; j < DEFT_CE_GROUP; j++) e[j] = j < n ? src[j] : deft_ty<T>::from_f64(0.0);
+            memcpy(pk[i].w, e, sizeof e);
+        }
+    }
+}
+
+template <class T>
+__device__ __forceinline__ void deft_ce_unpack(const deft_ce_pack<T> &pk, typename deft_ty<T>::C *v) {
+    T e[DEFT_CE_GROUP];
+    memcpy(e, pk.w, sizeof e);
+#pragma unroll
+    for (int j = 0; j < DEFT_CE_GROUP; j++) v[j] = deft_ty<T>::load(e[j]);
+}
+
+/* deft_ce_block_stats on the groups in pk; the sum of x with SX. */
+template <class T, int G, bool SX>
+__device__ __forceinline__ void deft_ce_regs_stats(const deft_ce_pack<T> *pk, const deft_ce_slots &sl,
+                                                   typename deft_ty<T>::C *mx, double *sum, double *sumx) {
+    typedef typename deft_ty<T>::C C;
+    C v[DEFT_CE_GROUP];
+    C m = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < G; i++) {
+        if (i >= sl.k) continue;
+        deft_ce_unpack(pk[i], v);
+        m = deft_ce_fold_max(v, deft_ce_slot_len(sl, i), m);
+    }
+    m = deft_block_reduce(m, deft_r_max());
+    double s = 0.0, sx = 0.0;
+#pragma unroll
+    for (int i = 0; i < G; i++) {
+        if (i >= sl.k) continue;
+        deft_ce_unpack(pk[i], v);
+        deft_ce_fold_sum(v, deft_ce_slot_len(sl, i), m, SX, &s, &sx);
+    }
+    *mx = m;
+    *sum = deft_block_reduce(s, deft_r_sum());
+    *sumx = SX ? deft_block_reduce(sx, deft_r_sum()) : 0.0;
+}
+
+/* deft_k_ce_rows_block with the row in registers; LS: with label smoothing (o.ls != 0), which sums x as well. */
+template <class T, int G, bool LS>
+__global__ void __launch_bounds__(DEFT_CE_ROW_MAX_THREADS)
+    deft_k_ce_rows_regs(const T *x, const int32_t *t, int64_t rows, int64_t c, deft_device_errors *rec,
+                        deft_ce_opts o) {
+    typedef deft_ty<T> Ty;
+    /* the block's sum and count: thread 0's alone, kept in shared memory rather than in every thread's registers */
+    __shared__ double acc;
+    __shared__ long long n;
+    const int cn = (int)c;
+    if (threadIdx.x == 0) {
+        acc = 0.0;
+        n = 0;
+    }
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        const int32_t tr = t[r];
+        if (deft_ce_ignored(o, tr)) continue;
+        if (tr < 0 || tr >= cn) {
+            if (threadIdx.x == 0) {
+                deft_ce_record_bad(rec, r, tr, c);
+                n++;
+                acc = NAN;
+            }
+            continue;
+        }
+        const T *xr = x + r * c;
+        const deft_ce_slots sl = deft_ce_slots_of(c);
+        deft_ce_pack<T> pk[G];
+        deft_ce_regs_load<T, G>(xr, sl, ((uintptr_t)xr & 15) == 0, pk);
+        typename Ty::C m;
+        double s, sx;
+        deft_ce_regs_stats<T, G, LS>(pk, sl, &m, &s, &sx);
+        if (threadIdx.x == 0) {
+            const double nll = ((double)m - (double)Ty::load(xr[tr])) + log(s);
+            n++;
+            acc += !LS ? nll : (1.0 - o.ls) * nll + o.ls * (((double)m - sx / (double)c) + log(s));
+        }
+    }
+    if (threadIdx.x == 0) {
+        deft_ce_partial[blockIdx.x] = acc;
+        deft_ce_count[blockIdx.x] = n;
+    }
+}
+
+/* deft_k_ce_grad_block with the row in registers: read once, written once. */
+template <class T, class D, int G>
+__global__ void __launch_bounds__(DEFT_CE_ROW_MAX_THREADS)
+    deft_k_ce_grad_regs(T *o, const D *dloss, const T *x, const int32_t *t, int64_t rows, int64_t c,
+                        deft_device_errors *rec, deft_ce_opts op) {
+    typedef deft_ty<T> Ty;
+    typedef typename Ty::C C;
+    /* the rows' constants, formed as deft_k_ce_grad_block forms them, in shared memory: registers hold the row */
+    __shared__ double k_scale, k_hit, k_base;
+    if (threadIdx.x == 0) {
+        const long long count = op.has_ignore ? deft_ce_grad_count : (long long)rows;
+        const double dl = (double)deft_ty<D>::load(dloss[0]);
+        k_scale = op.sum ? dl : count > 0 ? dl / (double)count : 0.0;
+        k_hit = 1.0 - op.ls;
+        k_base = op.ls / (double)c;
+    }
+    __syncthreads();
+    const int cn = (int)c;
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        const int32_t tr = t[r];
+        const bool ignored = deft_ce_ignored(op, tr);
+        if (ignored || tr < 0 || tr >= cn) {
+            if (!ignored && threadIdx.x == 0) deft_ce_record_bad(rec, r, tr, c);
+            const T fill = Ty::from_f64(ignored ? 0.0 : (double)NAN);
+            for (int l = threadIdx.x; l < cn; l += blockDim.x) o[r * c + l] = fill;
+            continue;
+        }
+        const T *xr = x + r * c;
+        const deft_ce_slots sl = deft_ce_slots_of(c);
+        deft_ce_pack<T> pk[G];
+        deft_ce_regs_load<T, G>(xr, sl, ((uintptr_t)xr & 15) == 0, pk);
+        C m;
+        double s, sx;
+        deft_ce_regs_stats<T, G, false>(pk, sl, &m, &s, &sx);
+        /* formed here, each row, so that they take registers only while the row is written (the loads' 16 bytes
+         * and the stores' are chosen apart: the values do not depend on them) */
+        T *orow = o + r * c;
+        const bool wide = ((uintptr_t)orow & 15) == 0;
+        const double inv = 1.0 / s, scale = *(volatile double *)&k_scale, hit = *(volatile double *)&k_hit,
+                     base = *(volatile double *)&k_base;
+#pragma unroll
+        for (int i = 0; i < G; i++) {
+            if (i >= sl.k) continue;
+            C v[DEFT_CE_GROUP];
+            deft_ce_unpack(pk[i], v);
+            deft_ce_grad_store(orow, deft_ce_slot_class(i), v, deft_ce_slot_len(sl, i), m, inv, tr, hit, base, scale,
+                               wide);
+        }
+    }
+}
+
+/* The groups a thread holds in the register kernels for rows of c classes of T: 0 where the plain kernels run (the
+ * CE_REFERENCE debug knob, f64, rows past the largest G). At most 64 registers a thread (1024 threads a block): 4
+ * groups of f32 or 8 of halves leave room for the rest without spilling (nvcc -Xptxas -v, sm_90). */
+template <class T> static int deft_ce_regs_groups(int64_t c) {
+    if (c < DEFT_CE_ROW_MIN || sizeof(T) > 4 || deft_debug(DEFT_DEBUG_CE_REFERENCE)) return 0;
+    const int64_t ng = (c + DEFT_CE_GROUP - 1) / DEFT_CE_GROUP, threads = deft_ce_row_threads(c);
+    const int64_t per = (ng + threads - 1) / threads;
+    if (per <= 4) return 4;
+    return sizeof(T) == 2 && per <= 8 ? 8 : 0;
+}
+
+int deft_cuda_ce_regs_groups(deft_dtype dt, int64_t c) {
+    switch (dt) {
+    case DEFT_F32: return deft_ce_regs_groups<float>(c);
+    case DEFT_F16: return deft_ce_regs_groups<__half>(c);
+    case DEFT_BF16: return deft_ce_regs_groups<__nv_bfloat16>(c);
+    default: return 0;
     }
 }
 
@@ -386,6 +617,34 @@ static deft_status deft_ce_check(const deft_tensor *n, const deft_tensor *logits
     return DEFT_OK;
 }
 
+template <class T, int G>
+static void deft_ce_rows_regs_launch(const T *x, const int32_t *t, int64_t rows, int64_t c, int blocks, int threads,
+                                     deft_device_errors *rec, const deft_ce_opts &o, cudaStream_t st) {
+    if (o.ls != 0.0)
+        deft_k_ce_rows_regs<T, G, true><<<blocks, threads, 0, st>>>(x, t, rows, c, rec, o);
+    else
+        deft_k_ce_rows_regs<T, G, false><<<blocks, threads, 0, st>>>(x, t, rows, c, rec, o);
+}
+
+/* The loss's first kernel: a warp per row below DEFT_CE_ROW_MIN classes, else a block per row, holding the row in
+ * registers where it fits (deft_ce_regs_groups; only f32 and halves are instantiated so). */
+template <class T>
+static void deft_ce_rows_launch(const T *x, const int32_t *t, int64_t rows, int64_t c, int blocks,
+                                deft_device_errors *rec, const deft_ce_opts &o, cudaStream_t st) {
+    if (c < DEFT_CE_ROW_MIN) {
+        deft_k_cross_entropy_rows<T><<<blocks, DEFT_CUDA_THREADS, 0, st>>>(x, t, rows, c, rec, o);
+        return;
+    }
+    const int threads = deft_ce_row_threads(c);
+    if constexpr (sizeof(T) <= 4) {
+        const int groups = deft_ce_regs_groups<T>(c);
+        if (groups == 4) return deft_ce_rows_regs_launch<T, 4>(x, t, rows, c, blocks, threads, rec, o, st);
+        if constexpr (sizeof(T) == 2)
+            if (groups == 8) return deft_ce_rows_regs_launch<T, 8>(x, t, rows, c, blocks, threads, rec, o, st);
+    }
+    deft_k_ce_rows_block<T><<<blocks, threads, 0, st>>>(x, t, rows, c, rec, o);
+}
+
 deft_status deft_cuda_cross_entropy(const deft_tensor *n, void *out, const void *logits, const void *targets,
                                     cudaStream_t st) {
     deft_ce_opts o;
@@ -406,13 +665,7 @@ deft_status deft_cuda_cross_entropy(const deft_tensor *n, void *out, const void 
     const int blocks = (int)(want < 1 ? 1 : want > DEFT_CE_MAX_BLOCKS ? DEFT_CE_MAX_BLOCKS : want);
     s = deft_with_float_dtype(lg, [&](auto tag) -> deft_status {
         typedef typename decltype(tag)::type T;
-        if (by_block)
-            deft_k_ce_rows_block<T><<<blocks, deft_ce_row_threads(c), 0, st>>>((const T *)logits,
-                                                                                (const int32_t *)targets, rows, c,
-                                                                                rec, o);
-        else
-            deft_k_cross_entropy_rows<T><<<blocks, DEFT_CUDA_THREADS, 0, st>>>(
-                (const T *)logits, (const int32_t *)targets, rows, c, rec, o);
+        deft_ce_rows_launch<T>((const T *)logits, (const int32_t *)targets, rows, c, blocks, rec, o, st);
         return deft_cuda_check_launch(n, "cross_entropy rows");
     });
     if (s != DEFT_OK) return s;
@@ -427,14 +680,24 @@ template <class T, class D>
 static deft_status deft_ce_grad_launch(const deft_tensor *n, void *out, const void *dloss, const void *logits,
                                        const void *targets, int64_t rows, int64_t c, deft_device_errors *rec,
                                        const deft_ce_opts &o, cudaStream_t st) {
-    if (c >= DEFT_CE_ROW_MIN) {
-        const unsigned blocks = (unsigned)(rows < 1 ? 1 : rows > DEFT_CUDA_MAX_BLOCKS ? DEFT_CUDA_MAX_BLOCKS : rows);
-        deft_k_ce_grad_block<T, D><<<blocks, deft_ce_row_threads(c), 0, st>>>(
-            (T *)out, (const D *)dloss, (const T *)logits, (const int32_t *)targets, rows, c, rec, o);
-    } else {
+    T *y = (T *)out;
+    const D *dl = (const D *)dloss;
+    const T *x = (const T *)logits;
+    const int32_t *t = (const int32_t *)targets;
+    if (c < DEFT_CE_ROW_MIN) {
         deft_k_cross_entropy_grad<T, D><<<deft_cuda_blocks(rows * 32, DEFT_CUDA_THREADS), DEFT_CUDA_THREADS, 0, st>>>(
-            (T *)out, (const D *)dloss, (const T *)logits, (const int32_t *)targets, rows, c, rec, o);
+            y, dl, x, t, rows, c, rec, o);
+        return deft_cuda_check_launch(n, "cross_entropy_grad");
     }
+    const unsigned blocks = (unsigned)(rows < 1 ? 1 : rows > DEFT_CUDA_MAX_BLOCKS ? DEFT_CUDA_MAX_BLOCKS : rows);
+    const int threads = deft_ce_row_threads(c);
+    int groups = 0;
+    if constexpr (sizeof(T) <= 4) groups = deft_ce_regs_groups<T>(c);
+    if constexpr (sizeof(T) <= 4)
+        if (groups == 4) deft_k_ce_grad_regs<T, D, 4><<<blocks, threads, 0, st>>>(y, dl, x, t, rows, c, rec, o);
+    if constexpr (sizeof(T) == 2)
+        if (groups == 8) deft_k_ce_grad_regs<T, D, 8><<<blocks, threads, 0, st>>>(y, dl, x, t, rows, c, rec, o);
+    if (groups == 0) deft_k_ce_grad_block<T, D><<<blocks, threads, 0, st>>>(y, dl, x, t, rows, c, rec, o);
     return deft_cuda_check_launch(n, "cross_entropy_grad");
 }
 

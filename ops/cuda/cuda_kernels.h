@@ -33,10 +33,10 @@ deft_status deft_cuda_batch_norm_epilogue(const deft_tensor *n, void *out, const
 deft_status deft_cuda_batch_norm_grad_masked(const deft_tensor *n, void *out, const void *const *in,
                                              const void *relu_out, void *stream);
 
-/* Layer norm node n (DEFT_OP_LAYER_NORM) reading x = a + b in place of its x: the sum rounded to n's dtype as the add
- * kernel rounds it, stored in s (the residual stream) and normalised into out (with its statistics), bit for bit what
- * the add's kernel and n's own give. b has b_dtype: n's, or bf16 or f16 under an f32 n (the source of a cast to f32,
- * widened on load, which is exact). in: n's sources as its own step passes them (in[0] unread). Layer norm's dx node n
+/* Layer norm node n (DEFT_OP_LAYER_NORM) reading x = a + b in place of its x: the sum rounded to x's dtype as the add
+ * kernel rounds it, stored in s (the residual stream) and normalised into out (with its statistics; in n's dtype,
+ * which may be bf16 or f16 beside an f32 x), bit for bit what the add's kernel and n's own give. b has b_dtype: x's,
+ * or bf16 or f16 beside an f32 x (the source of a cast to f32, widened on load, which is exact). in: n's sources as its own step passes them (in[0] unread). Layer norm's dx node n
  * (DEFT_OP_LAYER_NORM_GRAD) with `residual` (n's shape and dtype) added to it: out = residual + dx, dx rounded as its
  * store would round it. Run fused groups of passes/fusion_layer_norm.c. */
 deft_status deft_cuda_layer_norm_add(const deft_tensor *n, void *out, void *s, const void *a, const void *b,
@@ -111,6 +111,10 @@ deft_status deft_cuda_dist_pack(void *const *tensors, const size_t *offsets, con
 /* What a plain cuBLAS call asks of its stream's scratch on cuda:dev (cuda_matmul.cu): cuBLAS's recommendation,
  * DEFT_CUBLAS_PLAIN_WORKSPACE_HOPPER_BYTES from compute capability 9 on, else DEFT_CUBLAS_PLAIN_WORKSPACE_BYTES. */
 size_t deft_cuda_cublas_floor(int dev);
+
+/* The groups of classes a thread of cross-entropy's register kernels holds for rows of c classes of dtype dt
+ * (cuda_cross_entropy.cu), for tests: 0 where the plain kernels run (the CE_REFERENCE debug knob included). */
+int deft_cuda_ce_regs_groups(deft_dtype dt, int64_t c);
 
 #ifdef __cplusplus
 }

@@ -16,9 +16,14 @@
  *   update   on an update run, one pass over the flat storage: SGD or AdamW
  *
  * With one micro-batch per update, no clipping and no loss scaling (the common case) one kernel does all four
- * (cuda_optimizer_fused.cu); a step that may be skipped must know the whole norm before it changes any parameter. Under the compile option
- * optimizer_in_backward the same step runs split (passes/optimizer_split.h): a piece kernel per group of parameters as
- * soon as their gradients exist, and a finisher; both paths sum the norm over the same blocks in the same order.
+ * (cuda_optimizer_fused.cu); a step that may be skipped must know the whole norm before it changes any parameter.
+ * With one micro-batch and clipping or loss scaling there is nothing to sum across runs, so no flat gradients either:
+ * the direct step (cuda_optimizer_direct.cu) runs norm, prepare and update reading the gradients where they lie, with
+ * the same values. The four kernels below are the reference path, taken for several micro-batches per update, and
+ * by an optimizer built while the debug knob OPT_REFERENCE was on (base/config.h), which tests compare against.
+ * Under the compile option optimizer_in_backward the same step runs split (passes/optimizer_split.h): a piece kernel
+ * per group of parameters as soon as their gradients exist, and a finisher; both paths sum the norm over the same
+ * blocks in the same order.
  *
  * The host compares this run's gradient addresses with those of the tables it built before (no synchronisation);
  * only a new set of addresses (a program's first run) builds a table, which must not happen inside a capture.
@@ -205,11 +210,27 @@ static deft_opt_hyper deft_opt_hyper_of(const deft_optimizer *o) {
     return h;
 }
 
+/* The direct step (cuda_optimizer_direct.cu): the norm from the gradients where they lie, the prepare kernel, the
+ * update. */
+template <class T>
+static deft_status deft_opt_direct_launch(const deft_optimizer *o, const deft_optimizer_segment *table,
+                                          const deft_opt_hyper &h, float *out, cudaStream_t st) {
+    const unsigned norm_blocks = deft_opt_norm_blocks(o->total);
+    deft_status s = deft_opt_direct_norm_launch<T>(o, table, norm_blocks, st);
+    if (s != DEFT_OK) return s;
+    deft_k_opt_prepare<<<1, DEFT_OPT_THREADS, 0, st>>>(o->dev, (int)norm_blocks, h, out);
+    if ((s = deft_cuda_check_launch(o->step_node, "optimizer prepare")) != DEFT_OK) return s;
+    return deft_opt_direct_update_launch<T>(o, table, h, st);
+}
+
 template <class T>
 static deft_status deft_opt_launch(deft_optimizer *o, const deft_optimizer_segment *table, float *out,
                                    cudaStream_t st) {
     const deft_opt_hyper h = deft_opt_hyper_of(o);
-    if (!deft_optimizer_keeps_grads(o)) return deft_opt_fused_launch<T>(o, table, h, out, st);
+    if (!deft_optimizer_keeps_grads(o)) {
+        if (o->max_grad_norm > 0.0 || o->scaler.on) return deft_opt_direct_launch<T>(o, table, h, out, st);
+        return deft_opt_fused_launch<T>(o, table, h, out, st);
+    }
     const int64_t total = o->total;
 
     /* Every grid below depends only on the flat storage's size, so the launches (and the norm's summation order)
@@ -219,8 +240,7 @@ static deft_status deft_opt_launch(deft_optimizer *o, const deft_optimizer_segme
     if (per_block < DEFT_OPT_GATHER_CHUNK) per_block = DEFT_OPT_GATHER_CHUNK;
     const int64_t gather_blocks64 = (total + per_block - 1) / per_block;
     const unsigned gather_blocks = (unsigned)(gather_blocks64 > 0 ? gather_blocks64 : 1);
-    unsigned norm_blocks = deft_cuda_blocks(total, DEFT_OPT_THREADS * 4);
-    if (norm_blocks > DEFT_OPTIMIZER_NORM_BLOCKS) norm_blocks = DEFT_OPTIMIZER_NORM_BLOCKS;
+    const unsigned norm_blocks = deft_opt_norm_blocks(total);
     const unsigned update_blocks = deft_cuda_blocks(total, DEFT_OPT_THREADS);
 
     T *p = (T *)o->flat_params, *g = (T *)o->flat_grads, *s0 = (T *)o->state0, *s1 = (T *)o->state1;

@@ -1,7 +1,7 @@
 /* The optimizer's one-launch step on a GPU, and the pieces and finisher of a split step (optimizer in backward, data
  * parallel pieces): every update of a run in one kernel over the norm's blocks (ir/optimizer.h). The general path
  * (gather, norm, prepare, update) and the host side are in cuda_optimizer.cu; the formulas are shared
- * (cuda_optimizer_math.cuh).
+ * (cuda_optimizer_math.cuh), and so is the walk of a block (cuda_optimizer_walk.cuh).
  *
  * With one micro-batch per update and no clipping, nothing in an update waits on the norm, so a single kernel does
  * the whole step: block b takes the norm's block b (ir/optimizer.h: a run of one parameter's elements), reads its
@@ -16,150 +16,8 @@
  * chosen at run time too few blocks fitted an SM to keep enough loads in flight for the memory's rate
  * (bench/RESULTS.md, "Seventh round"). */
 #include "cuda_optimizer_math.cuh"
+#include "cuda_optimizer_walk.cuh"
 #include "cuda_tuning.h"
-
-/* A block's elements [lo, hi), one element at a time: thread t takes lo + t, lo + t + blockDim.x, ... in that order,
- * U (DEFT_OPT_UNROLL, cuda_tuning.h) at a time, every load of a group issued before any store (the restrict
- * qualifiers let the compiler keep them together). Returns the thread's sum of squares of its gradients, added in
- * element order. */
-template <class T, class G, int KIND>
-__device__ double deft_opt_range_scalar(T *__restrict__ p, T *__restrict__ s0, T *__restrict__ s1,
-                                        const G *__restrict__ g, int64_t lo, int64_t hi, const deft_opt_hyper &h,
-                                        const deft_opt_coef<T> &c) {
-    constexpr bool sgd = KIND == DEFT_OPTIM_SGD;
-    const int64_t bd = blockDim.x;
-    const bool moments = sgd ? h.momentum != 0.0 : true;
-    double sum = 0.0;
-    int64_t j = lo + threadIdx.x;
-    for (; j + (DEFT_OPT_UNROLL - 1) * bd < hi; j += DEFT_OPT_UNROLL * bd) {
-        T gv[DEFT_OPT_UNROLL], pv[DEFT_OPT_UNROLL], av[DEFT_OPT_UNROLL], bv[DEFT_OPT_UNROLL];
-#pragma unroll
-        for (int u = 0; u < DEFT_OPT_UNROLL; u++) {
-            const int64_t k = j + u * bd;
-            gv[u] = deft_opt_widen<T, G>(g[k]);
-            pv[u] = p[k];
-            av[u] = moments && !c.first ? s0[k] : T(0);
-            bv[u] = !sgd && !c.first ? s1[k] : T(0);
-        }
-#pragma unroll
-        for (int u = 0; u < DEFT_OPT_UNROLL; u++) {
-            sum += (double)gv[u] * (double)gv[u];
-            if constexpr (sgd) deft_opt_sgd_reg<T>(pv[u], av[u], gv[u], h, c);
-            else deft_opt_adamw_reg<T>(pv[u], av[u], bv[u], gv[u], h, c);
-        }
-#pragma unroll
-        for (int u = 0; u < DEFT_OPT_UNROLL; u++) {
-            const int64_t k = j + u * bd;
-            p[k] = pv[u];
-            if (moments) s0[k] = av[u];
-            if (!sgd) s1[k] = bv[u];
-        }
-    }
-    for (; j < hi; j += bd) {
-        const T gj = deft_opt_widen<T, G>(g[j]);
-        sum += (double)gj * (double)gj;
-        if constexpr (sgd) deft_opt_sgd_one<T>(p, s0, j, gj, h, c);
-        else deft_opt_adamw_one<T>(p, s0, s1, j, gj, h, c);
-    }
-    return sum;
-}
-
-/* The same with four neighbouring elements per load (16 bytes of f32 parameters and state, 8 or 16 of gradients),
- * where [lo, hi) starts on such a vector in every array: thread t takes vectors t, t + blockDim.x, ... two at a time,
- * then the last hi - lo mod 4 elements go one to a thread (0, 1, 2). Its sum adds its vectors' squares in element
- * order, then its tail element. One element at a time moved 4 bytes per load, and the step ran well under the
- * memory's rate. The arithmetic per element is the scalar walk's. The four is DEFT_OPT_VEC and the two
- * DEFT_OPT_VEC_UNROLL (cuda_tuning.h). */
-template <class T, class G> __device__ __forceinline__ void deft_opt_load_vec(const G *g, T (&out)[DEFT_OPT_VEC]) {
-    const deft_vec<G, DEFT_OPT_VEC> v = *reinterpret_cast<const deft_vec<G, DEFT_OPT_VEC> *>(g);
-#pragma unroll
-    for (int e = 0; e < DEFT_OPT_VEC; e++) out[e] = deft_opt_widen<T, G>(v.e[e]);
-}
-
-template <class T> __device__ __forceinline__ void deft_opt_store_vec(T *p, const T (&v)[DEFT_OPT_VEC]) {
-    deft_vec<T, DEFT_OPT_VEC> o;
-#pragma unroll
-    for (int e = 0; e < DEFT_OPT_VEC; e++) o.e[e] = v[e];
-    *reinterpret_cast<deft_vec<T, DEFT_OPT_VEC> *>(p) = o;
-}
-
-template <class T, class G, int KIND>
-__device__ double deft_opt_range_vec(T *__restrict__ p, T *__restrict__ s0, T *__restrict__ s1,
-                                     const G *__restrict__ g, int64_t lo, int64_t hi, const deft_opt_hyper &h,
-                                     const deft_opt_coef<T> &c) {
-    constexpr bool sgd = KIND == DEFT_OPTIM_SGD;
-    constexpr int V = DEFT_OPT_VEC, U = DEFT_OPT_VEC_UNROLL;
-    const int64_t bd = blockDim.x, nvec = (hi - lo) / V;
-    const bool moments = sgd ? h.momentum != 0.0 : true;
-    double sum = 0.0;
-    int64_t i = threadIdx.x;
-    for (; i < nvec; i += U * bd) {
-        T gv[U][V], pv[U][V], av[U][V], bv[U][V];
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int64_t k = lo + (i + u * bd) * V;
-            if (i + u * bd >= nvec) continue;
-            deft_opt_load_vec<T, G>(g + k, gv[u]);
-            deft_opt_load_vec<T, T>(p + k, pv[u]);
-#pragma unroll
-            for (int e = 0; e < V; e++) av[u][e] = bv[u][e] = T(0);
-            if (moments && !c.first) deft_opt_load_vec<T, T>(s0 + k, av[u]);
-            if (!sgd && !c.first) deft_opt_load_vec<T, T>(s1 + k, bv[u]);
-        }
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            if (i + u * bd >= nvec) continue;
-#pragma unroll
-            for (int e = 0; e < V; e++) {
-                sum += (double)gv[u][e] * (double)gv[u][e];
-                if constexpr (sgd) deft_opt_sgd_reg<T>(pv[u][e], av[u][e], gv[u][e], h, c);
-                else deft_opt_adamw_reg<T>(pv[u][e], av[u][e], bv[u][e], gv[u][e], h, c);
-            }
-            const int64_t k = lo + (i + u * bd) * V;
-            deft_opt_store_vec<T>(p + k, pv[u]);
-            if (moments) deft_opt_store_vec<T>(s0 + k, av[u]);
-            if (!sgd) deft_opt_store_vec<T>(s1 + k, bv[u]);
-        }
-    }
-    const int64_t j = lo + nvec * V + threadIdx.x;
-    if (j < hi) {
-        const T gj = deft_opt_widen<T, G>(g[j]);
-        sum += (double)gj * (double)gj;
-        if constexpr (sgd) deft_opt_sgd_one<T>(p, s0, j, gj, h, c);
-        else deft_opt_adamw_one<T>(p, s0, s1, j, gj, h, c);
-    }
-    return sum;
-}
-
-/* Updates the elements of one norm block and returns this thread's sum of squares of their gradients (read in the
- * segment's dtype: one choice per block). The vector walk is taken for f32 weights wherever every array starts the
- * block on a whole vector: the choice depends only on the addresses, the same on every run of a program. */
-template <class T, int KIND> struct deft_opt_block_run {
-    T *p, *s0, *s1;
-    const deft_optimizer_block &bk;
-    const deft_optimizer_segment &seg;
-    const deft_opt_hyper &h;
-    const deft_opt_coef<T> &c;
-    template <class G> __device__ __forceinline__ double run() const {
-        const G *g = (const G *)seg.src - seg.offset;
-        if constexpr (sizeof(T) == sizeof(float)) {
-            constexpr size_t VB = DEFT_OPT_VEC * sizeof(T);
-            if (deft_is_aligned(p + bk.lo, VB) && (!s0 || deft_is_aligned(s0 + bk.lo, VB)) &&
-                (!s1 || deft_is_aligned(s1 + bk.lo, VB)) &&
-                deft_is_aligned(g + bk.lo, DEFT_OPT_VEC * sizeof(G)))
-                return deft_opt_range_vec<T, G, KIND>(p, s0, s1, g, bk.lo, bk.hi, h, c);
-        }
-        return deft_opt_range_scalar<T, G, KIND>(p, s0, s1, g, bk.lo, bk.hi, h, c);
-    }
-};
-
-template <class T, int KIND>
-__device__ __forceinline__ double deft_opt_block_step(T *p, T *s0, T *s1, const deft_optimizer_block &bk,
-                                                      const deft_optimizer_segment &seg, const deft_opt_hyper &h,
-                                                      const deft_opt_coef<T> &c) {
-    deft_opt_block_run<T, KIND> r = {p, s0, s1, bk, seg, h, c};
-    return deft_opt_by_dtype<T>(seg.dtype, r);
-}
 
 template <class T, int KIND>
 __global__ void __launch_bounds__(DEFT_OPT_THREADS)

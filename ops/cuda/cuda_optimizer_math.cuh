@@ -1,5 +1,5 @@
-/* The optimizer's formulas on a GPU, shared by the general path (cuda_optimizer.cu: gather, norm, prepare, update)
- * and the one-launch step (cuda_optimizer_fused.cu): the hyperparameters, the per-run coefficients, SGD and AdamW on
+/* The optimizer's formulas on a GPU, shared by the general path (cuda_optimizer.cu: gather, norm, prepare, update),
+ * the direct step (cuda_optimizer_direct.cu) and the one-launch step (cuda_optimizer_fused.cu): the hyperparameters, the per-run coefficients, SGD and AdamW on
  * one element, the fixed-shape block sum of the norm, and the close of an update. */
 #ifndef DEFT_CUDA_OPTIMIZER_MATH_CUH
 #define DEFT_CUDA_OPTIMIZER_MATH_CUH
@@ -39,7 +39,6 @@ template <class T, class F> __device__ __forceinline__ auto deft_opt_by_dtype(in
 }
 
 /* Sums in double, as the CPU does, in a tree of fixed shape: the same gradients give the same norm bit for bit. */
-/* Sums in double, as the CPU does, in a tree of fixed shape: the same gradients give the same norm bit for bit. */
 __device__ __forceinline__ double deft_opt_block_sum(double v, double *sh) {
     sh[threadIdx.x] = v;
     __syncthreads();
@@ -52,9 +51,11 @@ __device__ __forceinline__ double deft_opt_block_sum(double v, double *sh) {
 
 
 /* The coefficients of this run, read once per thread from the device's counters: lr and wd (SGD's L2 term), step and
- * decay (AdamW's) are those of the optimizer's own options, or of a parameter group (deft_opt_coef_group). */
+ * decay (AdamW's) are those of the optimizer's own options, or of a parameter group (deft_opt_coef_group); scale is
+ * the factor on the gradients of a step whose norm was summed first (1/k times the clip factor), 1 in the one-launch
+ * step. */
 template <class T> struct deft_opt_coef {
-    T lr, step, bc2_sqrt, decay, wd;
+    T lr, step, bc2_sqrt, decay, wd, scale;
     double bc1;               /* AdamW: 1 - beta1^t */
     bool first;
 };
@@ -67,6 +68,7 @@ __device__ __forceinline__ deft_opt_coef<T> deft_opt_coef_of(const deft_optimize
     c.bc2_sqrt = (T)dev->bc2_sqrt;
     c.decay = (T)dev->decay;
     c.wd = (T)h.sgd_weight_decay;
+    c.scale = (T)dev->scale;
     c.bc1 = dev->bc1;
     c.first = dev->first != 0;
     return c;
@@ -146,6 +148,7 @@ __device__ __forceinline__ deft_opt_coef<T> deft_opt_coef_now(const deft_optimiz
     c.first = dev->updates == 0;
     c.lr = (T)dev->lr;
     c.wd = (T)h.sgd_weight_decay;
+    c.scale = T(1);
     c.step = c.bc2_sqrt = c.decay = T(0);
     c.bc1 = 1.0;
     if (h.kind != DEFT_OPTIM_SGD) {   /* double pow in every thread is a good part of a small SGD step */
@@ -183,5 +186,22 @@ deft_status deft_opt_piece_launch(const deft_optimizer *o, const deft_optimizer_
 /* The finisher of a split step: the pieces' sums (through table) into the norm, and the counters advanced. */
 deft_status deft_opt_finish_launch(const deft_optimizer *o, const deft_optimizer_segment *table, float *out,
                                    cudaStream_t st);
+
+/* The grid of the norm's first stage over `total` elements (the plain norm kernel's and the direct one's: the same grid
+ * gives the same order): a block per DEFT_OPT_THREADS * 4 elements, at most DEFT_OPTIMIZER_NORM_BLOCKS. */
+static inline unsigned deft_opt_norm_blocks(int64_t total) {
+    const unsigned b = deft_cuda_blocks(total, DEFT_OPT_THREADS * 4);
+    return b > DEFT_OPTIMIZER_NORM_BLOCKS ? DEFT_OPTIMIZER_NORM_BLOCKS : b;
+}
+
+/* The direct step (cuda_optimizer_direct.cu: one micro-batch per update, with clipping or loss scaling, no flat
+ * gradients): the norm's partial sums from the gradients where they lie, in the plain norm kernel's order; and, after
+ * the prepare kernel, the update of every norm block with this run's scale. */
+template <class T>
+deft_status deft_opt_direct_norm_launch(const deft_optimizer *o, const deft_optimizer_segment *table, unsigned blocks,
+                                        cudaStream_t st);
+template <class T>
+deft_status deft_opt_direct_update_launch(const deft_optimizer *o, const deft_optimizer_segment *table,
+                                          const deft_opt_hyper &h, cudaStream_t st);
 
 #endif
