@@ -66,15 +66,18 @@ static void test_net(uint64_t seed, int with_dropout) {
     ck_net n;
     if (!ck_build(&n, &s, GPU)) return;
     size_t smallest = ck_smallest_budget(&n);
+    /* The budgets and the smallest one are those of the search alone (ck_smallest_budget compiles without the cheap
+     * recomputations every policy adds; tests/test_checkpoint_cheap.c covers them). */
+    const deft_compile_options alone = {.no_cheap_recompute = 1};
     deft_memory_report plain;
-    CHECK_OK(deft_plan_memory(n.g, n.outs, n.n_outs, NULL, &plain));
+    CHECK_OK(deft_plan_memory(n.g, n.outs, n.n_outs, &alone, &plain));
     ck_free(&n);
     size_t without = plain.arena_bytes + plain.persistent_bytes;
     CHECK_MSG(smallest > 0 && smallest <= without, "net %llu: smallest %zu, without %zu", (unsigned long long)seed,
               smallest, without);
     for (int k = 0; k <= 3; k++) {
         deft_compile_options o = {.memory_budget = smallest + (without - smallest) * (size_t)k / 3,
-                                  .checkpoint = DEFT_CHECKPOINT_BUDGET};
+                                  .checkpoint = DEFT_CHECKPOINT_BUDGET, .no_cheap_recompute = 1};
         ck_compare(&s, &o, ref, ref_bytes, "budget");
     }
     deft_compile_options seg = {.checkpoint = DEFT_CHECKPOINT_SEGMENTS, .checkpoint_segments = 2};

@@ -47,6 +47,11 @@ static deft_dtype deft_cuda_input_dtype(const deft_tensor *n, int i) {
         ((n->op == DEFT_OP_EMBEDDING_GRAD || n->op == DEFT_OP_INDEX_SELECT_GRAD) && i >= 1))
         return DEFT_I32;
     if ((n->op == DEFT_OP_WHERE && i == 0) || (n->op == DEFT_OP_MASKED_FILL && i == 1)) return DEFT_DTYPE_COUNT;
+    /* layer norm's value may be bf16 or f16 beside f32 x, weight and bias (autocast's deft_layer_norm_as), and its
+     * gradients read dy and the forward node in that dtype (cuda_layer_norm.cu checks the pairs) */
+    if (n->op == DEFT_OP_LAYER_NORM) return n->src[0]->dtype;
+    if ((n->op == DEFT_OP_LAYER_NORM_GRAD || n->op == DEFT_OP_LAYER_NORM_WEIGHT_GRAD) && (i == 0 || i == 2))
+        return DEFT_DTYPE_COUNT;
     return n->dtype;
 }
 
