@@ -119,8 +119,13 @@ deft_status deft_optimizer_set_scaling(deft_optimizer *opt, const deft_loss_scal
         if (s != DEFT_OK) return s;
         opt->scaler.started = 1;
     }
-    /* No flat gradients to make: a scaled step of one micro-batch reads the gradients where they lie (the direct step,
-     * ops/cuda/cuda_optimizer.cu), and the storage made them for any other (deft_optimizer_keeps_grads). */
+    /* A scaled step keeps flat gradients (deft_optimizer_keeps_grads): one that updated without them until now gets
+     * them here. */
+    if (!opt->flat_grads && opt->dev) {
+        deft_status s = deft_mem_alloc_tagged(opt->device, (size_t)opt->total * deft_dtype_size(opt->dtype),
+                                              "optimizer.grads", &opt->flat_grads);
+        if (s != DEFT_OK) return s;
+    }
     opt->scaler.on = 1;
     opt->scaler.growth = o->growth_factor;
     opt->scaler.backoff = o->backoff_factor;

@@ -280,8 +280,8 @@ def main(argv=None):
         modes = [m for m in modes if m == "eager"]
     key = key_of(a)
     where = f"{device} ({torch.cuda.get_device_name(device)})" if cuda else "cpu"
-    ckpt = {"none": "", "block": "; torch.utils.checkpoint per block",
-            "budget": f"; activation memory budget {a.memory_budget:g}"}[a.checkpoint]
+    ckpt = ("" if a.checkpoint == "none" else "; torch.utils.checkpoint per block" if a.checkpoint == "block"
+            else f"; activation memory budget {a.memory_budget:g}")
     print(f"# gpt2.py: torch {torch.__version__} on {where}: {a.layers} layers, width {a.width}, {a.heads} heads, "
           f"T {a.seq}, vocab {a.vocab}, batch {a.batch}, {a.autocast}{ckpt}; modes {', '.join(modes)}")
     modes = checkpoint_modes(a, modes, key)
