@@ -81,11 +81,13 @@ typedef struct step_graph {
 
 /* The model built into a graph given by the caller (deft_largest_batch's probes get one), then backward, AdamW and
  * its step: the one path the measured run and the probes both take, so that the batch deft_largest_batch answers is
- * that of the graph that runs. */
-static deft_status build_step(step_graph *s, deft_graph *g, const gpt2_config *c, int64_t batch, deft_device dev) {
+ * that of the graph that runs. The probes, which are only planned, build it with shapes_only (the same nodes, no
+ * normal draws of the parameters). */
+static deft_status build_step(step_graph *s, deft_graph *g, const gpt2_config *c, int64_t batch, deft_device dev,
+                              int shapes_only) {
     gpt2 *m = &s->m;
     deft_graph_set_seed(g, 1337);
-    deft_status st = gpt2_build_into(m, g, c, batch, dev);
+    deft_status st = shapes_only ? gpt2_build_shapes_into(m, g, c, batch, dev) : gpt2_build_into(m, g, c, batch, dev);
     if (st != DEFT_OK) return st;
     if ((st = deft_backward(m->loss)) != DEFT_OK) return st;
     const deft_adamw_options ao = {.lr = 6e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
@@ -104,7 +106,7 @@ typedef struct probe_ctx {
 static deft_status build_probe(deft_graph *g, int64_t batch, void *ctx, deft_tensor **outputs, int *n_outputs) {
     const probe_ctx *pc = ctx;
     step_graph s;
-    deft_status st = build_step(&s, g, pc->c, batch, pc->dev);
+    deft_status st = build_step(&s, g, pc->c, batch, pc->dev, 1);
     if (st != DEFT_OK) return st;
     outputs[0] = s.m.loss;
     outputs[1] = s.step;
@@ -333,7 +335,7 @@ static deft_status bench(const options *o, deft_device dev, const deft_compile_o
     deft_graph *g = NULL;
     deft_status st = deft_memory_reset_peak(dev);
     if (st == DEFT_OK && !(g = deft_graph_new())) st = DEFT_ERR_OOM;
-    if (st == DEFT_OK) st = build_step(&s, g, &o->model, o->batch, dev);
+    if (st == DEFT_OK) st = build_step(&s, g, &o->model, o->batch, dev, 0);
     if (st == DEFT_OK && deft_graph_error(g) != DEFT_OK) st = deft_graph_error(g);
     if (st == DEFT_OK) {
         const double t0 = seconds();

@@ -27,7 +27,14 @@ typedef struct gpt2 {
     deft_tensor *loss;         /* mean cross-entropy of y under logits */
     deft_tensor *wte, *wpe;
     deft_tensor *block_out[64];   /* each block's output (checkpoint spans) */
+    int shapes_only;              /* gpt2_build_shapes_into: the normal draws are left out */
 } gpt2;
+
+/* param ~ N(0, std), unless the model is built for its shapes alone: a graph that is only planned (deft_largest_batch's
+ * probes) needs no values, and drawing GPT-2 124M's on the host took most of each probe's time. */
+static inline deft_status gpt2_init_normal(const gpt2 *m, deft_tensor *param, double std) {
+    return m->shapes_only ? DEFT_OK : deft_param_init_normal(param, 0.0, std, 0);
+}
 
 /* A 1-D parameter of `width` set to `value`: layer norms' weights (1) and biases (0). */
 static inline deft_tensor *gpt2_vector(deft_graph *g, const char *name, int64_t width, deft_device dev,
@@ -42,7 +49,7 @@ static inline deft_tensor *gpt2_linear(const gpt2 *m, deft_tensor *x, int64_t ou
     if (!y) return NULL;
     char w[96];
     snprintf(w, sizeof w, "%s.weight", name);
-    return deft_param_init_normal(deft_graph_find(m->g, w), 0.0, std, 0) == DEFT_OK ? y : NULL;
+    return gpt2_init_normal(m, deft_graph_find(m->g, w), std) == DEFT_OK ? y : NULL;
 }
 
 static inline deft_tensor *gpt2_layer_norm(const gpt2 *m, deft_tensor *x, const char *prefix, deft_device dev) {
@@ -93,11 +100,11 @@ static inline deft_tensor *gpt2_block(deft_tensor *h, const gpt2 *m, int i, deft
 }
 
 /* Builds the model into g (deft_largest_batch hands its builder a graph) for batches of `batch` sequences on `dev`,
- * its parameters drawn from g's seed. A size the model cannot take (layers outside [1, 64], heads not dividing the
+ * its parameters drawn from g's seed (shapes_only: not drawn). A size the model cannot take (layers outside [1, 64], heads not dividing the
  * width) is DEFT_ERR_INVALID; otherwise a failure's status is the graph's error, which says why. */
-static inline deft_status gpt2_build_into(gpt2 *m, deft_graph *g, const gpt2_config *c, int64_t batch,
-                                          deft_device dev) {
-    *m = (gpt2){.c = *c, .batch = batch, .g = g};
+static inline deft_status gpt2_build_model(gpt2 *m, deft_graph *g, const gpt2_config *c, int64_t batch,
+                                           deft_device dev, int shapes_only) {
+    *m = (gpt2){.c = *c, .batch = batch, .g = g, .shapes_only = shapes_only};
     if (c->layers < 1 || c->layers > 64 || c->heads < 1 || c->width % c->heads != 0) return DEFT_ERR_INVALID;
     const int64_t bt[2] = {batch, c->seq};
     m->x = deft_input(g, "x", DEFT_I32, 2, bt, dev);
@@ -105,8 +112,8 @@ static inline deft_status gpt2_build_into(gpt2 *m, deft_graph *g, const gpt2_con
     m->wte = deft_param(g, "wte", DEFT_F32, 2, (int64_t[]){c->vocab, c->width}, dev, DEFT_INIT_ZEROS);
     m->wpe = deft_param(g, "wpe", DEFT_F32, 2, (int64_t[]){c->seq, c->width}, dev, DEFT_INIT_ZEROS);
     if (!m->wte || !m->wpe) return deft_graph_error(g);
-    deft_status s = deft_param_init_normal(m->wte, 0.0, 0.02, 0);
-    if (s == DEFT_OK) s = deft_param_init_normal(m->wpe, 0.0, 0.02, 0);
+    deft_status s = gpt2_init_normal(m, m->wte, 0.02);
+    if (s == DEFT_OK) s = gpt2_init_normal(m, m->wpe, 0.02);
     if (s != DEFT_OK) return s;
     deft_tensor *pos = deft_arange(g, DEFT_I32, 0, (double)c->seq, 1, dev);
     deft_tensor *h = deft_add(deft_embedding(m->wte, m->x), deft_embedding(m->wpe, pos));
@@ -117,6 +124,18 @@ static inline deft_status gpt2_build_into(gpt2 *m, deft_graph *g, const gpt2_con
     deft_tensor *targets = deft_reshape(m->y, 1, (int64_t[]){batch * c->seq});
     m->loss = deft_set_name(deft_cross_entropy(flat, targets), "loss");
     return m->loss ? DEFT_OK : deft_graph_error(g);
+}
+
+static inline deft_status gpt2_build_into(gpt2 *m, deft_graph *g, const gpt2_config *c, int64_t batch,
+                                          deft_device dev) {
+    return gpt2_build_model(m, g, c, batch, dev, 0);
+}
+
+/* The same graph, node for node, with the parameters left at their creation values (no normal draws): for a graph
+ * that is planned and never run. */
+static inline deft_status gpt2_build_shapes_into(gpt2 *m, deft_graph *g, const gpt2_config *c, int64_t batch,
+                                                 deft_device dev) {
+    return gpt2_build_model(m, g, c, batch, dev, 1);
 }
 
 /* gpt2_build_into a new graph seeded with `seed`. On failure m->g holds the graph (its error says why). */
