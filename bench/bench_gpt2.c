@@ -377,7 +377,8 @@ static const char help[] =
     "  --repeats R                timed repeats, the median reported (default: 7; at most 101)\n"
     "  --device cuda:N|cpu        where it runs (default: cuda:0 when a GPU works, else the bench skips)\n"
     "  --autocast bf16|f32        mixed precision (default: bf16)\n"
-    "  --checkpoint-budget BYTES  activation checkpointing to fit BYTES a step (suffix K, M or G; default: none)\n"
+    "  --checkpoint-budget BYTES  activation checkpointing to fit BYTES a step (suffix K, M or G; the figures' key\n"
+    "                             gets _cb<megabytes>; default: none)\n"
     "  --activation-fraction F    activation checkpointing to keep F of the activation bytes, 0 < F <= 1, a decimal\n"
     "                             or N/D (1/3: the activations / 3): the step is planned without checkpointing\n"
     "                             (nothing runs) for its peak P and activation bytes A, then compiled with the\n"
@@ -500,6 +501,9 @@ static void make_key(const options *o, char *k, size_t n) {
         char *dot = strchr(fraction, '.');
         if (dot) *dot = 'p';
     }
+    /* A budget given in bytes: "_cb<MB>", so that a budget's point keeps apart from the run without one. */
+    if (o->activation_fraction <= 0 && o->checkpoint_budget > 0)
+        snprintf(fraction, sizeof fraction, "_cb%lluM", (unsigned long long)((o->checkpoint_budget + 500000) / 1000000));
     snprintf(k, n, "%s_b%lld_%s%s", model, (long long)o->batch, o->autocast == DEFT_BF16 ? "bf16" : "f32", fraction);
 }
 

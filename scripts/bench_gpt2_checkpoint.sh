@@ -8,7 +8,9 @@
 #        options for each side, e.g. "--layers 2" on both to try it small)
 #
 # Runs $BUILD/bench_gpt2 --batch B without checkpointing and with --activation-fraction F for each F (the budget
-# search on the planned peak less (1 - F) of the planned activation bytes), then bench/peers/gpt2.py --batch B
+# search on the planned peak less (1 - F) of the planned activation bytes); where an F asks for less than the search
+# can reach, compiling names the smallest budget it reaches, and that floor runs once as --checkpoint-budget (point
+# cb<MB>); then bench/peers/gpt2.py --batch B
 # --modes MODES with --checkpoint none, --checkpoint block (torch.utils.checkpoint around each block) and
 # --checkpoint budget --memory-budget M for each M (torch._functorch.config.activation_memory_budget; compile modes
 # only), each in a process of its own. Writes everything they print to <log-dir>/gpt2_checkpoint.txt (each run's
@@ -57,10 +59,18 @@ run() {
 
 # shellcheck disable=SC2086  # the extra options are words
 run deft none "$build/bench_gpt2" --batch "$batch" ${DEFT_ARGS:-}
+floor=
 for f in $fractions; do
   # shellcheck disable=SC2086
   run deft "af$f" "$build/bench_gpt2" --batch "$batch" --activation-fraction "$f" ${DEFT_ARGS:-}
+  # A fraction below the search's floor is refused with the smallest budget it reaches: that point is run once.
+  [ -n "$floor" ] || floor=$(sed -n 's/.*the smallest budget this program fits is \([0-9]*\) bytes.*/\1/p' \
+    "$log/gpt2_ckpt_deft_af${f//\//_}.txt" | head -1)
 done
+if [ -n "$floor" ]; then
+  # shellcheck disable=SC2086
+  run deft floor "$build/bench_gpt2" --batch "$batch" --checkpoint-budget "$floor" ${DEFT_ARGS:-}
+fi
 # shellcheck disable=SC2086
 run torch none "$python" bench/peers/gpt2.py --batch "$batch" --modes "$modes" ${PEER_ARGS:-}
 # shellcheck disable=SC2086
@@ -84,7 +94,7 @@ awk '
   function pct(t, t0) { return (t == "" || t0 == "" || t0 + 0 == 0) ? "" : 100 * (t - t0) / t0 }
   # a key without its point: the key of the same step without checkpointing
   function base_of(k) {
-    if (match(k, /_(af|mb)[0-9]+p[0-9]+$/) || match(k, /_ckblock$/)) return substr(k, 1, RSTART - 1)
+    if (match(k, /_(af|mb)[0-9]+p[0-9]+$/) || match(k, /_ckblock$/) || match(k, /_cb[0-9]+M$/)) return substr(k, 1, RSTART - 1)
     return k
   }
   function point_of(k, b) { return k == b ? "none" : substr(k, length(b) + 2) }
