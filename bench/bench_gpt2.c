@@ -67,6 +67,7 @@ typedef struct options {
     double peak_tflops;
     size_t checkpoint_budget;
     double activation_fraction;   /* 0: not given */
+    int64_t loss_chunks;          /* gpt2_build_options.loss_chunks (1: the whole logits at once) */
     deft_dtype autocast;
     int no_cuda_graphs, largest_batch;
     const char *device;
@@ -84,10 +85,10 @@ typedef struct step_graph {
  * that of the graph that runs. The probes, which are only planned, build it with shapes_only (the same nodes, no
  * normal draws of the parameters). */
 static deft_status build_step(step_graph *s, deft_graph *g, const gpt2_config *c, int64_t batch, deft_device dev,
-                              int shapes_only) {
+                              const gpt2_build_options *bo) {
     gpt2 *m = &s->m;
     deft_graph_set_seed(g, 1337);
-    deft_status st = shapes_only ? gpt2_build_shapes_into(m, g, c, batch, dev) : gpt2_build_into(m, g, c, batch, dev);
+    deft_status st = gpt2_build_with(m, g, c, batch, dev, bo);
     if (st != DEFT_OK) return st;
     if ((st = deft_backward(m->loss)) != DEFT_OK) return st;
     const deft_adamw_options ao = {.lr = 6e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
@@ -101,12 +102,14 @@ static deft_status build_step(step_graph *s, deft_graph *g, const gpt2_config *c
 typedef struct probe_ctx {
     const gpt2_config *c;
     deft_device dev;
+    int64_t loss_chunks;
 } probe_ctx;
 
 static deft_status build_probe(deft_graph *g, int64_t batch, void *ctx, deft_tensor **outputs, int *n_outputs) {
     const probe_ctx *pc = ctx;
     step_graph s;
-    deft_status st = build_step(&s, g, pc->c, batch, pc->dev, 1);
+    const gpt2_build_options bo = {.shapes_only = 1, .loss_chunks = pc->loss_chunks};
+    deft_status st = build_step(&s, g, pc->c, batch, pc->dev, &bo);
     if (st != DEFT_OK) return st;
     outputs[0] = s.m.loss;
     outputs[1] = s.step;
@@ -152,7 +155,7 @@ static deft_status plan_step(probe_ctx *pc, int64_t batch, const deft_compile_op
 static void largest_batch(const options *o, deft_device dev, const deft_compile_options *co, const char *k) {
     size_t free_b = 0, total_b = 0;
     CHECK(deft_device_memory(dev, &free_b, &total_b));
-    probe_ctx pc = {&o->model, dev};
+    probe_ctx pc = {&o->model, dev, o->loss_chunks};
     /* The probes plan without a budget (deft_largest_batch clears it): the bytes given are the budget. */
     deft_compile_options plan = *co;
     plan.memory_budget = 0;
@@ -181,7 +184,7 @@ static void largest_batch(const options *o, deft_device dev, const deft_compile_
 /* --activation-fraction: plans the step without checkpointing (plan_step: nothing runs) for its peak P and activation
  * bytes A, then sets the budget search on P - (1 - F) A, the peak less the activations not to keep. */
 static deft_status fraction_budget(const options *o, deft_device dev, deft_compile_options *co, const char *k) {
-    probe_ctx pc = {&o->model, dev};
+    probe_ctx pc = {&o->model, dev, o->loss_chunks};
     deft_compile_options plan = *co;
     plan.memory_budget = 0;
     plan.checkpoint = DEFT_CHECKPOINT_NONE;
@@ -335,7 +338,7 @@ static deft_status bench(const options *o, deft_device dev, const deft_compile_o
     deft_graph *g = NULL;
     deft_status st = deft_memory_reset_peak(dev);
     if (st == DEFT_OK && !(g = deft_graph_new())) st = DEFT_ERR_OOM;
-    if (st == DEFT_OK) st = build_step(&s, g, &o->model, o->batch, dev, 0);
+    if (st == DEFT_OK) st = build_step(&s, g, &o->model, o->batch, dev, &(gpt2_build_options){.loss_chunks = o->loss_chunks});
     if (st == DEFT_OK && deft_graph_error(g) != DEFT_OK) st = deft_graph_error(g);
     if (st == DEFT_OK) {
         const double t0 = seconds();
@@ -359,7 +362,7 @@ static const char help[] =
     "usage: bench_gpt2 [--batch B] [--seq T] [--layers L] [--width C] [--heads H] [--vocab V] [--steps N]\n"
     "                  [--warmup W] [--repeats R] [--device cuda:N|cpu] [--autocast bf16|f32]\n"
     "                  [--checkpoint-budget BYTES | --activation-fraction F] [--no-cuda-graphs] [--peak-tflops P]\n"
-    "                  [--largest-batch] [A/B options]\n"
+    "                  [--loss-chunks K] [--largest-batch] [A/B options]\n"
     "\n"
     "The time and memory of one GPT-2 training step (feed, forward, loss, backward, clipping, fused AdamW) compiled\n"
     "by deft, on random tokens: step ms, tokens/s, MFU, peak and planned bytes, activation bytes, and with\n"
@@ -383,6 +386,9 @@ static const char help[] =
     "                             or N/D (1/3: the activations / 3): the step is planned without checkpointing\n"
     "                             (nothing runs) for its peak P and activation bytes A, then compiled with the\n"
     "                             budget P - (1 - F) A; the figures' key gets _af<F> (1/3: _af0p33) (default: none)\n"
+    "  --loss-chunks K            the loss over K blocks of rows, each block's logits its own product and\n"
+    "                             cross-entropy, so that checkpointing can recompute one block's logits at a time\n"
+    "                             (K divides B T; the figures' key gets _lc<K>; default: 1, the whole logits)\n"
     "  --no-cuda-graphs           every step launched kernel by kernel (default: CUDA Graph replays)\n"
     "  --peak-tflops P            the device's dense peak for MFU (default: 989, the H100 SXM's bf16)\n"
     "  --largest-batch            also ask deft_largest_batch for the largest batch the free memory fits\n"
@@ -393,7 +399,8 @@ static void usage(void) {
     fprintf(stderr,
             "usage: %s [--batch B] [--seq T] [--layers L] [--width C] [--heads H] [--vocab V] [--steps N] "
             "[--warmup W] [--repeats R] [--device cuda:N|cpu] [--autocast bf16|f32] [--checkpoint-budget BYTES | "
-            "--activation-fraction F] [--no-cuda-graphs] [--peak-tflops P] [--largest-batch] " BENCH_AB_USAGE
+            "--activation-fraction F] [--loss-chunks K] [--no-cuda-graphs] [--peak-tflops P] [--largest-batch] "
+            BENCH_AB_USAGE
             " (--help says more)\n",
             prog);
     exit(2);
@@ -451,6 +458,7 @@ static int parse_value(options *o, const char *a, const char *v) {
     else if (!strcmp(a, "--device")) o->device = v;
     else if (!strcmp(a, "--checkpoint-budget")) o->checkpoint_budget = parse_bytes(v);
     else if (!strcmp(a, "--activation-fraction")) o->activation_fraction = parse_fraction(v);
+    else if (!strcmp(a, "--loss-chunks")) o->loss_chunks = parse_count(v, 1, 1 << 20);
     else if (!strcmp(a, "--peak-tflops")) {
         char *end = NULL;
         o->peak_tflops = strtod(v, &end);
@@ -482,6 +490,11 @@ static void parse(int argc, char **argv, options *o, deft_compile_options *co) {
         fprintf(stderr, "%s: --checkpoint-budget and --activation-fraction both set the budget: give one\n", prog);
         exit(2);
     }
+    if ((o->batch * o->model.seq) % o->loss_chunks != 0) {
+        fprintf(stderr, "%s: --loss-chunks %lld must divide the rows of the logits, B T = %lld\n", prog,
+                (long long)o->loss_chunks, (long long)(o->batch * o->model.seq));
+        exit(2);
+    }
     co->autocast = o->autocast;
     if (o->checkpoint_budget) co->memory_budget = o->checkpoint_budget, co->checkpoint = DEFT_CHECKPOINT_BUDGET;
 }
@@ -504,13 +517,16 @@ static void make_key(const options *o, char *k, size_t n) {
     /* A budget given in bytes: "_cb<MB>", so that a budget's point keeps apart from the run without one. */
     if (o->activation_fraction <= 0 && o->checkpoint_budget > 0)
         snprintf(fraction, sizeof fraction, "_cb%lluM", (unsigned long long)((o->checkpoint_budget + 500000) / 1000000));
-    snprintf(k, n, "%s_b%lld_%s%s", model, (long long)o->batch, o->autocast == DEFT_BF16 ? "bf16" : "f32", fraction);
+    char chunks[32] = "";
+    if (o->loss_chunks > 1) snprintf(chunks, sizeof chunks, "_lc%lld", (long long)o->loss_chunks);
+    snprintf(k, n, "%s_b%lld_%s%s%s", model, (long long)o->batch, o->autocast == DEFT_BF16 ? "bf16" : "f32", chunks,
+             fraction);
 }
 
 int main(int argc, char **argv) {
     bench_help(argc, argv, help);
     options o = {.model = gpt2_124m(), .batch = 16, .warmup = 20, .repeats = 7, .peak_tflops = 989.0,
-                 .autocast = DEFT_BF16};
+                 .autocast = DEFT_BF16, .loss_chunks = 1};
     deft_compile_options co = {0};
     parse(argc, argv, &o, &co);
 

@@ -28,7 +28,18 @@ typedef struct gpt2 {
     deft_tensor *wte, *wpe;
     deft_tensor *block_out[64];   /* each block's output (checkpoint spans) */
     int shapes_only;              /* gpt2_build_shapes_into: the normal draws are left out */
+    int64_t loss_chunks;          /* the loss's row blocks (gpt2_build_options) */
 } gpt2;
+
+/* How the model is built (zeros: as GPT-2 trains). shapes_only: the parameters are not drawn (a graph that is only
+ * planned). loss_chunks K > 1: the loss is taken over K blocks of rows of the final hidden state, each block's logits
+ * made by its own product and read by its own cross-entropy (their sums added, then divided by the rows): the same
+ * loss up to the order of the sum, and a checkpoint budget can then drop and recompute one block's logits at a time
+ * instead of holding all [B T, V] of them at the loss, which is what held GPT-2's checkpointing floor. */
+typedef struct gpt2_build_options {
+    int shapes_only;
+    int64_t loss_chunks;
+} gpt2_build_options;
 
 /* param ~ N(0, std), unless the model is built for its shapes alone: a graph that is only planned (deft_largest_batch's
  * probes) needs no values, and drawing GPT-2 124M's on the host took most of each probe's time. */
@@ -99,13 +110,33 @@ static inline deft_tensor *gpt2_block(deft_tensor *h, const gpt2 *m, int i, deft
     return deft_add(h, gpt2_linear(m, f, c, q, proj_std));
 }
 
+/* The mean cross-entropy of y under the logits of h [B, T, C] in m->loss_chunks blocks of rows (gpt2_build_options). */
+static inline deft_tensor *gpt2_chunked_loss(const gpt2 *m, deft_tensor *h) {
+    const int64_t n = m->batch * m->c.seq, rows = n / m->loss_chunks;
+    deft_tensor *hf = deft_reshape(h, 2, (int64_t[]){n, m->c.width});
+    deft_tensor *t = deft_reshape(m->y, 1, (int64_t[]){n});
+    deft_cross_entropy_options o = deft_cross_entropy_defaults();
+    o.reduction = DEFT_REDUCTION_SUM;
+    deft_tensor *sum = NULL;
+    for (int64_t k = 0; k < m->loss_chunks; k++) {
+        deft_tensor *hk = deft_slice(hf, 0, k * rows, (k + 1) * rows, 1);
+        deft_tensor *part = deft_cross_entropy_ex(deft_matmul_t(hk, m->wte, 0, 1), deft_slice(t, 0, k * rows,
+                                                                                               (k + 1) * rows, 1), &o);
+        sum = sum ? deft_add(sum, part) : part;
+    }
+    return deft_mul_scalar(sum, 1.0 / (double)n);
+}
+
 /* Builds the model into g (deft_largest_batch hands its builder a graph) for batches of `batch` sequences on `dev`,
- * its parameters drawn from g's seed (shapes_only: not drawn). A size the model cannot take (layers outside [1, 64], heads not dividing the
- * width) is DEFT_ERR_INVALID; otherwise a failure's status is the graph's error, which says why. */
-static inline deft_status gpt2_build_model(gpt2 *m, deft_graph *g, const gpt2_config *c, int64_t batch,
-                                           deft_device dev, int shapes_only) {
-    *m = (gpt2){.c = *c, .batch = batch, .g = g, .shapes_only = shapes_only};
+ * its parameters drawn from g's seed, as `o` says (NULL: the defaults). A size the model cannot take (layers outside
+ * [1, 64], heads not dividing the width, loss_chunks not dividing B T) is DEFT_ERR_INVALID; otherwise a failure's
+ * status is the graph's error, which says why. */
+static inline deft_status gpt2_build_with(gpt2 *m, deft_graph *g, const gpt2_config *c, int64_t batch,
+                                          deft_device dev, const gpt2_build_options *o) {
+    const int64_t chunks = o && o->loss_chunks > 1 ? o->loss_chunks : 1;
+    *m = (gpt2){.c = *c, .batch = batch, .g = g, .shapes_only = o && o->shapes_only, .loss_chunks = chunks};
     if (c->layers < 1 || c->layers > 64 || c->heads < 1 || c->width % c->heads != 0) return DEFT_ERR_INVALID;
+    if (batch < 1 || c->seq < 1 || (batch * c->seq) % chunks != 0) return DEFT_ERR_INVALID;
     const int64_t bt[2] = {batch, c->seq};
     m->x = deft_input(g, "x", DEFT_I32, 2, bt, dev);
     m->y = deft_input(g, "y", DEFT_I32, 2, bt, dev);
@@ -119,7 +150,13 @@ static inline deft_status gpt2_build_model(gpt2 *m, deft_graph *g, const gpt2_co
     deft_tensor *h = deft_add(deft_embedding(m->wte, m->x), deft_embedding(m->wpe, pos));
     for (int i = 0; i < (int)c->layers; i++) m->block_out[i] = h = gpt2_block(h, m, i, dev);
     h = gpt2_layer_norm(m, h, "ln_f", dev);
+    /* The whole logits are built either way (evaluation and sampling read them); with loss chunks the training
+     * step's loss does not read them, so it never computes them. */
     m->logits = deft_set_name(deft_matmul_t(h, m->wte, 0, 1), "logits");
+    if (chunks > 1) {
+        m->loss = deft_set_name(gpt2_chunked_loss(m, h), "loss");
+        return m->loss ? DEFT_OK : deft_graph_error(g);
+    }
     deft_tensor *flat = deft_reshape(m->logits, 2, (int64_t[]){batch * c->seq, c->vocab});
     deft_tensor *targets = deft_reshape(m->y, 1, (int64_t[]){batch * c->seq});
     m->loss = deft_set_name(deft_cross_entropy(flat, targets), "loss");
@@ -128,14 +165,14 @@ static inline deft_status gpt2_build_model(gpt2 *m, deft_graph *g, const gpt2_co
 
 static inline deft_status gpt2_build_into(gpt2 *m, deft_graph *g, const gpt2_config *c, int64_t batch,
                                           deft_device dev) {
-    return gpt2_build_model(m, g, c, batch, dev, 0);
+    return gpt2_build_with(m, g, c, batch, dev, NULL);
 }
 
 /* The same graph, node for node, with the parameters left at their creation values (no normal draws): for a graph
  * that is planned and never run. */
 static inline deft_status gpt2_build_shapes_into(gpt2 *m, deft_graph *g, const gpt2_config *c, int64_t batch,
                                                  deft_device dev) {
-    return gpt2_build_model(m, g, c, batch, dev, 1);
+    return gpt2_build_with(m, g, c, batch, dev, &(gpt2_build_options){.shapes_only = 1});
 }
 
 /* gpt2_build_into a new graph seeded with `seed`. On failure m->g holds the graph (its error says why). */
