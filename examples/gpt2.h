@@ -129,14 +129,15 @@ static inline deft_tensor *gpt2_chunked_loss(const gpt2 *m, deft_tensor *h) {
 
 /* Builds the model into g (deft_largest_batch hands its builder a graph) for batches of `batch` sequences on `dev`,
  * its parameters drawn from g's seed, as `o` says (NULL: the defaults). A size the model cannot take (layers outside
- * [1, 64], heads not dividing the width, loss_chunks not dividing B T) is DEFT_ERR_INVALID; otherwise a failure's
+ * [1, 64], heads not dividing the width, loss_chunks negative or not dividing B T) is DEFT_ERR_INVALID; otherwise a failure's
  * status is the graph's error, which says why. */
 static inline deft_status gpt2_build_with(gpt2 *m, deft_graph *g, const gpt2_config *c, int64_t batch,
                                           deft_device dev, const gpt2_build_options *o) {
     const int64_t chunks = o && o->loss_chunks > 1 ? o->loss_chunks : 1;
     *m = (gpt2){.c = *c, .batch = batch, .g = g, .shapes_only = o && o->shapes_only, .loss_chunks = chunks};
     if (c->layers < 1 || c->layers > 64 || c->heads < 1 || c->width % c->heads != 0) return DEFT_ERR_INVALID;
-    if (batch < 1 || c->seq < 1 || (batch * c->seq) % chunks != 0) return DEFT_ERR_INVALID;
+    if (batch < 1 || c->seq < 1 || (o && o->loss_chunks < 0) || (batch * c->seq) % chunks != 0)
+        return DEFT_ERR_INVALID;
     const int64_t bt[2] = {batch, c->seq};
     m->x = deft_input(g, "x", DEFT_I32, 2, bt, dev);
     m->y = deft_input(g, "y", DEFT_I32, 2, bt, dev);

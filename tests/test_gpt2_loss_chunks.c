@@ -1,6 +1,6 @@
 /* examples/gpt2.h's loss over row blocks (gpt2_build_options.loss_chunks), on the CPU: the loss and every gradient
  * equal the whole-logits loss's up to the order of the sum; a checkpoint budget reaches a lower floor, since one
- * block's logits at a time can be recomputed; a count of blocks that does not divide B T is refused. */
+ * block's logits at a time can be recomputed; a count of blocks that is negative or does not divide B T is refused. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -90,6 +90,8 @@ static void test_refused(void) {
     deft_graph *g = deft_graph_new();
     const int n0 = deft_graph_node_count(g);
     CHECK(gpt2_build_with(&m, g, &cfg, BATCH, deft_cpu(), &(gpt2_build_options){.loss_chunks = 3}) ==
+          DEFT_ERR_INVALID);
+    CHECK(gpt2_build_with(&m, g, &cfg, BATCH, deft_cpu(), &(gpt2_build_options){.loss_chunks = -2}) ==
           DEFT_ERR_INVALID);
     CHECK_MSG(deft_graph_node_count(g) == n0, "a refused build added %d nodes", deft_graph_node_count(g) - n0);
     deft_graph_free(g);
