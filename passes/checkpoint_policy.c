@@ -141,15 +141,32 @@ static bool deft_ckpt_one_pass(const deft_tensor *t) {
     return t->nsrc == 1 && (k == DEFT_KIND_UNARY || k == DEFT_KIND_CAST || k == DEFT_KIND_SCALAR);
 }
 
+/* A source the recomputation reads: one the backward pass keeps anyway (and not itself recomputed), or for a layer
+ * norm's weight and bias a leaf. */
+static bool deft_ckpt_kept_source(const deft_ckpt_graph *a, const deft_tensor *s, bool leaf_ok, const bool *cheap) {
+    while (s->is_view) s = s->src[0];
+    if (deft_op_is_leaf(s->op)) return leaf_ok;
+    return a->read_late[s->id] && !cheap[s->id];
+}
+
+/* A layer norm whose input the backward pass keeps (its own gradient reads it): its kernel holds a row in registers,
+ * so making the normalised value (and its row statistics) again is one read of the input and one write. In a
+ * pre-norm transformer that is two values a block that a product's weight gradient would otherwise keep. */
+static bool deft_ckpt_cheap_norm(const deft_ckpt_graph *a, const deft_tensor *t, const bool *cheap) {
+    if (t->op != DEFT_OP_LAYER_NORM || !deft_ckpt_kept_source(a, t->src[0], false, cheap)) return false;
+    for (int k = 1; k < t->nsrc; k++)
+        if (!deft_ckpt_kept_source(a, t->src[k], true, cheap)) return false;
+    return true;
+}
+
 int deft_ckpt_cheap_recomputes(const deft_ckpt_graph *a, bool *cheap) {
     int n = 0;
     for (int i = 0; i < a->n_cands; i++) {
         const deft_tensor *t = a->g->nodes[a->cands[i]];
-        if (cheap[t->id] || !deft_ckpt_one_pass(t)) continue;
-        const deft_tensor *s = t->src[0];
-        while (s->is_view) s = s->src[0];
+        if (cheap[t->id]) continue;
         /* A parameter's cast is no activation (the weights' casts): only values computed from the batch. */
-        if (deft_op_is_leaf(s->op) || !a->read_late[s->id] || cheap[s->id]) continue;
+        const bool one_pass = deft_ckpt_one_pass(t) && deft_ckpt_kept_source(a, t->src[0], false, cheap);
+        if (!one_pass && !deft_ckpt_cheap_norm(a, t, cheap)) continue;
         cheap[t->id] = true;
         n++;
     }

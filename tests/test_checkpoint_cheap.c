@@ -7,6 +7,9 @@
  *  - losses and every gradient are bit-identical to keeping them, in f32 and under bf16 autocast, and under a
  *    memory budget the program stays within it and exact;
  *  - a ReLU (whose gradient reads its output) and the casts of parameters are never dropped by this rule;
+ *  - a layer norm of a value its own gradient keeps (a pre-norm block's) is dropped and made again, its value and
+ *    row statistics the same bits, in f32 and under bf16 autocast; one of a value nothing else keeps (an input) is
+ *    not;
  *  - with no_cheap_recompute nothing is dropped. */
 #include <math.h>
 #include <stdio.h>
@@ -201,10 +204,75 @@ static void test_budget(void) {
     deft_graph_free(a.g);
 }
 
+/* A pre-norm block: h = x W0; y = layer_norm(h, g, b) W1; loss = mean(y * y). The layer norm's gradient keeps h. With
+ * norm_input the layer norm reads the input x itself, a leaf: this rule makes again only values computed from the
+ * batch, from a value the backward pass keeps. */
+static int build_norm(block *b, int norm_input) {
+    b->g = deft_graph_new();
+    deft_graph_set_seed(b->g, 9);
+    const deft_device cpu = deft_cpu();
+    b->x = deft_input(b->g, "x", DEFT_F32, 2, (int64_t[]){B * T, C}, cpu);
+    b->w1 = deft_param(b->g, "w0", DEFT_F32, 2, (int64_t[]){C, C}, cpu, DEFT_INIT_UNIFORM);
+    b->w2 = deft_param(b->g, "w1", DEFT_F32, 2, (int64_t[]){C, 2 * C}, cpu, DEFT_INIT_UNIFORM);
+    b->w3 = deft_param(b->g, "gain", DEFT_F32, 1, (int64_t[]){C}, cpu, DEFT_INIT_UNIFORM);
+    deft_tensor *bias = deft_param(b->g, "bias", DEFT_F32, 1, (int64_t[]){C}, cpu, DEFT_INIT_UNIFORM);
+    deft_tensor *h = deft_matmul(b->x, b->w1);
+    deft_tensor *n = deft_layer_norm(norm_input ? b->x : h, b->w3, bias, 1e-5);
+    deft_tensor *y = deft_matmul(norm_input ? deft_add(n, h) : n, b->w2);
+    b->loss = deft_mean(deft_mul(y, y), 0, NULL, 0);
+    if (!b->loss || deft_backward(b->loss) != DEFT_OK) return 0;
+    b->grads[0] = deft_grad(b->w1), b->grads[1] = deft_grad(b->w2), b->grads[2] = deft_grad(b->w3);
+    return b->grads[0] && b->grads[1] && b->grads[2];
+}
+
+/* want_bytes: the activation bytes the layer norm's value and row statistics (two floats a row) held. */
+static void norm_pair(const deft_compile_options *with, const deft_compile_options *without, const char *what,
+                      size_t want_bytes) {
+    block a, b;
+    if (!build_norm(&a, 0) || !build_norm(&b, 0)) {
+        CHECK_MSG(0, "build: %s", deft_errmsg());
+        return;
+    }
+    outcome cheap, kept;
+    run(&a, with, &cheap);
+    run(&b, without, &kept);
+    same(&cheap, &kept, what);
+    CHECK_MSG(cheap.ck.dropped == kept.ck.dropped + 1 && cheap.ck.recomputed == kept.ck.recomputed + 1,
+              "%s: %d dropped, %d recomputed (%d and %d keeping); want the layer norm more", what, cheap.ck.dropped,
+              cheap.ck.recomputed, kept.ck.dropped, kept.ck.recomputed);
+    CHECK_MSG(cheap.activation_bytes + want_bytes == kept.activation_bytes,
+              "%s: activation bytes %zu recomputing, %zu keeping; want %zu fewer", what, cheap.activation_bytes,
+              kept.activation_bytes, want_bytes);
+    free(cheap.grads);
+    free(kept.grads);
+    deft_graph_free(a.g);
+    deft_graph_free(b.g);
+}
+
+static void test_layer_norm(void) {
+    const size_t stats = (size_t)B * T * 2 * 4;
+    norm_pair(NULL, &(deft_compile_options){.no_cheap_recompute = 1}, "layer norm f32", (size_t)B * T * C * 4 + stats);
+    /* Under autocast the layer norm writes its value in bf16 for the product (ir/autocast_layer_norm.c). */
+    norm_pair(&(deft_compile_options){.autocast = DEFT_BF16},
+              &(deft_compile_options){.autocast = DEFT_BF16, .no_cheap_recompute = 1}, "layer norm bf16",
+              (size_t)B * T * C * 2 + stats);
+    block c;
+    if (!build_norm(&c, 1)) {
+        CHECK_MSG(0, "build: %s", deft_errmsg());
+        return;
+    }
+    outcome o;
+    run(&c, NULL, &o);
+    CHECK_MSG(o.ck.dropped == 0, "the layer norm of an input: %d dropped: %.600s", o.ck.dropped, o.plan);
+    free(o.grads);
+    deft_graph_free(c.g);
+}
+
 int main(void) {
     test_f32();
     test_relu();
     test_bf16();
     test_budget();
+    test_layer_norm();
     return deft_check_finish();
 }
