@@ -62,9 +62,9 @@ static void run(const deft_compile_options *o, outcome *out) {
         CHECK_OK(deft_program_checkpoint(p, &ck));
         out->dropped = ck.dropped;
         deft_device_footprint fp[2];
-        int n = 0;
-        CHECK_OK(deft_program_footprint(p, fp, 2, &n));
-        for (int i = 0; i < n; i++) out->activation_bytes += fp[i].activation_bytes;
+        int n_fp = 0;
+        CHECK_OK(deft_program_footprint(p, fp, 2, &n_fp));
+        for (int i = 0; i < n_fp; i++) out->activation_bytes += fp[i].activation_bytes;
     }
     deft_program_free(p);
     deft_graph_free(g);
