@@ -273,6 +273,40 @@ static void probe_second(mlp *first, int64_t n, const mlp_config *c, deft_device
     fflush(stdout);
 }
 
+/* --probe-other N: as --probe-second, but the other program is y = 2 x + 1 over N floats on the same GPU, whatever
+ * the configuration: if run 1 slows after this one's first step too, the cause is what any program's first step does
+ * (and, between a small and a large N, whether the memory it first touches counts), not the MLP's own work. */
+static int64_t probe_elems;
+
+static void probe_other(mlp *first, int64_t n, deft_device dev, const char *k, const char *tag) {
+    static const char *const stage[] = {"after_build", "after_first_step", "after_capture", "after_free"};
+    deft_graph *g = deft_graph_new();
+    deft_tensor *x = g ? deft_input(g, "x", DEFT_F32, 1, (int64_t[]){probe_elems}, dev) : NULL;
+    deft_tensor *y = x ? deft_add_scalar(deft_mul_scalar(x, 2.0), 1.0) : NULL;
+    deft_program *p = NULL;
+    float *host = calloc((size_t)probe_elems, sizeof *host);
+    if (!host) die("probe-other: host memory");
+    const size_t bytes = (size_t)probe_elems * sizeof *host;
+    double us[REPEATS];
+    for (int s = 0; s < 4; s++) {
+        if (s == 0) {
+            if (!y || !(p = deft_compile(g, &y, 1, NULL))) die("probe-other: build");
+            CHECK(deft_program_feed(p, x, host, bytes));
+        } else if (s == 3) {
+            deft_program_free(p);
+            deft_graph_free(g);
+        } else {
+            for (int i = 0; i < s; i++) CHECK(deft_program_run(p));   /* the first eager; then capture, replay */
+            CHECK(deft_program_read(p, y, host, bytes));
+        }
+        (void)time_repeats(first, n, us);
+        printf("mlp_train.%s.%s_other%lld_%s_step_us %.2f us\n", k, tag, (long long)probe_elems, stage[s],
+               us[REPEATS / 2]);
+    }
+    free(host);
+    fflush(stdout);
+}
+
 /* run: 1 for the first build of a configuration in this process; --repeat's later ones (2, 3, ...) name their
  * figures "_run<k>", so one log holds them all. */
 static void bench(const mlp_config *c, deft_device dev, const deft_compile_options *co, feed_mode feed, int run,
@@ -338,7 +372,8 @@ static void bench(const mlp_config *c, deft_device dev, const deft_compile_optio
         double again[REPEATS];
         (void)time_repeats(&m, n, again);   /* at once, before anything else is built: the same state */
         printf("mlp_train.%s.%s_at_once_step_us %.2f us\n", k, tag, again[REPEATS / 2]);
-        if (probe && run == 1) probe_second(&m, n, c, dev, co, k, tag);
+        if (probe && run == 1 && probe_elems > 0) probe_other(&m, n, dev, k, tag);
+        else if (probe && run == 1) probe_second(&m, n, c, dev, co, k, tag);
         kept[n_kept].m = m;
         snprintf(kept[n_kept++].name, sizeof kept[0].name, "mlp_train.%s.%s", k, tag);
         return;
@@ -352,7 +387,7 @@ static void bench(const mlp_config *c, deft_device dev, const deft_compile_optio
 static const char help[] =
     "usage: bench_mlp_train [--config tiny|small|mid|large] [--device cuda:N|cpu] [--no-graphs] [--no-fusion]\n"
     "                       [--tf32] [--feed device|host|prefetch] [--amp bf16|f16] [--repeat N] [--keep]\n"
-    "                       [--probe-second]\n"
+    "                       [--probe-second | --probe-other N]\n"
     "                       [A/B options]\n"
     "\n"
     "The time of one MLP training step (forward, loss, backward, optimizer update) compiled by deft, on four sizes\n"
@@ -373,12 +408,14 @@ static const char help[] =
     "                                  (_again_step_us; default: freed)\n"
     "  --probe-second                  --keep, and after run 1 a second program of the configuration built, run\n"
     "                                  once, captured and freed, run 1 timed after each (_after_<stage>_step_us)\n"
+    "  --probe-other N                 as --probe-second with y = 2 x + 1 over N floats as the other program\n"
+    "                                  (_other<N>_after_<stage>_step_us)\n"
     "  -h, --help                      this help\n";
 
 static void usage(void) {
     fprintf(stderr,
             "usage: %s [--config tiny|small|mid|large] [--device cuda:N|cpu] [--no-graphs] "
-            "[--no-fusion] [--tf32] [--feed device|host|prefetch] [--amp bf16|f16] [--repeat N] [--keep] [--probe-second] "
+            "[--no-fusion] [--tf32] [--feed device|host|prefetch] [--amp bf16|f16] [--repeat N] [--keep] [--probe-second | --probe-other N] "
             BENCH_AB_USAGE "\n",
             prog);
     exit(2);
@@ -405,6 +442,16 @@ int main(int argc, char **argv) {
         }
         else if (!strcmp(argv[i], "--keep")) keep = 1;
         else if (!strcmp(argv[i], "--probe-second")) keep = probe = 1;
+        else if (!strcmp(argv[i], "--probe-other") && i + 1 < argc) {
+            char *end = NULL;
+            const long long e = strtoll(argv[++i], &end, 10);
+            if (!end || *end || e < 1 || e > ((int64_t)1 << 31)) {
+                fprintf(stderr, "%s: --probe-other takes 1 to 2^31 floats, not %s\n", prog, argv[i]);
+                return 2;
+            }
+            probe_elems = e;
+            keep = probe = 1;
+        }
         else if (!strcmp(argv[i], "--no-fusion")) co.no_fusion = 1;
         else if (!strcmp(argv[i], "--tf32")) co.tf32 = 1;
         else if (!strcmp(argv[i], "--amp") && i + 1 < argc) {
