@@ -80,17 +80,32 @@ static inline deft_tensor *gpt2_heads(deft_tensor *t, const gpt2 *m) {
     return deft_permute(t, (int[]){0, 2, 1, 3});
 }
 
+/* Nonzero: gpt2_attention builds the composition the packed op replaced (q, k and v sliced out of c_attn's product
+ * and permuted to [B, H, T, D], the output permuted back): the same math, for tests/test_gpt2_attention_bytes.c to
+ * measure what the packed op saves. An expression, read at each build. */
+#ifndef GPT2_ATTENTION_APART
+#define GPT2_ATTENTION_APART 0
+#endif
+
+/* Causal self-attention read straight out of c_attn's [B, T, 3C] product and written as [B, T, H, D] = [B, T, C]:
+ * no copy of q, k, v or the output, and the backward writes c_attn's output gradient in place (llm.c and torch's
+ * cuDNN SDPA read the same strides). */
 static inline deft_tensor *gpt2_attention(deft_tensor *a, const gpt2 *m, const char *prefix, double proj_std) {
     const int64_t c = m->c.width;
     char name[64];   /* the prefix comes from gpt2_block's 48 bytes */
     snprintf(name, sizeof name, "%s.c_attn", prefix);
     deft_tensor *qkv = gpt2_linear(m, a, 3 * c, name, 0.02);
-    deft_tensor *q = gpt2_heads(deft_slice(qkv, 2, 0, c, 1), m);
-    deft_tensor *k = gpt2_heads(deft_slice(qkv, 2, c, 2 * c, 1), m);
-    deft_tensor *v = gpt2_heads(deft_slice(qkv, 2, 2 * c, 3 * c, 1), m);
     const deft_attention_options ao = {.causal = 1};
-    deft_tensor *y = deft_permute(deft_attention(q, k, v, &ao), (int[]){0, 2, 1, 3});
-    y = deft_reshape(y, 3, (int64_t[]){m->batch, m->c.seq, c});
+    deft_tensor *y;
+    if (GPT2_ATTENTION_APART) {
+        deft_tensor *q = gpt2_heads(deft_slice(qkv, 2, 0, c, 1), m);
+        deft_tensor *k = gpt2_heads(deft_slice(qkv, 2, c, 2 * c, 1), m);
+        deft_tensor *v = gpt2_heads(deft_slice(qkv, 2, 2 * c, 3 * c, 1), m);
+        y = deft_permute(deft_attention(q, k, v, &ao), (int[]){0, 2, 1, 3});
+        y = deft_reshape(y, 3, (int64_t[]){m->batch, m->c.seq, c});
+    } else {
+        y = deft_attention_packed(qkv, (int)m->c.heads, &ao);
+    }
     snprintf(name, sizeof name, "%s.c_proj", prefix);
     return gpt2_linear(m, y, c, name, proj_std);
 }

@@ -211,9 +211,11 @@ static deft_tensor *deft_rebuild(const deft_tensor *t, deft_tensor **src) {
         const deft_cross_entropy_options o = deft_cross_entropy_options_of(t);
         return deft_cross_entropy_as(src[0], src[1], &o, t->dtype);
     }
-    case DEFT_OP_ATTENTION:
-        return deft_attention(src[0], src[1], src[2],
-                              &(deft_attention_options){.causal = t->p.attn.causal, .scale = t->p.attn.scale});
+    case DEFT_OP_ATTENTION: {
+        const deft_attention_options o = {.causal = t->p.attn.causal, .scale = t->p.attn.scale};
+        return t->p.attn.heads > 0 ? deft_attention_packed(src[0], t->p.attn.heads, &o)
+                                   : deft_attention(src[0], src[1], src[2], &o);
+    }
     case DEFT_OP_LAYER_NORM:
         return deft_layer_norm(src[0], t->p.ln.has_weight ? src[1] : NULL,
                                t->p.ln.has_bias ? src[1 + t->p.ln.has_weight] : NULL, t->p.ln.eps);

@@ -165,9 +165,14 @@ static void deft_rule_concat(deft_tensor *t, deft_tensor *dy, const bool *reach,
     }
 }
 
-/* One node computes dq, dk and dv together (they share the recomputed probabilities); each is a view of it. */
+/* One node computes dq, dk and dv together (they share the recomputed probabilities); each is a view of it. Packed,
+ * that node's value is the gradient of qkv itself (dq, dk and dv written at their places). */
 static void deft_rule_attention(deft_tensor *t, deft_tensor *dy, const bool *reach, deft_tensor **grads) {
     deft_tensor *g = deft_attention_grad(dy, t);
+    if (t->p.attn.heads > 0) {
+        deft_accumulate(grads, reach, t->src[0], g);
+        return;
+    }
     for (int i = 0; i < 3; i++)
         if (reach[t->src[i]->id]) deft_accumulate(grads, reach, t->src[i], deft_attention_grad_part(g, i));
 }

@@ -3,7 +3,13 @@
  * backward recomputes them tile by tile. A node has one value, so the statistics live past the value in the node's
  * own buffer (graph_internal.h's deft_node_extra_bytes): they are born, kept, recomputed (checkpointing) and freed
  * with the output, which the backward pass reads anyway. The gradient node's value stacks dq, dk and dv ([3, B, H,
- * T, D]); each is a view of its slice, as batch norm's weight and bias gradients are rows of one sums node. */
+ * T, D]); each is a view of its slice, as batch norm's weight and bias gradients are rows of one sums node.
+ *
+ * The packed form (deft_attention_packed, p.attn.heads = H) is the same two ops over another layout: q, k and v are
+ * the thirds of one [B, T, 3C] source (GPT-2's c_attn product), the value is [B, T, C] laid out [B, T, H, D] and the
+ * gradient node's value is that source's gradient [B, T, 3C] itself. Every place that knows attention (statistics
+ * bytes, op cost, checkpointing, the kernels) asks graph_internal.h's deft_attention_dims_of and
+ * deft_attention_layout_of, so both forms run the same code; only the slices and permutes around the node go. */
 #include <math.h>
 
 #include "build_grad_ops.h"
@@ -41,12 +47,15 @@ static bool deft_attention_check_shapes(deft_graph *g, deft_tensor *const *s) {
 }
 
 /* The node's value with its statistics past it (deft_node_buffer_bytes) fits one buffer: checked here, so that the
- * planner's sizes never wrap. */
-static bool deft_attention_check_bytes(deft_graph *g, const char *op, deft_dtype dt, int ndim, const int64_t *shape) {
+ * planner's sizes never wrap. rows: the value's B * H * T (at most its element count: a factor of the checked size). */
+static bool deft_attention_check_bytes(deft_graph *g, const char *op, deft_dtype dt, int ndim, const int64_t *shape,
+                                       int heads) {
     if (!deft_check_size(g, op, dt, ndim, shape)) return false;
     size_t bytes = 0, rows = 1, extra = 0, total = 0;
     deft_shape_bytes(ndim, shape, deft_dtype_size(dt), &bytes);   /* deft_check_size passed: it fits */
-    for (int d = ndim - 4; d < ndim - 1; d++) rows *= (size_t)shape[d];   /* a factor of the checked count */
+    if (heads > 0) rows = (size_t)shape[0] * (size_t)heads * (size_t)shape[1];
+    else
+        for (int d = ndim - 4; d < ndim - 1; d++) rows *= (size_t)shape[d];
     if (deft_size_mul(rows, dt == DEFT_F64 ? 8 : 4, &extra) && deft_size_add(bytes, 255 + extra, &total) &&
         total <= DEFT_MAX_BYTES)
         return true;
@@ -73,22 +82,72 @@ deft_tensor *deft_attention(deft_tensor *q, deft_tensor *k, deft_tensor *v, cons
     if (!g || !deft_attention_check_shapes(g, s) || !deft_attention_check_dtypes(g, s)) return NULL;
     deft_op_params p = {0};
     if (!deft_attention_resolve(g, o, q->shape[3], &p) ||
-        !deft_attention_check_bytes(g, "attention", q->dtype, 4, q->shape))
+        !deft_attention_check_bytes(g, "attention", q->dtype, 4, q->shape, 0))
         return NULL;
     deft_tensor *t = deft_node_new(g, DEFT_OP_ATTENTION, q->dtype, q->device, 4, q->shape, 3, s);
     if (t) t->p = p;
     return t;
 }
 
+/* qkv [B, T, 3C] with C = heads * D, 1 <= D <= DEFT_ATTENTION_MAX_HEAD; false with the graph's error when not. */
+static bool deft_attention_packed_check(deft_graph *g, const deft_tensor *qkv, int heads) {
+    char a[96];
+    deft_shape_str(qkv->ndim, qkv->shape, a, sizeof a);
+    if (heads < 1) {
+        deft_graph_fail(g, DEFT_ERR_INVALID, "attention_packed: heads %d must be positive (qkv %s)", heads, a);
+        return false;
+    }
+    if (qkv->ndim != 3 || qkv->shape[2] % 3 != 0) {
+        deft_graph_fail(g, DEFT_ERR_SHAPE, "attention_packed: qkv must be [B, T, 3C] (q, k and v the thirds of its "
+                        "last dim), got %s", a);
+        return false;
+    }
+    const int64_t c = qkv->shape[2] / 3;
+    if (c % heads != 0) {
+        deft_graph_fail(g, DEFT_ERR_SHAPE, "attention_packed: qkv %s: C = %lld is not divisible by %d heads", a,
+                        (long long)c, heads);
+        return false;
+    }
+    const int64_t d = c / heads;
+    if (d < 1 || d > DEFT_ATTENTION_MAX_HEAD) {
+        deft_graph_fail(g, DEFT_ERR_SHAPE, "attention_packed: qkv %s with %d heads: head size D = %lld; the kernels "
+                        "take 1 to %d (use more heads)", a, heads, (long long)d, DEFT_ATTENTION_MAX_HEAD);
+        return false;
+    }
+    return true;
+}
+
+deft_tensor *deft_attention_packed(deft_tensor *qkv, int heads, const deft_attention_options *o) {
+    deft_graph *g = deft_srcs_graph("attention_packed", 1, &qkv);
+    if (!g || !deft_attention_packed_check(g, qkv, heads) || !deft_require_float(g, "attention_packed", qkv->dtype))
+        return NULL;
+    deft_op_params p = {0};
+    const int64_t shape[3] = {qkv->shape[0], qkv->shape[1], qkv->shape[2] / 3};
+    if (!deft_attention_resolve(g, o, shape[2] / heads, &p) ||
+        !deft_attention_check_bytes(g, "attention_packed", qkv->dtype, 3, shape, heads))
+        return NULL;
+    p.attn.heads = heads;
+    deft_tensor *t = deft_node_new(g, DEFT_OP_ATTENTION, qkv->dtype, qkv->device, 3, shape, 1, &qkv);
+    if (t) t->p = p;
+    return t;
+}
+
+/* Apart: src (dout, q, k, v, attn), value [3, B, H, T, D]. Packed: src (dout, qkv, attn), value qkv's shape. */
 deft_tensor *deft_attention_grad(deft_tensor *dout, const deft_tensor *attn) {
     if (!dout || !attn) return NULL;
     deft_graph *g = attn->graph;
     if (dout->dtype != attn->dtype) dout = deft_cast(dout, attn->dtype);
-    deft_tensor *s[5] = {dout, attn->src[0], attn->src[1], attn->src[2], (deft_tensor *)attn};
-    if (!deft_srcs_graph("attention_grad", 5, s)) return NULL;
-    const int64_t shape[5] = {3, attn->shape[0], attn->shape[1], attn->shape[2], attn->shape[3]};
-    if (!deft_attention_check_bytes(g, "attention_grad", attn->dtype, 5, shape)) return NULL;
-    deft_tensor *t = deft_node_new(g, DEFT_OP_ATTENTION_GRAD, attn->dtype, attn->device, 5, shape, 5, s);
+    const bool packed = attn->p.attn.heads > 0;
+    deft_tensor *s[5] = {dout, attn->src[0], packed ? (deft_tensor *)attn : attn->src[1],
+                         packed ? NULL : attn->src[2], (deft_tensor *)attn};
+    const int nsrc = packed ? 3 : 5;
+    if (!deft_srcs_graph("attention_grad", nsrc, s)) return NULL;
+    const int ndim = packed ? 3 : 5;
+    int64_t shape[5] = {3};
+    for (int d = 0; d < attn->ndim; d++) shape[packed ? d : d + 1] = attn->shape[d];
+    if (packed) shape[2] *= 3;
+    if (!deft_attention_check_bytes(g, "attention_grad", attn->dtype, ndim, shape, attn->p.attn.heads)) return NULL;
+    deft_tensor *t = deft_node_new(g, DEFT_OP_ATTENTION_GRAD, attn->dtype, attn->device, ndim, shape, nsrc, s);
     if (t) t->p = attn->p;
     return t;
 }

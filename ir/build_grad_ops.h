@@ -21,7 +21,8 @@ deft_tensor *deft_cross_entropy_as(deft_tensor *logits, deft_tensor *targets, co
 /* The options a loss node was built with, for a rebuild (autocast) to build it again. */
 deft_cross_entropy_options deft_cross_entropy_options_of(const deft_tensor *loss);
 /* dq, dk and dv stacked ([3, B, H, T, D]) for attention node attn whose gradient is dout (ir/build_attention.c),
- * and one of them (0: dq, 1: dk, 2: dv) as a view of that node. */
+ * and one of them (0: dq, 1: dk, 2: dv) as a view of that node. A packed attn (p.attn.heads) gets qkv's gradient
+ * [B, T, 3C] instead, dq, dk and dv at their places: the whole gradient, no parts. */
 deft_tensor *deft_attention_grad(deft_tensor *dout, const deft_tensor *attn);
 deft_tensor *deft_attention_grad_part(deft_tensor *grad, int which);
 /* The gradients of the gathers (ir/build_gather.c): each sums dy's rows into the table (or a's shape) in the order

@@ -97,8 +97,10 @@ typedef enum deft_op {
                                      * src (dy, x, stats) */
     /* attention (ir/build_attention.c): p.attn. Each node's buffer holds, past its value, per-row statistics
      * (deft_node_extra_bytes): the forward's log-sum-exp, the gradient's rowsum(dO * O) */
-    DEFT_OP_ATTENTION,              /* src (q, k, v) [B, H, T, D]; out [B, H, T, D] */
-    DEFT_OP_ATTENTION_GRAD,         /* src (dout, q, k, v, out): out [3, B, H, T, D] = dq, dk, dv */
+    DEFT_OP_ATTENTION,              /* src (q, k, v) [B, H, T, D]; out [B, H, T, D]. Packed (p.attn.heads = H > 0):
+                                     * src qkv [B, T, 3C]; out [B, T, C] laid out [B, T, H, D] */
+    DEFT_OP_ATTENTION_GRAD,         /* src (dout, q, k, v, out): out [3, B, H, T, D] = dq, dk, dv. Packed: src
+                                     * (dout, qkv, out): out [B, T, 3C], qkv's gradient (deft_attention_layout_of) */
     /* gathers and selects (ir/build_gather.c). An index outside its range is a run-time data error, recorded on a
      * GPU (mem/device_errors.h) as cross-entropy's targets are */
     DEFT_OP_EMBEDDING,              /* src (table [V, C], ids i32 [...]); out [..., C] = table[ids] */
@@ -180,7 +182,8 @@ typedef union deft_op_params {
     /* batch norm. batch: normalise by the batch's statistics (training, or no running statistics); update: the
      * stats node also updates the running statistics; has_weight/has_bias: which optional sources follow. */
     struct { double momentum, eps; int batch, update, has_weight, has_bias, layout; } bn;
-    struct { double scale; int causal; } attn;              /* attention: scale > 0 resolved at build */
+    /* attention: scale > 0 resolved at build; heads 0 for q, k, v apart, H for the packed layout */
+    struct { double scale; int causal; int heads; } attn;
     /* index_select and its gradient: the axis; index_order: rows (the index's range [0, rows)) and embedding (1
      * when it orders an embedding's ids, for the message naming a bad one) */
     struct { int axis; int embedding; int64_t rows; } gather;
@@ -269,14 +272,59 @@ static inline size_t deft_tensor_bytes(const deft_tensor *t) {
 }
 
 /* Attention's nodes keep per-row statistics past their value in the same buffer: the rows are the [B, H, T] of
- * the value ([3, B, H, T, D] for the gradient: its dq, dk and dv share them), f64 for f64 values and f32 otherwise,
+ * the value ([3, B, H, T, D] for the gradient: its dq, dk and dv share them; in the packed layout B H T as well,
+ * stored [B, H, T]), f64 for f64 values and f32 otherwise,
  * from the offset below (aligned so that every kernel may load them as it likes). Other nodes have none. The
  * planner sizes a node's buffer with deft_node_buffer_bytes; deft_attention checks at build that it fits. */
 static inline size_t deft_node_extra_offset(const deft_tensor *t) {
     return (deft_tensor_bytes(t) + 255) & ~(size_t)255;
 }
+/* The [B, H, T, D] of an attention node or its gradient in either layout: apart (q, k, v and the value [B, H, T, D],
+ * the gradient [3, B, H, T, D]) or packed (p.attn.heads = H: the value [B, T, C], the gradient [B, T, 3C]). */
+typedef struct deft_attention_dims {
+    int64_t b, h, t, d;
+} deft_attention_dims;
+static inline deft_attention_dims deft_attention_dims_of(const deft_tensor *t) {
+    deft_attention_dims a;
+    const int r = t->ndim;
+    if (t->p.attn.heads > 0) {
+        const int64_t c = t->op == DEFT_OP_ATTENTION ? t->shape[2] : t->shape[2] / 3;
+        a.b = t->shape[0], a.h = t->p.attn.heads, a.t = t->shape[1], a.d = c / t->p.attn.heads;
+    } else {
+        a.b = t->shape[r - 4], a.h = t->shape[r - 3], a.t = t->shape[r - 2], a.d = t->shape[r - 1];
+    }
+    return a;
+}
+/* Where the kernels find element (b, h, i, c) of q, k and v (and of dq, dk and dv in the gradient's value: the same
+ * layout) and of the output (and dout): b * sb + h * sh + i * st + c elements from each one's base. Where the three
+ * share one buffer (packed q, k, v; every gradient's value), k's base is q's + part elements and v's k's + part.
+ * Apart, each is a row-major [B, H, T, D]; packed, the thirds of [B, T, 3C] and the output a row-major [B, T, H, D]:
+ * the strides cuDNN's SDPA takes as well (D's stride 1). */
+typedef struct deft_attention_strides {
+    int64_t sb, sh, st;
+} deft_attention_strides;
+typedef struct deft_attention_layout {
+    deft_attention_strides qkv, out;
+    int64_t part;
+} deft_attention_layout;
+static inline deft_attention_layout deft_attention_layout_of(const deft_tensor *t) {
+    const deft_attention_dims a = deft_attention_dims_of(t);
+    deft_attention_layout l;
+    if (t->p.attn.heads > 0) {
+        const int64_t c = a.h * a.d;
+        l.qkv.sb = a.t * 3 * c, l.qkv.sh = a.d, l.qkv.st = 3 * c;
+        l.out.sb = a.t * c, l.out.sh = a.d, l.out.st = c;
+        l.part = c;
+    } else {
+        l.qkv.sb = a.h * a.t * a.d, l.qkv.sh = a.t * a.d, l.qkv.st = a.d;
+        l.out = l.qkv;
+        l.part = a.b * a.h * a.t * a.d;
+    }
+    return l;
+}
 static inline int64_t deft_attention_rows(const deft_tensor *t) {
-    return t->shape[t->ndim - 4] * t->shape[t->ndim - 3] * t->shape[t->ndim - 2];
+    const deft_attention_dims a = deft_attention_dims_of(t);
+    return a.b * a.h * a.t;
 }
 /* Layer norm's rows: every element of x but its last dim's (x, dy or the forward node). Its forward node keeps the
  * rows' means then their 1 / sqrt(var + eps) (f64 for f64, f32 otherwise); the weight gradient node keeps the partial
@@ -329,7 +377,7 @@ static inline size_t deft_node_extra_bytes(const deft_tensor *t) {
     if (t->op != DEFT_OP_ATTENTION && t->op != DEFT_OP_ATTENTION_GRAD) return 0;
     const size_t stats = (size_t)deft_attention_rows(t) * esz;
     if (!deft_attention_has_accum(t)) return stats;
-    return ((stats + 255) & ~(size_t)255) + (size_t)deft_attention_rows(t) * (size_t)t->shape[t->ndim - 1] * 4;
+    return ((stats + 255) & ~(size_t)255) + (size_t)deft_attention_rows(t) * (size_t)deft_attention_dims_of(t).d * 4;
 }
 /* Where the f32 dq accumulator of a GPU half-precision attention gradient starts (deft_attention_has_accum). */
 static inline size_t deft_attention_accum_offset(const deft_tensor *t) {

@@ -55,8 +55,9 @@ static double deft_pool_flops(const deft_tensor *t) {
 /* Forward: q k^T and p v, 2 T T D each per (b, h); backward: p recomputed, dv, dp, dq and dk, 2 T T D each.
  * A causal mask halves the products. */
 static double deft_attention_flops(const deft_tensor *t) {
-    const double rows = (double)deft_attention_rows(t), tq = (double)t->shape[t->ndim - 2];
-    const double d = (double)t->shape[t->ndim - 1], per = t->op == DEFT_OP_ATTENTION ? 4.0 : 10.0;
+    const deft_attention_dims a = deft_attention_dims_of(t);
+    const double rows = (double)deft_attention_rows(t), tq = (double)a.t;
+    const double d = (double)a.d, per = t->op == DEFT_OP_ATTENTION ? 4.0 : 10.0;
     return per * rows * tq * d * (t->p.attn.causal ? 0.5 : 1.0);
 }
 

@@ -88,7 +88,8 @@ void deft_ckpt_drop_segments(const deft_ckpt_graph *a, int segments, bool *drop)
 int deft_ckpt_input_casts(const deft_ckpt_graph *a, bool *recast);
 /* Unless the compile option no_cheap_recompute is set, every policy also drops the values that one pass over memory
  * makes again (an activation, a cast, a permute) from a forward value the backward pass reads anyway: GPT-2's GELU
- * output (its input is kept for the GELU's gradient) and its attention output's permute back to [B, T, H, D]. Keeping
+ * output (its input is kept for the GELU's gradient) and an attention output's permute back to [B, T, H, D] (where
+ * q, k and v are apart; deft_attention_packed writes that layout directly). Keeping
  * such a value holds a second copy of what is already held; recomputing it costs one memory-bound kernel where the
  * backward pass reads it (torch.compile's partitioner recomputes such ops likewise). Sets cheap[id] for them (not for
  * those already set) and returns their number. */

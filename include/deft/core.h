@@ -268,6 +268,13 @@ typedef struct deft_attention_options {
 } deft_attention_options;
 #define DEFT_ATTENTION_MAX_HEAD 128
 deft_tensor *deft_attention(deft_tensor *q, deft_tensor *k, deft_tensor *v, const deft_attention_options *o);
+/* The same attention read straight out of a fused projection, as GPT-2's c_attn gives it: qkv [B, T, 3C] holds q, k
+ * and v as the thirds of its last dim, each [B, T, H, D] with C = heads * D (C divisible by heads, D at most
+ * DEFT_ATTENTION_MAX_HEAD). Returns [B, T, C] laid out [B, T, H, D]: equal to deft_attention(q, k, v) permuted to
+ * [B, T, H, D] and reshaped, with q = permute(reshape(slice(qkv, 2, 0, C), [B, T, H, D]), [0, 2, 1, 3]) and so on,
+ * but with no copy of q, k, v or the output: the kernels read and write those strides (cuDNN's too), and the
+ * gradient node writes qkv's gradient [B, T, 3C] directly, dq, dk and dv at their places. */
+deft_tensor *deft_attention_packed(deft_tensor *qkv, int heads, const deft_attention_options *o);
 typedef struct deft_linear_options {
     deft_init weight_init;   /* DEFT_INIT_KAIMING (torch's default), DEFT_INIT_XAVIER, DEFT_INIT_ZEROS, ... */
     int no_bias;             /* 1: no bias */

@@ -3,7 +3,9 @@
  * T x T matrix exists anywhere; the forward writes each row's log-sum-exp past the output (graph_internal.h's
  * deft_node_extra_bytes). The backward recomputes the probabilities from it tile by tile, in two passes without
  * any shared accumulation: dq per query tile, then dk and dv per key tile; so it is deterministic. Tiles are
- * converted to double on load (every dtype; halves widen exactly), accumulate in double and round once on store. */
+ * converted to double on load (every dtype; halves widen exactly), accumulate in double and round once on store.
+ * Both layouts (q, k, v apart, or packed in one [B, T, 3C]: graph_internal.h's deft_attention_layout_of) run this
+ * code, the rows found through element strides: the same sums in the same order, so the same bits either way. */
 #include <string.h>
 
 #include "cpu_internal.h"
@@ -12,7 +14,8 @@
 #define DEFT_ATT_DMAX DEFT_ATTENTION_MAX_HEAD
 
 typedef struct deft_att {
-    int64_t bh, t, d;        /* batch * heads, sequence, head size */
+    int64_t bh, h, t, d;     /* batch * heads, heads, sequence, head size */
+    deft_attention_layout l; /* where q, k, v (dq, dk, dv) and the output (dout) keep their rows */
     double scale;
     int causal;
     deft_dtype dt;           /* of q, k, v, the output and the gradients */
@@ -20,17 +23,21 @@ typedef struct deft_att {
 } deft_att;
 
 static deft_att deft_att_of(const deft_tensor *n) {
-    const int r = n->ndim;
-    return (deft_att){n->shape[r - 4] * n->shape[r - 3], n->shape[r - 2], n->shape[r - 1], n->p.attn.scale,
-                      n->p.attn.causal, n->dtype, n->dtype == DEFT_F64 ? DEFT_F64 : DEFT_F32};
+    const deft_attention_dims d = deft_attention_dims_of(n);
+    return (deft_att){d.b * d.h, d.h, d.t, d.d, deft_attention_layout_of(n), n->p.attn.scale, n->p.attn.causal,
+                      n->dtype, n->dtype == DEFT_F64 ? DEFT_F64 : DEFT_F32};
 }
 
-/* rows [row0, row0 + rows) of matrix m (one (batch, head) of a [.., T, D] tensor) into tile[rows][D] */
-static void deft_att_load(const deft_att *a, const void *m, int64_t bh, int64_t row0, int rows,
-                          double tile[][DEFT_ATT_DMAX]) {
-    const int64_t base = (bh * a->t + row0) * a->d;
+/* The element offset of row `row` of (batch * head) bh in a matrix of strides s. */
+static int64_t deft_att_at(const deft_att *a, const deft_attention_strides *s, int64_t bh, int64_t row) {
+    return bh / a->h * s->sb + bh % a->h * s->sh + row * s->st;
+}
+
+/* rows [row0, row0 + rows) of matrix m (one (batch, head) of a tensor of strides s) into tile[rows][D] */
+static void deft_att_load(const deft_att *a, const void *m, const deft_attention_strides *s, int64_t bh,
+                          int64_t row0, int rows, double tile[][DEFT_ATT_DMAX]) {
     for (int i = 0; i < rows; i++) {
-        const int64_t at = base + i * a->d;
+        const int64_t at = deft_att_at(a, s, bh, row0 + i);
         if (a->dt == DEFT_F32)
             for (int64_t c = 0; c < a->d; c++) tile[i][c] = ((const float *)m)[at + c];
         else if (a->dt == DEFT_F64) memcpy(tile[i], (const double *)m + at, (size_t)a->d * sizeof(double));
@@ -39,11 +46,12 @@ static void deft_att_load(const deft_att *a, const void *m, int64_t bh, int64_t 
     }
 }
 
-static void deft_att_store(const deft_att *a, void *m, int64_t bh, int64_t row0, int rows,
-                           double tile[][DEFT_ATT_DMAX]) {
-    const int64_t base = (bh * a->t + row0) * a->d;
-    for (int i = 0; i < rows; i++)
-        for (int64_t c = 0; c < a->d; c++) deft_store_from_f64(m, a->dt, base + i * a->d + c, tile[i][c]);
+static void deft_att_store(const deft_att *a, void *m, const deft_attention_strides *s, int64_t bh, int64_t row0,
+                           int rows, double tile[][DEFT_ATT_DMAX]) {
+    for (int i = 0; i < rows; i++) {
+        const int64_t at = deft_att_at(a, s, bh, row0 + i);
+        for (int64_t c = 0; c < a->d; c++) deft_store_from_f64(m, a->dt, at + c, tile[i][c]);
+    }
 }
 
 static double deft_att_dot(const double *x, const double *y, int64_t d) {
@@ -93,7 +101,7 @@ static void deft_att_forward_tile(const deft_att *a, const void *qm, const void 
     double q[DEFT_ATT_TILE][DEFT_ATT_DMAX], k[DEFT_ATT_TILE][DEFT_ATT_DMAX], v[DEFT_ATT_TILE][DEFT_ATT_DMAX];
     double acc[DEFT_ATT_TILE][DEFT_ATT_DMAX], m[DEFT_ATT_TILE], l[DEFT_ATT_TILE];
     const int qn = deft_att_rows(a, q0);
-    deft_att_load(a, qm, bh, q0, qn, q);
+    deft_att_load(a, qm, &a->l.qkv, bh, q0, qn, q);
     for (int i = 0; i < qn; i++) {
         m[i] = -INFINITY;
         l[i] = 0.0;
@@ -102,30 +110,38 @@ static void deft_att_forward_tile(const deft_att *a, const void *qm, const void 
     const int64_t kend = deft_att_key_end(a, q0, qn);
     for (int64_t k0 = 0; k0 < kend; k0 += DEFT_ATT_TILE) {
         const int kn = (int)(kend - k0 < DEFT_ATT_TILE ? kend - k0 : DEFT_ATT_TILE);
-        deft_att_load(a, km, bh, k0, kn, k);
-        deft_att_load(a, vm, bh, k0, kn, v);
+        deft_att_load(a, km, &a->l.qkv, bh, k0, kn, k);
+        deft_att_load(a, vm, &a->l.qkv, bh, k0, kn, v);
         deft_att_fold(a, q0, qn, k0, kn, q, k, v, m, l, acc);
     }
     for (int i = 0; i < qn; i++) {
         for (int64_t c = 0; c < a->d; c++) acc[i][c] /= l[i];
         deft_store_from_f64(lse, a->st, bh * a->t + q0 + i, m[i] + log(l[i]));
     }
-    deft_att_store(a, out, bh, q0, qn, acc);
+    deft_att_store(a, out, &a->l.out, bh, q0, qn, acc);
 }
 
 static int64_t deft_att_tiles(const deft_att *a) { return (a->t + DEFT_ATT_TILE - 1) / DEFT_ATT_TILE; }
 
+/* q, k and v: three sources, or the thirds of one (packed) */
+static void deft_att_qkv(const deft_att *a, const deft_tensor *n, const void *const *src, const void **qkv) {
+    const size_t part = (size_t)a->l.part * deft_dtype_size(a->dt);
+    for (int i = 0; i < 3; i++) qkv[i] = n->p.attn.heads > 0 ? (const char *)src[0] + i * part : src[i];
+}
+
 static deft_status deft_cpu_attention_forward(const deft_tensor *n, void *out, const void *const *in) {
     const deft_att a = deft_att_of(n);
     void *lse = (char *)out + deft_node_extra_offset(n);
+    const void *qkv[3];
+    deft_att_qkv(&a, n, in, qkv);
     const int64_t tiles = deft_att_tiles(&a), work = a.bh * tiles;
     DEFT_OMP(parallel for schedule(dynamic) if (work > 1 && a.bh * a.t * a.t * a.d >= DEFT_CPU_PAR_MIN))
     for (int64_t w = 0; w < work; w++)
-        deft_att_forward_tile(&a, in[0], in[1], in[2], out, lse, w / tiles, (w % tiles) * DEFT_ATT_TILE);
+        deft_att_forward_tile(&a, qkv[0], qkv[1], qkv[2], out, lse, w / tiles, (w % tiles) * DEFT_ATT_TILE);
     return DEFT_OK;
 }
 
-/* ---- backward: src (dout, q, k, v, out); value [3, B, H, T, D] = dq, dk, dv; statistics rowsum(dout * out) ---- */
+/* ---- backward: src (dout, q, k, v, out) or (dout, qkv, out); value dq, dk, dv; statistics rowsum(dout * out) ---- */
 
 typedef struct deft_att_grad_in {
     const void *dout, *q, *k, *v, *out, *lse;
@@ -135,8 +151,8 @@ typedef struct deft_att_grad_in {
 static void deft_att_delta_tile(const deft_att *a, const deft_att_grad_in *g, int64_t bh, int64_t q0) {
     double dout[DEFT_ATT_TILE][DEFT_ATT_DMAX], o[DEFT_ATT_TILE][DEFT_ATT_DMAX];
     const int qn = deft_att_rows(a, q0);
-    deft_att_load(a, g->dout, bh, q0, qn, dout);
-    deft_att_load(a, g->out, bh, q0, qn, o);
+    deft_att_load(a, g->dout, &a->l.out, bh, q0, qn, dout);
+    deft_att_load(a, g->out, &a->l.out, bh, q0, qn, o);
     for (int i = 0; i < qn; i++)
         deft_store_from_f64(g->delta, a->st, bh * a->t + q0 + i, deft_att_dot(dout[i], o[i], a->d));
 }
@@ -154,8 +170,8 @@ static void deft_att_load_queries(const deft_att *a, const deft_att_grad_in *g, 
                                   deft_att_pair *t) {
     t->q0 = q0;
     t->qn = deft_att_rows(a, q0);
-    deft_att_load(a, g->q, bh, q0, t->qn, t->q);
-    deft_att_load(a, g->dout, bh, q0, t->qn, t->dout);
+    deft_att_load(a, g->q, &a->l.qkv, bh, q0, t->qn, t->q);
+    deft_att_load(a, g->dout, &a->l.out, bh, q0, t->qn, t->dout);
     for (int i = 0; i < t->qn; i++) {
         t->lse[i] = deft_load_as_f64(g->lse, a->st, bh * a->t + q0 + i);
         t->delta[i] = deft_load_as_f64(g->delta, a->st, bh * a->t + q0 + i);
@@ -166,8 +182,8 @@ static void deft_att_load_keys(const deft_att *a, const deft_att_grad_in *g, int
                                deft_att_pair *t) {
     t->k0 = k0;
     t->kn = (int)(kend - k0 < DEFT_ATT_TILE ? kend - k0 : DEFT_ATT_TILE);
-    deft_att_load(a, g->k, bh, k0, t->kn, t->k);
-    deft_att_load(a, g->v, bh, k0, t->kn, t->v);
+    deft_att_load(a, g->k, &a->l.qkv, bh, k0, t->kn, t->k);
+    deft_att_load(a, g->v, &a->l.qkv, bh, k0, t->kn, t->v);
 }
 
 /* p = exp(s - lse) and ds = p * (dout . v - delta) of query row i and key row j of the pair. */
@@ -193,7 +209,7 @@ static void deft_att_dq_tile(const deft_att *a, const deft_att_grad_in *g, int64
                 for (int64_t c = 0; c < a->d; c++) dq[i][c] += a->scale * ds * t.k[j][c];
             }
     }
-    deft_att_store(a, g->dq, bh, q0, t.qn, dq);
+    deft_att_store(a, g->dq, &a->l.qkv, bh, q0, t.qn, dq);
 }
 
 static void deft_att_dkv_tile(const deft_att *a, const deft_att_grad_in *g, int64_t bh, int64_t k0) {
@@ -215,17 +231,19 @@ static void deft_att_dkv_tile(const deft_att *a, const deft_att_grad_in *g, int6
                 }
             }
     }
-    deft_att_store(a, g->dk, bh, k0, t.kn, dk);
-    deft_att_store(a, g->dv, bh, k0, t.kn, dv);
+    deft_att_store(a, g->dk, &a->l.qkv, bh, k0, t.kn, dk);
+    deft_att_store(a, g->dv, &a->l.qkv, bh, k0, t.kn, dv);
 }
 
 static deft_status deft_cpu_attention_backward(const deft_tensor *n, void *out, const void *const *in) {
     const deft_att a = deft_att_of(n);
-    const deft_tensor *fwd = n->src[4];
-    const size_t part = (size_t)(a.bh * a.t * a.d) * deft_dtype_size(a.dt);
-    const deft_att_grad_in g = {in[0], in[1], in[2], in[3], in[4], (const char *)in[4] + deft_node_extra_offset(fwd),
-                                out, (char *)out + part, (char *)out + 2 * part,
-                                (char *)out + deft_node_extra_offset(n)};
+    const int last = n->nsrc - 1;   /* the forward node, whose statistics follow its value */
+    const size_t part = (size_t)a.l.part * deft_dtype_size(a.dt);
+    const void *qkv[3];
+    deft_att_qkv(&a, n, in + 1, qkv);
+    const deft_att_grad_in g = {in[0], qkv[0], qkv[1], qkv[2], in[last],
+                                (const char *)in[last] + deft_node_extra_offset(n->src[last]), out,
+                                (char *)out + part, (char *)out + 2 * part, (char *)out + deft_node_extra_offset(n)};
     const int64_t tiles = deft_att_tiles(&a), work = a.bh * tiles;
     const int par = work > 1 && a.bh * a.t * a.t * a.d >= DEFT_CPU_PAR_MIN;
     DEFT_OMP(parallel for schedule(static) if (par))
@@ -239,9 +257,10 @@ static deft_status deft_cpu_attention_backward(const deft_tensor *n, void *out, 
 
 deft_status deft_cpu_attention(const deft_tensor *n, void *out, const void *const *in) {
     if (!deft_cpu_is_float(n->dtype)) return deft_cpu_dtype_error(n, n->dtype);
-    if (n->shape[n->ndim - 1] > DEFT_ATT_DMAX)
+    const int64_t d = deft_attention_dims_of(n).d;
+    if (d > DEFT_ATT_DMAX)
         return deft_set_error(DEFT_ERR_SHAPE, "%s: head size %lld is past the CPU kernel's %d", deft_op_name(n->op),
-                              (long long)n->shape[n->ndim - 1], DEFT_ATT_DMAX);
+                              (long long)d, DEFT_ATT_DMAX);
     if (n->op == DEFT_OP_ATTENTION) return deft_cpu_attention_forward(n, out, in);
     return deft_cpu_attention_backward(n, out, in);
 }

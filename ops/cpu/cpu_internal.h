@@ -82,7 +82,8 @@ deft_status deft_cpu_dropout(const deft_tensor *n, void *out, const void *x);
 deft_status deft_cpu_conv2d(const deft_tensor *n, void *out, const void *const *in);      /* cpu_conv.c */
 deft_status deft_cpu_pool2d(const deft_tensor *n, void *out, const void *const *in);      /* cpu_pool.c */
 deft_status deft_cpu_batch_norm(const deft_tensor *n, void *out, const void *const *in);  /* cpu_norm.c */
-/* attention and its gradient (cpu_attention.c): src (q, k, v), or (dout, q, k, v, out) */
+/* attention and its gradient (cpu_attention.c): src (q, k, v), or (dout, q, k, v, out); packed (qkv) and
+ * (dout, qkv, out) */
 deft_status deft_cpu_attention(const deft_tensor *n, void *out, const void *const *in);
 /* layer norm and its gradients (cpu_layer_norm.c): in as the node's sources */
 deft_status deft_cpu_layer_norm(const deft_tensor *n, void *out, const void *const *in);

@@ -10,7 +10,8 @@
  *             the query chunks of 32 (lane i taking query i). Each recomputes p = exp(s - lse) from the saved
  *             statistics; no T x T value exists anywhere.
  * Shared memory stays under the 48 KB a block has without opting in; rows read by lane are padded by one column so
- * that 32 lanes reading 32 rows hit 32 banks. */
+ * that 32 lanes reading 32 rows hit 32 banks. Rows are found through element strides (graph_internal.h's
+ * deft_attention_layout_of), so q, k, v apart and packed in one [B, T, 3C] run the same code and the same sums. */
 #include "config.h"
 #include "cuda_common.cuh"
 
@@ -32,14 +33,20 @@ __device__ __forceinline__ float deft_att_warp_sum(float v) {
     return v;
 }
 
-/* rows [row0, row0 + rows) of one (batch, head) into tile (leading dimension ld), zeros past `end`; times mul */
+/* rows [row0, row0 + rows) of one (batch, head) whose rows lie st elements apart into tile (leading dimension LD),
+ * zeros past `end`; times mul */
 template <class T, int LD>
-__device__ __forceinline__ void deft_att_load(float (*tile)[LD], const T *m, int64_t row0, int rows, int64_t end,
-                                              int d, float mul) {
+__device__ __forceinline__ void deft_att_load(float (*tile)[LD], const T *m, int64_t st, int64_t row0, int rows,
+                                              int64_t end, int d, float mul) {
     for (int e = threadIdx.x; e < rows * d; e += blockDim.x) {
         const int r = e / d, c = e % d;
-        tile[r][c] = row0 + r < end ? deft_ty<T>::load(m[(row0 + r) * d + c]) * mul : 0.0f;
+        tile[r][c] = row0 + r < end ? deft_ty<T>::load(m[(row0 + r) * st + c]) * mul : 0.0f;
     }
+}
+
+/* The element offset of (batch * head) bh's first row in a tensor of strides s (h heads). */
+__device__ __forceinline__ int64_t deft_att_base(const deft_attention_strides &s, int64_t h, int64_t bh) {
+    return bh / h * s.sb + bh % h * s.sh;
 }
 
 __device__ __forceinline__ float deft_att_dot(const float *x, const float *y, int d) {
@@ -54,6 +61,8 @@ typedef struct deft_att_args {
     float scale;
     int causal;
     int64_t tiles;     /* query (or key) tiles per (batch, head) */
+    int64_t h;         /* heads */
+    deft_attention_strides in, out;   /* q, k, v (dq, dk, dv) and the output (dout) */
 } deft_att_args;
 
 /* ---- forward ---- */
@@ -87,9 +96,9 @@ __global__ void __launch_bounds__(DEFT_ATT_WARPS * 32)
     __shared__ float ks[DEFT_ATT_KTILE][DEFT_ATT_DMAX + 1];
     __shared__ float vs[DEFT_ATT_KTILE][DEFT_ATT_DMAX];
     const int64_t bh = blockIdx.x / a.tiles, q0 = (blockIdx.x % a.tiles) * DEFT_ATT_FWD_Q;
-    const int64_t base = bh * a.t * a.d;
+    const int64_t base = deft_att_base(a.in, a.h, bh), obase = deft_att_base(a.out, a.h, bh);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    deft_att_load<T, DEFT_ATT_DMAX>(qs, q + base, q0, DEFT_ATT_FWD_Q, a.t, a.d, a.scale);
+    deft_att_load<T, DEFT_ATT_DMAX>(qs, q + base, a.in.st, q0, DEFT_ATT_FWD_Q, a.t, a.d, a.scale);
     float m[DEFT_ATT_FWD_ROWS], l[DEFT_ATT_FWD_ROWS], acc[DEFT_ATT_FWD_ROWS][DEFT_ATT_COLS];
 #pragma unroll
     for (int i = 0; i < DEFT_ATT_FWD_ROWS; i++) {
@@ -101,8 +110,8 @@ __global__ void __launch_bounds__(DEFT_ATT_WARPS * 32)
     const int64_t kend = a.causal && q0 + DEFT_ATT_FWD_Q < a.t ? q0 + DEFT_ATT_FWD_Q : a.t;
     for (int64_t k0 = 0; k0 < kend; k0 += DEFT_ATT_KTILE) {
         __syncthreads();   /* the last tile's readers are done */
-        deft_att_load<T, DEFT_ATT_DMAX + 1>(ks, k + base, k0, DEFT_ATT_KTILE, kend, a.d, 1.0f);
-        deft_att_load<T, DEFT_ATT_DMAX>(vs, v + base, k0, DEFT_ATT_KTILE, kend, a.d, 1.0f);
+        deft_att_load<T, DEFT_ATT_DMAX + 1>(ks, k + base, a.in.st, k0, DEFT_ATT_KTILE, kend, a.d, 1.0f);
+        deft_att_load<T, DEFT_ATT_DMAX>(vs, v + base, a.in.st, k0, DEFT_ATT_KTILE, kend, a.d, 1.0f);
         __syncthreads();
         const int64_t key = k0 + lane;
 #pragma unroll
@@ -120,22 +129,24 @@ __global__ void __launch_bounds__(DEFT_ATT_WARPS * 32)
         if (row >= a.t) continue;
 #pragma unroll
         for (int cc = 0; cc < DEFT_ATT_COLS; cc++)
-            if (lane + 32 * cc < a.d) out[base + row * a.d + lane + 32 * cc] = deft_ty<T>::store(acc[i][cc] / l[i]);
+            if (lane + 32 * cc < a.d)
+                out[obase + row * a.out.st + lane + 32 * cc] = deft_ty<T>::store(acc[i][cc] / l[i]);
         if (lane == 0) lse[bh * a.t + row] = m[i] + logf(l[i]);
     }
 }
 
 /* ---- backward ---- */
 
-/* delta[row] = dout[row] . out[row]: one warp per row */
+/* delta[row] = dout[row] . out[row]: one warp per row (row = bh * T + i) */
 template <class T>
-__global__ void deft_att_delta(const T *dout, const T *out, float *delta, int64_t rows, int d) {
+__global__ void deft_att_delta(const T *dout, const T *out, float *delta, int64_t rows, deft_att_args a) {
     const int lane = threadIdx.x & 31;
     const int64_t warps = (int64_t)gridDim.x * (blockDim.x >> 5);
     for (int64_t row = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; row < rows; row += warps) {
+        const int64_t at = deft_att_base(a.out, a.h, row / a.t) + row % a.t * a.out.st;
         float s = 0.0f;
-        for (int c = lane; c < d; c += 32)
-            s = fmaf(deft_ty<T>::load(dout[row * d + c]), deft_ty<T>::load(out[row * d + c]), s);
+        for (int c = lane; c < a.d; c += 32)
+            s = fmaf(deft_ty<T>::load(dout[at + c]), deft_ty<T>::load(out[at + c]), s);
         s = deft_att_warp_sum(s);
         if (lane == 0) delta[row] = s;
     }
@@ -152,10 +163,10 @@ __global__ void __launch_bounds__(DEFT_ATT_WARPS * 32)
     __shared__ float qs[DEFT_ATT_DQ_Q][DEFT_ATT_DMAX], dos[DEFT_ATT_DQ_Q][DEFT_ATT_DMAX];
     __shared__ float ks[DEFT_ATT_KTILE][DEFT_ATT_DMAX + 1], vs[DEFT_ATT_KTILE][DEFT_ATT_DMAX + 1];
     const int64_t bh = blockIdx.x / a.tiles, q0 = (blockIdx.x % a.tiles) * DEFT_ATT_DQ_Q;
-    const int64_t base = bh * a.t * a.d;
+    const int64_t base = deft_att_base(a.in, a.h, bh), obase = deft_att_base(a.out, a.h, bh);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    deft_att_load<T, DEFT_ATT_DMAX>(qs, q + base, q0, DEFT_ATT_DQ_Q, a.t, a.d, a.scale);
-    deft_att_load<T, DEFT_ATT_DMAX>(dos, dout + base, q0, DEFT_ATT_DQ_Q, a.t, a.d, 1.0f);
+    deft_att_load<T, DEFT_ATT_DMAX>(qs, q + base, a.in.st, q0, DEFT_ATT_DQ_Q, a.t, a.d, a.scale);
+    deft_att_load<T, DEFT_ATT_DMAX>(dos, dout + obase, a.out.st, q0, DEFT_ATT_DQ_Q, a.t, a.d, 1.0f);
     float acc[DEFT_ATT_DQ_ROWS][DEFT_ATT_COLS], rl[DEFT_ATT_DQ_ROWS], rd[DEFT_ATT_DQ_ROWS];
 #pragma unroll
     for (int i = 0; i < DEFT_ATT_DQ_ROWS; i++) {
@@ -168,8 +179,8 @@ __global__ void __launch_bounds__(DEFT_ATT_WARPS * 32)
     const int64_t kend = a.causal && q0 + DEFT_ATT_DQ_Q < a.t ? q0 + DEFT_ATT_DQ_Q : a.t;
     for (int64_t k0 = 0; k0 < kend; k0 += DEFT_ATT_KTILE) {
         __syncthreads();
-        deft_att_load<T, DEFT_ATT_DMAX + 1>(ks, k + base, k0, DEFT_ATT_KTILE, kend, a.d, 1.0f);
-        deft_att_load<T, DEFT_ATT_DMAX + 1>(vs, v + base, k0, DEFT_ATT_KTILE, kend, a.d, 1.0f);
+        deft_att_load<T, DEFT_ATT_DMAX + 1>(ks, k + base, a.in.st, k0, DEFT_ATT_KTILE, kend, a.d, 1.0f);
+        deft_att_load<T, DEFT_ATT_DMAX + 1>(vs, v + base, a.in.st, k0, DEFT_ATT_KTILE, kend, a.d, 1.0f);
         __syncthreads();
         const int64_t key = k0 + lane;
 #pragma unroll
@@ -193,7 +204,8 @@ __global__ void __launch_bounds__(DEFT_ATT_WARPS * 32)
         if (row >= a.t) continue;
 #pragma unroll
         for (int cc = 0; cc < DEFT_ATT_COLS; cc++)
-            if (lane + 32 * cc < a.d) dq[base + row * a.d + lane + 32 * cc] = deft_ty<T>::store(acc[i][cc] * a.scale);
+            if (lane + 32 * cc < a.d)
+                dq[base + row * a.in.st + lane + 32 * cc] = deft_ty<T>::store(acc[i][cc] * a.scale);
     }
 }
 
@@ -206,8 +218,8 @@ template <class T>
 __device__ __forceinline__ void deft_att_load_chunk(float (*qs)[DEFT_ATT_DMAX + 1], float (*dos)[DEFT_ATT_DMAX + 1],
                                                     float *ls, float *ds, const T *q, const T *dout, const float *lse,
                                                     const float *delta, int64_t q0, const deft_att_args &a) {
-    deft_att_load<T, DEFT_ATT_DMAX + 1>(qs, q, q0, DEFT_ATT_KV_Q, a.t, a.d, 1.0f);
-    deft_att_load<T, DEFT_ATT_DMAX + 1>(dos, dout, q0, DEFT_ATT_KV_Q, a.t, a.d, 1.0f);
+    deft_att_load<T, DEFT_ATT_DMAX + 1>(qs, q, a.in.st, q0, DEFT_ATT_KV_Q, a.t, a.d, 1.0f);
+    deft_att_load<T, DEFT_ATT_DMAX + 1>(dos, dout, a.out.st, q0, DEFT_ATT_KV_Q, a.t, a.d, 1.0f);
     for (int i = threadIdx.x; i < DEFT_ATT_KV_Q; i += blockDim.x) {
         ls[i] = q0 + i < a.t ? lse[q0 + i] : 0.0f;
         ds[i] = q0 + i < a.t ? delta[q0 + i] : 0.0f;
@@ -223,10 +235,10 @@ __global__ void __launch_bounds__(DEFT_ATT_WARPS * 32)
     __shared__ float qs[DEFT_ATT_KV_Q][DEFT_ATT_DMAX + 1], dos[DEFT_ATT_KV_Q][DEFT_ATT_DMAX + 1];
     __shared__ float ls[DEFT_ATT_KV_Q], dls[DEFT_ATT_KV_Q];
     const int64_t bh = blockIdx.x / a.tiles, k0 = (blockIdx.x % a.tiles) * DEFT_ATT_KV_K;
-    const int64_t base = bh * a.t * a.d;
+    const int64_t base = deft_att_base(a.in, a.h, bh), obase = deft_att_base(a.out, a.h, bh);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    deft_att_load<T, DEFT_ATT_DMAX>(ks, k + base, k0, DEFT_ATT_KV_K, a.t, a.d, a.scale);
-    deft_att_load<T, DEFT_ATT_DMAX>(vs, v + base, k0, DEFT_ATT_KV_K, a.t, a.d, 1.0f);
+    deft_att_load<T, DEFT_ATT_DMAX>(ks, k + base, a.in.st, k0, DEFT_ATT_KV_K, a.t, a.d, a.scale);
+    deft_att_load<T, DEFT_ATT_DMAX>(vs, v + base, a.in.st, k0, DEFT_ATT_KV_K, a.t, a.d, 1.0f);
     float gk[DEFT_ATT_KV_KEYS][DEFT_ATT_COLS], gv[DEFT_ATT_KV_KEYS][DEFT_ATT_COLS];
 #pragma unroll
     for (int jj = 0; jj < DEFT_ATT_KV_KEYS; jj++)
@@ -235,7 +247,7 @@ __global__ void __launch_bounds__(DEFT_ATT_WARPS * 32)
     /* Causal: queries before k0 see none of these keys. */
     for (int64_t q0 = a.causal ? k0 / DEFT_ATT_KV_Q * DEFT_ATT_KV_Q : 0; q0 < a.t; q0 += DEFT_ATT_KV_Q) {
         __syncthreads();
-        deft_att_load_chunk<T>(qs, dos, ls, dls, q + base, dout + base, lse + bh * a.t, delta + bh * a.t, q0, a);
+        deft_att_load_chunk<T>(qs, dos, ls, dls, q + base, dout + obase, lse + bh * a.t, delta + bh * a.t, q0, a);
         __syncthreads();
         const int64_t query = q0 + lane;
 #pragma unroll
@@ -266,8 +278,8 @@ __global__ void __launch_bounds__(DEFT_ATT_WARPS * 32)
         for (int cc = 0; cc < DEFT_ATT_COLS; cc++) {
             const int c = lane + 32 * cc;
             if (c >= a.d) continue;
-            dk[base + key * a.d + c] = deft_ty<T>::store(gk[jj][cc] * a.scale);
-            dv[base + key * a.d + c] = deft_ty<T>::store(gv[jj][cc]);
+            dk[base + key * a.in.st + c] = deft_ty<T>::store(gk[jj][cc] * a.scale);
+            dv[base + key * a.in.st + c] = deft_ty<T>::store(gv[jj][cc]);
         }
     }
 }
@@ -275,10 +287,16 @@ __global__ void __launch_bounds__(DEFT_ATT_WARPS * 32)
 /* ---- launches ---- */
 
 static deft_att_args deft_att_args_of(const deft_tensor *n, int per_block) {
-    const int r = n->ndim;
-    const int64_t t = n->shape[r - 2];
-    return deft_att_args{t, (int)n->shape[r - 1], (float)n->p.attn.scale, n->p.attn.causal,
-                         (t + per_block - 1) / per_block};
+    const deft_attention_dims d = deft_attention_dims_of(n);
+    const deft_attention_layout l = deft_attention_layout_of(n);
+    return deft_att_args{d.t, (int)d.d, (float)n->p.attn.scale, n->p.attn.causal, (d.t + per_block - 1) / per_block,
+                         d.h, l.qkv, l.out};
+}
+
+/* q, k and v (in the gradient: in + 1): three buffers, or the thirds of one (packed) */
+template <class T> static void deft_att_qkv(const deft_tensor *n, const void *const *in, const T **qkv) {
+    const int64_t part = deft_attention_layout_of(n).part;
+    for (int i = 0; i < 3; i++) qkv[i] = n->p.attn.heads > 0 ? (const T *)in[0] + i * part : (const T *)in[i];
 }
 
 /* One block per (batch * head, tile): the count must fit the grid's x. */
@@ -299,16 +317,20 @@ template <class T> static deft_status deft_att_forward_run(const deft_tensor *n,
     deft_status s = deft_att_grid(n, a, &blocks);
     if (s != DEFT_OK) return s;
     float *lse = (float *)((char *)out + deft_node_extra_offset(n));
-    deft_att_forward<T><<<blocks, DEFT_ATT_WARPS * 32, 0, st>>>((const T *)in[0], (const T *)in[1], (const T *)in[2],
-                                                                (T *)out, lse, a);
+    const T *qkv[3];
+    deft_att_qkv<T>(n, in, qkv);
+    deft_att_forward<T><<<blocks, DEFT_ATT_WARPS * 32, 0, st>>>(qkv[0], qkv[1], qkv[2], (T *)out, lse, a);
     return deft_cuda_check_launch(n, "attention forward");
 }
 
 template <class T> static deft_status deft_att_backward_run(const deft_tensor *n, void *out, const void *const *in,
                                                             cudaStream_t st) {
-    const int64_t rows = deft_attention_rows(n), part = rows * n->shape[n->ndim - 1];
-    const T *dout = (const T *)in[0], *q = (const T *)in[1], *k = (const T *)in[2], *v = (const T *)in[3];
-    const float *lse = (const float *)((const char *)in[4] + deft_node_extra_offset(n->src[4]));
+    const int64_t rows = deft_attention_rows(n), part = deft_attention_layout_of(n).part;
+    const int last = n->nsrc - 1;   /* the forward node: its value, then its statistics */
+    const T *qkv[3];
+    deft_att_qkv<T>(n, in + 1, qkv);
+    const T *dout = (const T *)in[0], *q = qkv[0], *k = qkv[1], *v = qkv[2], *o = (const T *)in[last];
+    const float *lse = (const float *)((const char *)in[last] + deft_node_extra_offset(n->src[last]));
     float *delta = (float *)((char *)out + deft_node_extra_offset(n));
     T *dq = (T *)out, *dk = dq + part, *dv = dk + part;
     const deft_att_args aq = deft_att_args_of(n, DEFT_ATT_DQ_Q), akv = deft_att_args_of(n, DEFT_ATT_KV_K);
@@ -317,7 +339,7 @@ template <class T> static deft_status deft_att_backward_run(const deft_tensor *n
     if (s == DEFT_OK) s = deft_att_grid(n, akv, &bkv);
     if (s != DEFT_OK) return s;
     deft_att_delta<T><<<deft_cuda_blocks(rows * 32, DEFT_CUDA_THREADS), DEFT_CUDA_THREADS, 0, st>>>(
-        dout, (const T *)in[4], delta, rows, aq.d);
+        dout, o, delta, rows, aq);
     s = deft_cuda_check_launch(n, "attention delta");
     if (s != DEFT_OK) return s;
     deft_att_dq<T><<<bq, DEFT_ATT_WARPS * 32, 0, st>>>(dout, q, k, v, lse, delta, dq, aq);
@@ -328,10 +350,11 @@ template <class T> static deft_status deft_att_backward_run(const deft_tensor *n
 }
 
 extern "C" bool deft_cuda_attention_supported(const deft_tensor *n, char *why, size_t cap) {
-    if (n->dtype != DEFT_F64 && n->shape[n->ndim - 1] <= DEFT_ATT_DMAX) return true;
+    const int64_t d = deft_attention_dims_of(n).d;
+    if (n->dtype != DEFT_F64 && d <= DEFT_ATT_DMAX) return true;
     if (why)
         snprintf(why, cap, "the attention kernels run f32, f16 and bf16 with a head size up to %d (got %s, %lld)",
-                 DEFT_ATT_DMAX, deft_dtype_name(n->dtype), (long long)n->shape[n->ndim - 1]);
+                 DEFT_ATT_DMAX, deft_dtype_name(n->dtype), (long long)d);
     return false;
 }
 

@@ -24,7 +24,12 @@
  * captured a plan's kernels may replay them at any time, so a plan is never evicted. Building one compiles kernels
  * and touches the device, so it is never done inside a stream capture: a problem first met in a capture is refused
  * (deft's kernels run it there); the eager run before a capture builds what the replay needs. A problem cuDNN
- * refused is remembered with the reason and refused at once when met again, rather than rebuilt every step. */
+ * refused is remembered with the reason and refused at once when met again, rather than rebuilt every step.
+ *
+ * Layouts: q, k, v apart (row-major [B, H, T, D] each) or packed (p.attn.heads: the thirds of one [B, T, 3C], the
+ * output [B, T, H, D], the gradient written into one [B, T, 3C]); the graphs describe the strides they have, which
+ * cuDNN's SDPA takes with D's stride 1 and 16-byte aligned bases and strides (checked here: otherwise refused, and
+ * deft's kernels run it). The layout is part of a plan's key. */
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -90,13 +95,20 @@ static bool deft_catt_check(const deft_tensor *n, char *why, size_t cap) {
         return deft_catt_no(why, cap, "this build has no cuDNN (cudnn.h and libcudnn were not found)");
     if (n->dtype != DEFT_F16 && n->dtype != DEFT_BF16)
         return deft_catt_no(why, cap, "cuDNN's fused attention takes f16 and bf16, not %s", deft_dtype_name(n->dtype));
-    if (n->ndim != (fwd ? 4 : 5) || n->device.type != DEFT_CUDA)
-        return deft_catt_no(why, cap, "not a [B, H, T, D] attention node on a GPU");
-    const int64_t b = n->shape[n->ndim - 4], h = n->shape[n->ndim - 3], t = n->shape[n->ndim - 2];
-    const int64_t d = n->shape[n->ndim - 1];
+    const bool packed = n->p.attn.heads > 0;
+    if (n->ndim != (packed ? 3 : fwd ? 4 : 5) || n->device.type != DEFT_CUDA)
+        return deft_catt_no(why, cap, "not a [B, H, T, D] (or packed [B, T, 3C]) attention node on a GPU");
+    const deft_attention_dims a = deft_attention_dims_of(n);
+    const int64_t b = a.b, h = a.h, t = a.t, d = a.d;
     if (d % 8 != 0 || d > DEFT_CATT_MAX_HEAD)
         return deft_catt_no(why, cap, "cuDNN's fused attention takes head sizes that are multiples of 8 up to %d, "
                             "not %lld", DEFT_CATT_MAX_HEAD, (long long)d);
+    const deft_attention_layout l = deft_attention_layout_of(n);
+    const int64_t per16 = 16 / (int64_t)deft_dtype_size(n->dtype);   /* elements in 16 bytes */
+    if (l.qkv.sb % per16 || l.qkv.sh % per16 || l.qkv.st % per16 || l.out.sb % per16 || l.out.sh % per16 ||
+        l.out.st % per16 || l.part % per16)
+        return deft_catt_no(why, cap, "cuDNN's fused attention needs 16-byte aligned strides (packed C = %lld)",
+                            (long long)(h * d));
     if (!fwd && t < 2)   /* the frontend refuses s_q = s_kv = 1 for the backward */
         return deft_catt_no(why, cap, "cuDNN's fused attention backward needs T >= 2 (T = %lld)", (long long)t);
     int64_t scores = 0;   /* the virtual [B, H, T, T] scores need int64 sizes (base/checked.h's helpers are C only) */
@@ -176,7 +188,7 @@ static size_t deft_catt_runtime_version(void) { return cudnnGetVersion(); }
 #define DEFT_CATT_ALIGN 16        /* the byte alignment the tensors are described with */
 
 typedef struct deft_catt_key {
-    int dev, dtype, forward, causal, deterministic, unused;
+    int dev, dtype, forward, causal, deterministic, packed;
     int64_t b, h, t, d;
     double scale;
 } deft_catt_key;
@@ -212,8 +224,9 @@ static deft_catt_key deft_catt_key_of(const deft_tensor *n, int dev, bool determ
     memset(&k, 0, sizeof k);   /* the key is compared bytewise */
     k.dev = dev, k.dtype = (int)n->dtype, k.forward = n->op == DEFT_OP_ATTENTION, k.causal = n->p.attn.causal != 0;
     k.deterministic = !k.forward && deterministic;
-    k.b = n->shape[n->ndim - 4], k.h = n->shape[n->ndim - 3], k.t = n->shape[n->ndim - 2];
-    k.d = n->shape[n->ndim - 1], k.scale = n->p.attn.scale;
+    k.packed = n->p.attn.heads > 0;
+    const deft_attention_dims a = deft_attention_dims_of(n);
+    k.b = a.b, k.h = a.h, k.t = a.t, k.d = a.d, k.scale = n->p.attn.scale;
     return k;
 }
 
@@ -284,7 +297,7 @@ static deft_status deft_catt_build(const deft_tensor *n, cudnnHandle_t h, const 
     why[0] = '\0';
     for (int variant = 0; variant < DEFT_CATT_VARIANTS; variant++) {
         const deft_catt_shape s = {k.b, k.h, k.t, k.d, k.dtype == DEFT_F16 ? CUDNN_DATA_HALF : CUDNN_DATA_BFLOAT16,
-                                   k.forward != 0, k.causal != 0, k.deterministic != 0, variant};
+                                   k.forward != 0, k.causal != 0, k.deterministic != 0, k.packed != 0, variant};
         deft_cg_init(&e->g);
         if (deft_catt_build_graph(&e->g, h, &s) && deft_cg_choose_plan(&e->g, h, k.deterministic != 0, plan_cap,
                                                                        &e->plan)) {
@@ -350,27 +363,34 @@ static void deft_catt_put(deft_catt_pack *p, int64_t uid, const void *ptr) {
     p->ptrs[p->n++] = (void *)ptr;
 }
 
+/* q, k and v from the node's inputs (in + 1 for the gradient): three buffers, or the thirds of one (packed); their
+ * ids follow one another. */
+static void deft_catt_put_qkv(const deft_tensor *n, const void *const *in, deft_catt_pack *p) {
+    const size_t part = (size_t)deft_attention_layout_of(n).part * deft_dtype_size(n->dtype);
+    const bool packed = n->p.attn.heads > 0;
+    for (int i = 0; i < 3; i++)
+        deft_catt_put(p, DEFT_CATT_UID_Q + i, packed ? (const char *)in[0] + i * part : in[i]);
+}
+
 static void deft_catt_pack_of(const deft_tensor *n, const deft_catt_entry *e, void *out, const void *const *in,
                               deft_catt_pack *p) {
     p->n = 0;
     deft_catt_put(p, DEFT_CATT_UID_SCALE, &e->scale);
     if (e->key.causal) deft_catt_put(p, DEFT_CATT_UID_NEG_INF, &e->neg_inf);
     if (e->key.forward) {
-        deft_catt_put(p, DEFT_CATT_UID_Q, in[0]);
-        deft_catt_put(p, DEFT_CATT_UID_K, in[1]);
-        deft_catt_put(p, DEFT_CATT_UID_V, in[2]);
+        deft_catt_put_qkv(n, in, p);
         deft_catt_put(p, DEFT_CATT_UID_O, out);
         deft_catt_put(p, DEFT_CATT_UID_STATS, (char *)out + deft_node_extra_offset(n));
         return;
     }
-    const size_t part = deft_tensor_bytes(n) / 3;   /* dq, dk and dv back to back */
+    /* dq, dk and dv part elements apart in one buffer */
+    const size_t part = (size_t)deft_attention_layout_of(n).part * deft_dtype_size(n->dtype);
+    const int last = n->nsrc - 1;   /* the forward node: its value, then its statistics */
     deft_catt_put(p, DEFT_CATT_UID_ONE, &e->one);
     deft_catt_put(p, DEFT_CATT_UID_DO, in[0]);
-    deft_catt_put(p, DEFT_CATT_UID_Q, in[1]);
-    deft_catt_put(p, DEFT_CATT_UID_K, in[2]);
-    deft_catt_put(p, DEFT_CATT_UID_V, in[3]);
-    deft_catt_put(p, DEFT_CATT_UID_O, in[4]);
-    deft_catt_put(p, DEFT_CATT_UID_STATS, (const char *)in[4] + deft_node_extra_offset(n->src[4]));
+    deft_catt_put_qkv(n, in + 1, p);
+    deft_catt_put(p, DEFT_CATT_UID_O, in[last]);
+    deft_catt_put(p, DEFT_CATT_UID_STATS, (const char *)in[last] + deft_node_extra_offset(n->src[last]));
     deft_catt_put(p, DEFT_CATT_UID_DQ, out);
     deft_catt_put(p, DEFT_CATT_UID_DK, (char *)out + part);
     deft_catt_put(p, DEFT_CATT_UID_DV, (char *)out + 2 * part);
@@ -472,10 +492,11 @@ extern "C" int deft_cudnn_attention_describe(const deft_tensor *n, unsigned flag
         return 0;
     }
     const deft_catt_key &k = e->key;
-    snprintf(buf, cap, "cuDNN attention plan: cuda:%d %s %s B %lld H %lld T %lld D %lld%s%s: engine %lld (heuristics "
-             "mode %d, candidate %d, graph form %d%s%s), workspace %lld bytes%s, %zu bytes in all", k.dev,
+    snprintf(buf, cap, "cuDNN attention plan: cuda:%d %s %s B %lld H %lld T %lld D %lld%s%s%s: engine %lld "
+             "(heuristics mode %d, candidate %d, graph form %d%s%s), workspace %lld bytes%s, %zu bytes in all", k.dev,
              deft_dtype_name((deft_dtype)k.dtype), k.forward ? "forward" : "backward", (long long)k.b, (long long)k.h,
              (long long)k.t, (long long)k.d, k.causal ? " causal" : "", k.deterministic ? " deterministic" : "",
+             k.packed ? " packed" : "",
              (long long)e->plan.engine, e->plan.heur_mode, e->plan.candidate, e->variant,
              e->plan.runtime_compiled ? ", runtime compiled" : "",
              e->plan.nondeterministic ? ", nondeterministic" : "", (long long)e->plan.workspace,

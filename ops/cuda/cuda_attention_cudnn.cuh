@@ -31,6 +31,8 @@ typedef struct deft_catt_shape {
     bool forward;
     bool causal;
     bool deterministic;   /* backward: dq straight from a full dS (no f32 atomics) */
+    bool packed;          /* q, k, v the thirds of [B, T, 3C] and o [B, T, H, D] (graph_internal.h's
+                           * deft_attention_layout_of), else each a row-major [B, H, T, D] */
     int variant;          /* the form of the graph, 0 .. DEFT_CATT_VARIANTS - 1 */
 } deft_catt_shape;
 

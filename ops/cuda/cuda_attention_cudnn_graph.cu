@@ -14,7 +14,10 @@
  * causal mask (top left, key j > query i masked): row = index(axis 2), col = index(axis 3) (int32, computed in f32);
  *   keep = row >= col (boolean); s = keep ? s : -inf.
  * (Graph form 1, tried when cuDNN refuses form 0, computes the indices in int32 and views k in the io dtype.)
- * Scalars are by-value f32 tensors of dims [1, 1, 1, 1]; virtual intermediates are f32 unless said otherwise. */
+ * Scalars are by-value f32 tensors of dims [1, 1, 1, 1]; virtual intermediates are f32 unless said otherwise.
+ * q, k, v, o and their gradients are described with the strides they have in memory: row-major [B, H, T, D], or
+ * packed (q, k, v the thirds of one [B, T, 3C], o and dO [B, T, H, D]: strides B T 3C, D, 3C, 1 and B T C, D, C, 1),
+ * as torch hands its strided tensors to the frontend; k's view for dq keeps k's strides, as the frontend's does. */
 #ifdef DEFT_HAVE_CUDNN
 
 #include <math.h>
@@ -30,24 +33,41 @@ typedef struct deft_catt_builder {
 
 /* The layouts of the graph's 4-d tensors. */
 typedef enum {
-    DEFT_CATT_BHTD,     /* [B, H, T, D] row-major: q, k, v, o and their gradients */
-    DEFT_CATT_BHDT,     /* [B, H, D, T] over a row-major [B, H, T, D]: k^T, v^T */
+    DEFT_CATT_BHTD,     /* [B, H, T, D] row-major: intermediates, the dq accumulator */
+    DEFT_CATT_QKV,      /* [B, H, T, D] as q, k, v and their gradients lie in memory */
+    DEFT_CATT_QKV_T,    /* [B, H, D, T] over those: k^T, v^T */
+    DEFT_CATT_OUT,      /* [B, H, T, D] as o and dO lie in memory */
     DEFT_CATT_BHTT,     /* [B, H, T, T] row-major: the scores */
     DEFT_CATT_BHTT_T,   /* [B, H, T, T] read transposed: p^T, dS^T */
     DEFT_CATT_BHT1,     /* [B, H, T, 1]: row statistics */
     DEFT_CATT_SCALAR    /* [1, 1, 1, 1] */
 } deft_catt_layout;
 
+/* The B, H and T strides of a [B, H, T, D] tensor in memory (D's is 1): row-major, or packed with rows `row` apart. */
+static void deft_catt_io_strides(const deft_catt_shape *s, deft_catt_layout l, int64_t *st) {
+    const int64_t h = s->h, t = s->t, d = s->d, c = h * d;
+    if (!s->packed || l == DEFT_CATT_BHTD) {
+        st[0] = h * t * d, st[1] = t * d, st[2] = d;
+        return;
+    }
+    const int64_t row = l == DEFT_CATT_OUT ? c : 3 * c;
+    st[0] = t * row, st[1] = d, st[2] = row;
+}
+
 static void deft_catt_dims(const deft_catt_shape *s, deft_catt_layout l, int64_t *dim, int64_t *st) {
     const int64_t b = s->b, h = s->h, t = s->t, d = s->d;
+    int64_t io[3];
+    deft_catt_io_strides(s, l, io);
     switch (l) {
     case DEFT_CATT_BHTD:
+    case DEFT_CATT_QKV:
+    case DEFT_CATT_OUT:
         dim[0] = b, dim[1] = h, dim[2] = t, dim[3] = d;
-        st[0] = h * t * d, st[1] = t * d, st[2] = d, st[3] = 1;
+        st[0] = io[0], st[1] = io[1], st[2] = io[2], st[3] = 1;
         break;
-    case DEFT_CATT_BHDT:
+    case DEFT_CATT_QKV_T:
         dim[0] = b, dim[1] = h, dim[2] = d, dim[3] = t;
-        st[0] = h * t * d, st[1] = t * d, st[2] = 1, st[3] = d;
+        st[0] = io[0], st[1] = io[1], st[2] = 1, st[3] = io[2];
         break;
     case DEFT_CATT_BHTT:
         dim[0] = b, dim[1] = h, dim[2] = t, dim[3] = t;
@@ -111,10 +131,10 @@ static cudnnBackendDescriptor_t deft_catt_causal(deft_catt_builder *bl, cudnnBac
 static void deft_catt_forward(deft_catt_builder *bl) {
     deft_cg *g = bl->g;
     const cudnnDataType_t io = bl->s->io;
-    cudnnBackendDescriptor_t q = deft_catt_tensor(bl, DEFT_CATT_UID_Q, io, DEFT_CATT_BHTD, 0, "q");
-    cudnnBackendDescriptor_t kt = deft_catt_tensor(bl, DEFT_CATT_UID_K, io, DEFT_CATT_BHDT, 0, "k^T");
-    cudnnBackendDescriptor_t v = deft_catt_tensor(bl, DEFT_CATT_UID_V, io, DEFT_CATT_BHTD, 0, "v");
-    cudnnBackendDescriptor_t o = deft_catt_tensor(bl, DEFT_CATT_UID_O, io, DEFT_CATT_BHTD, 0, "o");
+    cudnnBackendDescriptor_t q = deft_catt_tensor(bl, DEFT_CATT_UID_Q, io, DEFT_CATT_QKV, 0, "q");
+    cudnnBackendDescriptor_t kt = deft_catt_tensor(bl, DEFT_CATT_UID_K, io, DEFT_CATT_QKV_T, 0, "k^T");
+    cudnnBackendDescriptor_t v = deft_catt_tensor(bl, DEFT_CATT_UID_V, io, DEFT_CATT_QKV, 0, "v");
+    cudnnBackendDescriptor_t o = deft_catt_tensor(bl, DEFT_CATT_UID_O, io, DEFT_CATT_OUT, 0, "o");
     cudnnBackendDescriptor_t stats =
         deft_catt_tensor(bl, DEFT_CATT_UID_STATS, CUDNN_DATA_FLOAT, DEFT_CATT_BHT1, 0, "stats");
     bl->scale = deft_catt_scalar(bl, DEFT_CATT_UID_SCALE, "attn_scale");
@@ -154,16 +174,16 @@ static cudnnBackendDescriptor_t deft_catt_delta(deft_catt_builder *bl, cudnnBack
 static void deft_catt_backward(deft_catt_builder *bl) {
     deft_cg *g = bl->g;
     const cudnnDataType_t io = bl->s->io;
-    cudnnBackendDescriptor_t q = deft_catt_tensor(bl, DEFT_CATT_UID_Q, io, DEFT_CATT_BHTD, 0, "q");
-    cudnnBackendDescriptor_t kt = deft_catt_tensor(bl, DEFT_CATT_UID_K, io, DEFT_CATT_BHDT, 0, "k^T");
-    cudnnBackendDescriptor_t vt = deft_catt_tensor(bl, DEFT_CATT_UID_V, io, DEFT_CATT_BHDT, 0, "v^T");
-    cudnnBackendDescriptor_t o = deft_catt_tensor(bl, DEFT_CATT_UID_O, io, DEFT_CATT_BHTD, 0, "o");
-    cudnnBackendDescriptor_t dout = deft_catt_tensor(bl, DEFT_CATT_UID_DO, io, DEFT_CATT_BHTD, 0, "dO");
+    cudnnBackendDescriptor_t q = deft_catt_tensor(bl, DEFT_CATT_UID_Q, io, DEFT_CATT_QKV, 0, "q");
+    cudnnBackendDescriptor_t kt = deft_catt_tensor(bl, DEFT_CATT_UID_K, io, DEFT_CATT_QKV_T, 0, "k^T");
+    cudnnBackendDescriptor_t vt = deft_catt_tensor(bl, DEFT_CATT_UID_V, io, DEFT_CATT_QKV_T, 0, "v^T");
+    cudnnBackendDescriptor_t o = deft_catt_tensor(bl, DEFT_CATT_UID_O, io, DEFT_CATT_OUT, 0, "o");
+    cudnnBackendDescriptor_t dout = deft_catt_tensor(bl, DEFT_CATT_UID_DO, io, DEFT_CATT_OUT, 0, "dO");
     cudnnBackendDescriptor_t stats =
         deft_catt_tensor(bl, DEFT_CATT_UID_STATS, CUDNN_DATA_FLOAT, DEFT_CATT_BHT1, 0, "stats");
-    cudnnBackendDescriptor_t dq = deft_catt_tensor(bl, DEFT_CATT_UID_DQ, io, DEFT_CATT_BHTD, 0, "dq");
-    cudnnBackendDescriptor_t dk = deft_catt_tensor(bl, DEFT_CATT_UID_DK, io, DEFT_CATT_BHTD, 0, "dk");
-    cudnnBackendDescriptor_t dv = deft_catt_tensor(bl, DEFT_CATT_UID_DV, io, DEFT_CATT_BHTD, 0, "dv");
+    cudnnBackendDescriptor_t dq = deft_catt_tensor(bl, DEFT_CATT_UID_DQ, io, DEFT_CATT_QKV, 0, "dq");
+    cudnnBackendDescriptor_t dk = deft_catt_tensor(bl, DEFT_CATT_UID_DK, io, DEFT_CATT_QKV, 0, "dk");
+    cudnnBackendDescriptor_t dv = deft_catt_tensor(bl, DEFT_CATT_UID_DV, io, DEFT_CATT_QKV, 0, "dv");
     bl->scale = deft_catt_scalar(bl, DEFT_CATT_UID_SCALE, "attn_scale");
     bl->one = deft_catt_scalar(bl, DEFT_CATT_UID_ONE, "one");
     if (bl->s->causal) bl->neg_inf = deft_catt_scalar(bl, DEFT_CATT_UID_NEG_INF, "negative_infinity");
@@ -192,7 +212,7 @@ static void deft_catt_backward(deft_catt_builder *bl) {
     deft_cg_matmul(g, dst, q, dk, "matmul_dST_Q");
     /* dq = dS k: k^T seen as [B, H, T, D] (a virtual view; f32 as the frontend's reshape infers it) */
     cudnnBackendDescriptor_t k =
-        deft_catt_virtual(bl, bl->s->variant == 0 ? CUDNN_DATA_FLOAT : io, DEFT_CATT_BHTD, "reshape_k");
+        deft_catt_virtual(bl, bl->s->variant == 0 ? CUDNN_DATA_FLOAT : io, DEFT_CATT_QKV, "reshape_k");
     deft_cg_reshape(g, kt, k, "reshape_k");
     if (bl->s->deterministic) {
         deft_cg_matmul(g, ds, k, dq, "matmul_dS_K");

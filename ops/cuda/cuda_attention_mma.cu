@@ -16,7 +16,8 @@
  * through ldmatrix.trans; shared rows are padded by 16 bytes so that the 8 rows of one ldmatrix or the 8 groups of a
  * fragment load fall in different banks. Tiles are copied with cp.async; up to a head size of 64 the next tiles' copies
  * run during this tile's products (two buffers each), larger heads keep one buffer within 48 KB of static shared
- * memory. */
+ * memory. Rows are found through element strides (graph_internal.h's deft_attention_layout_of): q, k, v apart or
+ * packed in one [B, T, 3C] run the same code, each row 16-byte aligned (checked before it runs). */
 #include <string.h>
 
 #include <type_traits>
@@ -36,7 +37,14 @@ typedef struct deft_mma_args {
     float scale;     /* the scores' scale */
     float scale2;    /* scale * log2(e): scores in base-2 units */
     int causal;
+    int64_t h;       /* heads */
+    deft_attention_strides in, out;   /* q, k, v (dq, dk, dv) and the output (dout) */
 } deft_mma_args;
+
+/* The element offset of (batch * head) bh's first row in a tensor of strides s (h heads). */
+__device__ __forceinline__ int64_t deft_mma_base(const deft_attention_strides &s, int64_t h, int64_t bh) {
+    return bh / h * s.sb + bh % h * s.sh;
+}
 
 /* ---- fragments ---- */
 
@@ -131,14 +139,15 @@ __device__ __forceinline__ void deft_mma_times_tile(float (&acc)[D / 8][4], cons
     }
 }
 
-/* Rows [row0, row0 + 64) of a [t][d] matrix into a shared tile, 16 bytes a load, zeros past t. */
+/* Rows [row0, row0 + 64) of a [t][d] matrix whose rows lie st elements apart into a shared tile, 16 bytes a load,
+ * zeros past t. */
 template <class T, int D, int LD>
-__device__ __forceinline__ void deft_mma_load(T *tile, const T *m, int64_t row0, int64_t t) {
+__device__ __forceinline__ void deft_mma_load(T *tile, const T *m, int64_t st, int64_t row0, int64_t t) {
     constexpr int chunks = D / 8;
     for (int e = threadIdx.x; e < DEFT_MMA_TILE * chunks; e += blockDim.x) {
         const int r = e / chunks, c = (e % chunks) * 8;
         uint4 v = make_uint4(0, 0, 0, 0);
-        if (row0 + r < t) v = *(const uint4 *)(m + (row0 + r) * D + c);
+        if (row0 + r < t) v = *(const uint4 *)(m + (row0 + r) * st + c);
         *(uint4 *)(tile + r * LD + c) = v;
     }
 }
@@ -146,12 +155,12 @@ __device__ __forceinline__ void deft_mma_load(T *tile, const T *m, int64_t row0,
 /* deft_mma_load without the registers: 16-byte copies that run behind the block's work (cp.async), zeros past t
  * (a copy of 0 source bytes fills the 16 with zeros). The caller commits them as a group and waits for it. */
 template <class T, int D, int LD>
-__device__ __forceinline__ void deft_mma_load_async(T *tile, const T *m, int64_t row0, int64_t t) {
+__device__ __forceinline__ void deft_mma_load_async(T *tile, const T *m, int64_t st, int64_t row0, int64_t t) {
     constexpr int chunks = D / 8;
     for (int e = threadIdx.x; e < DEFT_MMA_TILE * chunks; e += blockDim.x) {
         const int r = e / chunks, c = (e % chunks) * 8;
         const bool in = row0 + r < t;
-        const T *src = m + (in ? (row0 + r) * D + c : 0);
+        const T *src = m + (in ? (row0 + r) * st + c : 0);
         const unsigned dst = (unsigned)__cvta_generic_to_shared(tile + r * LD + c);
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(in ? 16 : 0));
     }
@@ -166,31 +175,31 @@ template <int D> struct deft_mma_stages {
     static constexpr int n = D <= 64 ? 2 : 1;
 };
 
-/* The walk over tiles [first, end) of two operands a and b (rows of [t][d] matrices) through shared buffers sa and
- * sb of deft_mma_stages<D>::n tiles each: calls body(row0 of the tile, its a tile, its b tile) with the tiles in
- * shared memory, every warp past the block's barrier. */
+/* The walk over tiles [first, end) of two operands a and b (rows of [t][d] matrices, sta and stb elements apart)
+ * through shared buffers sa and sb of deft_mma_stages<D>::n tiles each: calls body(row0 of the tile, its a tile, its
+ * b tile) with the tiles in shared memory, every warp past the block's barrier. */
 template <class T, int D, int LD, class F>
-__device__ __forceinline__ void deft_mma_walk(T *sa, T *sb, const T *a, const T *b, int64_t first, int64_t end,
-                                              int64_t t, F body) {
+__device__ __forceinline__ void deft_mma_walk(T *sa, T *sb, const T *a, int64_t sta, const T *b, int64_t stb,
+                                              int64_t first, int64_t end, int64_t t, F body) {
     constexpr int stages = deft_mma_stages<D>::n, tile = DEFT_MMA_TILE * LD;
     if (stages == 2 && first < end) {
-        deft_mma_load_async<T, D, LD>(sa, a, first, t);
-        deft_mma_load_async<T, D, LD>(sb, b, first, t);
+        deft_mma_load_async<T, D, LD>(sa, a, sta, first, t);
+        deft_mma_load_async<T, D, LD>(sb, b, stb, first, t);
         deft_mma_commit();
     }
     int stage = 0;
     for (int64_t r0 = first; r0 < end; r0 += DEFT_MMA_TILE) {
         if (stages == 2) {
             if (r0 + DEFT_MMA_TILE < end) {
-                deft_mma_load_async<T, D, LD>(sa + (stage ^ 1) * tile, a, r0 + DEFT_MMA_TILE, t);
-                deft_mma_load_async<T, D, LD>(sb + (stage ^ 1) * tile, b, r0 + DEFT_MMA_TILE, t);
+                deft_mma_load_async<T, D, LD>(sa + (stage ^ 1) * tile, a, sta, r0 + DEFT_MMA_TILE, t);
+                deft_mma_load_async<T, D, LD>(sb + (stage ^ 1) * tile, b, stb, r0 + DEFT_MMA_TILE, t);
             }
             deft_mma_commit();
             deft_mma_wait<1>();
         } else {
             __syncthreads();   /* every warp is done with the last tiles */
-            deft_mma_load_async<T, D, LD>(sa, a, r0, t);
-            deft_mma_load_async<T, D, LD>(sb, b, r0, t);
+            deft_mma_load_async<T, D, LD>(sa, a, sta, r0, t);
+            deft_mma_load_async<T, D, LD>(sb, b, stb, r0, t);
             deft_mma_commit();
             deft_mma_wait<0>();
         }
@@ -203,10 +212,11 @@ __device__ __forceinline__ void deft_mma_walk(T *sa, T *sb, const T *a, const T 
     }
 }
 
-/* Stores a warp's [16][d] accumulator times mul into rows row0 (and row0 + 8) of a [t][d] matrix. */
+/* Stores a warp's [16][d] accumulator times mul into rows row0 (and row0 + 8) of a [t][d] matrix whose rows lie st
+ * elements apart. */
 template <class T, int D>
-__device__ __forceinline__ void deft_mma_store(T *m, const float (&acc)[D / 8][4], int64_t row0, int64_t t,
-                                               const float (&mul)[2]) {
+__device__ __forceinline__ void deft_mma_store(T *m, int64_t st, const float (&acc)[D / 8][4], int64_t row0,
+                                               int64_t t, const float (&mul)[2]) {
     const int c = (threadIdx.x & 3) * 2;
 #pragma unroll
     for (int h = 0; h < 2; h++) {
@@ -214,7 +224,7 @@ __device__ __forceinline__ void deft_mma_store(T *m, const float (&acc)[D / 8][4
         if (row >= t) continue;
 #pragma unroll
         for (int nt = 0; nt < D / 8; nt++)
-            *(uint32_t *)(m + row * D + nt * 8 + c) =
+            *(uint32_t *)(m + row * st + nt * 8 + c) =
                 deft_mma_op<T>::pack(acc[nt][2 * h] * mul[h], acc[nt][2 * h + 1] * mul[h]);
     }
 }
@@ -237,9 +247,9 @@ __global__ void __launch_bounds__(DEFT_MMA_WARPS * 32)
     __shared__ __align__(16) T vs[deft_mma_stages<D>::n * DEFT_MMA_TILE * LD];
     int64_t m0, bh;
     deft_mma_block(a, true, &m0, &bh);
-    const int64_t base = bh * a.t * D;
+    const int64_t base = deft_mma_base(a.in, a.h, bh), obase = deft_mma_base(a.out, a.h, bh);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = (lane & 3) * 2;
-    deft_mma_load<T, D, LD>(ks, q + base, m0, a.t);   /* q passes through the key tile on its way to registers */
+    deft_mma_load<T, D, LD>(ks, q + base, a.in.st, m0, a.t);   /* q passes through the key tile to registers */
     __syncthreads();
     uint32_t qf[D / 16][4];
     deft_mma_rows<T, D, LD>(qf, ks, warp * 16);
@@ -250,7 +260,8 @@ __global__ void __launch_bounds__(DEFT_MMA_WARPS * 32)
     float mx[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f};
     const int64_t row = m0 + warp * 16 + g;   /* and row + 8 */
     const int64_t kend = a.causal && m0 + DEFT_MMA_TILE < a.t ? m0 + DEFT_MMA_TILE : a.t;
-    deft_mma_walk<T, D, LD>(ks, vs, k + base, v + base, 0, kend, a.t, [&](int64_t n0, const T *kt, const T *vt) {
+    deft_mma_walk<T, D, LD>(ks, vs, k + base, a.in.st, v + base, a.in.st, 0, kend, a.t,
+                            [&](int64_t n0, const T *kt, const T *vt) {
         float s[8][4];
         deft_mma_scores<T, D, LD>(s, qf, kt);
         float tmax[2] = {mx[0], mx[1]};
@@ -295,7 +306,7 @@ __global__ void __launch_bounds__(DEFT_MMA_WARPS * 32)
         if ((lane & 3) == 0 && row + 8 * h < a.t)
             lse[bh * a.t + row + 8 * h] = (mx[h] + log2f(sum[h])) * DEFT_MMA_LN2;
     }
-    deft_mma_store<T, D>(out + base, o, row, a.t, inv);
+    deft_mma_store<T, D>(out + obase, a.out.st, o, row, a.t, inv);
 }
 
 /* ---- backward ---- */
@@ -303,16 +314,17 @@ __global__ void __launch_bounds__(DEFT_MMA_WARPS * 32)
 /* delta[row] = dout[row] . out[row]: 8 lanes a row, 16 bytes a load; a grid-stride walk (whole warps stay in it
  * together, for the shuffles). */
 template <class T, int D>
-__global__ void deft_mma_delta(const T *dout, const T *out, float *delta, int64_t rows) {
+__global__ void deft_mma_delta(const T *dout, const T *out, float *delta, int64_t rows, deft_mma_args a) {
     const int sub = threadIdx.x & 7, lane_row = (threadIdx.x & 31) >> 3;
     const int64_t step = ((int64_t)gridDim.x * blockDim.x) >> 3;
     for (int64_t first = ((int64_t)blockIdx.x * blockDim.x + (threadIdx.x & ~31)) >> 3; first < rows;
          first += step) {
         const int64_t row = first + lane_row;
         float s = 0.0f;
+        const int64_t at = row < rows ? deft_mma_base(a.out, a.h, row / a.t) + row % a.t * a.out.st : 0;
         if (row < rows)
             for (int cc = sub * 8; cc < D; cc += 64) {
-                const uint4 x = *(const uint4 *)(dout + row * D + cc), y = *(const uint4 *)(out + row * D + cc);
+                const uint4 x = *(const uint4 *)(dout + at + cc), y = *(const uint4 *)(out + at + cc);
                 const T *xs = (const T *)&x, *ys = (const T *)&y;
 #pragma unroll
                 for (int e = 0; e < 8; e++) s = fmaf(deft_ty<T>::load(xs[e]), deft_ty<T>::load(ys[e]), s);
@@ -334,10 +346,10 @@ __global__ void __launch_bounds__(DEFT_MMA_WARPS * 32)
     __shared__ __align__(16) T dos[deft_mma_stages<D>::n * DEFT_MMA_TILE * LD];
     int64_t n0, bh;
     deft_mma_block(a, false, &n0, &bh);
-    const int64_t base = bh * a.t * D;
+    const int64_t base = deft_mma_base(a.in, a.h, bh), obase = deft_mma_base(a.out, a.h, bh);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = (lane & 3) * 2;
-    deft_mma_load<T, D, LD>(qs, k + base, n0, a.t);    /* k and v pass through the query tiles to registers */
-    deft_mma_load<T, D, LD>(dos, v + base, n0, a.t);
+    deft_mma_load<T, D, LD>(qs, k + base, a.in.st, n0, a.t);    /* k and v pass through the query tiles */
+    deft_mma_load<T, D, LD>(dos, v + base, a.in.st, n0, a.t);
     __syncthreads();
     uint32_t kf[D / 16][4], vf[D / 16][4];
     deft_mma_rows<T, D, LD>(kf, qs, warp * 16);
@@ -350,7 +362,7 @@ __global__ void __launch_bounds__(DEFT_MMA_WARPS * 32)
         for (int e = 0; e < 4; e++) gk[nt][e] = gv[nt][e] = 0.0f;
     const int64_t key = n0 + warp * 16 + g;   /* and key + 8 */
     const float *rl = lse + bh * a.t, *rd = delta + bh * a.t;
-    deft_mma_walk<T, D, LD>(qs, dos, q + base, dout + base, a.causal ? n0 : 0, a.t, a.t,
+    deft_mma_walk<T, D, LD>(qs, dos, q + base, a.in.st, dout + obase, a.out.st, a.causal ? n0 : 0, a.t, a.t,
                             [&](int64_t m0, const T *qt, const T *dot) {
         float p[8][4], dp[8][4];
         deft_mma_scores<T, D, LD>(p, kf, qt);    /* s^T: keys by queries */
@@ -375,8 +387,8 @@ __global__ void __launch_bounds__(DEFT_MMA_WARPS * 32)
         deft_mma_times_tile<T, D, LD>(gk, dp, qt);
     });
     const float one[2] = {1.0f, 1.0f}, scale[2] = {a.scale, a.scale};
-    deft_mma_store<T, D>(dv + base, gv, key, a.t, one);
-    deft_mma_store<T, D>(dk + base, gk, key, a.t, scale);
+    deft_mma_store<T, D>(dv + base, a.in.st, gv, key, a.t, one);
+    deft_mma_store<T, D>(dk + base, a.in.st, gk, key, a.t, scale);
 }
 
 /* dq = scale * sum_j ds_ij k_j: per 64 queries. */
@@ -389,10 +401,10 @@ __global__ void __launch_bounds__(DEFT_MMA_WARPS * 32)
     __shared__ __align__(16) T vs[deft_mma_stages<D>::n * DEFT_MMA_TILE * LD];
     int64_t m0, bh;
     deft_mma_block(a, true, &m0, &bh);
-    const int64_t base = bh * a.t * D;
+    const int64_t base = deft_mma_base(a.in, a.h, bh), obase = deft_mma_base(a.out, a.h, bh);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = (lane & 3) * 2;
-    deft_mma_load<T, D, LD>(ks, q + base, m0, a.t);
-    deft_mma_load<T, D, LD>(vs, dout + base, m0, a.t);
+    deft_mma_load<T, D, LD>(ks, q + base, a.in.st, m0, a.t);
+    deft_mma_load<T, D, LD>(vs, dout + obase, a.out.st, m0, a.t);
     __syncthreads();
     uint32_t qf[D / 16][4], df[D / 16][4];
     deft_mma_rows<T, D, LD>(qf, ks, warp * 16);
@@ -409,7 +421,8 @@ __global__ void __launch_bounds__(DEFT_MMA_WARPS * 32)
 #pragma unroll
     for (int nt = 0; nt < D / 8; nt++) gq[nt][0] = gq[nt][1] = gq[nt][2] = gq[nt][3] = 0.0f;
     const int64_t kend = a.causal && m0 + DEFT_MMA_TILE < a.t ? m0 + DEFT_MMA_TILE : a.t;
-    deft_mma_walk<T, D, LD>(ks, vs, k + base, v + base, 0, kend, a.t, [&](int64_t n0, const T *kt, const T *vt) {
+    deft_mma_walk<T, D, LD>(ks, vs, k + base, a.in.st, v + base, a.in.st, 0, kend, a.t,
+                            [&](int64_t n0, const T *kt, const T *vt) {
         float p[8][4], dp[8][4];
         deft_mma_scores<T, D, LD>(p, qf, kt);
         deft_mma_scores<T, D, LD>(dp, df, vt);
@@ -425,15 +438,23 @@ __global__ void __launch_bounds__(DEFT_MMA_WARPS * 32)
         deft_mma_times_tile<T, D, LD>(gq, dp, kt);
     });
     const float scale[2] = {a.scale, a.scale};
-    deft_mma_store<T, D>(dq + base, gq, row, a.t, scale);
+    deft_mma_store<T, D>(dq + base, a.in.st, gq, row, a.t, scale);
 }
 
 /* ---- launches ---- */
 
+/* q, k and v (in the gradient: in + 1): three buffers, or the thirds of one (packed) */
+template <class T> static void deft_mma_qkv(const deft_tensor *n, const void *const *in, const T **qkv) {
+    const int64_t part = deft_attention_layout_of(n).part;
+    for (int i = 0; i < 3; i++) qkv[i] = n->p.attn.heads > 0 ? (const T *)in[0] + i * part : (const T *)in[i];
+}
+
 static deft_status deft_mma_args_of(const deft_tensor *n, deft_mma_args *a, unsigned *blocks) {
-    const int64_t t = n->shape[n->ndim - 2], bh = deft_attention_rows(n) / t, tiles = (t + 63) / DEFT_MMA_TILE;
+    const deft_attention_dims d = deft_attention_dims_of(n);
+    const deft_attention_layout l = deft_attention_layout_of(n);
+    const int64_t t = d.t, bh = d.b * d.h, tiles = (t + 63) / DEFT_MMA_TILE;
     *a = deft_mma_args{t, bh, tiles, (float)n->p.attn.scale, (float)n->p.attn.scale * DEFT_MMA_LOG2E,
-                       n->p.attn.causal};
+                       n->p.attn.causal, d.h, l.qkv, l.out};
     if (bh * tiles <= 0x7fffffff) {
         *blocks = (unsigned)(bh * tiles);
         return DEFT_OK;
@@ -449,8 +470,9 @@ static deft_status deft_mma_forward_run(const deft_tensor *n, void *out, const v
     deft_status s = deft_mma_args_of(n, &a, &blocks);
     if (s != DEFT_OK) return s;
     float *lse = (float *)((char *)out + deft_node_extra_offset(n));
-    deft_mma_forward<T, D><<<blocks, DEFT_MMA_WARPS * 32, 0, st>>>((const T *)in[0], (const T *)in[1],
-                                                                   (const T *)in[2], (T *)out, lse, a);
+    const T *qkv[3];
+    deft_mma_qkv<T>(n, in, qkv);
+    deft_mma_forward<T, D><<<blocks, DEFT_MMA_WARPS * 32, 0, st>>>(qkv[0], qkv[1], qkv[2], (T *)out, lse, a);
     return deft_cuda_check_launch(n, "attention forward (tensor cores)");
 }
 
@@ -460,13 +482,16 @@ static deft_status deft_mma_backward_run(const deft_tensor *n, void *out, const 
     unsigned blocks = 0;
     deft_status s = deft_mma_args_of(n, &a, &blocks);
     if (s != DEFT_OK) return s;
-    const int64_t rows = deft_attention_rows(n), part = rows * D;
-    const T *dout = (const T *)in[0], *q = (const T *)in[1], *k = (const T *)in[2], *v = (const T *)in[3];
-    const float *lse = (const float *)((const char *)in[4] + deft_node_extra_offset(n->src[4]));
+    const int64_t rows = deft_attention_rows(n), part = deft_attention_layout_of(n).part;
+    const int last = n->nsrc - 1;   /* the forward node: its value, then its statistics */
+    const T *qkv[3];
+    deft_mma_qkv<T>(n, in + 1, qkv);
+    const T *dout = (const T *)in[0], *q = qkv[0], *k = qkv[1], *v = qkv[2];
+    const float *lse = (const float *)((const char *)in[last] + deft_node_extra_offset(n->src[last]));
     float *delta = (float *)((char *)out + deft_node_extra_offset(n));
     T *dq = (T *)out, *dk = dq + part, *dv = dk + part;
     deft_mma_delta<T, D><<<deft_cuda_blocks(rows * 8, DEFT_CUDA_THREADS), DEFT_CUDA_THREADS, 0, st>>>(
-        dout, (const T *)in[4], delta, rows);
+        dout, (const T *)in[last], delta, rows, a);
     if ((s = deft_cuda_check_launch(n, "attention delta (tensor cores)")) != DEFT_OK) return s;
     deft_mma_dkv<T, D><<<blocks, DEFT_MMA_WARPS * 32, 0, st>>>(dout, q, k, v, lse, delta, dk, dv, a);
     if ((s = deft_cuda_check_launch(n, "attention dk, dv (tensor cores)")) != DEFT_OK) return s;
@@ -482,7 +507,7 @@ static deft_status deft_mma_run(const deft_tensor *n, void *out, const void *con
 
 template <class T>
 static deft_status deft_mma_by_head(const deft_tensor *n, void *out, const void *const *in, cudaStream_t st) {
-    switch (n->shape[n->ndim - 1]) {
+    switch (deft_attention_dims_of(n).d) {
     case 32: return deft_mma_run<T, 32>(n, out, in, st);
     case 64: return deft_mma_run<T, 64>(n, out, in, st);
     case 96: return deft_mma_run<T, 96>(n, out, in, st);
@@ -492,12 +517,18 @@ static deft_status deft_mma_by_head(const deft_tensor *n, void *out, const void 
 
 static bool deft_mma_aligned(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
+/* Every row of a tensor of strides s starts 16 bytes apart from its base's alignment (halves: 8 elements). */
+static bool deft_mma_strides_aligned(const deft_attention_strides &s) {
+    return s.sb % 8 == 0 && s.sh % 8 == 0 && s.st % 8 == 0;
+}
+
 extern "C" bool deft_cuda_attention_mma_usable(const deft_tensor *n, void *out, const void *const *in) {
-    const int64_t d = n->shape[n->ndim - 1];
+    const int64_t d = deft_attention_dims_of(n).d;
     if (n->dtype != DEFT_F16 && n->dtype != DEFT_BF16) return false;
     if (d != 32 && d != 64 && d != 96 && d != 128) return false;
-    const int ins = n->op == DEFT_OP_ATTENTION ? 3 : 5;
-    for (int i = 0; i < ins; i++)
+    const deft_attention_layout l = deft_attention_layout_of(n);
+    if (!deft_mma_strides_aligned(l.qkv) || !deft_mma_strides_aligned(l.out) || l.part % 8 != 0) return false;
+    for (int i = 0; i < n->nsrc; i++)   /* k and v (dk, dv) lie part elements on: aligned with their base */
         if (!deft_mma_aligned(in[i])) return false;
     return deft_mma_aligned(out);
 }
@@ -505,8 +536,8 @@ extern "C" bool deft_cuda_attention_mma_usable(const deft_tensor *n, void *out, 
 deft_status deft_cuda_attention_mma(const deft_tensor *n, void *out, const void *const *in, cudaStream_t st) {
     if (!deft_cuda_attention_mma_usable(n, out, in))
         return deft_set_error(DEFT_ERR_DTYPE, "cuda %s: the tensor-core kernels take f16 and bf16 with a head size "
-                              "of 32, 64, 96 or 128 and 16-byte aligned buffers (got %s, %lld)",
-                              deft_op_name(n->op), deft_dtype_name(n->dtype), (long long)n->shape[n->ndim - 1]);
+                              "of 32, 64, 96 or 128 and 16-byte aligned buffers and rows (got %s, %lld)",
+                              deft_op_name(n->op), deft_dtype_name(n->dtype), (long long)deft_attention_dims_of(n).d);
     return n->dtype == DEFT_F16 ? deft_mma_by_head<__half>(n, out, in, st)
                                 : deft_mma_by_head<__nv_bfloat16>(n, out, in, st);
 }
