@@ -50,6 +50,13 @@ static deft_status deft_ts_head_of(deft_program *p, deft_optimizer *opt, deft_lo
     h->opt_params = (uint32_t)opt->n_params;
     h->accumulate = (uint32_t)opt->accumulate_steps;
     h->total = opt->total;
+    if (deft_optimizer_sharded(opt)) {
+        h->world = (uint32_t)opt->zero.world;
+        h->rank = (uint32_t)opt->zero.rank;
+        h->lo = opt->zero.lo;
+        h->hi = opt->zero.hi;
+        h->padded = opt->zero.padded;
+    }
     deft_status s = deft_optimizer_counters_get(opt, &h->c);
     if (s != DEFT_OK) return s;
     h->arrays = deft_ts_arrays_needed(opt, h->c.micro);
@@ -61,10 +68,10 @@ static deft_status deft_ts_head_of(deft_program *p, deft_optimizer *opt, deft_lo
 }
 
 static deft_status deft_ts_write_head(deft_file_writer *w, const deft_ts_head *h) {
-    unsigned char b[DEFT_TS_HEAD_BYTES];
+    unsigned char b[DEFT_TS_HEAD_BYTES_ZERO];
     deft_ts_head_encode(h, b);
-    deft_status s = deft_file_write(w, b, sizeof b);
-    return s == DEFT_OK ? deft_file_write_crc(w, b, sizeof b) : s;
+    deft_status s = deft_file_write(w, b, deft_ts_head_bytes(h));
+    return s == DEFT_OK ? deft_file_write_crc(w, b, deft_ts_head_bytes(h)) : s;
 }
 
 /* ---- the optimizer ---- */
@@ -81,7 +88,7 @@ static deft_status deft_ts_write_list(deft_file_writer *w, const deft_optimizer 
 }
 
 static deft_status deft_ts_write_array(deft_file_writer *w, const deft_optimizer *opt, deft_optimizer_array a) {
-    const size_t esz = deft_dtype_size(opt->dtype), bytes = (size_t)opt->total * esz;
+    const size_t esz = deft_dtype_size(opt->dtype), bytes = deft_optimizer_array_bytes(opt, a);
     unsigned char head[DEFT_TS_ARRAY_HEAD], *data = malloc(bytes ? bytes : 1);
     if (!data) return deft_set_error(DEFT_ERR_OOM, "%s: out of host memory for %s (%zu bytes)", w->who,
                                      deft_ts_array_name(opt, a), bytes);
@@ -172,7 +179,7 @@ deft_status deft_train_state_save(const char *path, deft_program *p, deft_optimi
 /* ---- reading the head ---- */
 
 deft_status deft_ts_read_head(deft_file_reader *r, deft_ts_head *h) {
-    unsigned char b[DEFT_TS_HEAD_BYTES];
+    unsigned char b[DEFT_TS_HEAD_BYTES_ZERO];
     deft_status s = deft_file_read(r, b, DEFT_TS_MAGIC_LEN, "the header");
     if (s != DEFT_OK) return s;
     if (memcmp(b, DEFT_TS_MAGIC, DEFT_TS_MAGIC_LEN) != 0)
@@ -180,12 +187,13 @@ deft_status deft_ts_read_head(deft_file_reader *r, deft_ts_head *h) {
                               "with \"" DEFT_TS_MAGIC "\")", r->who, r->path);
     s = deft_file_read(r, b + DEFT_TS_MAGIC_LEN, 4, "the header");
     const uint64_t version = s == DEFT_OK ? deft_get_le(b + DEFT_TS_MAGIC_LEN, 4) : 0;
-    if (s == DEFT_OK && version != DEFT_TS_VERSION)
-        return deft_set_error(DEFT_ERR_IO, "%s: %s: format version %llu; this build reads version %u", r->who, r->path,
-                              (unsigned long long)version, DEFT_TS_VERSION);
-    if (s == DEFT_OK) s = deft_file_read(r, b + DEFT_TS_MAGIC_LEN + 4, sizeof b - DEFT_TS_MAGIC_LEN - 4, "the header");
-    if (s == DEFT_OK) s = deft_file_check_crc(r, b, sizeof b, "the header", "the file's header");
-    if (s == DEFT_OK) deft_ts_head_decode(b, h);
+    if (s == DEFT_OK && version != DEFT_TS_VERSION && version != DEFT_TS_VERSION_ZERO)
+        return deft_set_error(DEFT_ERR_IO, "%s: %s: format version %llu; this build reads versions %u and %u (ZeRO-1)",
+                              r->who, r->path, (unsigned long long)version, DEFT_TS_VERSION, DEFT_TS_VERSION_ZERO);
+    const size_t n = version == DEFT_TS_VERSION_ZERO ? DEFT_TS_HEAD_BYTES_ZERO : DEFT_TS_HEAD_BYTES;
+    if (s == DEFT_OK) s = deft_file_read(r, b + DEFT_TS_MAGIC_LEN + 4, n - DEFT_TS_MAGIC_LEN - 4, "the header");
+    if (s == DEFT_OK) s = deft_file_check_crc(r, b, n, "the header", "the file's header");
+    if (s == DEFT_OK) deft_ts_head_decode(b, (uint32_t)version, h);
     return s;
 }
 

@@ -7,7 +7,12 @@
  *             i64 count in the flat storage, f64 weight decay and f64 lr_scale (its group's); u32 CRC-32 of the list;
  *             then each flat array the head's `arrays` names, in deft_optimizer_array order: u32 array, u32 dtype, u64
  *             bytes, u32 CRC-32 of those 16 bytes, the elements, u32 CRC-32 of them
- * and nothing after. */
+ * and nothing after.
+ *
+ * Version 2 is written for a sharded optimizer (ZeRO-1, ir/optimizer.h's deft_optimizer_zero) only: its head has 32
+ * bytes more (u32 world, u32 rank, i64 lo, i64 hi, i64 padded: the slice this rank keeps), and its state arrays hold
+ * that slice (hi - lo elements) rather than total; the parameters are whole, as every rank holds them. Any other save
+ * writes version 1, byte for byte as before; both are read. */
 #ifndef DEFT_TRAIN_STATE_FORMAT_H
 #define DEFT_TRAIN_STATE_FORMAT_H
 
@@ -20,7 +25,9 @@
 #define DEFT_TS_MAGIC "DEFTSTAT"
 #define DEFT_TS_MAGIC_LEN 8
 #define DEFT_TS_VERSION 1u
+#define DEFT_TS_VERSION_ZERO 2u
 #define DEFT_TS_HEAD_BYTES 136   /* without its CRC */
+#define DEFT_TS_HEAD_BYTES_ZERO 168
 #define DEFT_TS_NAME_BYTES 64    /* a node name's room (deft_tensor's name), NUL included */
 #define DEFT_TS_ENTRY_BYTES (DEFT_TS_NAME_BYTES + 32)
 #define DEFT_TS_ARRAY_HEAD 16
@@ -36,13 +43,20 @@ typedef struct deft_ts_head {
     int64_t total;
     deft_optimizer_counters c;
     uint32_t arrays;                       /* bit a: flat array a (deft_optimizer_array) follows */
+    uint32_t world, rank;                  /* ZeRO-1's sharding (version 2; world 0: none) */
+    int64_t lo, hi, padded;
 } deft_ts_head;
 
-/* The head's bytes (DEFT_TS_HEAD_BYTES, the CRC not included), magic and version first. */
+/* The head's bytes without its CRC: version 2's under ZeRO-1. */
+static inline size_t deft_ts_head_bytes(const deft_ts_head *h) {
+    return h->world ? DEFT_TS_HEAD_BYTES_ZERO : DEFT_TS_HEAD_BYTES;
+}
+
+/* The head's bytes (deft_ts_head_bytes, the CRC not included), magic and version first. */
 static inline void deft_ts_head_encode(const deft_ts_head *h, unsigned char *b) {
-    memset(b, 0, DEFT_TS_HEAD_BYTES);
+    memset(b, 0, deft_ts_head_bytes(h));
     memcpy(b, DEFT_TS_MAGIC, DEFT_TS_MAGIC_LEN);
-    deft_put_le(b + 8, DEFT_TS_VERSION, 4);
+    deft_put_le(b + 8, h->world ? DEFT_TS_VERSION_ZERO : DEFT_TS_VERSION, 4);
     deft_put_le(b + 12, h->flags, 4);
     deft_put_le(b + 16, h->n_params, 4);
     deft_put_le(b + 24, h->runs, 8);
@@ -63,10 +77,16 @@ static inline void deft_ts_head_encode(const deft_ts_head *h, unsigned char *b) 
     deft_put_le(b + 116, (uint32_t)h->c.growth_tracker, 4);
     deft_put_le(b + 120, (uint64_t)h->c.skipped, 8);
     deft_put_le(b + 128, h->arrays, 4);
+    if (!h->world) return;
+    deft_put_le(b + 136, h->world, 4);
+    deft_put_le(b + 140, h->rank, 4);
+    deft_put_le(b + 144, (uint64_t)h->lo, 8);
+    deft_put_le(b + 152, (uint64_t)h->hi, 8);
+    deft_put_le(b + 160, (uint64_t)h->padded, 8);
 }
 
-/* The fields of a head whose magic, version and CRC were checked. */
-static inline void deft_ts_head_decode(const unsigned char *b, deft_ts_head *h) {
+/* The fields of a head whose magic, version and CRC were checked (version 2: b holds DEFT_TS_HEAD_BYTES_ZERO). */
+static inline void deft_ts_head_decode(const unsigned char *b, uint32_t version, deft_ts_head *h) {
     memset(h, 0, sizeof *h);
     h->flags = (uint32_t)deft_get_le(b + 12, 4);
     h->n_params = (uint32_t)deft_get_le(b + 16, 4);
@@ -88,6 +108,12 @@ static inline void deft_ts_head_decode(const unsigned char *b, deft_ts_head *h) 
     h->c.growth_tracker = (int32_t)(uint32_t)deft_get_le(b + 116, 4);
     h->c.skipped = (int64_t)deft_get_le(b + 120, 8);
     h->arrays = (uint32_t)deft_get_le(b + 128, 4);
+    if (version != DEFT_TS_VERSION_ZERO) return;
+    h->world = (uint32_t)deft_get_le(b + 136, 4);
+    h->rank = (uint32_t)deft_get_le(b + 140, 4);
+    h->lo = (int64_t)deft_get_le(b + 144, 8);
+    h->hi = (int64_t)deft_get_le(b + 152, 8);
+    h->padded = (int64_t)deft_get_le(b + 160, 8);
 }
 
 /* The flat arrays a resume of opt needs, given the micro-batches into the current window: the gradients summed so far

@@ -64,6 +64,28 @@ static deft_status deft_ts_check_counters(const deft_ts_load *L) {
     return DEFT_OK;
 }
 
+/* ZeRO-1: a file holds one rank's slice of the state; it loads into the same rank of a world of the same size only
+ * (the slice's bounds follow from those and the element count, checked here too against a corrupt head). */
+static deft_status deft_ts_check_zero(const deft_ts_load *L) {
+    const deft_ts_head *h = &L->h;
+    const deft_optimizer_zero *z = &L->opt->zero;
+    const char *path = L->r.path;
+    if (!h->world && !z->world) return DEFT_OK;
+    if (!h->world || !z->world)
+        return deft_set_error(DEFT_ERR_INVALID, "%s: %s: the optimizer's state was saved %s, and is %s here (ZeRO-1, "
+                              "the compile option zero_stage, must match)", WHO, path,
+                              h->world ? "sharded (ZeRO-1)" : "whole", z->world ? "sharded" : "whole");
+    if (h->world != (uint32_t)z->world || h->rank != (uint32_t)z->rank)
+        return deft_set_error(DEFT_ERR_INVALID, "%s: %s: the optimizer's state is rank %u's slice of %u ranks (ZeRO-1), "
+                              "and this program is rank %d of %d: load each rank's own file into a world of the same "
+                              "size", WHO, path, h->rank, h->world, z->rank, z->world);
+    if (h->lo != z->lo || h->hi != z->hi || h->padded != z->padded)
+        return deft_set_error(DEFT_ERR_INVALID, "%s: %s: the optimizer's slice is [%lld, %lld) of %lld in the file but "
+                              "[%lld, %lld) of %lld here", WHO, path, (long long)h->lo, (long long)h->hi,
+                              (long long)h->padded, (long long)z->lo, (long long)z->hi, (long long)z->padded);
+    return DEFT_OK;
+}
+
 static deft_status deft_ts_check_optimizer(const deft_ts_load *L) {
     const deft_ts_head *h = &L->h;
     const deft_optimizer *opt = L->opt;
@@ -82,6 +104,7 @@ static deft_status deft_ts_check_optimizer(const deft_ts_load *L) {
                               "%s it here (compile with the same autocast policy)", WHO, path,
                               h->c.scaling_started ? "with" : "without", opt->scaler.started ? "with" : "without");
     deft_status s = deft_ts_check_counters(L);
+    if (s == DEFT_OK) s = deft_ts_check_zero(L);
     if (s != DEFT_OK) return s;
     const uint32_t need = deft_ts_arrays_needed(opt, h->c.micro);
     for (int a = 0; a < DEFT_OPT_ARRAY_COUNT; a++)
@@ -157,7 +180,7 @@ static deft_status deft_ts_read_list(deft_ts_load *L) {
 static deft_status deft_ts_read_array(deft_ts_load *L, deft_optimizer_array a) {
     const deft_optimizer *opt = L->opt;
     const char *name = deft_ts_array_name(opt, a);
-    const size_t esz = deft_dtype_size(opt->dtype), bytes = (size_t)opt->total * esz;
+    const size_t esz = deft_dtype_size(opt->dtype), bytes = deft_optimizer_array_bytes(opt, a);
     char what[96];
     snprintf(what, sizeof what, "the header of %s", name);
     unsigned char head[DEFT_TS_ARRAY_HEAD];

@@ -68,6 +68,12 @@ deft_status deft_nccl_broadcast0(deft_dist *d, int local, const deft_dist_buffer
  * zero; one dtype): one NCCL all-reduce over `packed_bytes` between a pack and an unpack kernel. */
 deft_status deft_nccl_all_reduce_packed(deft_dist *d, int local, const deft_dist_buffers *b, const size_t *offset,
                                         const size_t *bytes, void *packed, size_t packed_bytes, void *stream);
+/* ZeRO-1's collectives, in place on `stream`: the average over the ranks of buf's shard * world elements, rank r's
+ * slice left at buf + r * shard (ncclReduceScatter); the sum of one f64 (ncclAllReduce); buf's whole gathered from
+ * every rank's slice at buf + r * shard (ncclAllGather). */
+deft_status deft_nccl_reduce_scatter_avg(deft_dist *d, int local, void *buf, size_t shard, deft_dtype dt, void *stream);
+deft_status deft_nccl_all_reduce_sum_f64(deft_dist *d, int local, double *x, void *stream);
+deft_status deft_nccl_all_gather(deft_dist *d, int local, void *buf, size_t shard, deft_dtype dt, void *stream);
 /* Zeroes `bytes` at ptr on GPU `device` (a packed bucket's gaps). */
 deft_status deft_nccl_zero(int device, void *ptr, size_t bytes);
 /* Waits for `stream` of GPU `device`, watching communicator `local` for errors, until the deadline: then aborts. */
@@ -88,6 +94,9 @@ struct deft_config;
 /* Registers the functions below as the runtime's replica hooks (runtime/replica_hooks.h); each dist made does. */
 void deft_ddp_register(void);
 deft_status deft_ddp_attach(struct deft_program *p, const struct deft_config *o);
+/* ZeRO-1 (dist/dist_zero.c): shards every optimizer of g whose step exists across the ranks of o's dist, before their
+ * storage is made (one made before must be sharded the same way); DEFT_ERR_INVALID for one that cannot be. */
+deft_status deft_zero_shard(deft_graph *g, const struct deft_config *o);
 void deft_ddp_free(struct deft_program *p);
 /* Before deft_program_run: whether p may run now (not alone when its communicator has local peers). */
 deft_status deft_ddp_check_run(const struct deft_program *p);

@@ -189,6 +189,41 @@ deft_status deft_nccl_all_reduce_packed(deft_dist *d, int local, const deft_dist
     return s;
 }
 
+/* One collective of ZeRO-1's step; NCCL in place: the slice of rank r at buf + r * shard. */
+static deft_status deft_nccl_zero_call(deft_dist *d, int local, const char *what) {
+    if (d->aborted) return deft_set_error(DEFT_ERR_RUNTIME, "%s: the communicators were aborted: %s", what, d->failure);
+    return deft_cuda_set_device(d->device[local]);
+}
+
+deft_status deft_nccl_reduce_scatter_avg(deft_dist *d, int local, void *buf, size_t shard, deft_dtype dt,
+                                         void *stream) {
+    const char *what = "ncclReduceScatter (ZeRO-1: the average of the gradients)";
+    deft_status s = deft_nccl_zero_call(d, local, what);
+    if (s != DEFT_OK) return s;
+    char *mine = (char *)buf + (size_t)d->rank[local] * shard * deft_dtype_size(dt);
+    ncclResult_t r = ncclReduceScatter(buf, mine, shard, deft_nccl_type(dt), ncclAvg, (ncclComm_t)d->comm[local],
+                                       (cudaStream_t)stream);
+    return deft_nccl_settle(d, local, r, what);
+}
+
+deft_status deft_nccl_all_reduce_sum_f64(deft_dist *d, int local, double *x, void *stream) {
+    const char *what = "ncclAllReduce (ZeRO-1: the gradient norm's sum of squares)";
+    deft_status s = deft_nccl_zero_call(d, local, what);
+    if (s != DEFT_OK) return s;
+    ncclResult_t r = ncclAllReduce(x, x, 1, ncclFloat64, ncclSum, (ncclComm_t)d->comm[local], (cudaStream_t)stream);
+    return deft_nccl_settle(d, local, r, what);
+}
+
+deft_status deft_nccl_all_gather(deft_dist *d, int local, void *buf, size_t shard, deft_dtype dt, void *stream) {
+    const char *what = "ncclAllGather (ZeRO-1: the updated parameters)";
+    deft_status s = deft_nccl_zero_call(d, local, what);
+    if (s != DEFT_OK) return s;
+    const char *mine = (const char *)buf + (size_t)d->rank[local] * shard * deft_dtype_size(dt);
+    ncclResult_t r = ncclAllGather(mine, buf, shard, deft_nccl_type(dt), (ncclComm_t)d->comm[local],
+                                   (cudaStream_t)stream);
+    return deft_nccl_settle(d, local, r, what);
+}
+
 deft_status deft_nccl_zero(int device, void *ptr, size_t bytes) {
     deft_status s = deft_cuda_set_device(device);
     if (s == DEFT_OK) s = deft_nccl_cuda(cudaMemset(ptr, 0, bytes), "cudaMemset (a packed bucket)", device);

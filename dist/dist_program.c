@@ -103,6 +103,8 @@ static deft_status deft_ddp_collect(deft_program *p, deft_ddp *dd, const deft_co
         const deft_tensor *t = p->graph->nodes[p->steps[i]];
         if (t->op != DEFT_OP_OPTIMIZER) continue;
         const deft_optimizer_part *part = t->p.optimizer->part;
+        /* A sharded optimizer (ZeRO-1, dist/dist_zero.c) reduce-scatters its gradients in its own step. */
+        if (!part && deft_optimizer_sharded(t->p.optimizer)) continue;
         if (!part) s = deft_ddp_add_whole(p, dd, t, o, &next_key);
         else if (!part->finisher && p->split && p->split->per_bucket)
             for (int k = 0; k < t->nsrc; k++)
@@ -130,10 +132,11 @@ static bool deft_ddp_step_reads(const deft_program *p, const deft_ddp *dd, const
 /* One bucket per run of gradients of one key; it is all-reduced after the step producing its last gradient and
  * joined before the first later step reading one of them. */
 static deft_status deft_ddp_cut(deft_program *p, deft_ddp *dd) {
-    dd->buckets = calloc((size_t)dd->n_grads, sizeof *dd->buckets);
-    dd->data = malloc((size_t)dd->n_grads * sizeof *dd->data);
-    dd->count = malloc((size_t)dd->n_grads * sizeof *dd->count);
-    dd->dtype = malloc((size_t)dd->n_grads * sizeof *dd->dtype);
+    const size_t n = (size_t)(dd->n_grads > 0 ? dd->n_grads : 1);   /* none: every optimizer is sharded */
+    dd->buckets = calloc(n, sizeof *dd->buckets);
+    dd->data = malloc(n * sizeof *dd->data);
+    dd->count = malloc(n * sizeof *dd->count);
+    dd->dtype = malloc(n * sizeof *dd->dtype);
     if (!dd->buckets || !dd->data || !dd->count || !dd->dtype)
         return deft_set_error(DEFT_ERR_OOM, "data parallel: out of host memory");
     for (int i = 0; i < dd->n_grads; i++) {
@@ -389,6 +392,7 @@ deft_status deft_program_dist_synchronize(deft_program *p) {
 
 static const deft_replica_hooks deft_ddp_hooks = {
     .attach = deft_ddp_attach,
+    .shard = deft_zero_shard,
     .free = deft_ddp_free,
     .check_run = deft_ddp_check_run,
     .begin_run = deft_ddp_begin_run,

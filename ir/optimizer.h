@@ -113,6 +113,32 @@ typedef struct deft_optimizer_part {
     int *piece_first_param, *piece_n_params;
 } deft_optimizer_part;
 
+/* ZeRO-1 (the compile option zero_stage under dist; dist/dist_zero.c): the collectives a sharded step calls between
+ * its kernels, given by dist/ (ops/ sits below it) when a replica is compiled. Each queues on `stream`, in place:
+ * reduce_scatter averages buf's `shard * world` elements over the ranks, leaving rank r's slice at buf + r * shard;
+ * all_reduce_sum adds one f64 over the ranks; all_gather fills buf's whole from every rank's slice at buf + r * shard.
+ * ctx and local name the communicator (the deft_dist and its local index). */
+typedef struct deft_optimizer_zero_ops {
+    deft_status (*reduce_scatter)(void *ctx, int local, void *buf, int64_t shard, deft_dtype dt, void *stream);
+    deft_status (*all_reduce_sum)(void *ctx, int local, double *x, void *stream);
+    deft_status (*all_gather)(void *ctx, int local, void *buf, int64_t shard, deft_dtype dt, void *stream);
+} deft_optimizer_zero_ops;
+
+/* An optimizer sharded across `world` ranks (world 0: not sharded). The flat storage is padded to `padded` elements (a
+ * multiple of world * 16 bytes' worth, the padding zero and no parameter's); rank `rank` owns [lo, hi), hi - lo =
+ * padded / world, and its state arrays hold only that slice (element lo at index 0). The update's blocks (those of the
+ * norm, ir/optimizer.h, cut at lo and hi, without the padding) are on the device, relative to lo. Set before the
+ * storage is made (runtime/optimizer_storage.c), fixed after it. */
+typedef struct deft_optimizer_zero {
+    int world, rank;
+    int64_t lo, hi, padded;
+    int n_blocks;
+    deft_optimizer_block *dev_blocks;
+    const deft_optimizer_zero_ops *ops;
+    void *ctx;
+    int local;
+} deft_optimizer_zero;
+
 struct deft_optimizer {
     deft_graph *graph;
     deft_optimizer_kind kind;
@@ -166,7 +192,20 @@ struct deft_optimizer {
     deft_optimizer_part *part;
     struct deft_optimizer **parts;    /* an optimizer's parts made so far, freed with it */
     int n_parts;
+    deft_optimizer_zero zero;         /* ZeRO-1 sharding (above); zero.world 0: none */
 };
+
+/* Whether the optimizer's state is sharded across ranks (ZeRO-1). */
+static inline bool deft_optimizer_sharded(const struct deft_optimizer *opt) { return opt->zero.world > 0; }
+
+/* Elements of the flat parameters and gradients (the padded storage under ZeRO-1), and of each state array (the
+ * rank's slice under ZeRO-1). */
+static inline int64_t deft_optimizer_flat_count(const struct deft_optimizer *opt) {
+    return deft_optimizer_sharded(opt) ? opt->zero.padded : opt->total;
+}
+static inline int64_t deft_optimizer_state_count(const struct deft_optimizer *opt) {
+    return deft_optimizer_sharded(opt) ? opt->zero.hi - opt->zero.lo : opt->total;
+}
 
 void deft_optimizer_destroy(struct deft_optimizer *opt);
 
@@ -183,7 +222,8 @@ static inline bool deft_optimizer_keeps_grads(const struct deft_optimizer *opt) 
      * variants differed from the plain kernels in the last bit, not yet explained. Loss scaling keeps the plain
      * kernels too: with it the direct step passed on an H100 once, but not since the rule changed to this one. */
     const bool direct = opt->kind == DEFT_OPTIM_ADAMW && opt->dtype == DEFT_F32 && !opt->scaler.on;
-    return opt->device.type == DEFT_CPU || opt->accumulate_steps > 1 || opt->reference ||
+    /* ZeRO-1 reduce-scatters the gradients in place in the flat block. */
+    return opt->device.type == DEFT_CPU || opt->zero.world > 0 || opt->accumulate_steps > 1 || opt->reference ||
            (!direct && (opt->max_grad_norm > 0.0 || opt->scaler.on));
 }
 
@@ -205,8 +245,10 @@ static inline void deft_optimizer_block_range(const struct deft_optimizer *w, in
  * stands for its whole step (a program that runs the pieces runs it instead of the step node); a piece holds none. */
 static inline size_t deft_optimizer_state_bytes(const struct deft_optimizer *opt) {
     if (opt->part) return opt->part->finisher ? deft_optimizer_state_bytes(opt->part->whole) : 0;
-    const unsigned arrays = (opt->kind == DEFT_OPTIM_ADAMW ? 2u : 1u) + (deft_optimizer_keeps_grads(opt) ? 1u : 0u);
-    return (size_t)opt->total * deft_dtype_size(opt->dtype) * arrays;
+    const size_t esz = deft_dtype_size(opt->dtype);
+    const size_t arrays = opt->kind == DEFT_OPTIM_ADAMW ? 2u : 1u;
+    const size_t grads = deft_optimizer_keeps_grads(opt) ? (size_t)deft_optimizer_flat_count(opt) * esz : 0;
+    return (size_t)deft_optimizer_state_count(opt) * esz * arrays + grads;
 }
 
 /* Whether a gradient in dtype `grad` can feed a parameter in dtype `param`: its own dtype, or for f32 weights a bf16

@@ -65,6 +65,25 @@ static deft_status deft_config_cuda_flags(const deft_compile_options *o, deft_co
     return DEFT_OK;
 }
 
+/* ZeRO-1 shards the optimizers of a data parallel replica; a step in pieces (optimizer in backward, or per bucket)
+ * would update parameters before the reduce-scatter of the whole flat block. */
+static deft_status deft_config_zero(const deft_compile_options *o, deft_config *c) {
+    if (o->zero_stage != 0 && o->zero_stage != 1)
+        return deft_set_error(DEFT_ERR_INVALID, "compile: zero_stage %d: only 0 (plain data parallel) and 1 (ZeRO-1: "
+                              "the optimizer state sharded) exist", o->zero_stage);
+    if (o->zero_stage == 1 && o->optimizer_in_backward)
+        return deft_set_error(DEFT_ERR_INVALID, "compile: zero_stage 1 with optimizer_in_backward: a sharded step "
+                              "runs whole, after the reduce-scatter of every gradient");
+    if (o->zero_stage == 1 && o->dist_bucket_pieces)
+        return deft_set_error(DEFT_ERR_INVALID, "compile: zero_stage 1 with dist_bucket_pieces: a sharded step runs "
+                              "whole, after the reduce-scatter of every gradient");
+    if (o->zero_stage == 1 && !o->dist)
+        return deft_set_error(DEFT_ERR_INVALID, "compile: zero_stage 1 shards the optimizer across the ranks of a "
+                              "dist: give the option dist too");
+    c->zero_stage = o->zero_stage;
+    return DEFT_OK;
+}
+
 static deft_status deft_config_stop(const deft_compile_options *o, deft_config *c) {
     const int n = deft_pipeline_stage_count();
     c->last_stage = n - 1;
@@ -109,6 +128,7 @@ deft_status deft_config_resolve(const deft_compile_options *opts, deft_config *o
     c.product_batches = !o->no_product_batches && !o->dist && !deft_config_tight_memory(&c);
     c.side_lane = !o->no_side_lane && !deft_config_tight_memory(&c);
     deft_status s = deft_config_autocast(o, &c);
+    if (s == DEFT_OK) s = deft_config_zero(o, &c);
     if (s == DEFT_OK) s = deft_config_cuda_flags(o, &c);
     if (s == DEFT_OK) s = deft_config_stop(o, &c);
     if (s == DEFT_OK) *out = c;

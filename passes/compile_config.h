@@ -24,6 +24,7 @@ typedef struct deft_config {
     size_t bucket_bytes;           /* 0 given: DEFT_BUCKET_DEFAULT_BYTES */
     size_t last_bucket_bytes;      /* 0 given: DEFT_LAST_BUCKET_DEFAULT_BYTES */
     bool split_per_bucket;         /* dist with dist_bucket_pieces: optimizer pieces per gradient bucket */
+    int zero_stage;                /* 0, or 1 (ZeRO-1: dist's optimizers sharded, dist/dist_zero.c) */
     /* what the GPU passes may do */
     bool fusion;                   /* not no_fusion */
     bool product_batches;          /* products of one shape may run as one batch (passes/fusion_batch.c) */
@@ -38,7 +39,8 @@ typedef struct deft_config {
 } deft_config;
 
 /* Resolves o (NULL: every default) into *out. DEFT_ERR_INVALID, with a message, for an option out of range: an
- * autocast dtype other than bf16 or f16, loss-scale options without f16 autocast or out of their ranges, an
+ * autocast dtype other than bf16 or f16, a zero_stage other than 0 and 1 or one without dist (or with
+ * optimizer_in_backward or dist_bucket_pieces), loss-scale options without f16 autocast or out of their ranges, an
  * unknown conv_gemm mode, a stop_after that names no stage. */
 deft_status deft_config_resolve(const deft_compile_options *o, deft_config *out);
 

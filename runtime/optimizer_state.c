@@ -80,22 +80,23 @@ bool deft_optimizer_array_exists(const deft_optimizer *opt, deft_optimizer_array
     return deft_opt_array(opt, a) != NULL;
 }
 
-static size_t deft_opt_array_bytes(const deft_optimizer *opt) {
-    return (size_t)opt->total * deft_dtype_size(opt->dtype);
+size_t deft_optimizer_array_bytes(const deft_optimizer *opt, deft_optimizer_array a) {
+    const int64_t n = a == DEFT_OPT_ARRAY_GRADS ? opt->total : deft_optimizer_state_count(opt);
+    return (size_t)n * deft_dtype_size(opt->dtype);
 }
 
 deft_status deft_optimizer_array_read(const deft_optimizer *opt, deft_optimizer_array a, void *host) {
     const void *src = deft_opt_array(opt, a);
     if (!src) return deft_set_error(DEFT_ERR_STATE, "optimizer %s holds no such state", opt->step_node->name);
     deft_status s = deft_opt_sync(opt);
-    return s == DEFT_OK ? deft_mem_copy(deft_cpu(), host, opt->device, src, deft_opt_array_bytes(opt)) : s;
+    return s == DEFT_OK ? deft_mem_copy(deft_cpu(), host, opt->device, src, deft_optimizer_array_bytes(opt, a)) : s;
 }
 
 deft_status deft_optimizer_array_write(deft_optimizer *opt, deft_optimizer_array a, const void *host) {
     void *dst = deft_opt_array(opt, a);
     if (!dst) return deft_set_error(DEFT_ERR_STATE, "optimizer %s holds no such state", opt->step_node->name);
     deft_status s = deft_opt_sync(opt);
-    return s == DEFT_OK ? deft_mem_copy(opt->device, dst, deft_cpu(), host, deft_opt_array_bytes(opt)) : s;
+    return s == DEFT_OK ? deft_mem_copy(opt->device, dst, deft_cpu(), host, deft_optimizer_array_bytes(opt, a)) : s;
 }
 
 deft_status deft_program_wait_idle(deft_program *p) {

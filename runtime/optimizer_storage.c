@@ -12,15 +12,34 @@
 #include "optimizer_storage.h"
 #include "program_run.h"
 
+/* ZeRO-1's padding past the parameters: zero in the parameters and the gradients, so that the reduce-scatter, the
+ * norm and the update over a slice read zeros there (the gather never writes it). */
+static deft_status deft_zero_padding(deft_optimizer *opt) {
+    const int64_t pad = deft_optimizer_flat_count(opt) - opt->total;
+    if (pad <= 0) return DEFT_OK;
+    const size_t esz = deft_dtype_size(opt->dtype), bytes = (size_t)pad * esz;
+    void *zeros = calloc(1, bytes);
+    if (!zeros) return deft_set_error(DEFT_ERR_OOM, "optimizer: out of host memory");
+    deft_status s = deft_mem_copy(opt->device, (char *)opt->flat_params + (size_t)opt->total * esz, deft_cpu(), zeros,
+                                  bytes);
+    if (s == DEFT_OK && opt->flat_grads)
+        s = deft_mem_copy(opt->device, (char *)opt->flat_grads + (size_t)opt->total * esz, deft_cpu(), zeros, bytes);
+    free(zeros);
+    return s;
+}
+
 /* Moves each parameter's value into the flat block and points its storage there. */
 static deft_status deft_flatten_params(deft_optimizer *opt) {
-    size_t esz = deft_dtype_size(opt->dtype), bytes = (size_t)opt->total * esz;
+    const size_t esz = deft_dtype_size(opt->dtype), bytes = (size_t)deft_optimizer_flat_count(opt) * esz;
+    const size_t state_bytes = (size_t)deft_optimizer_state_count(opt) * esz;
     deft_device d = opt->device;
     deft_status s = deft_mem_alloc_tagged(d, bytes, "optimizer.params", &opt->flat_params);
     if (s == DEFT_OK && deft_optimizer_keeps_grads(opt))
         s = deft_mem_alloc_tagged(d, bytes, "optimizer.grads", &opt->flat_grads);
-    if (s == DEFT_OK) s = deft_mem_alloc_tagged(d, bytes, "optimizer.state", &opt->state0);
-    if (s == DEFT_OK && opt->kind == DEFT_OPTIM_ADAMW) s = deft_mem_alloc_tagged(d, bytes, "optimizer.state", &opt->state1);
+    if (s == DEFT_OK) s = deft_mem_alloc_tagged(d, state_bytes, "optimizer.state", &opt->state0);
+    if (s == DEFT_OK && opt->kind == DEFT_OPTIM_ADAMW)
+        s = deft_mem_alloc_tagged(d, state_bytes, "optimizer.state", &opt->state1);
+    if (s == DEFT_OK) s = deft_zero_padding(opt);
     if (s != DEFT_OK) return s;
     for (int i = 0; i < opt->n_params; i++) {
         deft_tensor *t = opt->params[i];
@@ -122,7 +141,8 @@ deft_status deft_optimizer_set_scaling(deft_optimizer *opt, const deft_loss_scal
     /* A scaled step keeps flat gradients (deft_optimizer_keeps_grads): one that updated without them until now gets
      * them here. */
     if (!opt->flat_grads && opt->dev) {
-        deft_status s = deft_mem_alloc_tagged(opt->device, (size_t)opt->total * deft_dtype_size(opt->dtype),
+        deft_status s = deft_mem_alloc_tagged(opt->device,
+                                              (size_t)deft_optimizer_flat_count(opt) * deft_dtype_size(opt->dtype),
                                               "optimizer.grads", &opt->flat_grads);
         if (s != DEFT_OK) return s;
     }
@@ -194,6 +214,7 @@ static deft_status deft_optimizer_materialize(deft_optimizer *opt) {
     if (s == DEFT_OK) s = deft_optimizer_dev_new(opt);
     if (s == DEFT_OK && opt->dev) s = deft_optimizer_blocks_new(opt);
     if (s == DEFT_OK && opt->dev) s = deft_optimizer_groups_new(opt);
+    if (s == DEFT_OK) s = deft_optimizer_zero_blocks_new(opt);
     if (s != DEFT_OK)
         return deft_set_error(s, "compile: flat storage of %s for %lld elements: %s", opt->step_node->name,
                               (long long)opt->total, deft_errmsg());
@@ -232,6 +253,7 @@ void deft_optimizer_release(deft_optimizer *opt) {
     if (opt->dev_blocks) deft_mem_free(d, opt->dev_blocks);
     if (opt->dev_block_sums) deft_mem_free(d, opt->dev_block_sums);
     if (opt->dev_groups) deft_mem_free(d, opt->dev_groups);
+    deft_optimizer_zero_release(opt);
     opt->dev_groups = NULL;
     opt->flat_params = opt->flat_grads = opt->state0 = opt->state1 = NULL;
     opt->dev = NULL;

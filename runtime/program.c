@@ -113,7 +113,8 @@ static deft_status deft_program_allocate(deft_program *p) {
     p->pinned_host = deft_program_touches_gpu(p);
     bool *uploaded = calloc((size_t)(p->n_nodes ? p->n_nodes : 1), sizeof *uploaded);
     if (!uploaded) return deft_set_error(DEFT_ERR_OOM, "compile: out of host memory");
-    deft_status s = deft_autocast_configure_steps(p);
+    deft_status s = deft_program_check_sharding(p);
+    if (s == DEFT_OK) s = deft_autocast_configure_steps(p);
     if (s == DEFT_OK) p->persistent_bytes = deft_persistent_bytes(p);   /* once loss scaling is set */
     if (s == DEFT_OK) s = deft_place_persistent(p, uploaded);
     if (s == DEFT_OK) s = deft_check_device_room(p);
@@ -130,10 +131,14 @@ static deft_status deft_compile_with(deft_graph *g, deft_tensor *const *outputs,
     *out = NULL;
     deft_status s = deft_check_outputs(g, outputs, n_outputs);
     if (s == DEFT_OK) deft_graph_set_hooks(g, &deft_runtime_graph_hooks);
-    if (s == DEFT_OK) s = deft_optimizers_materialize(g);
     deft_config config;
     if (s == DEFT_OK) s = deft_config_resolve(opts, &config);
-    if (s != DEFT_OK) return s;
+    if (s == DEFT_OK) s = deft_replica_shard(g, &config);   /* ZeRO-1: before the optimizers' storage is made */
+    if (s == DEFT_OK) s = deft_optimizers_materialize(g);
+    if (s != DEFT_OK) {
+        if (g) deft_optimizers_unshard_unmade(g);
+        return s;
+    }
     deft_program *p = calloc(1, sizeof *p);
     deft_program_gpu *gpu = calloc(1, sizeof *gpu);
     if (!p || !gpu) {

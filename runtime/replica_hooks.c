@@ -16,6 +16,13 @@ deft_status deft_replica_attach(deft_program *p, const deft_config *c) {
     return h->attach(p, c);
 }
 
+deft_status deft_replica_shard(deft_graph *g, const deft_config *c) {
+    if (!c->dist || c->zero_stage != 1) return DEFT_OK;
+    const deft_replica_hooks *h = deft_replica_hooks_get();
+    if (!h) return deft_set_error(DEFT_ERR_INVALID, "compile: the options name a dist that deft_dist_init did not make");
+    return h->shard(g, c);
+}
+
 void deft_replica_free(deft_program *p) {
     if (p->ddp) deft_replica_hooks_get()->free(p);
 }

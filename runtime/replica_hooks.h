@@ -9,6 +9,9 @@
 typedef struct deft_replica_hooks {
     /* Compile: p->ddp from the config's dist (DEFT_OK and nothing when it names none). */
     deft_status (*attach)(struct deft_program *p, const deft_config *c);
+    /* Compile, before the graph's optimizers get their storage, under zero_stage 1: shards them (ZeRO-1) across the
+     * ranks of the config's dist (ir/optimizer.h's deft_optimizer_zero), or refuses one that cannot be. */
+    deft_status (*shard)(deft_graph *g, const deft_config *c);
     void (*free)(struct deft_program *p);
     /* Before a run: whether the replica's communicator can still run one. */
     deft_status (*check_run)(const struct deft_program *p);
@@ -26,6 +29,8 @@ void deft_replica_hooks_register(const deft_replica_hooks *hooks);
 const deft_replica_hooks *deft_replica_hooks_get(void);
 /* Compile: attaches the config's dist, if any, to p; a dist with no hooks registered is DEFT_ERR_INVALID. */
 deft_status deft_replica_attach(deft_program *p, const deft_config *c);
+/* Compile: the shard hook when the config asks for ZeRO-1 (nothing otherwise). */
+deft_status deft_replica_shard(deft_graph *g, const deft_config *c);
 /* Frees what attach made (its events and stream), if anything. */
 void deft_replica_free(deft_program *p);
 

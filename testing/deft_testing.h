@@ -156,6 +156,17 @@ int deft_testing_optimizer_gather_tables(const deft_optimizer *o);   /* gather t
 int deft_testing_optimizer_arrays(const deft_optimizer *o);
 size_t deft_testing_optimizer_array_bytes(const deft_optimizer *o);
 deft_status deft_testing_optimizer_read(const deft_optimizer *o, int array, void *host, size_t bytes);
+/* ZeRO-1's sharding of o (all zero when it is not sharded): its world and rank, the slice [lo, hi) of the flat storage
+ * padded to `padded` elements (o's parameters hold `total`), the bytes of its state arrays as allocated (AdamW's two
+ * moments, SGD's momentum buffer: the slice's under ZeRO-1, the whole storage's otherwise) and what the planner counts
+ * for the step (the state and the flat gradients). deft_testing_optimizer_read reads the slice of a state array of a
+ * sharded optimizer: (hi - lo) elements. */
+typedef struct deft_testing_zero {
+    int world, rank;
+    int64_t lo, hi, padded, total;
+    size_t state_bytes, planned_bytes;
+} deft_testing_zero;
+void deft_testing_optimizer_zero(const deft_optimizer *o, deft_testing_zero *out);
 /* Checks the n sources of a step node of o as building one does (implemented in the library, ir/optimizer.c). */
 deft_status deft_optimizer_check_grads(const deft_optimizer *opt, const char *step_name, deft_tensor *const *srcs,
                                        int n);

@@ -108,9 +108,28 @@ size_t deft_testing_optimizer_array_bytes(const deft_optimizer *o) {
     return (size_t)o->total * deft_dtype_size(o->dtype);
 }
 
+/* Array `array`'s bytes: a sharded optimizer's state arrays hold its slice. */
+static size_t deft_testing_array_bytes_of(const deft_optimizer *o, int array) {
+    return array == 0 ? deft_testing_optimizer_array_bytes(o)
+                      : (size_t)deft_optimizer_state_count(o) * deft_dtype_size(o->dtype);
+}
+
+void deft_testing_optimizer_zero(const deft_optimizer *o, deft_testing_zero *out) {
+    *out = (deft_testing_zero){0};
+    out->total = o->total;
+    out->state_bytes = (size_t)(deft_testing_optimizer_arrays(o) - 1) * deft_testing_array_bytes_of(o, 1);
+    out->planned_bytes = deft_optimizer_state_bytes(o);
+    if (!deft_optimizer_sharded(o)) return;
+    out->world = o->zero.world;
+    out->rank = o->zero.rank;
+    out->lo = o->zero.lo;
+    out->hi = o->zero.hi;
+    out->padded = o->zero.padded;
+}
+
 deft_status deft_testing_optimizer_read(const deft_optimizer *o, int array, void *host, size_t bytes) {
     const void *arrays[3] = {o->flat_params, o->state0, o->state1};
-    if (array < 0 || array >= deft_testing_optimizer_arrays(o) || bytes != deft_testing_optimizer_array_bytes(o))
+    if (array < 0 || array >= deft_testing_optimizer_arrays(o) || bytes != deft_testing_array_bytes_of(o, array))
         return deft_set_error(DEFT_ERR_INVALID, "optimizer_read: array %d of %zu bytes", array, bytes);
     const deft_status s = o->device.type == DEFT_CPU ? DEFT_OK : deft_device_synchronize(o->device);
     return s == DEFT_OK ? deft_mem_copy(deft_cpu(), host, o->device, arrays[array], bytes) : s;

@@ -25,6 +25,7 @@
 
 #include "check.h"
 #include "deft_testing.h"   /* deft_ddp_bucket_layout, deft_compile_into: the status of a compile */
+#include "dist_mlp.h"
 
 static double now_s(void) {
     struct timespec ts;
@@ -32,90 +33,17 @@ static double now_s(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-#define LAYERS 4
-#define WIDTH 256
-#define CLASSES 10
 #define B 32
 #define STEPS 5
 
-typedef struct mlp {
-    deft_graph *g;
-    deft_tensor *x, *y, *loss, *step;
-    deft_tensor *params[2 * LAYERS];
-    deft_program *p;
-} mlp;
-
-static float data_x(int64_t step, int64_t row, int64_t col) {
-    uint32_t h = (uint32_t)(step * 7919 + row * 104729 + col * 31 + 17);
-    h ^= h >> 16, h *= 0x45d9f3bu, h ^= h >> 16, h *= 0x45d9f3bu, h ^= h >> 16;
-    return (float)h / 4294967296.0f * 2.0f - 1.0f;
+static deft_optimizer *dist_sgd(deft_graph *g, void *ctx) {
+    (void)ctx;
+    return deft_sgd(g, &(deft_sgd_options){.lr = 0.05, .momentum = 0.9}, NULL);
 }
 
-static int32_t data_y(int64_t step, int64_t row) { return (int32_t)((step * 13 + row * 7) % CLASSES); }
-
-/* The MLP on dev with `batch` rows; every build has the same initial parameters (the graph's seed). */
+/* The MLP (dist_mlp.h) with SGD and momentum. */
 static int mlp_build(mlp *m, deft_device dev, int64_t batch, const deft_compile_options *o) {
-    *m = (mlp){.g = deft_graph_new()};
-    deft_graph_set_seed(m->g, 1234);
-    m->x = deft_input(m->g, "x", DEFT_F32, 2, (int64_t[]){batch, WIDTH}, dev);
-    m->y = deft_input(m->g, "y", DEFT_I32, 1, (int64_t[]){batch}, dev);
-    deft_tensor *h = m->x;
-    for (int l = 0; l < LAYERS; l++) {
-        char name[16];
-        snprintf(name, sizeof name, "fc%d", l);
-        h = deft_linear(h, l == LAYERS - 1 ? CLASSES : WIDTH, name, NULL);
-        if (l < LAYERS - 1) h = deft_relu(h);
-    }
-    m->loss = deft_cross_entropy(h, m->y);
-    if (!m->loss || deft_backward(m->loss) != DEFT_OK) return 0;
-    deft_optimizer *opt = deft_sgd(m->g, &(deft_sgd_options){.lr = 0.05, .momentum = 0.9}, NULL);
-    m->step = deft_optimizer_step(opt);
-    for (int l = 0; l < LAYERS; l++) {
-        char name[32];
-        snprintf(name, sizeof name, "fc%d.weight", l);
-        m->params[2 * l] = deft_graph_find(m->g, name);
-        snprintf(name, sizeof name, "fc%d.bias", l);
-        m->params[2 * l + 1] = deft_graph_find(m->g, name);
-    }
-    m->p = deft_compile(m->g, (deft_tensor *[]){m->loss, m->step}, 2, o);
-    CHECK_MSG(m->p != NULL, "compile: %s", deft_errmsg());
-    return m->p != NULL;
-}
-
-/* Feeds rows [first, first + batch) of step's global batch. */
-static void mlp_feed(mlp *m, int64_t step, int64_t first, int64_t batch) {
-    float *x = malloc((size_t)(batch * WIDTH) * sizeof *x);
-    int32_t *y = malloc((size_t)batch * sizeof *y);
-    for (int64_t r = 0; r < batch; r++) {
-        for (int64_t c = 0; c < WIDTH; c++) x[r * WIDTH + c] = data_x(step, first + r, c);
-        y[r] = data_y(step, first + r);
-    }
-    CHECK_OK(deft_program_feed(m->p, m->x, x, (size_t)(batch * WIDTH) * sizeof *x));
-    CHECK_OK(deft_program_feed(m->p, m->y, y, (size_t)batch * sizeof *y));
-    free(x);
-    free(y);
-}
-
-static size_t mlp_param_floats(const mlp *m) {
-    size_t n = 0;
-    for (int i = 0; i < 2 * LAYERS; i++) n += (size_t)deft_tensor_numel(m->params[i]);
-    return n;
-}
-
-static void mlp_params(const mlp *m, float *out) {
-    for (int i = 0; i < 2 * LAYERS; i++) {
-        CHECK_OK(deft_param_get(m->params[i], out, deft_tensor_nbytes(m->params[i])));
-        out += deft_tensor_numel(m->params[i]);
-    }
-}
-
-static double max_rel_diff(const float *a, const float *b, size_t n) {
-    double worst = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)a[i] - (double)b[i]) / (fabs((double)b[i]) + 1e-3);
-        if (!(d <= worst)) worst = d;
-    }
-    return worst;
+    return mlp_build_with(m, dev, batch, o, dist_sgd, NULL);
 }
 
 /* The one-GPU run with the doubled batch: parameters after each step, STEPS * n floats. */

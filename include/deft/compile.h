@@ -77,6 +77,10 @@ typedef struct deft_compile_options {
      * launches and events cost more than the overlap gives; bench/RESULTS.md, "Sixth round", data parallel); the one
      * node waits for every bucket. */
     int dist_bucket_pieces;
+    /* ZeRO stage under dist: 0 (plain data parallel: every rank holds the whole optimizer state) or 1 (the
+     * optimizer's state is sharded: each rank updates one 1 / world slice of the parameters from the reduce-scattered
+     * gradients and the slices are all-gathered back, inside the step; dist/dist_zero.c). */
+    int zero_stage;
     /* Switches for measuring what one GPU optimisation gives; zero keeps today's behaviour. */
     int no_side_lane;          /* 1: weight-gradient work never runs on a GPU's second stream (the side lane) */
     int no_product_batches;    /* 1: products of one shape never run as one batched cuBLASLt call */
@@ -87,7 +91,8 @@ typedef struct deft_compile_options {
     int cudnn_find;            /* 1: cuDNN measures the candidate algorithms once per shape (outside a capture)
                                 * instead of taking its heuristic's first choice */
     /* 1: keep every forward value the backward pass reads, also those that one pass over memory makes again from a
-     * value it keeps anyway (an activation such as GELU, whose input its gradient reads; a cast; a permute). By
+     * value it keeps anyway (an activation such as GELU, whose input its gradient reads; a cast; a permute; a layer norm, whose input its
+     * gradient reads). By
      * default every checkpoint policy, DEFT_CHECKPOINT_NONE included, drops those and recomputes them where the
      * backward pass reads them, as torch.compile's partitioner does: one memory-bound kernel each, for the bytes of
      * a second copy (deft_program_checkpoint counts them as dropped and recomputed). */

@@ -93,7 +93,11 @@ deft_status deft_params_load(deft_graph *g, const char *path);
  * whole new file. Loading checks the whole file before it changes anything: a truncated or corrupt file is
  * DEFT_ERR_IO naming the file and what is wrong; an intact file of another model or configuration (a parameter's
  * name, dtype or shape, the optimizer's kind, parameters, groups or arrays, accumulate_steps, loss scaling, the
- * loader's batches per epoch, an optimizer or loader state missing) DEFT_ERR_INVALID naming the first difference. */
+ * loader's batches per epoch, an optimizer or loader state missing) DEFT_ERR_INVALID naming the first difference.
+ * An optimizer sharded by ZeRO-1 (the compile option zero_stage) saves this rank's slice of its state, with the world,
+ * the rank and the slice in the header: save one file per rank (the name is the caller's, e.g. "state.rank3") and
+ * load each into the replica of the same rank in a world of the same size (another rank or world, or a sharded file
+ * into an unsharded optimizer or back, is DEFT_ERR_INVALID). */
 deft_status deft_train_state_save(const char *path, deft_program *p, deft_optimizer *opt, deft_loader *loader);
 deft_status deft_train_state_load(const char *path, deft_program *p, deft_optimizer *opt, deft_loader *loader);
 /* What a training-state file says about where training stood (its header, checked, is all that is read). */

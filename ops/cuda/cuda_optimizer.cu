@@ -25,6 +25,10 @@
  * per group of parameters as soon as their gradients exist, and a finisher; both paths sum the norm over the same
  * blocks in the same order.
  *
+ * Under ZeRO-1 (the compile option zero_stage, dist/dist_zero.c) the plain path runs over this rank's slice: the
+ * gather, a reduce-scatter of the flat gradients, the norm of the slice and an all-reduce of its sum, prepare, the
+ * update of the slice, an all-gather of the parameters (the collectives through the optimizer's zero.ops).
+ *
  * The host compares this run's gradient addresses with those of the tables it built before (no synchronisation);
  * only a new set of addresses (a program's first run) builds a table, which must not happen inside a capture.
  *
@@ -210,6 +214,67 @@ static deft_opt_hyper deft_opt_hyper_of(const deft_optimizer *o) {
     return h;
 }
 
+/* ---------------------------------------------------------------- ZeRO-1 (ir/optimizer.h's deft_optimizer_zero)
+ * The norm's first-stage sums of this rank's slice added in the prepare kernel's order into partial[0], the one value
+ * all-reduced across the ranks (a non-finite gradient on any rank makes every rank's sum non-finite: under loss
+ * scaling every rank then skips the update together). */
+__global__ void deft_k_opt_zero_collapse(deft_optimizer_dev *dev, int nblocks) {
+    __shared__ double sh[DEFT_OPT_THREADS];
+    double v = 0.0;
+    for (int b = (int)threadIdx.x; b < nblocks; b += (int)blockDim.x) v += dev->partial[b];
+    const double sum = deft_opt_block_sum(v, sh);   /* every partial was read before its last barrier */
+    if (threadIdx.x == 0) dev->partial[0] = sum;
+}
+
+template <class T>
+static deft_status deft_opt_gather_launch(const deft_optimizer *o, const deft_optimizer_segment *table,
+                                          cudaStream_t st);
+
+/* A sharded step: the gather into the flat gradients, their reduce-scatter (average) in place, the norm of this
+ * rank's slice and its all-reduce, the prepare kernel, the update of the slice (the state indexed from 0 at lo), and
+ * the all-gather of the parameters in place. The collectives come from dist/ through zero.ops; a world of one rank
+ * calls none. */
+template <class T>
+static deft_status deft_opt_zero_update_launch(const deft_optimizer *o, const deft_opt_hyper &h, cudaStream_t st) {
+    const deft_optimizer_zero *z = &o->zero;
+    const int64_t lo = z->lo, shard = z->hi - z->lo;
+    T *p = (T *)o->flat_params + lo, *g = (T *)o->flat_grads + lo, *s0 = (T *)o->state0, *s1 = (T *)o->state1;
+    if (o->dev_groups) {
+        if (z->n_blocks == 0) return DEFT_OK;   /* a slice of padding only */
+        deft_k_opt_update_groups<T><<<(unsigned)z->n_blocks, DEFT_OPT_THREADS, 0, st>>>(p, g, s0, s1, z->dev_blocks,
+                                                                                      o->dev_groups, o->dev, h);
+    } else {
+        deft_k_opt_update<T><<<deft_cuda_blocks(shard, DEFT_OPT_THREADS), DEFT_OPT_THREADS, 0, st>>>(p, g, s0, s1,
+                                                                                                     shard, o->dev, h);
+    }
+    return deft_cuda_check_launch(o->step_node, o->kind == DEFT_OPTIM_SGD ? "optimizer sgd" : "optimizer adamw");
+}
+
+template <class T>
+static deft_status deft_opt_zero_launch(deft_optimizer *o, const deft_optimizer_segment *table,
+                                        const deft_opt_hyper &h, float *out, cudaStream_t st) {
+    const deft_optimizer_zero *z = &o->zero;
+    const bool collective = z->world > 1;
+    const int64_t shard = z->hi - z->lo;
+    const unsigned norm_blocks = deft_opt_norm_blocks(shard);
+    const deft_tensor *n = o->step_node;
+    deft_status s = deft_opt_gather_launch<T>(o, table, st);
+    if (s == DEFT_OK && collective) s = z->ops->reduce_scatter(z->ctx, z->local, o->flat_grads, shard, o->dtype, st);
+    if (s != DEFT_OK) return s;
+    deft_k_opt_norm<T><<<norm_blocks, DEFT_OPT_THREADS, 0, st>>>((const T *)o->flat_grads + z->lo, shard, o->dev,
+                                                                 o->accumulate_steps);
+    if ((s = deft_cuda_check_launch(n, "optimizer norm")) != DEFT_OK) return s;
+    deft_k_opt_zero_collapse<<<1, DEFT_OPT_THREADS, 0, st>>>(o->dev, (int)norm_blocks);
+    if ((s = deft_cuda_check_launch(n, "optimizer norm (slice)")) != DEFT_OK) return s;
+    if (collective) s = z->ops->all_reduce_sum(z->ctx, z->local, &o->dev->partial[0], st);
+    if (s != DEFT_OK) return s;
+    deft_k_opt_prepare<<<1, DEFT_OPT_THREADS, 0, st>>>(o->dev, 1, h, out);
+    if ((s = deft_cuda_check_launch(n, "optimizer prepare")) != DEFT_OK) return s;
+    s = deft_opt_zero_update_launch<T>(o, h, st);
+    if (s == DEFT_OK && collective) s = z->ops->all_gather(z->ctx, z->local, o->flat_params, shard, o->dtype, st);
+    return s;
+}
+
 /* The direct step (cuda_optimizer_direct.cu): the norm from the gradients where they lie, the prepare kernel, the
  * update. */
 template <class T>
@@ -223,23 +288,32 @@ static deft_status deft_opt_direct_launch(const deft_optimizer *o, const deft_op
     return deft_opt_direct_update_launch<T>(o, table, h, st);
 }
 
+/* The gather of this run's gradients into the flat gradients. Every grid here and below depends only on the flat
+ * storage's size, so the launches (and the norm's summation order) are the same on every run. A gather block covers
+ * at least DEFT_OPT_GATHER_CHUNK elements (cuda_tuning.h): it walks the segments that overlap its range. */
+template <class T>
+static deft_status deft_opt_gather_launch(const deft_optimizer *o, const deft_optimizer_segment *table,
+                                          cudaStream_t st) {
+    const int64_t total = o->total;
+    int64_t per_block = (total + DEFT_CUDA_MAX_BLOCKS - 1) / DEFT_CUDA_MAX_BLOCKS;
+    if (per_block < DEFT_OPT_GATHER_CHUNK) per_block = DEFT_OPT_GATHER_CHUNK;
+    const int64_t gather_blocks64 = (total + per_block - 1) / per_block;
+    const unsigned gather_blocks = (unsigned)(gather_blocks64 > 0 ? gather_blocks64 : 1);
+    deft_k_opt_gather<T><<<gather_blocks, DEFT_OPT_THREADS, 0, st>>>((T *)o->flat_grads, table, o->n_params, total,
+                                                                     per_block, o->dev);
+    return deft_cuda_check_launch(o->step_node, "optimizer gather");
+}
+
 template <class T>
 static deft_status deft_opt_launch(deft_optimizer *o, const deft_optimizer_segment *table, float *out,
                                    cudaStream_t st) {
     const deft_opt_hyper h = deft_opt_hyper_of(o);
+    if (deft_optimizer_sharded(o)) return deft_opt_zero_launch<T>(o, table, h, out, st);
     if (!deft_optimizer_keeps_grads(o)) {
         if (o->max_grad_norm > 0.0 || o->scaler.on) return deft_opt_direct_launch<T>(o, table, h, out, st);
         return deft_opt_fused_launch<T>(o, table, h, out, st);
     }
     const int64_t total = o->total;
-
-    /* Every grid below depends only on the flat storage's size, so the launches (and the norm's summation order)
-     * are the same on every run. A gather block covers at least DEFT_OPT_GATHER_CHUNK elements (cuda_tuning.h): it
-     * walks the segments that overlap its range. */
-    int64_t per_block = (total + DEFT_CUDA_MAX_BLOCKS - 1) / DEFT_CUDA_MAX_BLOCKS;
-    if (per_block < DEFT_OPT_GATHER_CHUNK) per_block = DEFT_OPT_GATHER_CHUNK;
-    const int64_t gather_blocks64 = (total + per_block - 1) / per_block;
-    const unsigned gather_blocks = (unsigned)(gather_blocks64 > 0 ? gather_blocks64 : 1);
     const unsigned norm_blocks = deft_opt_norm_blocks(total);
     const unsigned update_blocks = deft_cuda_blocks(total, DEFT_OPT_THREADS);
 
@@ -247,8 +321,7 @@ static deft_status deft_opt_launch(deft_optimizer *o, const deft_optimizer_segme
     deft_optimizer_dev *dev = o->dev;
     const deft_tensor *n = o->step_node;
 
-    deft_k_opt_gather<T><<<gather_blocks, DEFT_OPT_THREADS, 0, st>>>(g, table, o->n_params, total, per_block, dev);
-    deft_status s = deft_cuda_check_launch(n, "optimizer gather");
+    deft_status s = deft_opt_gather_launch<T>(o, table, st);
     if (s != DEFT_OK) return s;
     deft_k_opt_norm<T><<<norm_blocks, DEFT_OPT_THREADS, 0, st>>>(g, total, dev, o->accumulate_steps);
     if ((s = deft_cuda_check_launch(n, "optimizer norm")) != DEFT_OK) return s;

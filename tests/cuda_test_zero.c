@@ -1,0 +1,326 @@
+/* ZeRO-1 (the compile option zero_stage = 1 under dist; dist/dist_zero.c) on 2 GPUs driven by one process (skips,
+ * exit 77, without NCCL or with fewer than 2 GPUs; the world-of-one part runs on one):
+ * - the MLP of dist_mlp.h trained STEPS steps by two replicas with zero_stage 1 against zero_stage 0 (plain data
+ *   parallel, the same batches): AdamW, AdamW clipped (max_grad_norm below the norm, so clipping acts) with parameter
+ *   groups (the biases' weight decay 0 and half the rate), and SGD with momentum and weight decay, clipped. Sharded,
+ *   the two replicas hold bit-identical parameters and step norms; against the unsharded run the losses, norms and
+ *   parameters agree within 1e-6 relative, not bit for bit: the averaged gradients are the same bits on 2 ranks
+ *   (ncclAvg of two values, in either collective), but the norm's sum of squares is added in another order (per
+ *   slice, then across the ranks) and the unsharded AdamW runs other kernels (the one-launch or direct step);
+ * - the state bytes: each rank's state arrays hold half of the padded storage (the padding under 8 elements), half of
+ *   the unsharded optimizer's; the planner counts them and the flat gradients the sharded step keeps;
+ * - the sharded step replays a CUDA Graph (collectives captured) and equals the eager one bit for bit;
+ * - save and resume: 2K steps uninterrupted against K steps, each rank's training state saved (format version 2),
+ *   new replicas loaded from them and K steps more: the same losses and parameters, bit for bit. A rank's file
+ *   loaded into the other rank, into an unsharded replica or into a world of one is DEFT_ERR_INVALID;
+ * - refusals at compile: accumulate_steps > 1, an optimizer on the cpu, an optimizer made whole by an earlier compile,
+ *   and a sharded optimizer's step compiled without zero_stage 1;
+ * - a world of one rank: the sharded step (no collectives) equals the one-GPU step within 1e-6 (run with one GPU
+ *   too, which then reports the skip of the rest). */
+#define _POSIX_C_SOURCE 200809L
+#include <stdbool.h>
+#include <stdint.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "deft_testing.h"   /* deft_testing_optimizer_zero, deft_compile_into */
+#include "dist_mlp.h"
+
+#define B 16
+#define STEPS 4
+#define K 3   /* the resume test: K steps, save, load, K more */
+
+typedef struct zcfg {
+    const char *name;
+    int adamw;
+    double clip;
+    int groups;
+    int accumulate;
+} zcfg;
+
+static const zcfg ADAMW = {"adamw", 1, 0.0, 0, 0};
+static const zcfg ADAMW_CLIP_GROUPS = {"adamw, clipped, groups", 1, 0.05, 1, 0};
+static const zcfg SGD_CLIP = {"sgd momentum, clipped", 0, 0.05, 0, 0};
+
+static deft_optimizer *zero_opt(deft_graph *g, void *ctx) {
+    const zcfg *c = ctx;
+    const deft_step_options st = {.max_grad_norm = c->clip, .accumulate_steps = c->accumulate};
+    deft_optimizer *o =
+        c->adamw ? deft_adamw(g, &(deft_adamw_options){.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8,
+                                                       .weight_decay = 0.05}, &st)
+                 : deft_sgd(g, &(deft_sgd_options){.lr = 0.05, .momentum = 0.9, .weight_decay = 1e-3}, &st);
+    if (o && c->groups) {
+        deft_tensor *biases[LAYERS];
+        for (int l = 0; l < LAYERS; l++) {
+            char name[32];
+            snprintf(name, sizeof name, "fc%d.bias", l);
+            biases[l] = deft_graph_find(g, name);
+        }
+        CHECK_OK(deft_optimizer_param_group(o, biases, LAYERS,
+                                            &(deft_param_group_options){.weight_decay = 0.0, .lr_scale = 0.5}));
+    }
+    return o;
+}
+
+/* Two replicas of one dist, and what their runs gave: per step each rank's loss and step norm, and the parameters
+ * after the last step run. */
+typedef struct pair {
+    mlp r[2];
+    int ok;
+    float loss[2 * K + STEPS][2], norm[2 * K + STEPS][2];
+    float *params[2];
+    size_t n;
+} pair;
+
+static int pair_build(pair *p, deft_dist *d, const zcfg *c, int zero, const deft_compile_options *extra) {
+    memset(p, 0, sizeof *p);
+    deft_compile_options o = extra ? *extra : (deft_compile_options){0};
+    o.dist = d;
+    o.zero_stage = zero;
+    p->ok = 1;
+    for (int k = 0; k < 2; k++) {
+        o.dist_local = k;
+        p->ok &= mlp_build_with(&p->r[k], deft_dist_device(d, k), B, &o, zero_opt, (void *)c);
+    }
+    if (p->ok) {
+        p->n = mlp_param_floats(&p->r[0]);
+        for (int k = 0; k < 2; k++) p->params[k] = malloc(p->n * sizeof(float));
+    }
+    return p->ok;
+}
+
+/* Steps [from, to) of the global batches, rank k taking rows k B .. (k + 1) B - 1. */
+static void pair_run(pair *p, deft_dist *d, int from, int to) {
+    for (int s = from; p->ok && s < to; s++) {
+        for (int k = 0; k < 2; k++) mlp_feed(&p->r[k], s, k * B, B);
+        CHECK_OK(deft_dist_run(d, (deft_program *[]){p->r[0].p, p->r[1].p}, 2));
+        for (int k = 0; k < 2; k++) {
+            CHECK_OK(deft_program_read(p->r[k].p, p->r[k].loss, &p->loss[s][k], sizeof(float)));
+            CHECK_OK(deft_program_read(p->r[k].p, p->r[k].step, &p->norm[s][k], sizeof(float)));
+        }
+    }
+    for (int k = 0; p->ok && k < 2; k++) mlp_params(&p->r[k], p->params[k]);
+}
+
+static void pair_free(pair *p) {
+    for (int k = 0; k < 2; k++) {
+        deft_graph_free(p->r[k].g);
+        free(p->params[k]);
+    }
+    memset(p, 0, sizeof *p);
+}
+
+static double rel(double a, double b) { return fabs(a - b) / (fabs(b) + 1e-30); }
+
+/* Each rank's state arrays hold its half of the padded storage, half of the unsharded optimizer's. */
+static void check_bytes(const pair *plain, const pair *zero, const zcfg *c) {
+    deft_testing_zero zp, z[2];
+    deft_testing_optimizer_zero(plain->r[0].opt, &zp);
+    for (int k = 0; k < 2; k++) deft_testing_optimizer_zero(zero->r[k].opt, &z[k]);
+    const int64_t per_vec = 16 / (int64_t)sizeof(float), arrays = c->adamw ? 2 : 1;
+    const int64_t total = zp.total, padded = z[0].padded;
+    CHECK(zp.world == 0 && z[0].world == 2 && z[1].world == 2 && z[0].rank == 0 && z[1].rank == 1);
+    CHECK_MSG(padded == z[1].padded && padded % (2 * per_vec) == 0 && padded >= total && padded - total < 2 * per_vec,
+              "%s: %lld elements padded to %lld", c->name, (long long)total, (long long)padded);
+    CHECK(z[0].lo == 0 && z[0].hi == z[1].lo && z[1].hi == padded && z[0].hi - z[0].lo == padded / 2);
+    CHECK(zp.state_bytes == (size_t)(arrays * total) * sizeof(float));
+    for (int k = 0; k < 2; k++) {
+        CHECK(z[k].state_bytes == (size_t)(arrays * padded / 2) * sizeof(float));
+        CHECK(z[k].planned_bytes == z[k].state_bytes + (size_t)padded * sizeof(float));
+    }
+    CHECK_MSG(2 * z[0].state_bytes - zp.state_bytes < (size_t)(arrays * 2 * per_vec) * sizeof(float),
+              "%s: state %zu bytes per rank, %zu unsharded", c->name, z[0].state_bytes, zp.state_bytes);
+    printf("%s: optimizer state %zu bytes unsharded, %zu per rank sharded (planned with the flat gradients: %zu and "
+           "%zu)\n", c->name, zp.state_bytes, z[0].state_bytes, zp.planned_bytes, z[0].planned_bytes);
+}
+
+/* zero_stage 1 against zero_stage 0: the replicas agree with each other bit for bit, with the unsharded run within
+ * 1e-6. */
+static void test_equal(deft_dist *d, const zcfg *c) {
+    pair plain, zero;
+    if (pair_build(&plain, d, c, 0, NULL) && pair_build(&zero, d, c, 1, NULL)) {
+        pair_run(&plain, d, 0, STEPS);
+        pair_run(&zero, d, 0, STEPS);
+        CHECK_MSG(memcmp(zero.params[0], zero.params[1], zero.n * sizeof(float)) == 0, "%s: the sharded replicas "
+                  "differ", c->name);
+        double worst_loss = 0, worst_norm = 0;
+        for (int s = 0; s < STEPS; s++)
+            for (int k = 0; k < 2; k++) {
+                CHECK_MSG(memcmp(&zero.norm[s][0], &zero.norm[s][1], sizeof(float)) == 0, "%s: step %d: the ranks' "
+                          "norms %.9g and %.9g differ", c->name, s, zero.norm[s][0], zero.norm[s][1]);
+                worst_loss = fmax(worst_loss, rel(zero.loss[s][k], plain.loss[s][k]));
+                worst_norm = fmax(worst_norm, rel(zero.norm[s][k], plain.norm[s][k]));
+            }
+        const double dp = max_rel_diff(zero.params[0], plain.params[0], zero.n);
+        size_t differ = 0;
+        for (size_t i = 0; i < zero.n; i++) differ += memcmp(&zero.params[0][i], &plain.params[0][i], sizeof(float)) != 0;
+        printf("%s: sharded vs unsharded after %d steps: parameters %g (%zu of %zu not bit-equal), losses %g, norms "
+               "%g (relative)\n", c->name, STEPS, dp, differ, zero.n, worst_loss, worst_norm);
+        CHECK_MSG(dp < 1e-6 && worst_loss < 1e-6 && worst_norm < 1e-6, "%s: sharded and unsharded differ", c->name);
+        if (c->clip > 0)
+            CHECK_MSG(plain.norm[0][0] > c->clip, "%s: the norm %g does not reach max_grad_norm %g: nothing clipped",
+                      c->name, plain.norm[0][0], c->clip);
+        CHECK_MSG(strcmp(deft_program_graph_status(zero.r[0].p), "replaying a CUDA Graph") == 0, "%s: %s", c->name,
+                  deft_program_graph_status(zero.r[0].p));
+        check_bytes(&plain, &zero, c);
+    }
+    pair_free(&plain);
+    pair_free(&zero);
+}
+
+/* The sharded step run eagerly equals its CUDA Graph's replays. */
+static void test_eager(deft_dist *d) {
+    pair graphs, eager;
+    if (pair_build(&graphs, d, &ADAMW_CLIP_GROUPS, 1, NULL) &&
+        pair_build(&eager, d, &ADAMW_CLIP_GROUPS, 1, &(deft_compile_options){.no_cuda_graphs = 1})) {
+        pair_run(&graphs, d, 0, STEPS);
+        pair_run(&eager, d, 0, STEPS);
+        CHECK_MSG(memcmp(graphs.params[0], eager.params[0], graphs.n * sizeof(float)) == 0,
+                  "sharded: the CUDA Graph's replays and the eager steps differ");
+    }
+    pair_free(&graphs);
+    pair_free(&eager);
+}
+
+static void state_path(char *out, size_t n, int rank) {
+    snprintf(out, n, "/tmp/deft_test_zero_%ld.rank%d.state", (long)getpid(), rank);
+}
+
+/* 2K steps against K, save, load into new replicas, K more: the same bits. Leaves rank 0's file for test_world_one. */
+static void test_resume(deft_dist *d) {
+    const zcfg *c = &ADAMW_CLIP_GROUPS;
+    char path[2][128];
+    for (int k = 0; k < 2; k++) state_path(path[k], sizeof path[k], k);
+    pair whole, first, second;
+    if (pair_build(&whole, d, c, 1, NULL)) pair_run(&whole, d, 0, 2 * K);
+    if (pair_build(&first, d, c, 1, NULL)) {
+        pair_run(&first, d, 0, K);
+        for (int k = 0; k < 2; k++) CHECK_OK(deft_train_state_save(path[k], first.r[k].p, first.r[k].opt, NULL));
+    }
+    pair_free(&first);
+    deft_train_state_summary info;
+    CHECK_OK(deft_train_state_info(path[1], &info));
+    CHECK(info.has_optimizer && info.updates == K);
+    if (pair_build(&second, d, c, 1, NULL) && whole.ok) {
+        CHECK_ERR(deft_train_state_load(path[1], second.r[0].p, second.r[0].opt, NULL), DEFT_ERR_INVALID,
+                  "rank 1's slice of 2 ranks");
+        for (int k = 0; k < 2; k++) CHECK_OK(deft_train_state_load(path[k], second.r[k].p, second.r[k].opt, NULL));
+        CHECK(deft_optimizer_updates(second.r[0].opt) == K && deft_optimizer_updates(second.r[1].opt) == K);
+        pair_run(&second, d, K, 2 * K);
+        for (int s = K; s < 2 * K; s++)
+            CHECK_MSG(memcmp(second.loss[s], whole.loss[s], sizeof whole.loss[s]) == 0, "resumed: step %d's losses %.9g "
+                      "%.9g, uninterrupted %.9g %.9g", s, second.loss[s][0], second.loss[s][1], whole.loss[s][0],
+                      whole.loss[s][1]);
+        for (int k = 0; k < 2; k++)
+            CHECK_MSG(memcmp(second.params[k], whole.params[k], whole.n * sizeof(float)) == 0,
+                      "resumed: rank %d's parameters differ from the uninterrupted run's", k);
+    }
+    pair_free(&second);
+    pair plain;
+    if (pair_build(&plain, d, c, 0, NULL))
+        CHECK_ERR(deft_train_state_load(path[0], plain.r[0].p, plain.r[0].opt, NULL), DEFT_ERR_INVALID,
+                  "saved sharded (ZeRO-1)");
+    pair_free(&plain);
+    pair_free(&whole);
+    remove(path[1]);
+}
+
+/* Refused at compile, naming the reason. */
+static void test_refusals(deft_dist *d) {
+    const deft_compile_options zero = {.dist = d, .zero_stage = 1};
+    mlp m;
+    deft_program *p = NULL;
+    zcfg acc = ADAMW;
+    acc.accumulate = 2;
+    if (mlp_build_with(&m, deft_cuda(0), B, NULL, zero_opt, &acc))
+        CHECK_ERR(deft_compile_into(m.g, (deft_tensor *[]){m.loss, m.step}, 2, &zero, &p), DEFT_ERR_INVALID,
+                  "accumulate_steps");
+    deft_graph_free(m.g);
+    if (mlp_build_with(&m, deft_cpu(), B, NULL, zero_opt, (void *)&ADAMW))
+        CHECK_ERR(deft_compile_into(m.g, (deft_tensor *[]){m.loss, m.step}, 2, &zero, &p), DEFT_ERR_INVALID,
+                  "on the cpu");
+    deft_graph_free(m.g);
+    /* Made whole by a compile without zero_stage first. */
+    if (mlp_build_with(&m, deft_cuda(0), B, &(deft_compile_options){.dist = d}, zero_opt, (void *)&ADAMW))
+        CHECK_ERR(deft_compile_into(m.g, (deft_tensor *[]){m.loss, m.step}, 2, &zero, &p), DEFT_ERR_INVALID,
+                  "earlier compile");
+    deft_graph_free(m.g);
+    /* Sharded, then its step compiled as no ZeRO-1 replica. */
+    if (mlp_build_with(&m, deft_cuda(0), B, &zero, zero_opt, (void *)&ADAMW)) {
+        CHECK_ERR(deft_compile_into(m.g, (deft_tensor *[]){m.loss, m.step}, 2, NULL, &p), DEFT_ERR_INVALID,
+                  "sharded by ZeRO-1");
+        CHECK_ERR(deft_compile_into(m.g, (deft_tensor *[]){m.loss, m.step}, 2, &(deft_compile_options){.dist = d}, &p),
+                  DEFT_ERR_INVALID, "sharded by ZeRO-1");
+        deft_program *fwd = NULL;   /* the loss alone steps nothing: allowed */
+        CHECK_OK(deft_compile_into(m.g, &m.loss, 1, NULL, &fwd));
+        deft_program_free(fwd);
+    }
+    deft_graph_free(m.g);
+}
+
+/* A world of one: the sharded step calls no collective and equals the one-GPU run; a file of rank 0 of 2 is refused. */
+static void test_world_one(bool have_file) {
+    deft_dist *d = NULL;
+    CHECK_OK(deft_dist_init_local(1, 60, &d));
+    if (!d) return;
+    const zcfg *c = &ADAMW_CLIP_GROUPS;
+    mlp z, ref;
+    const int ok = mlp_build_with(&z, deft_cuda(0), B, &(deft_compile_options){.dist = d, .zero_stage = 1}, zero_opt,
+                                  (void *)c) &&
+                   mlp_build_with(&ref, deft_cuda(0), B, NULL, zero_opt, (void *)c);
+    if (ok) {
+        for (int s = 0; s < STEPS; s++) {
+            mlp_feed(&z, s, 0, B);
+            mlp_feed(&ref, s, 0, B);
+            CHECK_OK(deft_program_run(z.p));
+            CHECK_OK(deft_program_run(ref.p));
+        }
+        const size_t n = mlp_param_floats(&z);
+        float *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b);
+        mlp_params(&z, a);
+        mlp_params(&ref, b);
+        const double diff = max_rel_diff(a, b, n);
+        printf("world of one: sharded vs one GPU: %g (relative)\n", diff);
+        CHECK(diff < 1e-6);
+        free(a);
+        free(b);
+        char path[128];
+        state_path(path, sizeof path, 0);
+        if (have_file)
+            CHECK_ERR(deft_train_state_load(path, z.p, z.opt, NULL), DEFT_ERR_INVALID, "rank 0's slice of 2 ranks");
+    }
+    deft_graph_free(z.g);
+    deft_graph_free(ref.g);
+    deft_dist_free(d);
+}
+
+int main(void) {
+    if (!deft_has_nccl_build() || deft_cuda_device_count() < 1) {
+        printf("skipped: needs NCCL and a GPU\n");
+        return DEFT_CHECK_SKIP;
+    }
+    const bool two = deft_cuda_device_count() >= 2;
+    if (two) {
+        deft_dist *d = NULL;
+        CHECK_OK(deft_dist_init_local(2, 60, &d));
+        if (d) {
+            test_equal(d, &ADAMW);
+            test_equal(d, &ADAMW_CLIP_GROUPS);
+            test_equal(d, &SGD_CLIP);
+            test_eager(d);
+            test_resume(d);
+            test_refusals(d);
+        }
+        deft_dist_free(d);
+    } else {
+        printf("the tests of 2 ranks skipped: needs 2 GPUs\n");
+    }
+    test_world_one(two);
+    char path[128];
+    state_path(path, sizeof path, 0);
+    remove(path);
+    const int rc = deft_check_finish();
+    if (two || rc != 0) return rc;
+    printf("skipped: ZeRO-1 over 2 ranks needs 2 GPUs (the world of one passed)\n");
+    return DEFT_CHECK_SKIP;
+}
