@@ -4,8 +4,14 @@
  * from the model at the end. Without --tokens it trains a small character-level model on a licence text every
  * Debian system has.
  *
+ * Under a launcher (scripts/deft_launch, torchrun, mpirun: RANK and WORLD_SIZE or their MPI kin set) each process
+ * trains one replica of a data-parallel world on its GPU (deft_dist_init_env; the compile options dist and
+ * dist_local 0, zero_stage 1 with --zero), its own batches of one global order (the token feed's rank and world);
+ * rank 0 alone prints, validates and samples, and every rank saves and resumes its own state file (<FILE>.rank<R>).
+ *
  *   ./gpt2_train [--model 124M | --layers L --width C --heads H --seq T --vocab V] [--tokens PATTERN | --text FILE]
- *                [--steps N] [--batch B] [--lr LR] ...   (--help lists every option) */
+ *                [--steps N] [--batch B] [--lr LR] ...   (--help lists every option)
+ *   scripts/deft_launch -n 2 ./gpt2_train --model 124M --tokens data --batch 16 [--zero] */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <math.h>
@@ -27,7 +33,8 @@ typedef struct options {
     double lr, min_lr_frac, weight_decay, clip;
     size_t checkpoint_budget;
     deft_dtype autocast;
-    int autocast_set, no_shuffle, print_plan, deterministic;
+    int autocast_set, no_shuffle, print_plan, deterministic, zero;
+    double dist_timeout;
     uint64_t seed;
 } options;
 
@@ -79,6 +86,14 @@ static const char help[] =
     "  --val-batches K      validation batches (default: 8)\n"
     "  --sample N           tokens to generate at the end (greedy); 0: none (default: 200)\n"
     "  --trace FILE         after training, trace one more step to a Chrome trace-event JSON file\n"
+    "Several GPUs, one process each (under scripts/deft_launch -n N, torchrun or mpirun, which set RANK and\n"
+    "WORLD_SIZE; without them it trains alone, as above):\n"
+    "                       each rank trains a replica on its GPU (cuda:LOCAL_RANK), gradients averaged over NCCL;\n"
+    "                       --batch is per rank, each rank takes its own batches of one global order; rank 0\n"
+    "                       alone prints, validates and samples; --state, --save-every, --resume and --trace files\n"
+    "                       get .rank<R> appended: one per rank\n"
+    "  --zero               ZeRO-1: the optimizer's state sharded over the ranks (compile option zero_stage 1)\n"
+    "  --dist-timeout S     seconds any wait on another rank may take before the run fails (default: 120)\n"
     "  -h, --help           this help\n";
 
 static int parse_size(const char *s, size_t *out) {
@@ -131,6 +146,7 @@ static int parse_one(options *o, const char *k, const char *v) {
     else if (!strcmp(k, "--state")) o->state = v;
     else if (!strcmp(k, "--save-every")) o->save_every = atoll(v);
     else if (!strcmp(k, "--resume")) o->resume = v;
+    else if (!strcmp(k, "--dist-timeout")) o->dist_timeout = atof(v);
     else return 0;
     return 1;
 }
@@ -140,6 +156,7 @@ static int parse_flag(options *o, const char *k) {
     if (!strcmp(k, "--no-shuffle")) o->no_shuffle = 1;
     else if (!strcmp(k, "--print-plan")) o->print_plan = 1;
     else if (!strcmp(k, "--deterministic")) o->deterministic = 1;
+    else if (!strcmp(k, "--zero")) o->zero = 1;
     else return 0;
     return 1;
 }
@@ -162,7 +179,7 @@ static int model_ok(const gpt2_config *c) {
 static int parse(int argc, char **argv, options *o) {
     *o = (options){.model = {256, 128, 128, 4, 4}, .batch = 8, .steps = 200, .warmup = -1, .val_every = 100,
                    .val_batches = 8, .log_every = 10, .sample = 200, .lr = 1e-3, .min_lr_frac = 0.1,
-                   .weight_decay = 0.1, .clip = 1.0, .seed = 1337};
+                   .weight_decay = 0.1, .clip = 1.0, .seed = 1337, .dist_timeout = 120};
     int bad = 0;
     o->trace = example_trace_arg(&argc, argv, &bad);
     for (int i = 1; !bad && i < argc; i++) {
@@ -173,7 +190,7 @@ static int parse(int argc, char **argv, options *o) {
     if (o->warmup < 0) o->warmup = o->steps / 10;
     return !bad && o->steps > 0 && o->batch > 0 && o->lr > 0 && o->log_every > 0 && o->val_batches > 0 &&
            o->val_every >= 0 && o->sample >= 0 && o->save_every >= 0 && !(o->save_every && !o->state) &&
-           !(o->tokens && o->text) && model_ok(&o->model);
+           !(o->tokens && o->text) && o->dist_timeout > 0 && model_ok(&o->model);
 }
 
 /* ---- data: shards, or a text file written into shards (bytes as tokens) in a temporary directory ---- */
@@ -312,7 +329,22 @@ typedef struct run {
     data d;
     deft_tokens_feed *feed;
     deft_loader *loader;
+    deft_dist *dist;           /* under a launcher: this rank's communicator; NULL alone */
+    int rank, world;           /* 0 and 1 alone */
 } run;
+
+/* Rank 0 prints, validates and samples; alone, this process is rank 0. */
+static int lead(const run *r) { return r->rank == 0; }
+
+/* A file of this rank: `base` itself alone, base.rank<R> under a launcher (every rank saves its own state). */
+static int rank_path(const run *r, char *out, size_t n, const char *base) {
+    const int w = r->dist ? snprintf(out, n, "%s.rank%d", base, r->rank) : snprintf(out, n, "%s", base);
+    if (w < 0 || (size_t)w >= n) {
+        fprintf(stderr, "gpt2_train: the path %s is too long\n", base);
+        return 0;
+    }
+    return 1;
+}
 
 static double lr_at(const options *o, int64_t step) {
     if (step < o->warmup) return o->lr * (double)(step + 1) / (double)o->warmup;
@@ -336,15 +368,21 @@ static deft_status build(run *r) {
     if (!r->step) return s != DEFT_OK ? s : deft_graph_error(r->m.g);
     /* A saved run resumes bit for bit only if every step gives the same bits: no float atomics anywhere. */
     const int deterministic = r->o.deterministic || r->o.state || r->o.resume;
+    /* Under a launcher the step is a replica of the world: gradients averaged (or with --zero reduce-scattered and
+     * the state sharded) over NCCL, rank 0's parameters broadcast at its first run. */
     const deft_compile_options co = {.autocast = r->o.autocast, .memory_budget = r->o.checkpoint_budget,
                                      .checkpoint = r->o.checkpoint_budget ? DEFT_CHECKPOINT_BUDGET : 0,
-                                     .deterministic = deterministic};
+                                     .deterministic = deterministic, .dist = r->dist, .dist_local = 0,
+                                     .zero_stage = r->o.zero};
     r->train = deft_compile(r->m.g, (deft_tensor *[]){r->m.loss, r->step}, 2, &co);
     if (!r->train) return deft_graph_error(r->m.g) != DEFT_OK ? deft_graph_error(r->m.g) : DEFT_ERR_INVALID;
+    /* Only rank 0 validates and samples: the others keep no evaluation program (its logits are the largest buffer). */
     const deft_compile_options eo = {.autocast = r->o.autocast};
-    r->eval = deft_compile(r->m.g, (deft_tensor *[]){r->m.loss, r->m.logits}, 2, &eo);
-    if (!r->eval) return DEFT_ERR_INVALID;
-    const deft_tokens_options to = {.shuffle = !r->o.no_shuffle, .seed = r->o.seed};
+    r->eval = lead(r) ? deft_compile(r->m.g, (deft_tensor *[]){r->m.loss, r->m.logits}, 2, &eo) : NULL;
+    if (lead(r) && !r->eval) return DEFT_ERR_INVALID;
+    /* One order of windows for every rank (the same seed), rank r taking windows r, r + world, ... of it. */
+    const deft_tokens_options to = {.shuffle = !r->o.no_shuffle, .seed = r->o.seed, .rank = r->rank,
+                                    .world = r->world};
     s = deft_tokens_feed_new(r->d.train, r->o.batch, r->o.model.seq, &to, &r->feed);
     if (s == DEFT_OK) s = deft_loader_new_tokens(r->feed, r->m.x, r->m.y, 0, &r->loader);
     return s;
@@ -385,22 +423,28 @@ static void print_memory(const run *r) {
                (double)mr.persistent_bytes / 1048576.0);
 }
 
-/* The end's state goes to --state itself, the ones on the way to <state>.step<N>, as llm.c keeps one per save. */
+/* The end's state goes to --state itself, the ones on the way to <state>.step<N>, as llm.c keeps one per save; under
+ * a launcher each rank writes its own, <state>[.step<N>].rank<R> (its loader's place is its own, and under ZeRO-1
+ * its shard of the optimizer's state). */
 static deft_status save_state(run *r, int64_t steps_done, int final) {
-    char path[1100];
-    if (snprintf(path, sizeof path, final ? "%s" : "%s.step%lld", r->o.state, (long long)steps_done) >=
-        (int)sizeof path) {
+    char base[1100], path[1200];
+    if (snprintf(base, sizeof base, final ? "%s" : "%s.step%lld", r->o.state, (long long)steps_done) >=
+            (int)sizeof base ||
+        !rank_path(r, path, sizeof path, base)) {
         fprintf(stderr, "gpt2_train: the state path %s is too long\n", r->o.state);
         return DEFT_ERR_INVALID;
     }
     deft_status s = deft_train_state_save(path, r->train, r->opt, r->loader);
-    if (s == DEFT_OK) printf("step %lld  training state saved to %s\n", (long long)steps_done, path);
+    if (s == DEFT_OK && lead(r))
+        printf("step %lld  training state saved to %s%s\n", (long long)steps_done, path,
+               r->world > 1 ? " (and by each rank to its own .rank<R>)" : "");
     return s;
 }
 
 /* Steps [first, steps): first is 0, or the saved run's count when resuming. */
 static deft_status train(run *r, int64_t first) {
-    const double tokens_per_step = (double)(r->o.batch * r->o.model.seq);
+    /* The global batch: every rank trains on its own batch a step. */
+    const double tokens_per_step = (double)(r->o.batch * r->o.model.seq) * (double)r->world;
     double t0 = seconds();
     int64_t logged = first;   /* steps done at the last progress line */
     deft_status s = DEFT_OK;
@@ -408,8 +452,8 @@ static deft_status train(run *r, int64_t first) {
         s = deft_optimizer_set_lr(r->opt, lr_at(&r->o, step));
         if (s == DEFT_OK) s = deft_loader_next(r->loader, r->train, NULL);
         if (s == DEFT_OK) s = deft_program_run(r->train);
-        /* Reading the loss waits for the step: only the progress lines do. */
-        if (s == DEFT_OK && ((step + 1) % r->o.log_every == 0 || step + 1 == r->o.steps)) {
+        /* Reading the loss waits for the step: only the progress lines do, on rank 0 (its own batch's loss). */
+        if (s == DEFT_OK && lead(r) && ((step + 1) % r->o.log_every == 0 || step + 1 == r->o.steps)) {
             float l = 0;
             s = deft_program_read(r->train, r->m.loss, &l, sizeof l);
             const double rate = tokens_per_step * (double)(step + 1 - logged) / (seconds() - t0);
@@ -419,7 +463,8 @@ static deft_status train(run *r, int64_t first) {
             logged = step + 1;
             t0 = seconds();
         }
-        if (s == DEFT_OK && r->o.val_every && (step + 1) % r->o.val_every == 0 && step + 1 != r->o.steps) {
+        /* Rank 0's validation runs no collective; the others go on and wait for it in the next step's all-reduce. */
+        if (s == DEFT_OK && lead(r) && r->o.val_every && (step + 1) % r->o.val_every == 0 && step + 1 != r->o.steps) {
             double vl = 0;
             s = validate(r, &vl);
             if (s == DEFT_OK && !isnan(vl)) printf("step %lld  validation loss %.4f\n", (long long)(step + 1), vl);
@@ -434,14 +479,17 @@ static deft_status train(run *r, int64_t first) {
     return s;
 }
 
-/* The saved run's step count (its program's runs), after loading it into this run. */
+/* The saved run's step count (its program's runs), after loading it into this run (under a launcher, each rank
+ * from its own <resume>.rank<R>). */
 static deft_status resume(run *r, int64_t *first) {
+    char path[1200];
+    if (!rank_path(r, path, sizeof path, r->o.resume)) return DEFT_ERR_INVALID;
     deft_train_state_summary info;
-    deft_status s = deft_train_state_info(r->o.resume, &info);
-    if (s == DEFT_OK) s = deft_train_state_load(r->o.resume, r->train, r->opt, r->loader);
+    deft_status s = deft_train_state_info(path, &info);
+    if (s == DEFT_OK) s = deft_train_state_load(path, r->train, r->opt, r->loader);
     if (s != DEFT_OK) return s;
     *first = (int64_t)info.runs;
-    printf("resumed from %s at step %lld\n", r->o.resume, (long long)*first);
+    if (lead(r)) printf("resumed from %s at step %lld\n", path, (long long)*first);
     return DEFT_OK;
 }
 
@@ -483,6 +531,85 @@ static deft_status sample(run *r) {
     return s;
 }
 
+/* Whether a launcher started this process: a variable deft_dist_options_from_env takes the rank or world from. */
+static int under_launcher(void) {
+    static const char *const names[] = {"RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                                        "PMI_RANK", "PMI_SIZE"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        const char *v = getenv(names[i]);
+        if (v && *v) return 1;
+    }
+    return 0;
+}
+
+/* The device: under a launcher this rank's GPU, once it has joined the world; alone --device or the default. Returns
+ * the exit status to end with, or -1 to go on. */
+static int setup_device(run *r) {
+    r->rank = 0;
+    r->world = 1;
+    if (!under_launcher()) {
+        if (r->o.zero) {
+            fprintf(stderr, "gpt2_train: --zero shards the optimizer's state over the ranks of a launcher's world: run "
+                            "it under one (scripts/deft_launch -n N gpt2_train ... --zero)\n");
+            return 2;
+        }
+        r->dev = deft_device_default();
+        if (r->o.device && deft_device_parse(r->o.device, &r->dev) != DEFT_OK) {
+            fprintf(stderr, "gpt2_train: %s\n", deft_errmsg());
+            return 2;
+        }
+        return -1;
+    }
+    if (r->o.device) {
+        fprintf(stderr, "gpt2_train: --device: under a launcher (RANK, WORLD_SIZE set) each rank trains on its own "
+                        "GPU, cuda:LOCAL_RANK; leave --device out\n");
+        return 2;
+    }
+    if (deft_dist_init_env(r->o.dist_timeout, &r->dist) != DEFT_OK) {
+        fprintf(stderr, "gpt2_train: RANK or WORLD_SIZE is set, so this process trains as one rank of a data-parallel "
+                        "world (scripts/deft_launch), which needs NCCL and a GPU per rank: %s\n", deft_errmsg());
+        return 1;
+    }
+    r->rank = deft_dist_rank(r->dist, 0);
+    r->world = deft_dist_world(r->dist);
+    r->dev = deft_dist_device(r->dist, 0);
+    return -1;
+}
+
+static void print_header(const run *r) {
+    char dev_name[32];
+    deft_device_name(r->dev, dev_name, sizeof dev_name);
+    printf("gpt2_train: %lld layers, width %lld, %lld heads, seq %lld, vocab %lld: %.2fM parameters on %s (%s); "
+           "%lld training tokens\n", (long long)r->o.model.layers, (long long)r->o.model.width,
+           (long long)r->o.model.heads, (long long)r->o.model.seq, (long long)r->o.model.vocab,
+           (double)gpt2_param_count(&r->o.model) / 1e6, dev_name,
+           r->o.autocast == DEFT_BF16 ? "bf16 autocast" : r->o.autocast == DEFT_F16 ? "f16 autocast" : "f32",
+           (long long)deft_tokens_count(r->d.train));
+    if (r->dist)
+        printf("data parallel: %d ranks, one GPU each, global batch %lld sequences (%lld a rank)%s\n", r->world,
+               (long long)(r->o.batch * r->world), (long long)r->o.batch,
+               r->o.zero ? ", ZeRO-1: the optimizer's state sharded over the ranks" : "");
+}
+
+/* After training: rank 0 validates; every rank traces one more step (it all-reduces, so all take part) into its own
+ * file; rank 0 samples. */
+static deft_status finish(run *r) {
+    double vl = 0;
+    deft_status s = lead(r) ? validate(r, &vl) : DEFT_OK;
+    if (s == DEFT_OK && lead(r) && isnan(vl))
+        printf("no validation loss: the validation tokens hold less than one batch\n");
+    else if (s == DEFT_OK && lead(r)) printf("validation loss %.4f\n", vl);
+    if (s == DEFT_OK && r->o.trace) {
+        char path[1200];
+        s = rank_path(r, path, sizeof path, r->o.trace) ? deft_loader_next(r->loader, r->train, NULL)
+                                                        : DEFT_ERR_INVALID;
+        if (s == DEFT_OK) s = deft_program_trace(r->train, path);
+        if (s == DEFT_OK && lead(r)) printf("trace of one more step written to %s\n", path);
+    }
+    if (s == DEFT_OK && lead(r) && r->o.sample) s = sample(r);
+    return s;
+}
+
 int main(int argc, char **argv) {
     example_help(argc, argv, help);
     run r;
@@ -492,53 +619,36 @@ int main(int argc, char **argv) {
                         "(--help lists them)\n");
         return 2;
     }
-    r.dev = deft_device_default();
-    if (r.o.device && deft_device_parse(r.o.device, &r.dev) != DEFT_OK) {
-        fprintf(stderr, "gpt2_train: %s\n", deft_errmsg());
-        return 2;
-    }
+    const int early = setup_device(&r);
+    if (early >= 0) return early;
     if (!r.o.autocast_set) r.o.autocast = r.dev.type == DEFT_CPU ? DEFT_F32 : DEFT_BF16;
     deft_status s = data_open(&r.d, &r.o);
     if (s != DEFT_OK) {
         fprintf(stderr, "gpt2_train: the data: %s\n", r.d.why[0] ? r.d.why : deft_errmsg());
         data_close(&r.d);
+        deft_dist_free(r.dist);
         return 1;
     }
-    char dev_name[32];
-    deft_device_name(r.dev, dev_name, sizeof dev_name);
-    printf("gpt2_train: %lld layers, width %lld, %lld heads, seq %lld, vocab %lld: %.2fM parameters on %s (%s); "
-           "%lld training tokens\n", (long long)r.o.model.layers, (long long)r.o.model.width,
-           (long long)r.o.model.heads, (long long)r.o.model.seq, (long long)r.o.model.vocab,
-           (double)gpt2_param_count(&r.o.model) / 1e6, dev_name,
-           r.o.autocast == DEFT_BF16 ? "bf16 autocast" : r.o.autocast == DEFT_F16 ? "f16 autocast" : "f32",
-           (long long)deft_tokens_count(r.d.train));
+    if (lead(&r)) print_header(&r);
     s = build(&r);
-    if (s == DEFT_OK && r.o.init_out) {
+    if (s == DEFT_OK && r.o.init_out && lead(&r)) {
         s = write_init(r.opt, r.o.init_out);
         if (s != DEFT_OK) fprintf(stderr, "gpt2_train: cannot write the initial weights to %s\n", r.o.init_out);
         else printf("initial weights written to %s\n", r.o.init_out);
     }
-    if (s == DEFT_OK && r.o.print_plan) s = deft_program_print_plan(r.train, NULL);
+    if (s == DEFT_OK && r.o.print_plan && lead(&r)) s = deft_program_print_plan(r.train, NULL);
     int64_t first = 0;
     if (s == DEFT_OK && r.o.resume) s = resume(&r, &first);
     if (s == DEFT_OK) {
-        print_memory(&r);
+        if (lead(&r)) print_memory(&r);
         s = train(&r, first);
     }
-    double vl = 0;
-    if (s == DEFT_OK) s = validate(&r, &vl);
-    if (s == DEFT_OK && isnan(vl)) printf("no validation loss: the validation tokens hold less than one batch\n");
-    else if (s == DEFT_OK) printf("validation loss %.4f\n", vl);
-    if (s == DEFT_OK && r.o.trace) {
-        s = deft_loader_next(r.loader, r.train, NULL);
-        if (s == DEFT_OK) s = deft_program_trace(r.train, r.o.trace);
-        if (s == DEFT_OK) printf("trace of one more step written to %s\n", r.o.trace);
-    }
-    if (s == DEFT_OK && r.o.sample) s = sample(&r);
+    if (s == DEFT_OK) s = finish(&r);
     if (s != DEFT_OK) fprintf(stderr, "gpt2_train: %s\n", deft_errmsg());
     deft_loader_free(r.loader);
     deft_tokens_feed_free(r.feed);
     deft_graph_free(r.m.g);
+    deft_dist_free(r.dist);   /* after the programs compiled with it */
     data_close(&r.d);
     deft_memory_release_all();
     return s == DEFT_OK ? 0 : 1;

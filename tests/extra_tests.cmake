@@ -133,3 +133,63 @@ add_test(NAME deft_launch
          COMMAND ${DEFT_BASH} ${PROJECT_SOURCE_DIR}/tests/deft_launch_test.sh ${PROJECT_SOURCE_DIR}
                  ${PROJECT_BINARY_DIR}/deft_launch_test $<TARGET_FILE:test_dist_env>)
 set_tests_properties(deft_launch PROPERTIES LABELS cpu TIMEOUT 120 ENVIRONMENT "${DEFT_TEST_ENV}")
+
+# Refusals of the data-parallel programs on a machine without GPUs (tests/check_exit.cmake: the exit status and the
+# message): bench_ddp --model gpt2's bad sizes (exit 2) and its skip where no GPU is visible (exit 0), gpt2_train
+# under a launcher's variables without a GPU (exit 1, saying why), --zero alone and --device under a launcher (exit
+# 2). CUDA_VISIBLE_DEVICES is emptied so that a GPU host answers as one without GPUs.
+set(DEFT_CHECK_EXIT ${PROJECT_SOURCE_DIR}/tests/check_exit.cmake)
+set(DEFT_NO_LAUNCHER "--unset=RANK|--unset=WORLD_SIZE|--unset=OMPI_COMM_WORLD_RANK|--unset=OMPI_COMM_WORLD_SIZE|--unset=PMI_RANK|--unset=PMI_SIZE")
+if(TARGET bench_ddp)
+  add_test(NAME bench_ddp_gpt2_bad_batch
+           COMMAND ${CMAKE_COMMAND} "-DCOMMAND=$<TARGET_FILE:bench_ddp>|--model|gpt2|--batch|0" -DEXIT=2
+                   "-DMATCH=--batch 0: want an integer" -P ${DEFT_CHECK_EXIT})
+  add_test(NAME bench_ddp_gpt2_sizes_need_gpt2
+           COMMAND ${CMAKE_COMMAND} "-DCOMMAND=$<TARGET_FILE:bench_ddp>|--model|mlp|--layers|2" -DEXIT=2
+                   "-DMATCH=are for --model gpt2" -P ${DEFT_CHECK_EXIT})
+  add_test(NAME bench_ddp_gpt2_efficiency_needs_gpus
+           COMMAND ${CMAKE_COMMAND} "-DCOMMAND=$<TARGET_FILE:bench_ddp>|--model|gpt2|--efficiency" -DEXIT=2
+                   "-DMATCH=--efficiency compares N > 1 GPUs" -P ${DEFT_CHECK_EXIT})
+  add_test(NAME bench_ddp_gpt2_skips_without_gpus
+           COMMAND ${CMAKE_COMMAND} "-DCOMMAND=$<TARGET_FILE:bench_ddp>|--model|gpt2|--zero|--gpus|2|--layers|2"
+                   -DEXIT=0 "-DMATCH=ddp.gpt2_l2_t1024_b16_bf16 needs NCCL and 2 GPUs \\(0 visible\\): skipped"
+                   "-DSET_ENV=CUDA_VISIBLE_DEVICES=" -P ${DEFT_CHECK_EXIT})
+  set_tests_properties(bench_ddp_gpt2_bad_batch bench_ddp_gpt2_sizes_need_gpt2 bench_ddp_gpt2_efficiency_needs_gpus
+                       bench_ddp_gpt2_skips_without_gpus PROPERTIES LABELS cpu TIMEOUT 150
+                       ENVIRONMENT "${DEFT_TEST_ENV}")
+endif()
+if(DEFT_BUILD_EXAMPLES)
+  add_test(NAME example_gpt2_train_launcher_needs_gpu
+           COMMAND ${CMAKE_COMMAND} "-DCOMMAND=$<TARGET_FILE:gpt2_train>|--layers|2|--steps|2" -DEXIT=1
+                   "-DMATCH=one rank of a data-parallel world .*needs NCCL and a GPU per rank: "
+                   "-DSET_ENV=CUDA_VISIBLE_DEVICES=|RANK=0|WORLD_SIZE=1|LOCAL_RANK=0|MASTER_ADDR=127.0.0.1|MASTER_PORT=29511"
+                   -P ${DEFT_CHECK_EXIT})
+  add_test(NAME example_gpt2_train_zero_needs_launcher
+           COMMAND ${CMAKE_COMMAND} "-DCOMMAND=$<TARGET_FILE:gpt2_train>|--device|cpu|--layers|2|--zero" -DEXIT=2
+                   "-DMATCH=--zero shards the optimizer's state over the ranks" "-DSET_ENV=${DEFT_NO_LAUNCHER}"
+                   -P ${DEFT_CHECK_EXIT})
+  add_test(NAME example_gpt2_train_launcher_no_device
+           COMMAND ${CMAKE_COMMAND} "-DCOMMAND=$<TARGET_FILE:gpt2_train>|--device|cpu|--layers|2" -DEXIT=2
+                   "-DMATCH=--device: under a launcher .*leave --device out"
+                   "-DSET_ENV=RANK=0|WORLD_SIZE=1|MASTER_ADDR=127.0.0.1|MASTER_PORT=29512" -P ${DEFT_CHECK_EXIT})
+  set_tests_properties(example_gpt2_train_launcher_needs_gpu example_gpt2_train_zero_needs_launcher
+                       example_gpt2_train_launcher_no_device PROPERTIES LABELS cpu TIMEOUT 150
+                       ENVIRONMENT "${DEFT_TEST_ENV}")
+endif()
+# bench/peers/ddp.py's refusals parse without PyTorch: GPT-2's options with another model.
+find_program(DEFT_PYTHON3 python3)
+if(DEFT_PYTHON3)
+  add_test(NAME ddp_peer_zero_needs_gpt2
+           COMMAND ${CMAKE_COMMAND} "-DCOMMAND=${DEFT_PYTHON3}|${PROJECT_SOURCE_DIR}/bench/peers/ddp.py|--model|mlp|--zero"
+                   -DEXIT=2 "-DMATCH=--zero: for --model gpt2" -P ${DEFT_CHECK_EXIT})
+  set_tests_properties(ddp_peer_zero_needs_gpt2 PROPERTIES LABELS cpu TIMEOUT 60)
+endif()
+# gpt2_train under scripts/deft_launch on two GPUs (plain and --zero): progress from rank 0 only, a state file per
+# rank, and the resumed run's losses equal to the uninterrupted run's. Skips with fewer than two GPUs or no NCCL.
+if(DEFT_BUILD_EXAMPLES)
+  add_test(NAME example_gpt2_train_launch
+           COMMAND ${DEFT_BASH} ${PROJECT_SOURCE_DIR}/tests/gpt2_train_launch_test.sh ${PROJECT_SOURCE_DIR}
+                   ${PROJECT_BINARY_DIR}/gpt2_train_launch $<TARGET_FILE:gpt2_train>)
+  set_tests_properties(example_gpt2_train_launch PROPERTIES LABELS cuda TIMEOUT 600 SKIP_RETURN_CODE 77
+                       ENVIRONMENT "${DEFT_TEST_ENV}")
+endif()

@@ -146,7 +146,7 @@ class Run:
         self.model = make_model(torch, a, device)
         self.params = sum(p.numel() for p in self.model.parameters())
         self.fwd = peer_common.compile_for(torch, self.model, mode)
-        self.opt = make_optimizer(torch, self.model, cuda, capturable=mode != "eager")
+        self.opt = make_optimizer(torch, self.model, cuda, capturable=peer_common.captures(mode))
         self.batches = make_batches(torch, a, cuda)
         self.x = torch.empty(a.batch, a.seq, dtype=torch.int64, device=device)
         self.y = torch.empty_like(self.x)

@@ -14,8 +14,12 @@ import time
 # with torch.compile in COMPILE_MODES' mode and then capture the whole step (backward and optimizer included) as
 # graph does; "max-autotune-no-cudagraphs" because the capture is ours (torch.compile's own CUDA Graphs would nest).
 MODES = ("eager", "graph", "compile_graph", "autotune_graph")
-COMPILE_MODES = {"compile_graph": "default", "autotune_graph": "max-autotune-no-cudagraphs"}
-MODES_HELP = "comma-separated, run in this order (default: all): " + ", ".join(MODES)
+# Modes taken only when asked for (--modes): compile, torch.compile (mode "default") with the step launched from
+# Python, no capture: how ZeroRedundancyOptimizer and FSDP are run in practice, whose steps may not capture.
+EXTRA_MODES = ("compile",)
+COMPILE_MODES = {"compile_graph": "default", "autotune_graph": "max-autotune-no-cudagraphs", "compile": "default"}
+MODES_HELP = ("comma-separated, run in this order (default: all): " + ", ".join(MODES) + "; also " +
+              ", ".join(EXTRA_MODES) + " (torch.compile, not captured)")
 GRAPH_SIDE_WARMUP = 3   # the CUDA Graphs docs' warm-up on a side stream before a capture
 
 
@@ -104,10 +108,15 @@ def parse_modes(ap, text, cuda=True):
     """The modes of --modes (comma-separated), in order; argparse's error for an unknown one or none. Without CUDA
     only eager is kept (the others capture CUDA Graphs)."""
     modes = [m for m in text.split(",") if m]
-    bad = [m for m in modes if m not in MODES]
+    bad = [m for m in modes if m not in MODES + EXTRA_MODES]
     if bad or not modes:
-        ap.error(f"--modes: {', '.join(bad) or 'none given'}: choose from {', '.join(MODES)}")
+        ap.error(f"--modes: {', '.join(bad) or 'none given'}: choose from {', '.join(MODES + EXTRA_MODES)}")
     return modes if cuda else [m for m in modes if m == "eager"]
+
+
+def captures(mode):
+    """Whether the mode captures its step in a CUDA Graph (eager and compile launch it from Python)."""
+    return mode not in ("eager", "compile")
 
 
 def tag(mode):
@@ -147,7 +156,7 @@ class Stepper:
             self.graph.replay()
 
     def warm_up(self, mode, steps, device, read_loss=None, side_warmup=GRAPH_SIDE_WARMUP, side=None):
-        """`steps` warm-up steps for eager; for the other modes, side_warmup steps on a side stream (`side`, or a new
+        """`steps` warm-up steps for eager and compile; for the other modes, side_warmup steps on a side stream (`side`, or a new
         one), the capture (which runs nothing) and replays up to `steps` (at least one). The first step is timed alone with a host
         clock: for the compiled modes it includes the compilation (and autotuning), for all it includes first-call
         costs such as cudnn.benchmark's trials; it is returned as compile_s and never counted in the step times, and
@@ -155,23 +164,24 @@ class Stepper:
         the first step's loss read by read_loss(), default self.loss.item())."""
         torch, cuda = self.torch, device.type == "cuda"
         read = read_loss or (lambda: self.loss.item())
-        if mode != "eager" and not cuda:
+        captured = captures(mode)
+        if captured and not cuda:
             raise RuntimeError(f"{mode} captures a CUDA Graph and needs a CUDA device")
         if cuda:
             torch.cuda.synchronize()
-        if mode != "eager":
+        if captured:
             side = side or torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
         t0 = time.perf_counter()
-        with torch.cuda.stream(side) if mode != "eager" else contextlib.nullcontext():
+        with torch.cuda.stream(side) if captured else contextlib.nullcontext():
             self()
             first = read()   # waits for the step
             took = time.perf_counter() - t0
             if cuda:
                 torch.cuda.reset_peak_memory_stats(device)
-            for _ in range((steps if mode == "eager" else side_warmup) - 1):
+            for _ in range((side_warmup if captured else steps) - 1):
                 self()
-        if mode == "eager":
+        if not captured:
             return took, first
         torch.cuda.current_stream().wait_stream(side)
         if self.feed is not None:
