@@ -275,37 +275,58 @@ static void probe_second(mlp *first, int64_t n, const mlp_config *c, deft_device
 
 /* --probe-other N: as --probe-second, but the other program is y = 2 x + 1 over N floats on the same GPU, whatever
  * the configuration: if run 1 slows after this one's first step too, the cause is what any program's first step does
- * (and, between a small and a large N, whether the memory it first touches counts), not the MLP's own work. */
+ * (and, between a small and a large N, whether the memory it first touches counts), not the MLP's own work.
+ * --probe-kind matmul makes it y = x W (x [N / 1024, 1024], W [1024, 1024]: a cuBLASLt product), train the mean of
+ * (x W)^2 with its backward pass and an SGD step: which part of a training step's first run slows the others. */
 static int64_t probe_elems;
+static enum { PROBE_SCALE, PROBE_MATMUL, PROBE_TRAIN } probe_kind;
+static const char *const probe_kind_names[] = {"scale", "matmul", "train"};
+
+/* The other program's graph; *out: what it computes. */
+static deft_tensor *probe_build(deft_graph *g, deft_device dev, deft_tensor **x) {
+    if (probe_kind == PROBE_SCALE) {
+        *x = deft_input(g, "x", DEFT_F32, 1, (int64_t[]){probe_elems}, dev);
+        return deft_add_scalar(deft_mul_scalar(*x, 2.0), 1.0);
+    }
+    const int64_t rows = probe_elems / 1024 > 0 ? probe_elems / 1024 : 1;
+    *x = deft_input(g, "x", DEFT_F32, 2, (int64_t[]){rows, 1024}, dev);
+    deft_tensor *w = deft_param(g, "w", DEFT_F32, 2, (int64_t[]){1024, 1024}, dev, DEFT_INIT_XAVIER);
+    deft_tensor *y = deft_matmul(*x, w);
+    if (probe_kind == PROBE_MATMUL || !y) return y;
+    deft_tensor *loss = deft_mean(deft_mul(y, y), 0, NULL, 0);
+    if (!loss || deft_backward(loss) != DEFT_OK) return NULL;
+    deft_optimizer *opt = deft_sgd(g, &(deft_sgd_options){.lr = 1e-6}, NULL);
+    return opt ? deft_optimizer_step(opt) : NULL;
+}
 
 static void probe_other(mlp *first, int64_t n, deft_device dev, const char *k, const char *tag) {
     static const char *const stage[] = {"after_build", "after_first_step", "after_capture", "after_free"};
     deft_graph *g = deft_graph_new();
-    deft_tensor *x = g ? deft_input(g, "x", DEFT_F32, 1, (int64_t[]){probe_elems}, dev) : NULL;
-    deft_tensor *y = x ? deft_add_scalar(deft_mul_scalar(x, 2.0), 1.0) : NULL;
+    deft_tensor *x = NULL, *y = g ? probe_build(g, dev, &x) : NULL;
     deft_program *p = NULL;
-    float *host = calloc((size_t)probe_elems, sizeof *host);
+    const size_t in_bytes = x ? deft_tensor_nbytes(x) : 0, out_bytes = y ? deft_tensor_nbytes(y) : 0;
+    float *host = calloc((in_bytes > out_bytes ? in_bytes : out_bytes) / sizeof(float) + 1, sizeof(float));
     if (!host) die("probe-other: host memory");
-    const size_t bytes = (size_t)probe_elems * sizeof *host;
     double us[REPEATS];
     for (int s = 0; s < 4; s++) {
         if (s == 0) {
             if (!y || !(p = deft_compile(g, &y, 1, NULL))) die("probe-other: build");
-            CHECK(deft_program_feed(p, x, host, bytes));
+            CHECK(deft_program_feed(p, x, host, in_bytes));
         } else if (s == 3) {
             deft_program_free(p);
             deft_graph_free(g);
         } else {
             for (int i = 0; i < s; i++) CHECK(deft_program_run(p));   /* the first eager; then capture, replay */
-            CHECK(deft_program_read(p, y, host, bytes));
+            CHECK(deft_program_read(p, y, host, out_bytes));
         }
         (void)time_repeats(first, n, us);
-        printf("mlp_train.%s.%s_other%lld_%s_step_us %.2f us\n", k, tag, (long long)probe_elems, stage[s],
-               us[REPEATS / 2]);
+        printf("mlp_train.%s.%s_other_%s%lld_%s_step_us %.2f us\n", k, tag, probe_kind_names[probe_kind],
+               (long long)probe_elems, stage[s], us[REPEATS / 2]);
     }
     free(host);
     fflush(stdout);
 }
+
 
 /* run: 1 for the first build of a configuration in this process; --repeat's later ones (2, 3, ...) name their
  * figures "_run<k>", so one log holds them all. */
@@ -387,7 +408,7 @@ static void bench(const mlp_config *c, deft_device dev, const deft_compile_optio
 static const char help[] =
     "usage: bench_mlp_train [--config tiny|small|mid|large] [--device cuda:N|cpu] [--no-graphs] [--no-fusion]\n"
     "                       [--tf32] [--feed device|host|prefetch] [--amp bf16|f16] [--repeat N] [--keep]\n"
-    "                       [--probe-second | --probe-other N]\n"
+    "                       [--probe-second | --probe-other N [--probe-kind scale|matmul|train]]\n"
     "                       [A/B options]\n"
     "\n"
     "The time of one MLP training step (forward, loss, backward, optimizer update) compiled by deft, on four sizes\n"
@@ -409,13 +430,15 @@ static const char help[] =
     "  --probe-second                  --keep, and after run 1 a second program of the configuration built, run\n"
     "                                  once, captured and freed, run 1 timed after each (_after_<stage>_step_us)\n"
     "  --probe-other N                 as --probe-second with y = 2 x + 1 over N floats as the other program\n"
-    "                                  (_other<N>_after_<stage>_step_us)\n"
+    "                                  (_other_scale<N>_after_<stage>_step_us)\n"
+    "  --probe-kind scale|matmul|train the other program: y = 2 x + 1 (default), y = x W with x [N / 1024, 1024],\n"
+    "                                  or the mean of (x W)^2 with its backward pass and an SGD step\n"
     "  -h, --help                      this help\n";
 
 static void usage(void) {
     fprintf(stderr,
             "usage: %s [--config tiny|small|mid|large] [--device cuda:N|cpu] [--no-graphs] "
-            "[--no-fusion] [--tf32] [--feed device|host|prefetch] [--amp bf16|f16] [--repeat N] [--keep] [--probe-second | --probe-other N] "
+            "[--no-fusion] [--tf32] [--feed device|host|prefetch] [--amp bf16|f16] [--repeat N] [--keep] [--probe-second | --probe-other N [--probe-kind K]] "
             BENCH_AB_USAGE "\n",
             prog);
     exit(2);
@@ -451,6 +474,12 @@ int main(int argc, char **argv) {
             }
             probe_elems = e;
             keep = probe = 1;
+        } else if (!strcmp(argv[i], "--probe-kind") && i + 1 < argc) {
+            const char *kind = argv[++i];
+            if (!strcmp(kind, "scale")) probe_kind = PROBE_SCALE;
+            else if (!strcmp(kind, "matmul")) probe_kind = PROBE_MATMUL;
+            else if (!strcmp(kind, "train")) probe_kind = PROBE_TRAIN;
+            else usage();
         }
         else if (!strcmp(argv[i], "--no-fusion")) co.no_fusion = 1;
         else if (!strcmp(argv[i], "--tf32")) co.tf32 = 1;
