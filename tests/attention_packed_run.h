@@ -35,16 +35,6 @@ static inline deft_tensor *pk_apart(deft_tensor *qkv, const pk_shape *s, const d
     return deft_reshape(deft_permute(deft_attention(part[0], part[1], part[2], o), (int[]){0, 2, 1, 3}), 3, flat);
 }
 
-static inline double *pk_read(deft_program *p, const deft_tensor *t, int64_t n) {
-    const deft_dtype dt = deft_tensor_dtype(t);
-    void *raw = malloc((size_t)n * deft_dtype_size(dt) + 8);
-    double *out = calloc((size_t)n + 1, sizeof *out);
-    CHECK_OK(deft_program_read(p, t, raw, (size_t)n * deft_dtype_size(dt)));
-    for (int64_t i = 0; i < n; i++) out[i] = ref_load(raw, dt, i);
-    free(raw);
-    return out;
-}
-
 /* Builds, compiles (opts may be NULL) and runs one form once on qkv's values (3 B T C) and r's (B T C); 0 after a
  * failed check. */
 static inline int pk_run(const pk_shape *s, int packed, deft_dtype dt, deft_device dev,
@@ -79,8 +69,8 @@ static inline int pk_run(const pk_shape *s, int packed, deft_dtype dt, deft_devi
         ok = st == DEFT_OK;
     }
     if (ok) {
-        res->y = pk_read(p, y, n);
-        res->dqkv = pk_read(p, outs[1], 3 * n);
+        res->y = ref_read_program(p, y, n);
+        res->dqkv = ref_read_program(p, outs[1], 3 * n);
     }
     deft_graph_free(g);
     return ok;

@@ -27,16 +27,6 @@ static inline deft_tensor *att_param(deft_graph *g, const char *name, const att_
     return p;
 }
 
-static inline double *att_read(deft_program *p, const deft_tensor *t, int64_t n) {
-    const deft_dtype dt = deft_tensor_dtype(t);
-    void *raw = malloc((size_t)n * deft_dtype_size(dt) + 8);
-    double *out = calloc((size_t)n + 1, sizeof *out);
-    CHECK_OK(deft_program_read(p, t, raw, (size_t)n * deft_dtype_size(dt)));
-    for (int64_t i = 0; i < n; i++) out[i] = ref_load(raw, dt, i);
-    free(raw);
-    return out;
-}
-
 /* Builds, compiles (opts may be NULL) and runs the case once; 0 after a failed check. */
 static inline int att_run(const att_shape *s, deft_dtype dt, deft_device dev, const deft_compile_options *opts,
                           const double *const qkv[3], const double *r, int grads, att_result *res) {
@@ -69,11 +59,11 @@ static inline int att_run(const att_shape *s, deft_dtype dt, deft_device dev, co
         ok = st == DEFT_OK;
     }
     if (ok) {
-        res->out = att_read(p, out, n);
+        res->out = ref_read_program(p, out, n);
         if (grads) {
-            res->dq = att_read(p, outs[1], n);
-            res->dk = att_read(p, outs[2], n);
-            res->dv = att_read(p, outs[3], n);
+            res->dq = ref_read_program(p, outs[1], n);
+            res->dk = ref_read_program(p, outs[2], n);
+            res->dv = ref_read_program(p, outs[3], n);
         }
     }
     deft_graph_free(g);

@@ -23,11 +23,7 @@ DEFT_CHECK_MAIN_WITHOUT_CUDA
 
 #include <cuda_runtime_api.h>
 
-#define CUDA_OK(expr)                                                                                 \
-    do {                                                                                              \
-        cudaError_t cuda_e_ = (expr);                                                                 \
-        CHECK_MSG(cuda_e_ == cudaSuccess, "%s: %s", #expr, cudaGetErrorString(cuda_e_));              \
-    } while (0)
+#include "cuda_util.h"
 
 enum { B = 2, H = 3 };
 
@@ -76,13 +72,6 @@ typedef struct att_bufs {
     size_t fwd_bytes, grad_bytes;
 } att_bufs;
 
-static void *dev_alloc(size_t bytes) {
-    void *p = NULL;
-    CUDA_OK(cudaMalloc(&p, bytes));
-    if (p) CUDA_OK(cudaMemset(p, 0xff, bytes));   /* NaN in every float dtype: what is never written shows */
-    return p;
-}
-
 static int att_alloc(const att_case *c, const att_nodes *a, att_bufs *b) {
     const int64_t n = B * H * c->t * c->d;
     const size_t esz = deft_dtype_size(c->dt);
@@ -110,16 +99,6 @@ static void att_free(att_bufs *b) {
     for (int i = 0; i < 4; i++) cudaFree(b->in[i]);
     for (int i = 0; i < N_FWD; i++) cudaFree(b->fwd[i]);
     for (int i = 0; i < N_GRAD; i++) cudaFree(b->grad[i]);
-}
-
-/* n values of dtype dt at byte offset `off` of a device buffer, as doubles (caller frees). */
-static double *dev_read(const void *buf, size_t off, deft_dtype dt, int64_t n) {
-    void *raw = malloc((size_t)n * deft_dtype_size(dt) + 8);
-    double *out = calloc((size_t)n + 1, sizeof *out);
-    CUDA_OK(cudaMemcpy(raw, (const char *)buf + off, (size_t)n * deft_dtype_size(dt), cudaMemcpyDeviceToHost));
-    for (int64_t i = 0; i < n; i++) out[i] = ref_load(raw, dt, i);
-    free(raw);
-    return out;
 }
 
 /* Whether cuDNN ran; prints its plan line, or the full text of its refusal. */

@@ -80,28 +80,7 @@ static void test_each_kernel(void) {
 #ifdef DEFT_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
-#define CUDA_OK(expr)                                                                                 \
-    do {                                                                                              \
-        cudaError_t cuda_e_ = (expr);                                                                 \
-        CHECK_MSG(cuda_e_ == cudaSuccess, "%s: %s", #expr, cudaGetErrorString(cuda_e_));              \
-    } while (0)
-
-static void *dev_alloc(size_t bytes) {
-    void *p = NULL;
-    CUDA_OK(cudaMalloc(&p, bytes));
-    if (p) CUDA_OK(cudaMemset(p, 0xff, bytes));   /* NaN: what is never written shows */
-    return p;
-}
-
-/* n values of dtype dt at byte offset off of a device buffer, as doubles (caller frees). */
-static double *dev_read(const void *buf, size_t off, deft_dtype dt, int64_t n) {
-    void *raw = malloc((size_t)n * deft_dtype_size(dt) + 8);
-    double *out = calloc((size_t)n + 1, sizeof *out);
-    CUDA_OK(cudaMemcpy(raw, (const char *)buf + off, (size_t)n * deft_dtype_size(dt), cudaMemcpyDeviceToHost));
-    for (int64_t i = 0; i < n; i++) out[i] = ref_load(raw, dt, i);
-    free(raw);
-    return out;
-}
+#include "cuda_util.h"
 
 static void compare_dev(const char *what, const void *got, const void *want, size_t off, deft_dtype dt, int64_t n,
                         double tol) {

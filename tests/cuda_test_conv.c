@@ -517,11 +517,7 @@ static void test_conv_net(void) {
 #ifdef DEFT_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
-#define CUDA_OK(expr)                                                                                 \
-    do {                                                                                              \
-        cudaError_t cuda_e_ = (expr);                                                                 \
-        CHECK_MSG(cuda_e_ == cudaSuccess, "%s: %s", #expr, cudaGetErrorString(cuda_e_));              \
-    } while (0)
+#include "cuda_util.h"
 
 /* Runs node n (its inputs already on the device) on a stream that is capturing into a CUDA Graph, then replays the
  * graph; the result is read back into host (bytes). */

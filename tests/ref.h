@@ -55,6 +55,26 @@ static inline double ref_load(const void *raw, deft_dtype dt, int64_t i) {
     }
 }
 
+/* That p's checkpointing dropped one value and recomputed one node, of `flops` (within 1e-6). */
+static inline void ref_check_one_recompute(deft_program *p, double flops) {
+    deft_checkpoint_report rep;
+    CHECK_OK(deft_program_checkpoint(p, &rep));
+    CHECK_MSG(rep.dropped == 1 && rep.recomputed == 1 && fabs(rep.recompute_flops - flops) < 1e-6 * flops,
+              "checkpoint: dropped %d recomputed %d flops %g (want 1, 1, %g)", rep.dropped, rep.recomputed,
+              rep.recompute_flops, flops);
+}
+
+/* The first n values of t in program p, of its dtype, as doubles (caller frees). */
+static inline double *ref_read_program(deft_program *p, const deft_tensor *t, int64_t n) {
+    const deft_dtype dt = deft_tensor_dtype(t);
+    void *raw = malloc((size_t)n * deft_dtype_size(dt) + 8);
+    double *out = calloc((size_t)n + 1, sizeof *out);
+    CHECK_OK(deft_program_read(p, t, raw, (size_t)n * deft_dtype_size(dt)));
+    for (int64_t k = 0; k < n; k++) out[k] = ref_load(raw, dt, k);
+    free(raw);
+    return out;
+}
+
 /* The value v becomes once stored in dt. */
 static inline double ref_round(deft_dtype dt, double v) {
     union { double d; float f; uint16_t h; int32_t i; } raw;   /* suitably typed storage for any dtype */
