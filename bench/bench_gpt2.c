@@ -34,13 +34,16 @@
  * (issue 29: "activation bytes / 3 at <= +10 % step time, / 5 at <= +20 %"). The step is first planned without
  * checkpointing, by the planning path --largest-batch takes (plan_step: nothing allocated, nothing run), for its
  * planned peak P (arena + persistent: what the budget bounds) and its activation bytes A; the step then compiles with
- * DEFT_CHECKPOINT_BUDGET and the budget P - (1 - F) A: the peak less the activations that are not to stay. Its
+ * DEFT_CHECKPOINT_BUDGET and the budget P - (1 - F) A, the peak less the activations that are not to stay, lowered
+ * by what a plan at it keeps above F A and planned again (fraction_refine; at most 8 plans), since a budget bounds the
+ * peak and not the activations (the recomputed values live at the peak too). Its
  * figures are those above, under the key "<model>_b<B>_<precision>_af<F>", F to two decimals with a 'p' for the
  * point (1/3: "_af0p33"; a dot would split the name), so that the points of a curve never collide in one log; beside
- * them deft_activation_fraction, deft_checkpoint_budget_bytes (the budget used) and the plan without checkpointing:
- * deft_activation_bytes_without_checkpointing (A) and deft_planned_peak_bytes_before_budget (P). The budget bounds
- * the peak, not the activation figure itself, so the activation bytes reached may sit above F A (the recomputed
- * values live at the peak too); the report's activation_bytes says where they landed. scripts/bench_gpt2_checkpoint.sh
+ * them deft_activation_fraction, deft_checkpoint_budget_bytes (the budget used), deft_checkpoint_budget_first_bytes
+ * (P - (1 - F) A), deft_checkpoint_budget_plans and the plan without checkpointing:
+ * deft_activation_bytes_without_checkpointing (A) and deft_planned_peak_bytes_before_budget (P). Where the search's
+ * floor lies above F A the activation bytes reached sit above it; the report's activation_bytes says where they
+ * landed. scripts/bench_gpt2_checkpoint.sh
  * runs the curve beside PyTorch's torch.utils.checkpoint per block and its activation memory budget
  * (bench/peers/gpt2.py --checkpoint).
  *
@@ -181,8 +184,37 @@ static void largest_batch(const options *o, deft_device dev, const deft_compile_
     fflush(stdout);
 }
 
+/* The search fits a peak, not activation bytes, and a plan at budget P - (1 - F) A keeps somewhat more than F A (the
+ * peak falls by less than the activations dropped where it is not at the activations' peak). So the budget is lowered
+ * by what the plan keeps above F A and planned again; a budget below what the search can reach is tried again halfway
+ * back; at most FRACTION_PLANS plans. Returns the lowest budget the search reached. */
+#define FRACTION_PLANS 8
+static size_t fraction_refine(probe_ctx *pc, int64_t batch, const deft_compile_options *co, size_t budget,
+                              size_t want, const char *k) {
+    deft_compile_options plan = *co;
+    plan.checkpoint = DEFT_CHECKPOINT_BUDGET;
+    plan.memory_budget = budget;
+    step_plan at;
+    int plans = 1;
+    deft_status s = plan_step(pc, batch, &plan, &at);
+    size_t step = s == DEFT_OK && at.activations > want ? at.activations - want : 0;
+    while (step > 0 && step < budget && plans < FRACTION_PLANS) {
+        plan.memory_budget = budget - step;
+        plans++;
+        if (plan_step(pc, batch, &plan, &at) == DEFT_OK) {
+            budget -= step;
+            step = at.activations > want ? at.activations - want : 0;
+        } else {
+            step /= 2;   /* below the search's floor */
+        }
+    }
+    printf("gpt2.%s.deft_checkpoint_budget_plans %d count\n", k, plans);
+    return budget;
+}
+
 /* --activation-fraction: plans the step without checkpointing (plan_step: nothing runs) for its peak P and activation
- * bytes A, then sets the budget search on P - (1 - F) A, the peak less the activations not to keep. */
+ * bytes A, then sets the budget search on P - (1 - F) A, the peak less the activations not to keep, lowered until the
+ * plan keeps at most F A (fraction_refine). */
 static deft_status fraction_budget(const options *o, deft_device dev, deft_compile_options *co, const char *k) {
     probe_ctx pc = {&o->model, dev, o->loss_chunks};
     deft_compile_options plan = *co;
@@ -198,8 +230,11 @@ static deft_status fraction_budget(const options *o, deft_device dev, deft_compi
     }
     /* A is a part of the arena, so the budget stays above the persistent bytes; it is never 0 (no budget). */
     const size_t drop = (size_t)((1.0 - o->activation_fraction) * (double)without.activations);
-    const size_t budget = drop < without.peak ? without.peak - drop : 1;
+    const size_t first = drop < without.peak ? without.peak - drop : 1;
+    const size_t want = (size_t)(o->activation_fraction * (double)without.activations);
+    const size_t budget = fraction_refine(&pc, o->batch, &plan, first, want, k);
     printf("gpt2.%s.deft_activation_fraction %.6f fraction\n", k, o->activation_fraction);
+    printf("gpt2.%s.deft_checkpoint_budget_first_bytes %zu bytes\n", k, first);
     printf("gpt2.%s.deft_planned_peak_bytes_before_budget %zu bytes\n", k, without.peak);
     printf("gpt2.%s.deft_activation_bytes_without_checkpointing %zu bytes\n", k, without.activations);
     printf("gpt2.%s.deft_checkpoint_budget_bytes %zu bytes\n", k, budget);
@@ -385,7 +420,8 @@ static const char help[] =
     "  --activation-fraction F    activation checkpointing to keep F of the activation bytes, 0 < F <= 1, a decimal\n"
     "                             or N/D (1/3: the activations / 3): the step is planned without checkpointing\n"
     "                             (nothing runs) for its peak P and activation bytes A, then compiled with the\n"
-    "                             budget P - (1 - F) A; the figures' key gets _af<F> (1/3: _af0p33) (default: none)\n"
+    "                             budget P - (1 - F) A, lowered while a plan keeps more than F A; the figures'\n"
+    "                             key gets _af<F> (1/3: _af0p33) (default: none)\n"
     "  --loss-chunks K            the loss over K blocks of rows, each block's logits its own product and\n"
     "                             cross-entropy, so that checkpointing can recompute one block's logits at a time\n"
     "                             (K divides B T; the figures' key gets _lc<K>; default: 1, the whole logits)\n"
