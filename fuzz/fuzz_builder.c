@@ -300,6 +300,10 @@ static void op_transformer(fuzz_state *s, unsigned op) {
     case 3: x = deft_masked_fill(a, pick(s), scalar(s)); break;
     case 4: {
         const deft_attention_options o = {.causal = (int)(which & 1), .scale = which & 2 ? scalar(s) : 0};
+        if (which & 8) {   /* q, k, v packed in a's last dim: heads from the byte's top bits, 0 and 1 included */
+            x = deft_attention_packed(a, (int)(which >> 4) - 1, which & 4 ? &o : NULL);
+            break;
+        }
         deft_tensor *k = pick(s);
         x = deft_attention(a, k, pick(s), which & 4 ? &o : NULL);
         break;
