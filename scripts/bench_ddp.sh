@@ -108,12 +108,19 @@ fi
 table_out=$out
 [ "${SUMMARY_ONLY:-0}" = 1 ] && table_out=/dev/null
 
-awk '
-  $1 ~ /^ddp\.[a-z0-9_]+\.gpus[0-9]+\.(deft|torch|torch_best)_(step_ms|images_per_s|mode)$/ && $1 !~ /^ddp\.gpt2/ \
-      && NF == 3 {
+# One figure line "ddp.<model>.gpus<n>.<figure> value unit" into v[model, n, figure], the models and each model's GPU
+# counts kept in the order they first appear (both tables below).
+keep_figure='
+  function keep(    k) {
     split($1, k, "."); n = substr(k[3], 5); m = k[2]; v[m, n, k[4]] = $2
     if (!(m in seen)) { seen[m] = 1; models[++nm] = m }
-    if (!((m, n) in has)) { has[m, n] = 1; order[m, ++cnt[m]] = n } }
+    if (!((m, n) in has)) { has[m, n] = 1; order[m, ++cnt[m]] = n }
+  }'
+
+awk "$keep_figure"'
+  $1 ~ /^ddp\.[a-z0-9_]+\.gpus[0-9]+\.(deft|torch|torch_best)_(step_ms|images_per_s|mode)$/ && $1 !~ /^ddp\.gpt2/ \
+      && NF == 3 {
+    keep() }
   END {
     for (j = 1; j <= nm; j++) {
       m = models[j]
@@ -144,7 +151,7 @@ awk '
 
 # GPT-2: deft (deft_, deft_zero_) beside PyTorch DDP best (torch_best_) and ZeroRedundancyOptimizer best
 # (torch_zero_best_); FSDP best (torch_fsdp_best_) in the figure lines when it ran.
-awk '
+awk "$keep_figure"'
   function eff(m, n, s) {   # tokens/s on n over n times on 1, "" when either is missing
     return (v[m, 1, s "_tokens_per_s"] > 0 && v[m, n, s "_tokens_per_s"] > 0) ? \
       sprintf("%.4f", v[m, n, s "_tokens_per_s"] / (n * v[m, 1, s "_tokens_per_s"])) : ""
@@ -152,9 +159,7 @@ awk '
   function ratio(a, b) { return (a > 0 && b > 0) ? sprintf("%.4f", a / b) : "" }
   function mib(b) { return b > 0 ? sprintf("%.0f", b / 1048576) : "" }
   $1 ~ /^ddp\.gpt2[a-z0-9_]*\.gpus[0-9]+\./ && NF == 3 {
-    split($1, k, "."); n = substr(k[3], 5); m = k[2]; v[m, n, k[4]] = $2
-    if (!(m in seen)) { seen[m] = 1; models[++nm] = m }
-    if (!((m, n) in has)) { has[m, n] = 1; order[m, ++cnt[m]] = n } }
+    keep() }
   END {
     for (j = 1; j <= nm; j++) {
       m = models[j]
