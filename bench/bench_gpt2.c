@@ -535,7 +535,7 @@ static void parse(int argc, char **argv, options *o, deft_compile_options *co) {
     if (o->checkpoint_budget) co->memory_budget = o->checkpoint_budget, co->checkpoint = DEFT_CHECKPOINT_BUDGET;
 }
 
-static void make_key(const options *o, char *k, size_t n) {
+static void make_key(const options *o, const deft_compile_options *co, char *k, size_t n) {
     const gpt2_config d = gpt2_124m(), *c = &o->model;
     char model[96];
     if (c->layers == d.layers && c->width == d.width && c->heads == d.heads && c->seq == d.seq && c->vocab == d.vocab)
@@ -555,8 +555,9 @@ static void make_key(const options *o, char *k, size_t n) {
         snprintf(fraction, sizeof fraction, "_cb%lluM", (unsigned long long)((o->checkpoint_budget + 500000) / 1000000));
     char chunks[32] = "";
     if (o->loss_chunks > 1) snprintf(chunks, sizeof chunks, "_lc%lld", (long long)o->loss_chunks);
-    snprintf(k, n, "%s_b%lld_%s%s%s", model, (long long)o->batch, o->autocast == DEFT_BF16 ? "bf16" : "f32", chunks,
-             fraction);
+    /* --reorder: "_ro", a schedule of its own beside the given order's. */
+    snprintf(k, n, "%s_b%lld_%s%s%s%s", model, (long long)o->batch, o->autocast == DEFT_BF16 ? "bf16" : "f32", chunks,
+             co->reorder ? "_ro" : "", fraction);
 }
 
 int main(int argc, char **argv) {
@@ -585,7 +586,7 @@ int main(int argc, char **argv) {
         dev = deft_cuda(0);
     }
     char k[160], dname[256], dstr[32];
-    make_key(&o, k, sizeof k);
+    make_key(&o, &co, k, sizeof k);
     if (deft_device_name(dev, dname, sizeof dname) != DEFT_OK) snprintf(dname, sizeof dname, "?");
     char budget[64] = "";
     if (o.checkpoint_budget) snprintf(budget, sizeof budget, ", checkpoint budget");

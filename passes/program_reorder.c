@@ -5,28 +5,46 @@
 #include "program_state.h"
 #include "schedule_order.h"
 
-/* An optimizer writes parameters that earlier steps read and later ones read anew: it stays a barrier. */
-static int deft_add_deps(const deft_program *p, int i, int *deps, int n, int last_barrier, const int *step_of) {
+/* An optimizer writes parameters that earlier steps read and later ones read anew: it stays where it is, a barrier,
+ * and the steps between two barriers are reordered among themselves. (Given to the order search as a step reading
+ * every earlier one, it kept every value alive to it, and no order could lower that peak.) */
+static bool deft_is_barrier(const deft_program *p, int i) {
+    return p->graph->nodes[p->steps[i]]->op == DEFT_OP_OPTIMIZER;
+}
+
+/* The inputs of step i that are steps of the segment [lo, i), as indices from lo. */
+static int deft_add_deps(const deft_program *p, int i, int lo, int *deps, int n, const int *step_of) {
     const deft_tensor *t = p->graph->nodes[p->steps[i]];
-    if (t->op == DEFT_OP_OPTIMIZER) {
-        for (int j = 0; j < i; j++) deps[n++] = j;
-        return n;
-    }
-    if (last_barrier >= 0) deps[n++] = last_barrier;
     for (int k = 0; k < t->nsrc; k++) {
         int s = step_of[deft_view_base(p->graph, t->src[k]->id, NULL)];
-        if (s >= 0) deps[n++] = s;
+        if (s >= lo && s < i) deps[n++] = s - lo;
     }
     return n;
 }
 
+/* Reorders the steps [lo, hi) among themselves; st, deps, order and old are scratch of at least hi - lo entries
+ * (deps: their sources). */
+static deft_status deft_reorder_segment(deft_program *p, int lo, int hi, const int *step_of, deft_order_step *st,
+                                        int *deps, int *order, int *old) {
+    const int n = hi - lo;
+    int nd = 0;
+    for (int i = 0; i < n; i++) {
+        const deft_tensor *t = p->graph->nodes[p->steps[lo + i]];
+        st[i] = (deft_order_step){deft_tensor_bytes(t), p->nodes[t->id].is_output, nd, 0};
+        nd = deft_add_deps(p, lo + i, lo, deps, nd, step_of);
+        st[i].dep_end = nd;
+    }
+    deft_status s = deft_schedule_order(st, n, deps, order);
+    if (s != DEFT_OK) return s;
+    for (int i = 0; i < n; i++) old[i] = p->steps[lo + i];
+    for (int i = 0; i < n; i++) p->steps[lo + i] = old[order[i]];
+    return DEFT_OK;
+}
+
 static size_t deft_count_deps(const deft_program *p) {
     size_t n = 0;
-    for (int i = 0; i < p->n_steps; i++) {
-        const deft_tensor *t = p->graph->nodes[p->steps[i]];
-        n += (size_t)t->nsrc + 1 + (t->op == DEFT_OP_OPTIMIZER ? (size_t)i : 0);
-    }
-    return n;
+    for (int i = 0; i < p->n_steps; i++) n += (size_t)p->graph->nodes[p->steps[i]]->nsrc;
+    return n ? n : 1;
 }
 
 deft_status deft_program_reorder(deft_program *p) {
@@ -39,18 +57,11 @@ deft_status deft_program_reorder(deft_program *p) {
     if (!st || !deps || !order || !step_of || !old) s = deft_set_error(DEFT_ERR_OOM, "compile: out of host memory");
     for (int id = 0; s == DEFT_OK && id < p->n_nodes; id++) step_of[id] = -1;
     for (int i = 0; s == DEFT_OK && i < n; i++) step_of[p->steps[i]] = i;
-    int nd = 0, barrier = -1;
-    for (int i = 0; s == DEFT_OK && i < n; i++) {
-        const deft_tensor *t = p->graph->nodes[p->steps[i]];
-        st[i] = (deft_order_step){deft_tensor_bytes(t), p->nodes[t->id].is_output, nd, 0};
-        nd = deft_add_deps(p, i, deps, nd, barrier, step_of);
-        st[i].dep_end = nd;
-        if (t->op == DEFT_OP_OPTIMIZER) barrier = i;
-    }
-    if (s == DEFT_OK) s = deft_schedule_order(st, n, deps, order);
-    if (s == DEFT_OK) {
-        for (int i = 0; i < n; i++) old[i] = p->steps[i];
-        for (int i = 0; i < n; i++) p->steps[i] = old[order[i]];
+    for (int lo = 0; s == DEFT_OK && lo < n;) {
+        int hi = lo;
+        while (hi < n && !deft_is_barrier(p, hi)) hi++;
+        if (hi - lo >= 2) s = deft_reorder_segment(p, lo, hi, step_of, st, deps, order, old);
+        lo = hi + 1;   /* past the barrier */
     }
     free(st);
     free(deps);

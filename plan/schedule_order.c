@@ -1,4 +1,4 @@
-/* Reordering a schedule to lower its peak of live bytes. Three orders are tried and the given order 0..n-1 stays
+/* Reordering a schedule to lower its peak of live bytes. Five orders are tried and the given order 0..n-1 stays
  * unless one of them has a strictly lower peak (each is measured exactly, so the answer is never worse):
  *  - a list scheduler: among the steps whose inputs are all done, it runs the one that changes live memory least,
  *    its output's bytes (none if nothing reads it and it is not kept) minus the inputs it is the last reader of.
@@ -6,6 +6,10 @@
  *    cannot see that a costly step now enables a large free later.
  *  - depth first from the outputs, inputs in their given order or the last first: one branch is finished before
  *    the next starts, which is what the greedy misses when every branch starts with cheap steps.
+ *  - the same two depth-first orders, freeing eagerly: after each step, a value it made or read whose remaining
+ *    readers can run (with the few steps they still need) and hold about no more than the value runs them at once.
+ *    A loss taken in blocks then takes each block's gradient through the head's products (which free the block's
+ *    logits) right after the block's loss, instead of holding every block's logits into the backward pass.
  *
  * The list scheduler's keys change as it goes: when all readers of a step but one have run, that last reader's key
  * drops by the step's bytes. Ready steps sit in an indexed heap whose keys only ever drop, so an update is a sift up;
@@ -26,6 +30,7 @@ typedef struct deft_sched {
     int *unread;               /* per step, readers not yet run */
     uint64_t *freed;           /* per step, the bytes of the inputs it is the last reader of, as things stand */
     char *done;
+    char *emitted;             /* the depth-first orders: placed in the order */
     int *heap, *heap_pos, heap_n;   /* ready steps; heap_pos -1 outside the heap */
 } deft_sched;
 
@@ -119,13 +124,70 @@ static void deft_sched_run(deft_sched *s, int *order) {
     }
 }
 
+/* Whether every dependency of step r is placed. */
+static int deft_sched_ready(const deft_sched *s, int r) {
+    for (int k = s->dep_at[r]; k < s->dep_at[r + 1]; k++)
+        if (!s->emitted[s->deps[k]]) return 0;
+    return 1;
+}
+
+/* The eager orders place a value's remaining readers (with the steps they still need, if those can run) once all of
+ * that costs at most this much more than the value: the step that frees a value often makes its own output first
+ * (a gradient over the logits), and only the readers after it free anything. */
+#define DEFT_SCHED_EAGER_SLACK 4   /* the value's bytes / 4 */
+
+/* Queues the unplaced readers of value v, and the unplaced steps they read (each must be able to run now), when
+ * together they hold at most v's bytes and the slack; returns the new queue length (cap: its room). */
+static int deft_sched_queue_readers(const deft_sched *s, int v, int *pending, int n_pending, int cap) {
+    if (s->steps[v].keep_alive || s->steps[v].bytes == 0) return n_pending;
+    const uint64_t room = (uint64_t)s->steps[v].bytes + s->steps[v].bytes / DEFT_SCHED_EAGER_SLACK;
+    uint64_t cost = 0;
+    int first = n_pending;
+    for (int k = s->reader_at[v]; k < s->reader_at[v + 1]; k++) {
+        const int r = s->readers[k];
+        if (s->emitted[r]) continue;
+        if (n_pending >= cap) return first;
+        pending[n_pending++] = r;
+        cost += deft_sched_alloc(s, r);
+        for (int q = s->dep_at[r]; q < s->dep_at[r + 1]; q++) {
+            const int u = s->deps[q];
+            if (s->emitted[u] || u == v) continue;
+            if (!deft_sched_ready(s, u) || n_pending >= cap) return first;   /* its cone is not cheap to finish */
+            pending[n_pending++] = u;   /* above r: placed before it */
+            cost += deft_sched_alloc(s, u);
+        }
+        if (cost > room) return first;
+    }
+    return n_pending;
+}
+
+/* Places step i (which can run); with `eager`, then for i's output and each of its inputs, the remaining readers
+ * deft_sched_queue_readers takes, and in turn theirs. `pending` is scratch of `cap` entries. */
+static void deft_sched_place(deft_sched *s, int i, int *order, int *at, int eager, int *pending, int cap) {
+    int n_pending = 0;
+    pending[n_pending++] = i;
+    while (n_pending > 0) {
+        const int j = pending[--n_pending];
+        if (s->emitted[j] || !deft_sched_ready(s, j)) continue;   /* placed already, or left to the walk */
+        s->emitted[j] = 1;
+        order[(*at)++] = j;
+        if (!eager) continue;
+        n_pending = deft_sched_queue_readers(s, j, pending, n_pending, cap);
+        for (int k = s->dep_at[j]; k < s->dep_at[j + 1]; k++)
+            n_pending = deft_sched_queue_readers(s, s->deps[k], pending, n_pending, cap);
+    }
+}
+
 /* Depth first from the steps nobody reads, in their given order: a step runs right after the last of its inputs, each
  * input's whole cone before the next input's (the last input first when `last_first`). This finishes one branch
  * before the next starts, which the greedy misses when a branch starts with cheap steps and pays off only later
- * (every head's projections before any head's scores). */
-static void deft_sched_depth_first(deft_sched *s, int *order, int last_first) {
+ * (every head's projections before any head's scores). `eager`: deft_sched_place's early frees. */
+static void deft_sched_depth_first(deft_sched *s, int *order, int last_first, int eager, int *pending, int cap) {
     int n = s->n, at = 0, *stack = s->heap, *cursor = s->unmet;
-    for (int i = 0; i < n; i++) s->done[i] = 0;
+    for (int i = 0; i < n; i++) {
+        s->done[i] = 0;
+        s->emitted[i] = 0;
+    }
     for (int root = 0; root < n; root++) {
         if (s->reader_at[root + 1] > s->reader_at[root]) continue;
         int depth = 0;
@@ -135,7 +197,7 @@ static void deft_sched_depth_first(deft_sched *s, int *order, int last_first) {
         while (depth >= 0) {
             int i = stack[depth], n_deps = s->dep_at[i + 1] - s->dep_at[i];
             if (cursor[depth] == n_deps) {
-                order[at++] = i;
+                deft_sched_place(s, i, order, &at, eager, pending, cap);
                 depth--;
                 continue;
             }
@@ -227,21 +289,23 @@ deft_status deft_schedule_order(const deft_order_step *steps, int n, const int *
     s.unread = malloc(cn * sizeof *s.unread);
     s.freed = malloc(cn * sizeof *s.freed);
     s.done = malloc(cn);
+    s.emitted = malloc(cn);
     s.heap = malloc(cn * sizeof *s.heap);
     s.heap_pos = malloc(cn * sizeof *s.heap_pos);
-    int *mine = malloc(cn * sizeof *mine);
+    /* pending: a reader is queued once per value it becomes the last reader of, at most once per edge. */
+    int *mine = malloc(cn * sizeof *mine), *pending = malloc((cn + ce) * sizeof *pending);
     deft_status st = DEFT_OK;
     if (!s.dep_at || !s.deps || !s.reader_at || !s.readers || !s.unmet || !s.unread || !s.freed || !s.done ||
-        !s.heap || !s.heap_pos || !mine)
+        !s.emitted || !s.heap || !s.heap_pos || !mine || !pending)
         st = deft_set_error(DEFT_ERR_OOM, "schedule_order: out of host memory for %d steps", n);
     if (st == DEFT_OK) st = deft_sched_build(&s, deps);
     if (st == DEFT_OK) {
         /* The scratch for the peaks, heap_pos and freed, is free between the schedulers. */
         for (int i = 0; i < n; i++) order[i] = i;
         uint64_t best = deft_sched_peak(&s, order, s.heap_pos, s.freed);
-        for (int k = 0; k < 3; k++) {
+        for (int k = 0; k < 5; k++) {
             if (k == 0) deft_sched_run(&s, mine);
-            else deft_sched_depth_first(&s, mine, k == 2);
+            else deft_sched_depth_first(&s, mine, k % 2 == 0, k >= 3, pending, (int)(cn + ce));
             uint64_t peak = deft_sched_peak(&s, mine, s.heap_pos, s.freed);
             if (peak < best) {
                 best = peak;
@@ -257,8 +321,10 @@ deft_status deft_schedule_order(const deft_order_step *steps, int n, const int *
     free(s.unread);
     free(s.freed);
     free(s.done);
+    free(s.emitted);
     free(s.heap);
     free(s.heap_pos);
     free(mine);
+    free(pending);
     return st;
 }

@@ -147,6 +147,36 @@ static void test_keeps_given_order_when_greedy_loses(void) {
     for (int i = 0; i < 6; i++) CHECK(order[i] == i);
 }
 
+/* A loss in four blocks, as gpt2.h takes it: each block's logits L (100 bytes) are read by its loss C and by its
+ * gradient G (100, which also reads a seed), and G by the head's two products A (1, toward the weight's gradient)
+ * and B (1, toward the input's): given forward first, all four L are live at once (peak over 400); the eager
+ * depth-first order takes each block through G, A and B before the next block's logits (peak at most 250). */
+static void test_loss_blocks(void) {
+    static sched_graph g;
+    g.n = g.n_deps = 0;
+    int h = add_step(&g, 10, 0, 0, NULL), logits[4], loss[4], a[4], b[4];
+    for (int k = 0; k < 4; k++) {
+        logits[k] = add_step(&g, 100, 0, 1, &h);
+        loss[k] = add_step(&g, 1, 0, 1, &logits[k]);
+    }
+    add_step(&g, 1, 1, 4, loss);
+    int seed = add_step(&g, 1, 0, 0, NULL);
+    for (int k = 3; k >= 0; k--) {
+        int grad = add_step(&g, 100, 0, 2, (int[]){logits[k], seed});
+        a[k] = add_step(&g, 1, 0, 1, &grad);
+        b[k] = add_step(&g, 1, 0, 1, &grad);
+    }
+    add_step(&g, 1, 1, 4, a);
+    add_step(&g, 1, 1, 4, b);
+    int order[32], given[32];
+    identity(given, g.n);
+    CHECK(peak_of(g.steps, g.n, g.deps, given) > 400);
+    CHECK_OK(deft_testing_schedule_order(g.steps, g.n, g.deps, order));
+    CHECK(is_topological(g.steps, g.n, g.deps, order));
+    const size_t peak = peak_of(g.steps, g.n, g.deps, order);
+    CHECK_MSG(peak <= 250, "peak %zu, wanted at most 250", peak);
+}
+
 static void test_bad_input(void) {
     static sched_graph g;
     int order[4];
@@ -197,6 +227,7 @@ int main(void) {
     test_two_chains();
     test_fan_out_then_reduce();
     test_keeps_given_order_when_greedy_loses();
+    test_loss_blocks();
     test_bad_input();
     test_large();
     return deft_check_finish();
