@@ -29,11 +29,11 @@
 typedef struct options {
     gpt2_config model;
     const char *tokens, *val_tokens, *text, *device, *trace, *init_out, *state, *resume;
-    int64_t batch, steps, warmup, val_every, val_batches, log_every, sample, save_every;
+    int64_t batch, steps, warmup, val_every, val_batches, log_every, sample, save_every, loss_chunks;
     double lr, min_lr_frac, weight_decay, clip;
     size_t checkpoint_budget;
     deft_dtype autocast;
-    int autocast_set, no_shuffle, print_plan, deterministic, zero;
+    int autocast_set, no_shuffle, print_plan, deterministic, zero, reorder;
     double dist_timeout;
     uint64_t seed;
 } options;
@@ -67,6 +67,10 @@ static const char help[] =
     "  --clip NORM          clip gradients to this global norm; 0: no clipping (default: 1.0)\n"
     "  --autocast bf16|f16|none   mixed precision (default: bf16 on a GPU, none on the CPU)\n"
     "  --checkpoint-budget BYTES  activation checkpointing to fit this many bytes a step (default: none)\n"
+    "  --loss-chunks K      the loss over K blocks of rows, each block's logits their own product (K divides\n"
+    "                       batch x seq; default: 1, the whole logits)\n"
+    "  --reorder            the compile option reorder: with --loss-chunks each block's logits are freed right after\n"
+    "                       its gradient, instead of all of them living into the backward pass (default: off)\n"
     "  --device DEV         cpu or cuda:N (default: cuda:0 if a GPU works, else cpu)\n"
     "  --seed S             weights and data order (default: 1337)\n"
     "  --no-shuffle         batches in stream order (windows of seq + 1 tokens every seq tokens), not shuffled\n"
@@ -147,6 +151,7 @@ static int parse_one(options *o, const char *k, const char *v) {
     else if (!strcmp(k, "--save-every")) o->save_every = atoll(v);
     else if (!strcmp(k, "--resume")) o->resume = v;
     else if (!strcmp(k, "--dist-timeout")) o->dist_timeout = atof(v);
+    else if (!strcmp(k, "--loss-chunks")) o->loss_chunks = atoll(v);
     else return 0;
     return 1;
 }
@@ -157,6 +162,7 @@ static int parse_flag(options *o, const char *k) {
     else if (!strcmp(k, "--print-plan")) o->print_plan = 1;
     else if (!strcmp(k, "--deterministic")) o->deterministic = 1;
     else if (!strcmp(k, "--zero")) o->zero = 1;
+    else if (!strcmp(k, "--reorder")) o->reorder = 1;
     else return 0;
     return 1;
 }
@@ -188,6 +194,13 @@ static int parse(int argc, char **argv, options *o) {
         i++;
     }
     if (o->warmup < 0) o->warmup = o->steps / 10;
+    if (!bad && (o->loss_chunks < 0 || (o->loss_chunks > 1 && o->batch > 0 && o->model.seq > 0 &&
+                                        (o->batch > INT64_MAX / o->model.seq ||
+                                         (o->batch * o->model.seq) % o->loss_chunks != 0)))) {
+        fprintf(stderr, "gpt2_train: --loss-chunks %lld must be at least 1 and divide batch x seq (%lld x %lld)\n",
+                (long long)o->loss_chunks, (long long)o->batch, (long long)o->model.seq);
+        return 0;
+    }
     return !bad && o->steps > 0 && o->batch > 0 && o->lr > 0 && o->log_every > 0 && o->val_batches > 0 &&
            o->val_every >= 0 && o->sample >= 0 && o->save_every >= 0 && !(o->save_every && !o->state) &&
            !(o->tokens && o->text) && o->dist_timeout > 0 && model_ok(&o->model);
@@ -355,7 +368,11 @@ static double lr_at(const options *o, int64_t step) {
 }
 
 static deft_status build(run *r) {
-    deft_status s = gpt2_build(&r->m, &r->o.model, r->o.batch, r->dev, r->o.seed);
+    deft_graph *g = deft_graph_new();
+    if (!g) return DEFT_ERR_OOM;
+    deft_graph_set_seed(g, r->o.seed);
+    const gpt2_build_options bo = {.loss_chunks = r->o.loss_chunks};
+    deft_status s = gpt2_build_with(&r->m, g, &r->o.model, r->o.batch, r->dev, &bo);
     if (s == DEFT_OK) s = deft_backward(r->m.loss);
     if (s != DEFT_OK) return s;
     const deft_adamw_options ao = {.lr = r->o.lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8,
@@ -373,7 +390,7 @@ static deft_status build(run *r) {
     const deft_compile_options co = {.autocast = r->o.autocast, .memory_budget = r->o.checkpoint_budget,
                                      .checkpoint = r->o.checkpoint_budget ? DEFT_CHECKPOINT_BUDGET : 0,
                                      .deterministic = deterministic, .dist = r->dist, .dist_local = 0,
-                                     .zero_stage = r->o.zero};
+                                     .zero_stage = r->o.zero, .reorder = r->o.reorder};
     r->train = deft_compile(r->m.g, (deft_tensor *[]){r->m.loss, r->step}, 2, &co);
     if (!r->train) return deft_graph_error(r->m.g) != DEFT_OK ? deft_graph_error(r->m.g) : DEFT_ERR_INVALID;
     /* Only rank 0 validates and samples: the others keep no evaluation program (its logits are the largest buffer). */

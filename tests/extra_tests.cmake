@@ -56,6 +56,19 @@ if(DEFT_BUILD_EXAMPLES)
   set_tests_properties(example_gpt2_train PROPERTIES LABELS cpu TIMEOUT 300
                        PASS_REGULAR_EXPRESSION "step 60/60  loss [0-9.]+.*validation loss [0-9.]+.*sample:"
                        ENVIRONMENT "${DEFT_TEST_ENV}")
+  # The loss over row blocks, reordered so that each block's logits die after its gradient: it trains, and a count
+  # of blocks not dividing batch x seq is refused with the numbers (the same bits: test_gpt2_loss_chunks).
+  add_test(NAME example_gpt2_train_loss_chunks COMMAND gpt2_train --device cpu --layers 2 --width 64 --seq 64 --batch 8
+                                                --steps 10 --log-every 10 --val-every 0 --val-batches 1 --sample 0
+                                                --loss-chunks 4 --reorder)
+  set_tests_properties(example_gpt2_train_loss_chunks PROPERTIES LABELS cpu TIMEOUT 300
+                       PASS_REGULAR_EXPRESSION "step 10/10  loss [0-9.]+" ENVIRONMENT "${DEFT_TEST_ENV}")
+  add_test(NAME example_gpt2_train_loss_chunks_refused
+           COMMAND ${CMAKE_COMMAND} "-DCOMMAND=$<TARGET_FILE:gpt2_train>|--device|cpu|--layers|2|--loss-chunks|3"
+                   -DEXIT=2 "-DMATCH=--loss-chunks 3 must be at least 1 and divide batch x seq \\(8 x 128\\)"
+                   -P ${PROJECT_SOURCE_DIR}/tests/check_exit.cmake)
+  set_tests_properties(example_gpt2_train_loss_chunks_refused PROPERTIES LABELS cpu TIMEOUT 60
+                       ENVIRONMENT "${DEFT_TEST_ENV}")
   # Stopped at step 8 and resumed from its saved state, the example gives the same losses as an uninterrupted run.
   add_test(NAME example_gpt2_resume
            COMMAND ${CMAKE_COMMAND} -DPROGRAM=$<TARGET_FILE:gpt2_train> -DWORK=${PROJECT_BINARY_DIR}/gpt2_resume
