@@ -181,8 +181,9 @@ static void deft_sched_place(deft_sched *s, int i, int *order, int *at, int eage
 /* Depth first from the steps nobody reads, in their given order: a step runs right after the last of its inputs, each
  * input's whole cone before the next input's (the last input first when `last_first`). This finishes one branch
  * before the next starts, which the greedy misses when a branch starts with cheap steps and pays off only later
- * (every head's projections before any head's scores). `eager`: deft_sched_place's early frees. */
-static void deft_sched_depth_first(deft_sched *s, int *order, int last_first, int eager, int *pending, int cap) {
+ * (every head's projections before any head's scores). `eager`: deft_sched_place's early frees. Returns the steps
+ * placed: all n (every step lies in the cone of one nobody reads). */
+static int deft_sched_depth_first(deft_sched *s, int *order, int last_first, int eager, int *pending, int cap) {
     int n = s->n, at = 0, *stack = s->heap, *cursor = s->unmet;
     for (int i = 0; i < n; i++) {
         s->done[i] = 0;
@@ -209,6 +210,7 @@ static void deft_sched_depth_first(deft_sched *s, int *order, int last_first, in
             cursor[depth] = 0;
         }
     }
+    return at;
 }
 
 /* The most bytes live at any position of `order`, with pos and delta as scratch (n entries each). Sums wrap the way
@@ -292,7 +294,8 @@ deft_status deft_schedule_order(const deft_order_step *steps, int n, const int *
     s.emitted = malloc(cn);
     s.heap = malloc(cn * sizeof *s.heap);
     s.heap_pos = malloc(cn * sizeof *s.heap_pos);
-    /* pending: a reader is queued once per value it becomes the last reader of, at most once per edge. */
+    /* pending: the eager orders' queue, steps and edges long; past that, deft_sched_queue_readers queues nothing more
+     * (an order that frees less eagerly, never a wrong one). */
     int *mine = malloc(cn * sizeof *mine), *pending = malloc((cn + ce) * sizeof *pending);
     deft_status st = DEFT_OK;
     if (!s.dep_at || !s.deps || !s.reader_at || !s.readers || !s.unmet || !s.unread || !s.freed || !s.done ||
@@ -305,7 +308,7 @@ deft_status deft_schedule_order(const deft_order_step *steps, int n, const int *
         uint64_t best = deft_sched_peak(&s, order, s.heap_pos, s.freed);
         for (int k = 0; k < 5; k++) {
             if (k == 0) deft_sched_run(&s, mine);
-            else deft_sched_depth_first(&s, mine, k % 2 == 0, k >= 3, pending, (int)(cn + ce));
+            else if (deft_sched_depth_first(&s, mine, k % 2 == 0, k >= 3, pending, (int)(cn + ce)) != n) continue;
             uint64_t peak = deft_sched_peak(&s, mine, s.heap_pos, s.freed);
             if (peak < best) {
                 best = peak;
