@@ -27,7 +27,9 @@ static int64_t deft_batch_max_output(int dev) {
 static const deft_tensor *deft_batch_node(const deft_fusion *f, int id) { return f->p->graph->nodes[id]; }
 
 /* Below DEFT_BATCH_MIN_FLOPS (cuda_tuning.h) a product's launch, not its arithmetic, is what a batch would save, and
- * the small-product kernels (cuda_matmul_small.cu) take it. */
+ * the small-product kernels (cuda_matmul_small.cu) take it. A product whose operands outweigh its output (a head's
+ * weight gradient over a block of rows of logits) stays where it is: held back, it would keep them alive for longer
+ * than the launches it saves are worth, and undo an order that frees each block as it goes (plan/schedule_order.c). */
 static bool deft_batch_candidate(const deft_fusion *f, int m) {
     const deft_tensor *mm = deft_batch_node(f, m);
     if (mm->op != DEFT_OP_MATMUL || mm->device.type != DEFT_CUDA || !deft_is_step(f, m) || f->group_of[m] >= 0 ||
@@ -35,7 +37,9 @@ static bool deft_batch_candidate(const deft_fusion *f, int m) {
         return false;
     double flops, bytes;
     deft_op_cost(mm, &flops, &bytes);
-    return flops >= DEFT_BATCH_MIN_FLOPS && mm->shape[0] * mm->shape[1] <= deft_batch_max_output(mm->device.index);
+    const size_t operands = deft_tensor_bytes(mm->src[0]) + deft_tensor_bytes(mm->src[1]);
+    return flops >= DEFT_BATCH_MIN_FLOPS && mm->shape[0] * mm->shape[1] <= deft_batch_max_output(mm->device.index) &&
+           operands <= deft_tensor_bytes(mm);
 }
 
 /* The free bias gradient reading product m's b, -1 if none. */

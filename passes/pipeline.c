@@ -40,6 +40,8 @@ static deft_status deft_stage_autocast(deft_pipeline *pl) {
 }
 
 static deft_status deft_trial_measure(void *ctx, const int *redirect, int full, size_t *total, double *area);
+static deft_status deft_trial_measure_as(const deft_pipeline *pl, const deft_config *c, const int *redirect, int full,
+                                         size_t *total, double *area);
 
 /* The checkpoint rewrite appends the program's copies to the graph; the program then covers them. It runs whatever
  * the policy, for autocast's casts of inputs and the cheap recomputations (checkpoint.h). */
@@ -89,10 +91,30 @@ static deft_status deft_stage_schedule(deft_pipeline *pl) {
     return deft_plan_pass(p);
 }
 
-/* With `reorder`, a second plan over the reordered steps replaces the first only when its arenas are smaller. */
+/* Whether reordering gives the smaller final plan. Fusion and the side lane run over the order chosen and may keep
+ * values alive longer in one order than in the other (a weight gradient's product on the side lane holds its inputs),
+ * so the compile itself plans two trials to the end, with and without the reorder, and takes the smaller. */
+static deft_status deft_reorder_pays(const deft_pipeline *pl, bool *pays) {
+    deft_config plain = pl->p->config;
+    plain.reorder = 0;
+    size_t with = 0, without = 0;
+    double area = 0.0;
+    deft_status s = deft_trial_measure_as(pl, &pl->p->config, pl->ckpt_redirect, 1, &with, &area);
+    if (s == DEFT_OK) s = deft_trial_measure_as(pl, &plain, pl->ckpt_redirect, 1, &without, &area);
+    *pays = s == DEFT_OK && with < without;
+    return s;
+}
+
+/* With `reorder`, a second plan over the reordered steps replaces the first only when its arenas are smaller; the
+ * compile (not a trial, which stops at that) first asks whether that still holds once every stage has run. */
 static deft_status deft_stage_reorder(deft_pipeline *pl) {
     deft_program *p = pl->p;
     if (!p->config.reorder || p->config.no_reuse) return DEFT_OK;
+    if (pl->owner) {
+        bool pays = false;
+        deft_status s = deft_reorder_pays(pl, &pays);
+        if (s != DEFT_OK || !pays) return s;
+    }
     size_t in_order = deft_arena_total(p);
     int *kept = malloc((size_t)(p->n_steps ? p->n_steps : 1) * sizeof *kept);
     if (!kept) return deft_set_error(DEFT_ERR_OOM, "compile: out of host memory");
@@ -234,8 +256,14 @@ static deft_status deft_trial_run(deft_pipeline *tp, int full) {
 
 static deft_status deft_trial_measure(void *ctx, const int *redirect, int full, size_t *total, double *area) {
     const deft_pipeline *pl = ctx;
+    return deft_trial_measure_as(pl, &pl->p->config, redirect, full, total, area);
+}
+
+/* A trial compiled with options c (the program's, or a variant of them). */
+static deft_status deft_trial_measure_as(const deft_pipeline *pl, const deft_config *c, const int *redirect, int full,
+                                         size_t *total, double *area) {
     deft_graph *g = pl->p->graph;
-    deft_program t = {.graph = g, .n_nodes = g->n_nodes, .config = pl->p->config};
+    deft_program t = {.graph = g, .n_nodes = g->n_nodes, .config = *c};
     deft_pipeline tp = {&t, pl->outputs, pl->outputs, NULL, pl->n_outputs, redirect, NULL};
     deft_status s = deft_trial_run(&tp, full);
     *total = t.persistent_bytes;   /* saturating: a trial too large to count loses to every other */

@@ -1,6 +1,9 @@
 /* GPT-2 (examples/gpt2.h) on a GPU with its loss in row blocks, compiled with the option reorder against the given
- * order: the loss (eager and replayed) and every parameter's gradient are the same bits, in f32 and under bf16
- * autocast, and the planned arena is smaller (each block's logits die after its gradient has gone through the head's
+ * order: the loss (eager and replayed) is the same bits and so is every parameter's gradient in f32; under bf16
+ * autocast a bias gradient may be summed by its product's epilogue in one order and by a sum of its own in the other
+ * (passes/fusion.c fuses the two only where no reader comes between), which rounds differently, so there the
+ * gradients agree within 1 % of each one's largest magnitude. The reordered program's arena is never larger (the
+ * compile keeps the given order unless the reordered one plans smaller, passes/pipeline.c), and at this size smaller (each block's logits die after its gradient has gone through the head's
  * products, plan/schedule_order.c). On a GPU the reordered steps then go through fusion, the side lane and a CUDA
  * Graph capture, which the CPU's test_gpt2_loss_chunks does not exercise. */
 #include "../examples/gpt2.h"
@@ -14,7 +17,8 @@ static void compare(deft_dtype autocast, const char *what) {
     gpt2_grads_run(&cfg, 4, 4, deft_cuda(0), &(deft_compile_options){.autocast = autocast, .reorder = 1}, &re);
     gpt2_grads_run(&cfg, 4, 4, deft_cuda(0), &(deft_compile_options){.autocast = autocast}, &given);
     CHECK_MSG(re.arena < given.arena, "%s: arena %zu reordered, %zu in order", what, re.arena, given.arena);
-    gpt2_grads_same(&re, &given, what);
+    if (autocast == DEFT_F32) gpt2_grads_same(&re, &given, what);
+    else gpt2_grads_close(&re, &given, 1e-2, what);
 }
 
 int main(void) {

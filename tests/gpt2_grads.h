@@ -5,6 +5,8 @@
 #ifndef DEFT_TEST_GPT2_GRADS_H
 #define DEFT_TEST_GPT2_GRADS_H
 
+#include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -92,6 +94,32 @@ static inline void gpt2_grads_same(gpt2_grads *a, gpt2_grads *b, const char *wha
         CHECK_MSG(a->grads[k] && b->grads[k] && a->bytes[k] == b->bytes[k] &&
                       memcmp(a->grads[k], b->grads[k], a->bytes[k]) == 0,
                   "%s: the gradient of %s differs", what, a->names[k]);
+    for (int k = 0; k < GPT2_GRADS_MAX; k++) free(a->grads[k]), free(b->grads[k]);
+}
+
+/* That a and b hold the same losses bit for bit and gradients within tol of each gradient's largest magnitude: for
+ * two compiles whose fusion differs in a way that rounds differently (under bf16 a bias gradient summed in a
+ * product's epilogue or by a sum of its own); frees both. */
+static inline void gpt2_grads_close(gpt2_grads *a, gpt2_grads *b, double tol, const char *what) {
+    CHECK_MSG(memcmp(&a->loss, &b->loss, sizeof a->loss) == 0 &&
+                  memcmp(&a->loss_replayed, &a->loss, sizeof a->loss) == 0 &&
+                  memcmp(&b->loss_replayed, &b->loss, sizeof b->loss) == 0,
+              "%s: losses %.9g and %.9g (replayed %.9g and %.9g)", what, (double)a->loss, (double)b->loss,
+              (double)a->loss_replayed, (double)b->loss_replayed);
+    CHECK_MSG(a->n_grads == b->n_grads && a->n_grads > 0, "%s: %d and %d gradients", what, a->n_grads, b->n_grads);
+    for (int k = 0; k < a->n_grads && k < b->n_grads; k++) {
+        const bool same_size = a->grads[k] && b->grads[k] && a->bytes[k] == b->bytes[k];
+        CHECK_MSG(same_size, "%s: the gradient of %s is missing or of another size", what, a->names[k]);
+        if (!same_size) continue;
+        double top = 0.0, diff = 0.0;
+        for (size_t i = 0; i < a->bytes[k] / sizeof(float); i++) {
+            const double x = a->grads[k][i], y = b->grads[k][i];
+            top = fabs(x) > top ? fabs(x) : top;
+            diff = fabs(x - y) > diff || x != x || y != y ? (x != x || y != y ? INFINITY : fabs(x - y)) : diff;
+        }
+        CHECK_MSG(top > 0.0 && diff <= tol * top, "%s: the gradient of %s differs by %.3g, %.3g of its largest %.3g",
+                  what, a->names[k], diff, diff / top, top);
+    }
     for (int k = 0; k < GPT2_GRADS_MAX; k++) free(a->grads[k]), free(b->grads[k]);
 }
 
