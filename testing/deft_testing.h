@@ -158,15 +158,32 @@ size_t deft_testing_optimizer_array_bytes(const deft_optimizer *o);
 deft_status deft_testing_optimizer_read(const deft_optimizer *o, int array, void *host, size_t bytes);
 /* ZeRO-1's sharding of o (all zero when it is not sharded): its world and rank, the slice [lo, hi) of the flat storage
  * padded to `padded` elements (o's parameters hold `total`), the bytes of its state arrays as allocated (AdamW's two
- * moments, SGD's momentum buffer: the slice's under ZeRO-1, the whole storage's otherwise) and what the planner counts
- * for the step (the state and the flat gradients). deft_testing_optimizer_read reads the slice of a state array of a
- * sharded optimizer: (hi - lo) elements. */
+ * moments, SGD's momentum buffer: the slice's under ZeRO-1, the whole storage's otherwise), of its flat gradients as
+ * allocated (0: none; the slice's under ZeRO-1) and of the staging of narrow gradients (0: none made), and what the
+ * planner counts for the step (the state, the flat gradients and the staging). deft_testing_optimizer_read reads the
+ * slice of a state array of a sharded optimizer: (hi - lo) elements. */
 typedef struct deft_testing_zero {
     int world, rank;
     int64_t lo, hi, padded, total;
     size_t state_bytes, planned_bytes;
+    size_t grad_bytes, staging_bytes;
 } deft_testing_zero;
 void deft_testing_optimizer_zero(const deft_optimizer *o, deft_testing_zero *out);
+/* ZeRO-1's arithmetic without GPUs (testing/testing_zero.c), on a shallow copy of o (built, on any device, sharded or
+ * not; o is left alone and nothing is queued): *out as deft_testing_optimizer_zero would report o sharded as rank
+ * `rank` of `world` (the bytes those the sharded optimizer would allocate and plan; staging_bytes 0 unless dt is
+ * narrower than o's dtype), and the reduces a replica of that rank would queue for parameter `param`'s gradient held
+ * in dtype dt, built by the replica's own code (dist/dist_zero.c's deft_zero_reduces_new): up to max of them into
+ * pieces. Returns how many there are, -1 (with the error) for a bad world, rank or param. */
+typedef struct deft_testing_zero_piece {
+    int root;                 /* the rank the piece is averaged into */
+    int64_t start, count;     /* its elements of the flat storage */
+    size_t send_offset;       /* its first byte in the gradient */
+    int staged;               /* on the root: received into the staging (a narrow dtype), else the flat gradients */
+    size_t dest_offset;       /* on the root: its first byte there; (size_t)-1 on the other ranks */
+} deft_testing_zero_piece;
+int deft_testing_zero_plan(const deft_optimizer *o, int world, int rank, int param, deft_dtype dt,
+                           deft_testing_zero *out, deft_testing_zero_piece *pieces, int max);
 /* Checks the n sources of a step node of o as building one does (implemented in the library, ir/optimizer.c). */
 deft_status deft_optimizer_check_grads(const deft_optimizer *opt, const char *step_name, deft_tensor *const *srcs,
                                        int n);
@@ -176,6 +193,10 @@ deft_status deft_optimizer_check_grads(const deft_optimizer *opt, const char *st
  * bytes[0 .. max) and joins[0 .. max) (either may be NULL). The number of buckets, -1 when p is not a replica. */
 int deft_ddp_bucket_layout(const deft_program *p, size_t *bytes, int *joins, int max);
 int deft_ddp_packed_buckets(const deft_program *p);   /* buckets packed into one buffer; -1: not a replica */
+/* The buckets of sharded optimizers' gradients (ZeRO-1), in the order they were cut: their bytes, the step after which
+ * their reduces are queued (-1: before the first), the step they join back before and their ncclReduce calls (0 in a
+ * world of one), into the first max entries (any may be NULL). Their number, -1 when p is not a replica. */
+int deft_ddp_zero_buckets(const deft_program *p, size_t *bytes, int *ready, int *joins, int *pieces, int max);
 /* Rank 0 publishes `bytes` of `blob`, the others wait for them ("file:PATH" or "tcp:HOST:PORT"). */
 deft_status deft_rendezvous(const char *spec, int rank, int world, void *blob, size_t bytes, double timeout_s);
 double deft_dist_now(void);   /* seconds on a monotonic clock */
@@ -326,6 +347,10 @@ deft_status deft_testing_fused_relu(deft_dtype input_dtype, int64_t numel);
  * dtype: 0 where the plain kernels (re-reading the row each pass) run, the CE_REFERENCE knob included; -1 without
  * CUDA. */
 int deft_testing_ce_regs_groups(deft_dtype logits, int64_t classes);
+/* 1 where cross-entropy's streaming GPU kernels (rows through shared memory, taken before the register kernels) take
+ * rows of `classes` logits of that dtype on the current device, given 16-byte aligned buffers; 0 where they do not
+ * (the CE_REFERENCE knob included); -1 without CUDA. */
+int deft_testing_ce_streams(deft_dtype logits, int64_t classes);
 
 /* ---- debug knobs ---- */
 /* The library's debug knobs (base/config.h), which send kernels down their reference paths so that a test can compare

@@ -60,9 +60,16 @@ size_t deft_testing_cublas_floor(int device) { return deft_cuda_cublas_floor(dev
 
 int deft_testing_ce_regs_groups(deft_dtype logits, int64_t classes) { return deft_cuda_ce_regs_groups(logits, classes); }
 
+int deft_testing_ce_streams(deft_dtype logits, int64_t classes) { return deft_cuda_ce_streams(logits, classes); }
+
 #else
 
 int deft_testing_ce_regs_groups(deft_dtype logits, int64_t classes) {
+    (void)logits, (void)classes;
+    return -1;
+}
+
+int deft_testing_ce_streams(deft_dtype logits, int64_t classes) {
     (void)logits, (void)classes;
     return -1;
 }

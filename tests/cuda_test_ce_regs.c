@@ -1,10 +1,14 @@
-/* Cross-entropy's GPU kernels that hold a row in registers (read once for the loss, once for the gradient) against
- * the plain block kernels that re-read it each pass (the CE_REFERENCE debug knob): the same bits for the loss and the
- * gradient, bf16, f16 and f32 logits, an f32 loss beside half logits and a loss of their own dtype, plain mean, an
- * ignore index with label smoothing, sum, rows of a multiple of 8 classes and not (a short last group, rows off 16
- * bytes), 4 and 8 groups a thread, a block looping over several rows, and rows too long for registers (the plain
- * kernels, for both settings). A target out of range is still found and reported on the register path. */
+/* Cross-entropy's fast GPU kernels for long rows against the plain block kernels that re-read a row each pass (the
+ * CE_REFERENCE debug knob): the streaming kernels (rows through shared memory, cuda_ce_stream.cu: rows on 16 bytes
+ * that fit the device's shared memory twice) and the register kernels (a row held in registers: rows off 16 bytes,
+ * or too long to stream). The same bits for the loss and the gradient, bf16, f16 and f32 logits, an f32 loss beside
+ * half logits and a loss of their own dtype, plain mean, an ignore index with label smoothing, sum, rows of a
+ * multiple of 8 classes and not (a short last group, rows off 16 bytes), 4 and 8 groups a thread, a block looping
+ * over several rows, GPT-2's vocabulary over more rows than the loss's blocks (1100 of 50304: each streaming block
+ * then walks several of the plain kernel's blocks), and rows too long for registers (the plain kernels, for both
+ * settings). A target out of range is still found and reported on the fast paths. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,9 +27,11 @@ static const regs_case cases[] = {
     {64, 2001, 4, 4},       /* a last group of one class */
     {64, 1027, 8, 0},       /* 5 groups a thread; rows off 16 bytes */
     {32, 4095, 4, 4},       /* a last group of 7 */
+    {64, 4100, 8, 0},       /* f32 rows on 16 bytes with a last group of 4 (streamed); halves off 16 bytes */
     {4, 32768, 4, 4},       /* 1024 threads, 4 groups each: the most f32 takes */
     {4, 50257, 8, 0},       /* GPT-2's vocabulary: 7 groups a thread */
     {4, 50304, 8, 0},       /* GPT-2's padded vocabulary */
+    {1100, 50304, 8, 0},    /* the same over more rows than the loss's 1024 blocks, and than most GPUs' SMs */
     {3, 65536, 8, 0},       /* 8 groups a thread: the most halves take */
     {3, 65537, 0, 0},       /* one group more: the plain kernels */
 };
@@ -129,9 +135,20 @@ static void check_groups(void) {
                   deft_testing_ce_regs_groups(DEFT_F32, rc->c), rc->groups_half, rc->groups_f32);
     }
     CHECK(deft_testing_ce_regs_groups(DEFT_F64, 4096) == 0);
+    /* Streaming: rows on 16 bytes that fit twice in any GPU's shared memory stream; rows off 16 bytes, f64, rows of
+     * a warp never do. Whether GPT-2's rows stream depends on the device's shared memory (an H100's: yes). */
+    CHECK(deft_testing_ce_streams(DEFT_BF16, 1024) == 1 && deft_testing_ce_streams(DEFT_F16, 4096) == 1 &&
+          deft_testing_ce_streams(DEFT_F32, 2048) == 1 && deft_testing_ce_streams(DEFT_F32, 4100) == 1);
+    CHECK(deft_testing_ce_streams(DEFT_BF16, 1027) == 0 && deft_testing_ce_streams(DEFT_BF16, 50257) == 0 &&
+          deft_testing_ce_streams(DEFT_F32, 2001) == 0 && deft_testing_ce_streams(DEFT_F64, 4096) == 0 &&
+          deft_testing_ce_streams(DEFT_BF16, 1016) == 0 && deft_testing_ce_streams(DEFT_BF16, 1028) == 0);
+    printf("GPT-2's rows (50304 bf16) %s on this device; f32 rows of 32768 %s\n",
+           deft_testing_ce_streams(DEFT_BF16, 50304) ? "stream" : "do not stream",
+           deft_testing_ce_streams(DEFT_F32, 32768) ? "stream" : "do not stream");
     CHECK(deft_testing_ce_regs_groups(DEFT_BF16, 1023) == 0);   /* a warp per row */
     CHECK_OK(deft_testing_set_debug("CE_REFERENCE", 1));
     CHECK(deft_testing_ce_regs_groups(DEFT_BF16, 50304) == 0 && deft_testing_ce_regs_groups(DEFT_F32, 1024) == 0);
+    CHECK(deft_testing_ce_streams(DEFT_BF16, 50304) == 0 && deft_testing_ce_streams(DEFT_F32, 1024) == 0);
     CHECK_OK(deft_testing_set_debug("CE_REFERENCE", 0));
 }
 
@@ -197,6 +214,7 @@ int main(void) {
     if (dev.type == DEFT_CUDA) {   /* the CPU standing in refuses such a target before it runs */
         check_bad_target(dev, DEFT_BF16, 50304);
         check_bad_target(dev, DEFT_F32, 4096);
+        check_bad_target(dev, DEFT_BF16, 50257);   /* the register kernels: rows off 16 bytes */
     }
     return deft_check_finish();
 }

@@ -91,6 +91,8 @@ static void test_fast_kernels(void) {
         {2, {3, 5000}, 1, 1, 1e-5, 0, DEFT_F32},       /* longer than the registers hold */
         {2, {65, 40}, 1, 1, 1e-5, 0, DEFT_F32},        {2, {9, 7}, 1, 1, 1e-5, 0, DEFT_F32},
         {2, {70, 96}, 1, 1, 1e-5, 1, DEFT_F32},        {3, {2, 32, 768}, 1, 1, 1e-5, 1, DEFT_BF16},
+        {2, {8192, 768}, 1, 1, 1e-5, 0, DEFT_F32},     /* GPT-2's B 8, T 1024 rows */
+        {2, {64, 771}, 1, 1, 1e-5, 0, DEFT_F32},       /* an odd width: element by element */
     };
     static const deft_dtype dts[4] = {DEFT_F32, DEFT_F16, DEFT_BF16, DEFT_F64};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)

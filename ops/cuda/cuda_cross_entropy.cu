@@ -1,45 +1,27 @@
 /* Fused cross-entropy and its gradient on a GPU, with the options of the node's p.ce (an ignore index, label
  * smoothing, mean or sum). The formulas are the CPU backend's (ops/cpu/cpu_cross_entropy.c): the row maximum is
- * subtracted before exp, the exponentials summed in double, and the row's loss formed in double.
+ * subtracted before exp and the row's loss formed in double. Rows shorter than DEFT_CE_ROW_MIN take a warp each and
+ * sum their exponentials in double; longer ones a block each, which sums each group of 8 exponentials in the compute
+ * type (float for halves and f32) and the groups in double, and forms the gradient in the compute type, rounded once
+ * to the logits' dtype (cuda_cross_entropy.cuh says why and what it costs: under half an f32 ulp of the loss).
  *
  * The loss may be f32 beside f16 or bf16 logits, and the gradient's dloss f32 beside them (autocast's loss,
  * deft_cross_entropy_as): halves load exactly into float and every kernel's order of work depends on the shape
  * alone, never on the dtype, so such logits give the loss bits that the same logits cast to f32 give, and the
- * gradient, rounded once from double through float, the bits of the f32 gradient's cast. Rows of at least
- * DEFT_CE_ROW_MIN classes take a block each, which holds the row in registers where it fits (deft_k_ce_*_regs) and
- * otherwise re-reads it each pass (deft_k_ce_*_block, the plain kernels, which the CE_REFERENCE debug knob forces);
- * shorter ones a warp. Every gradient kernel reads a row before writing it, so the gradient may take over the
- * logits' buffer (ir/op_table.c). */
+ * gradient the bits of the f32 gradient's cast. Rows of at least DEFT_CE_ROW_MIN classes stream through shared
+ * memory where they fit it twice and start on 16 bytes (cuda_ce_stream.cu), else are held in registers where they
+ * fit (deft_k_ce_*_regs), else re-read each pass (deft_k_ce_*_block, the plain kernels, which the CE_REFERENCE debug
+ * knob forces); all three fold with the same functions in the same order, so they give the same bits. Every gradient
+ * kernel reads a row before writing it, so the gradient may take over the logits' buffer (ir/op_table.c). */
 #include <string.h>
 
 #include "config.h"
 #include "cuda_block_reduce.cuh"
 #include "cuda_common.cuh"
+#include "cuda_cross_entropy.cuh"
+#include "cuda_kernels.h"
 #include "cuda_tuning.h"
 #include "device_errors.h"
-
-/* A target outside [0, C) (and not the ignore index) is data, known only once the kernel runs: the kernel records
- * the lowest such row in the device's error record (mem/device_errors.h) and carries on, its rows giving NaN; the
- * host reports the record when it next reads an output, so no launch waits for the host. The row is clamped so that
- * no key equals "none". */
-__device__ __forceinline__ void deft_ce_record_bad(deft_device_errors *rec, int64_t row, int32_t target, int64_t c) {
-    const unsigned long long r = (unsigned long long)(row < 0xfffffffell ? row : 0xfffffffell);
-    const unsigned long long key = (r << 32) | (unsigned long long)(uint32_t)target;
-    /* Only a kernel that lowered the key writes C; within one kernel every writer writes the same C. */
-    if (key < atomicMin(&rec->ce_bad, key)) rec->ce_classes = (long long)c;
-}
-
-/* The options, by value: a captured graph keeps them. */
-struct deft_ce_opts {
-    int has_ignore;
-    int32_t ignore_index;
-    double ls;          /* label smoothing */
-    int sum;            /* reduction: 1 sum, 0 mean */
-};
-
-__device__ __forceinline__ bool deft_ce_ignored(const deft_ce_opts &o, int32_t t) {
-    return o.has_ignore && t == o.ignore_index;
-}
 
 /* Every lane gets the result: the xor butterfly combines the same pairs in every lane, so they agree bit for bit. */
 template <class A> __device__ __forceinline__ A deft_warp_max(A v) {
@@ -201,99 +183,11 @@ __global__ void deft_k_cross_entropy_grad(T *o, const D *dloss, const T *x, cons
     }
 }
 
-/* ---- rows of many classes: a block per row ----
- * Thread k takes the groups of DEFT_CE_GROUP neighbouring classes k, k + B, k + 2B, ... (B threads), each group's
- * elements in order, and deft_block_reduce combines the threads in a fixed tree: the order depends on C alone (B is
- * deft_ce_row_threads(C)). A group is read with 16-byte loads where the row starts on 16 bytes (8 halves in one, 8
- * floats in two), element by element otherwise, in the same order either way. A warp per row read a GPT-2 row
- * (50304 classes) as 32 scalar streams three times over; a block reads it wide, and its re-reads of the row come
- * soon enough to find it in L2. The max and the sum of exponentials take two passes (the sum needs the max): these
- * plain kernels read the row again for each, the register kernels below once. */
-#define DEFT_CE_ROW_MIN 1024
-#define DEFT_CE_ROW_MAX_THREADS 1024
-#define DEFT_CE_GROUP 8
-
-/* Whole warps, about four groups a thread, at most DEFT_CE_ROW_MAX_THREADS: a function of C alone. */
-static int deft_ce_row_threads(int64_t c) {
-    const int64_t groups = (c + DEFT_CE_GROUP - 1) / DEFT_CE_GROUP, t = (groups / 4 + 31) / 32 * 32;
-    return (int)(t < 32 ? 32 : t > DEFT_CE_ROW_MAX_THREADS ? DEFT_CE_ROW_MAX_THREADS : t);
-}
-
-/* Group g of the row into v (its elements that are < c: the count returned). */
-template <class T>
-__device__ __forceinline__ int deft_ce_group(const T *x, int64_t c, int64_t g, bool wide, typename deft_ty<T>::C *v) {
-    typedef deft_ty<T> Ty;
-    const int64_t l0 = g * DEFT_CE_GROUP;
-    if (l0 + DEFT_CE_GROUP > c) {
-        const int n = (int)(c - l0);
-#pragma unroll
-        for (int j = 0; j < DEFT_CE_GROUP; j++)
-            if (j < n) v[j] = Ty::load(x[l0 + j]);
-        return n;
-    }
-    if (wide) {
-        constexpr int per = (int)(16 / sizeof(T));
-#pragma unroll
-        for (int k = 0; k < DEFT_CE_GROUP; k += per) {
-            const uint4 raw = *reinterpret_cast<const uint4 *>(x + l0 + k);
-            T e[per];
-            memcpy(e, &raw, sizeof raw);
-#pragma unroll
-            for (int j = 0; j < per; j++) v[k + j] = Ty::load(e[j]);
-        }
-    } else {
-#pragma unroll
-        for (int j = 0; j < DEFT_CE_GROUP; j++) v[j] = Ty::load(x[l0 + j]);
-    }
-    return DEFT_CE_GROUP;
-}
-
-/* One group's elements v[0, n) folded into the maximum (NaN wins), and into the sum of exp(v - m) and, with want_sx,
- * the sum of v: every block kernel folds a group with these, so the plain kernels and the ones that keep a row in
- * registers combine the same values in the same order. */
-template <class C> __device__ __forceinline__ C deft_ce_fold_max(const C *v, int n, C m) {
-#pragma unroll
-    for (int j = 0; j < DEFT_CE_GROUP; j++)
-        if (j < n) m = deft_max_nan(v[j], m);
-    return m;
-}
-template <class C>
-__device__ __forceinline__ void deft_ce_fold_sum(const C *v, int n, C m, bool want_sx, double *s, double *sx) {
-#pragma unroll
-    for (int j = 0; j < DEFT_CE_GROUP; j++)
-        if (j < n) {
-            *s += (double)deft_math_exp(v[j] - m);
-            if (want_sx) *sx += (double)v[j];
-        }
-}
-
-/* The gradient of one group, l0 its first class, stored with 16-byte stores where wide and the group is whole. */
-template <class T, class I>
-__device__ __forceinline__ void deft_ce_grad_store(T *orow, I l0, const typename deft_ty<T>::C *v, int n,
-                                                   typename deft_ty<T>::C m, double inv, int32_t tr, double hit,
-                                                   double base, double scale, bool wide) {
-    typedef deft_ty<T> Ty;
-    T w[DEFT_CE_GROUP];
-#pragma unroll
-    for (int j = 0; j < DEFT_CE_GROUP; j++)
-        if (j < n) {
-            const double p = (double)deft_math_exp(v[j] - m) * inv;
-            w[j] = Ty::from_f64((p - (l0 + j == tr ? hit : 0.0) - base) * scale);
-        }
-    if (wide && n == DEFT_CE_GROUP) {
-        constexpr int per = (int)(16 / sizeof(T));
-#pragma unroll
-        for (int k = 0; k < DEFT_CE_GROUP; k += per) {
-            uint4 raw;
-            memcpy(&raw, w + k, sizeof raw);
-            *reinterpret_cast<uint4 *>(orow + l0 + k) = raw;
-        }
-    } else {
-#pragma unroll
-        for (int j = 0; j < DEFT_CE_GROUP; j++)
-            if (j < n) orow[l0 + j] = w[j];
-    }
-}
+/* ---- rows of many classes: a block per row (the groups and folds: cuda_cross_entropy.cuh) ----
+ * A warp per row read a GPT-2 row (50304 classes) as 32 scalar streams three times over; a block reads it wide, and
+ * its re-reads of the row come soon enough to find it in L2. The max and the sum of exponentials take two passes
+ * (the sum needs the max): these plain kernels read the row again for each, the register kernels below and the
+ * streaming ones (cuda_ce_stream.cu) once. */
 
 /* The row's maximum (NaN wins), the sum of exp(x - max) in double and, with want_sx, the sum of x; every thread of
  * the block calls it and gets all three. */
@@ -339,8 +233,7 @@ __global__ void __launch_bounds__(DEFT_CE_ROW_MAX_THREADS)
         typename Ty::C m;
         double s, sx;
         deft_ce_block_stats(xr, c, o.ls != 0.0, &m, &s, &sx);
-        const double nll = ((double)m - (double)Ty::load(xr[tr])) + log(s);
-        acc += o.ls == 0.0 ? nll : (1.0 - o.ls) * nll + o.ls * (((double)m - sx / (double)c) + log(s));
+        acc += deft_ce_row_nll((double)m, (double)Ty::load(xr[tr]), s, sx, c, o.ls);
     }
     if (threadIdx.x == 0) {
         deft_ce_partial[blockIdx.x] = acc;
@@ -357,9 +250,8 @@ __global__ void __launch_bounds__(DEFT_CE_ROW_MAX_THREADS)
     typedef deft_ty<T> Ty;
     typedef typename Ty::C C;
     const long long count = op.has_ignore ? deft_ce_grad_count : (long long)rows;
-    const double dl = (double)deft_ty<D>::load(dloss[0]);
-    const double scale = op.sum ? dl : count > 0 ? dl / (double)count : 0.0;
-    const double hit = 1.0 - op.ls, base = op.ls / (double)c;
+    const deft_ce_gk<C> gk =
+        deft_ce_gk_of<C>(deft_ce_grad_scale(op, (double)deft_ty<D>::load(dloss[0]), count), op.ls, c);
     const int64_t ng = (c + DEFT_CE_GROUP - 1) / DEFT_CE_GROUP;
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
         const int32_t tr = t[r];
@@ -378,12 +270,12 @@ __global__ void __launch_bounds__(DEFT_CE_ROW_MAX_THREADS)
         C m;
         double s, sx;
         deft_ce_block_stats(xr, c, false, &m, &s, &sx);
-        const double inv = 1.0 / s;
+        const C inv = (C)(1.0 / s);
         const bool wide = (((uintptr_t)xr | (uintptr_t)orow) & 15) == 0;
         for (int64_t g = threadIdx.x; g < ng; g += blockDim.x) {
             C v[DEFT_CE_GROUP];
             const int n = deft_ce_group(xr, c, g, wide, v);
-            deft_ce_grad_store(orow, g * DEFT_CE_GROUP, v, n, m, inv, tr, hit, base, scale, wide);
+            deft_ce_grad_store(orow, g * DEFT_CE_GROUP, v, n, m, inv, tr, gk, wide);
         }
     }
 }
@@ -516,9 +408,8 @@ __global__ void __launch_bounds__(DEFT_CE_ROW_MAX_THREADS)
         double s, sx;
         deft_ce_regs_stats<T, G, LS>(pk, sl, &m, &s, &sx);
         if (threadIdx.x == 0) {
-            const double nll = ((double)m - (double)Ty::load(xr[tr])) + log(s);
             n++;
-            acc += !LS ? nll : (1.0 - o.ls) * nll + o.ls * (((double)m - sx / (double)c) + log(s));
+            acc += deft_ce_row_nll((double)m, (double)Ty::load(xr[tr]), s, sx, c, LS ? o.ls : 0.0);
         }
     }
     if (threadIdx.x == 0) {
@@ -534,14 +425,11 @@ __global__ void __launch_bounds__(DEFT_CE_ROW_MAX_THREADS)
                         deft_device_errors *rec, deft_ce_opts op) {
     typedef deft_ty<T> Ty;
     typedef typename Ty::C C;
-    /* the rows' constants, formed as deft_k_ce_grad_block forms them, in shared memory: registers hold the row */
-    __shared__ double k_scale, k_hit, k_base;
+    /* the rows' scale, formed as deft_k_ce_grad_block forms it, in shared memory: registers hold the row */
+    __shared__ double k_scale;
     if (threadIdx.x == 0) {
         const long long count = op.has_ignore ? deft_ce_grad_count : (long long)rows;
-        const double dl = (double)deft_ty<D>::load(dloss[0]);
-        k_scale = op.sum ? dl : count > 0 ? dl / (double)count : 0.0;
-        k_hit = 1.0 - op.ls;
-        k_base = op.ls / (double)c;
+        k_scale = deft_ce_grad_scale(op, (double)deft_ty<D>::load(dloss[0]), count);
     }
     __syncthreads();
     const int cn = (int)c;
@@ -565,15 +453,14 @@ __global__ void __launch_bounds__(DEFT_CE_ROW_MAX_THREADS)
          * and the stores' are chosen apart: the values do not depend on them) */
         T *orow = o + r * c;
         const bool wide = ((uintptr_t)orow & 15) == 0;
-        const double inv = 1.0 / s, scale = *(volatile double *)&k_scale, hit = *(volatile double *)&k_hit,
-                     base = *(volatile double *)&k_base;
+        const C inv = (C)(1.0 / s);
+        const deft_ce_gk<C> gk = deft_ce_gk_of<C>(*(volatile double *)&k_scale, op.ls, c);
 #pragma unroll
         for (int i = 0; i < G; i++) {
             if (i >= sl.k) continue;
             C v[DEFT_CE_GROUP];
             deft_ce_unpack(pk[i], v);
-            deft_ce_grad_store(orow, deft_ce_slot_class(i), v, deft_ce_slot_len(sl, i), m, inv, tr, hit, base, scale,
-                               wide);
+            deft_ce_grad_store(orow, deft_ce_slot_class(i), v, deft_ce_slot_len(sl, i), m, inv, tr, gk, wide);
         }
     }
 }
@@ -645,6 +532,17 @@ static void deft_ce_rows_launch(const T *x, const int32_t *t, int64_t rows, int6
     deft_k_ce_rows_block<T><<<blocks, threads, 0, st>>>(x, t, rows, c, rec, o);
 }
 
+/* The current device's addresses of the loss's partials and counts and of the gradient's count, for the streaming
+ * kernels in their own file; false (and the error cleared) where the runtime will not say. */
+static bool deft_ce_symbols(double **partial, long long **count, long long **grad_count) {
+    cudaError_t e = cudaSuccess;
+    if (partial) e = cudaGetSymbolAddress((void **)partial, deft_ce_partial);
+    if (e == cudaSuccess && count) e = cudaGetSymbolAddress((void **)count, deft_ce_count);
+    if (e == cudaSuccess && grad_count) e = cudaGetSymbolAddress((void **)grad_count, deft_ce_grad_count);
+    if (e != cudaSuccess) (void)cudaGetLastError();
+    return e == cudaSuccess;
+}
+
 deft_status deft_cuda_cross_entropy(const deft_tensor *n, void *out, const void *logits, const void *targets,
                                     cudaStream_t st) {
     deft_ce_opts o;
@@ -663,11 +561,18 @@ deft_status deft_cuda_cross_entropy(const deft_tensor *n, void *out, const void 
     const bool by_block = c >= DEFT_CE_ROW_MIN;
     const int64_t per_block = by_block ? 1 : DEFT_CE_ROWS_PER_BLOCK, want = (rows + per_block - 1) / per_block;
     const int blocks = (int)(want < 1 ? 1 : want > DEFT_CE_MAX_BLOCKS ? DEFT_CE_MAX_BLOCKS : want);
-    s = deft_with_float_dtype(lg, [&](auto tag) -> deft_status {
-        typedef typename decltype(tag)::type T;
-        deft_ce_rows_launch<T>((const T *)logits, (const int32_t *)targets, rows, c, blocks, rec, o, st);
-        return deft_cuda_check_launch(n, "cross_entropy rows");
-    });
+    double *partial = NULL;
+    long long *count = NULL;
+    if (by_block && deft_ce_symbols(&partial, &count, NULL) &&
+        deft_cuda_ce_stream_loss(lg->dtype, logits, (const int32_t *)targets, rows, c, blocks, rec, o, partial, count,
+                                 st))
+        s = deft_cuda_check_launch(n, "cross_entropy rows (streamed)");
+    else
+        s = deft_with_float_dtype(lg, [&](auto tag) -> deft_status {
+            typedef typename decltype(tag)::type T;
+            deft_ce_rows_launch<T>((const T *)logits, (const int32_t *)targets, rows, c, blocks, rec, o, st);
+            return deft_cuda_check_launch(n, "cross_entropy rows");
+        });
     if (s != DEFT_OK) return s;
     return deft_with_float_dtype(n, [&](auto tag) -> deft_status {
         typedef typename decltype(tag)::type T;
@@ -722,6 +627,11 @@ deft_status deft_cuda_cross_entropy_grad(const deft_tensor *n, void *out, const 
         s = deft_cuda_check_launch(n, "cross_entropy_grad count");
         if (s != DEFT_OK) return s;
     }
+    long long *grad_count = NULL;
+    if (c >= DEFT_CE_ROW_MIN && deft_ce_symbols(NULL, NULL, &grad_count) &&
+        deft_cuda_ce_stream_grad(n->dtype, dd != n->dtype, out, dloss, logits, (const int32_t *)targets, rows, c, rec,
+                                 o, grad_count, st))
+        return deft_cuda_check_launch(n, "cross_entropy_grad (streamed)");
     return deft_with_float_dtype(n, [&](auto tag) -> deft_status {
         typedef typename decltype(tag)::type T;
         if (dd == n->dtype) return deft_ce_grad_launch<T, T>(n, out, dloss, logits, targets, rows, c, rec, o, st);

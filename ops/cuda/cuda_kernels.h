@@ -115,6 +115,9 @@ size_t deft_cuda_cublas_floor(int dev);
 /* The groups of classes a thread of cross-entropy's register kernels holds for rows of c classes of dtype dt
  * (cuda_cross_entropy.cu), for tests: 0 where the plain kernels run (the CE_REFERENCE debug knob included). */
 int deft_cuda_ce_regs_groups(deft_dtype dt, int64_t c);
+/* 1 where cross-entropy's streaming kernels (cuda_ce_stream.cu) take rows of c classes of dtype dt on the current
+ * device, their buffers 16-byte aligned (they come before the register kernels); 0 otherwise (the knob included). */
+int deft_cuda_ce_streams(deft_dtype dt, int64_t c);
 
 #ifdef __cplusplus
 }

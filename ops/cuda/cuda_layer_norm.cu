@@ -13,7 +13,9 @@
  * dy and x (up to 8 vectors a lane: 1024 f32 columns); the plain kernels (longer rows, f64, the debug knob
  * LN_REFERENCE) read the row again each pass, from L1 or L2 at best (a block's rows of x and a bf16 operand are 18 KB
  * at C = 768, and an SM holds many blocks). Both add in the same order (lane l's elements l V, l V + 32 V, ..., then
- * the butterfly), so they give the same bits. No measurement of the held kernels is recorded yet.
+ * the butterfly), so they give the same bits. The held kernels work in phases (every load of the row, then the sums,
+ * then the outputs, then every store), so a warp has all its row's loads in flight at once; walking the row vector by
+ * vector with a store between loads held the recomputed layer norms of GPT-2 at about half the memory's rate.
  *
  * The fused entry points (cuda_kernels.h) run the same kernels with the residual add folded in: the forward reads
  * x = a + b, rounds it as the add kernel would, stores it and normalises it; dx adds the residual gradient after
@@ -50,34 +52,24 @@ __device__ __forceinline__ deft_vec<T, V> deft_ln_x(const deft_ln_fwd<T, TY> &k,
 /* Vector i of lane `lane`'s walk over a row: element (lane + 32 i) V. */
 template <int V> __device__ __forceinline__ int64_t deft_ln_at(int lane, int i) { return (int64_t)(lane + 32 * i) * V; }
 
-/* The forward of one row. H > 0: the row's vectors are held in registers (C <= 32 V H), read once; H == 0: read
- * again on each pass (the plain kernel). The same additions in the same order either way. */
-template <class T, class TY, class TB, int V, int H>
-__device__ __forceinline__ void deft_ln_forward_row(const deft_ln_fwd<T, TY> &k, int64_t r, int lane) {
+/* The forward of one row, read again on each pass (the plain kernel: LN_REFERENCE, rows too long to hold, f64). */
+template <class T, class TY, class TB, int V>
+__device__ __forceinline__ void deft_ln_forward_row_plain(const deft_ln_fwd<T, TY> &k, int64_t r, int lane) {
     typedef deft_ty<T> Ty;
     typedef typename Ty::C A;
     const int64_t base = r * k.c;
-    deft_vec<T, V> held[H > 0 ? H : 1];
     A sum = 0;
-#pragma unroll
-    for (int i = 0; H > 0 ? i < H : deft_ln_at<V>(lane, i) < k.c; i++) {
+    for (int i = 0; deft_ln_at<V>(lane, i) < k.c; i++) {
         const int64_t j = deft_ln_at<V>(lane, i);
-        if (H > 0 && j >= k.c) break;
         const deft_vec<T, V> v = deft_ln_x<T, TY, TB, V>(k, base + j);
-        if constexpr (H > 0) held[i] = v;
         if (k.s) deft_ln_st<T, V>(k.s + base + j, v);
 #pragma unroll
         for (int u = 0; u < V; u++) sum = deft_ln_add(sum, Ty::load(v.e[u]));
     }
     const A mean = deft_ln_warp_sum(sum) / (A)k.c;
     A sq = 0;
-#pragma unroll
-    for (int i = 0; H > 0 ? i < H : deft_ln_at<V>(lane, i) < k.c; i++) {
-        const int64_t j = deft_ln_at<V>(lane, i);
-        if (H > 0 && j >= k.c) break;
-        deft_vec<T, V> v;
-        if constexpr (H > 0) v = held[i];
-        else v = deft_ln_x<T, TY, TB, V>(k, base + j);
+    for (int i = 0; deft_ln_at<V>(lane, i) < k.c; i++) {
+        const deft_vec<T, V> v = deft_ln_x<T, TY, TB, V>(k, base + deft_ln_at<V>(lane, i));
 #pragma unroll
         for (int u = 0; u < V; u++) {
             const A d = deft_ln_sub(Ty::load(v.e[u]), mean);
@@ -89,13 +81,9 @@ __device__ __forceinline__ void deft_ln_forward_row(const deft_ln_fwd<T, TY> &k,
         k.stats[r] = mean;
         k.stats[k.rows + r] = rstd;
     }
-#pragma unroll
-    for (int i = 0; H > 0 ? i < H : deft_ln_at<V>(lane, i) < k.c; i++) {
+    for (int i = 0; deft_ln_at<V>(lane, i) < k.c; i++) {
         const int64_t j = deft_ln_at<V>(lane, i);
-        if (H > 0 && j >= k.c) break;
-        deft_vec<T, V> v;
-        if constexpr (H > 0) v = held[i];
-        else v = deft_ln_x<T, TY, TB, V>(k, base + j);
+        const deft_vec<T, V> v = deft_ln_x<T, TY, TB, V>(k, base + j);
         deft_vec<TY, V> o;
 #pragma unroll
         for (int u = 0; u < V; u++) {
@@ -106,6 +94,94 @@ __device__ __forceinline__ void deft_ln_forward_row(const deft_ln_fwd<T, TY> &k,
         }
         deft_ln_st<TY, V>(k.y + base + j, o);
     }
+}
+
+/* The forward of one row held in registers (C <= 32 V H), read once, with the plain kernel's additions in its
+ * order. Each phase is a loop of its own with a per-vector predicate, no early exit: every load of the row is issued
+ * before the first value is used, and no store (s, y; which the compiler must assume may alias x, w and bias) sits
+ * between two loads. A walk that loaded, stored s and added vector by vector waited a full trip to memory per
+ * vector, which left the recomputed layer norms at about half the memory's rate. The weight and bias are read as
+ * vectors (deft_ln_forward_launch checks their alignment), and y is formed for the whole row before it is stored. */
+template <class T, class TY, class TB, int V, int H>
+__device__ __forceinline__ void deft_ln_forward_row_held(const deft_ln_fwd<T, TY> &k, int64_t r, int lane) {
+    typedef deft_ty<T> Ty;
+    typedef typename Ty::C A;
+    const int64_t base = r * k.c;
+    deft_vec<T, V> held[H];
+#pragma unroll
+    for (int i = 0; i < H; i++) {
+        const int64_t j = deft_ln_at<V>(lane, i);
+        held[i] = j < k.c ? deft_ln_ld<T, V>(k.a + base + j) : deft_vec<T, V>{};
+    }
+    if (k.b) {   /* b's vectors after a's, each array loaded whole before the adds (deft_ln_x's rounding) */
+        deft_vec<TB, V> hb[H];
+        const TB *b = static_cast<const TB *>(k.b);
+#pragma unroll
+        for (int i = 0; i < H; i++) {
+            const int64_t j = deft_ln_at<V>(lane, i);
+            hb[i] = j < k.c ? deft_ln_ld<TB, V>(b + base + j) : deft_vec<TB, V>{};
+        }
+#pragma unroll
+        for (int i = 0; i < H; i++)
+#pragma unroll
+            for (int u = 0; u < V; u++)
+                held[i].e[u] = Ty::store(deft_ln_add(Ty::load(held[i].e[u]), (A)deft_ty<TB>::load(hb[i].e[u])));
+    }
+    if (k.s) {
+#pragma unroll
+        for (int i = 0; i < H; i++)
+            if (deft_ln_at<V>(lane, i) < k.c) deft_ln_st<T, V>(k.s + base + deft_ln_at<V>(lane, i), held[i]);
+    }
+    A sum = 0;
+#pragma unroll
+    for (int i = 0; i < H; i++)
+        if (deft_ln_at<V>(lane, i) < k.c) {
+#pragma unroll
+            for (int u = 0; u < V; u++) sum = deft_ln_add(sum, Ty::load(held[i].e[u]));
+        }
+    const A mean = deft_ln_warp_sum(sum) / (A)k.c;
+    A sq = 0;
+#pragma unroll
+    for (int i = 0; i < H; i++)
+        if (deft_ln_at<V>(lane, i) < k.c) {
+#pragma unroll
+            for (int u = 0; u < V; u++) {
+                const A d = deft_ln_sub(Ty::load(held[i].e[u]), mean);
+                sq = deft_ln_add(sq, deft_ln_mul(d, d));
+            }
+        }
+    const A rstd = A(1) / deft_math_sqrt(deft_ln_add(deft_ln_warp_sum(sq) / (A)k.c, k.eps));
+    if (lane == 0) {
+        k.stats[r] = mean;
+        k.stats[k.rows + r] = rstd;
+    }
+    /* Formed for every slot, past the row's end too (from zeros, with the weight and bias of column 0): a walk
+     * without branches, whose weight and bias loads the compiler is free to issue together. */
+    deft_vec<TY, V> out[H];
+#pragma unroll
+    for (int i = 0; i < H; i++) {
+        const int64_t j = deft_ln_at<V>(lane, i) < k.c ? deft_ln_at<V>(lane, i) : 0;
+        deft_vec<T, V> wv, bv;
+        if (k.w) wv = deft_ln_ld<T, V>(k.w + j);
+        if (k.bias) bv = deft_ln_ld<T, V>(k.bias + j);
+#pragma unroll
+        for (int u = 0; u < V; u++) {
+            A t = deft_ln_mul(deft_ln_sub(Ty::load(held[i].e[u]), mean), rstd);
+            if (k.w) t = deft_ln_mul(t, Ty::load(wv.e[u]));
+            if (k.bias) t = deft_ln_add(t, Ty::load(bv.e[u]));
+            out[i].e[u] = deft_ty<TY>::store(t);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < H; i++)
+        if (deft_ln_at<V>(lane, i) < k.c) deft_ln_st<TY, V>(k.y + base + deft_ln_at<V>(lane, i), out[i]);
+}
+
+/* H > 0: the row held in registers; H == 0: the plain kernel. The same bits either way. */
+template <class T, class TY, class TB, int V, int H>
+__device__ __forceinline__ void deft_ln_forward_row(const deft_ln_fwd<T, TY> &k, int64_t r, int lane) {
+    if constexpr (H > 0) deft_ln_forward_row_held<T, TY, TB, V, H>(k, r, lane);
+    else deft_ln_forward_row_plain<T, TY, TB, V>(k, r, lane);
 }
 
 template <class T, class TY, class TB, int V, int H> __global__ void __launch_bounds__(DEFT_LN_WARPS * 32)
@@ -133,24 +209,19 @@ __device__ __forceinline__ typename deft_ty<T>::C deft_ln_g(const deft_ln_bwd<T,
     return k.w ? deft_ln_mul(v, deft_ty<T>::load(k.w[j])) : v;
 }
 
-/* dx of one row: rstd (g - mean(g) - xhat mean(g xhat)), g = dy w, the CPU's formula in the compute type. H > 0:
- * the row's dy and x held in registers (C <= 32 V H), read once; H == 0: read again on the second pass. */
-template <class T, class TD, int V, int H>
-__device__ __forceinline__ void deft_ln_backward_row(const deft_ln_bwd<T, TD> &k, int64_t r, int lane) {
+/* dx of one row: rstd (g - mean(g) - xhat mean(g xhat)), g = dy w, the CPU's formula in the compute type; read
+ * again on the second pass (the plain kernel). */
+template <class T, class TD, int V>
+__device__ __forceinline__ void deft_ln_backward_row_plain(const deft_ln_bwd<T, TD> &k, int64_t r, int lane) {
     typedef deft_ty<T> Ty;
     typedef typename Ty::C A;
     const int64_t base = r * k.c;
     const A mean = k.stats[r], rstd = k.stats[k.rows + r];
-    deft_vec<TD, V> hd[H > 0 ? H : 1];
-    deft_vec<T, V> hx[H > 0 ? H : 1];
     A sg = 0, sgx = 0;
-#pragma unroll
-    for (int i = 0; H > 0 ? i < H : deft_ln_at<V>(lane, i) < k.c; i++) {
+    for (int i = 0; deft_ln_at<V>(lane, i) < k.c; i++) {
         const int64_t j = deft_ln_at<V>(lane, i);
-        if (H > 0 && j >= k.c) break;
         const deft_vec<TD, V> d = deft_ln_ld<TD, V>(k.dy + base + j);
         const deft_vec<T, V> x = deft_ln_ld<T, V>(k.x + base + j);
-        if constexpr (H > 0) hd[i] = d, hx[i] = x;
 #pragma unroll
         for (int u = 0; u < V; u++) {
             const A g = deft_ln_g(k, d.e[u], j + u);
@@ -159,14 +230,10 @@ __device__ __forceinline__ void deft_ln_backward_row(const deft_ln_bwd<T, TD> &k
         }
     }
     const A c1 = deft_ln_warp_sum(sg) / (A)k.c, c2 = deft_ln_warp_sum(sgx) / (A)k.c;
-#pragma unroll
-    for (int i = 0; H > 0 ? i < H : deft_ln_at<V>(lane, i) < k.c; i++) {
+    for (int i = 0; deft_ln_at<V>(lane, i) < k.c; i++) {
         const int64_t j = deft_ln_at<V>(lane, i);
-        if (H > 0 && j >= k.c) break;
-        deft_vec<TD, V> d;
-        deft_vec<T, V> x;
-        if constexpr (H > 0) d = hd[i], x = hx[i];
-        else d = deft_ln_ld<TD, V>(k.dy + base + j), x = deft_ln_ld<T, V>(k.x + base + j);
+        const deft_vec<TD, V> d = deft_ln_ld<TD, V>(k.dy + base + j);
+        const deft_vec<T, V> x = deft_ln_ld<T, V>(k.x + base + j);
         deft_vec<T, V> o;
 #pragma unroll
         for (int u = 0; u < V; u++) {
@@ -181,6 +248,68 @@ __device__ __forceinline__ void deft_ln_backward_row(const deft_ln_bwd<T, TD> &k
         }
         deft_ln_st<T, V>(k.dx + base + j, o);
     }
+}
+
+/* dx of one row with its dy and x held in registers (C <= 32 V H), read once: the plain kernel's arithmetic in its
+ * order, in phases as deft_ln_forward_row_held has them (every load of the row before the first use, dx formed for
+ * the row before the first store, so no store stands between two loads). */
+template <class T, class TD, int V, int H>
+__device__ __forceinline__ void deft_ln_backward_row_held(const deft_ln_bwd<T, TD> &k, int64_t r, int lane) {
+    typedef deft_ty<T> Ty;
+    typedef typename Ty::C A;
+    const int64_t base = r * k.c;
+    const A mean = k.stats[r], rstd = k.stats[k.rows + r];
+    deft_vec<TD, V> hd[H];
+    deft_vec<T, V> hx[H];
+#pragma unroll
+    for (int i = 0; i < H; i++) {
+        const int64_t j = deft_ln_at<V>(lane, i);
+        if (j < k.c) hd[i] = deft_ln_ld<TD, V>(k.dy + base + j), hx[i] = deft_ln_ld<T, V>(k.x + base + j);
+    }
+    A sg = 0, sgx = 0;
+#pragma unroll
+    for (int i = 0; i < H; i++) {
+        const int64_t j = deft_ln_at<V>(lane, i);
+        if (j >= k.c) continue;
+#pragma unroll
+        for (int u = 0; u < V; u++) {
+            const A g = deft_ln_g(k, hd[i].e[u], j + u);
+            sg = deft_ln_add(sg, g);
+            sgx = deft_ln_add(sgx, deft_ln_mul(g, deft_ln_mul(deft_ln_sub(Ty::load(hx[i].e[u]), mean), rstd)));
+        }
+    }
+    const A c1 = deft_ln_warp_sum(sg) / (A)k.c, c2 = deft_ln_warp_sum(sgx) / (A)k.c;
+#pragma unroll
+    for (int i = 0; i < H; i++) {   /* dx into hx, vector by vector */
+        const int64_t j = deft_ln_at<V>(lane, i);
+        if (j >= k.c) continue;
+#pragma unroll
+        for (int u = 0; u < V; u++) {
+            const A g = deft_ln_g(k, hd[i].e[u], j + u);
+            const A xhat = deft_ln_mul(deft_ln_sub(Ty::load(hx[i].e[u]), mean), rstd);
+            hx[i].e[u] = Ty::store(deft_ln_mul(rstd, deft_ln_sub(deft_ln_sub(g, c1), deft_ln_mul(xhat, c2))));
+        }
+    }
+    if (k.residual) {   /* the add kernel's sum of the residual and dx as stored */
+#pragma unroll
+        for (int i = 0; i < H; i++) {
+            const int64_t j = deft_ln_at<V>(lane, i);
+            if (j >= k.c) continue;
+            const deft_vec<T, V> res = deft_ln_ld<T, V>(k.residual + base + j);
+#pragma unroll
+            for (int u = 0; u < V; u++)
+                hx[i].e[u] = Ty::store(deft_ln_add(Ty::load(res.e[u]), Ty::load(hx[i].e[u])));
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < H; i++)
+        if (deft_ln_at<V>(lane, i) < k.c) deft_ln_st<T, V>(k.dx + base + deft_ln_at<V>(lane, i), hx[i]);
+}
+
+template <class T, class TD, int V, int H>
+__device__ __forceinline__ void deft_ln_backward_row(const deft_ln_bwd<T, TD> &k, int64_t r, int lane) {
+    if constexpr (H > 0) deft_ln_backward_row_held<T, TD, V, H>(k, r, lane);
+    else deft_ln_backward_row_plain<T, TD, V>(k, r, lane);
 }
 
 template <class T, class TD, int V, int H> __global__ void __launch_bounds__(DEFT_LN_WARPS * 32)
