@@ -68,10 +68,19 @@ deft_status deft_nccl_broadcast0(deft_dist *d, int local, const deft_dist_buffer
  * zero; one dtype): one NCCL all-reduce over `packed_bytes` between a pack and an unpack kernel. */
 deft_status deft_nccl_all_reduce_packed(deft_dist *d, int local, const deft_dist_buffers *b, const size_t *offset,
                                         const size_t *bytes, void *packed, size_t packed_bytes, void *stream);
-/* ZeRO-1's collectives, in place on `stream`: the average over the ranks of buf's shard * world elements, rank r's
- * slice left at buf + r * shard (ncclReduceScatter); the sum of one f64 (ncclAllReduce); buf's whole gathered from
+/* ZeRO-1's reduces of one bucket (dist/dist_zero.c builds them): piece k, count[k] elements of dtype[k] at send[k],
+ * averaged over the ranks into recv[k] on rank root[k] (recv[k] is used on the root only); one ncclReduce (ncclAvg)
+ * per piece, all in one NCCL group. */
+typedef struct deft_dist_reduces {
+    int n;
+    void **send, **recv;
+    size_t *count;
+    deft_dtype *dtype;
+    int *root;
+} deft_dist_reduces;
+deft_status deft_nccl_reduce_avg(deft_dist *d, int local, const deft_dist_reduces *r, void *stream);
+/* ZeRO-1's step's collectives, in place on `stream`: the sum of one f64 (ncclAllReduce); buf's whole gathered from
  * every rank's slice at buf + r * shard (ncclAllGather). */
-deft_status deft_nccl_reduce_scatter_avg(deft_dist *d, int local, void *buf, size_t shard, deft_dtype dt, void *stream);
 deft_status deft_nccl_all_reduce_sum_f64(deft_dist *d, int local, double *x, void *stream);
 deft_status deft_nccl_all_gather(deft_dist *d, int local, void *buf, size_t shard, deft_dtype dt, void *stream);
 /* Zeroes `bytes` at ptr on GPU `device` (a packed bucket's gaps). */
@@ -97,6 +106,14 @@ deft_status deft_ddp_attach(struct deft_program *p, const struct deft_config *o)
 /* ZeRO-1 (dist/dist_zero.c): shards every optimizer of g whose step exists across the ranks of o's dist, before their
  * storage is made (one made before must be sharded the same way); DEFT_ERR_INVALID for one that cannot be. */
 deft_status deft_zero_shard(deft_graph *g, const struct deft_config *o);
+/* ZeRO-1: the reduces of n gradients of sharded optimizer `opt` (a bucket's): gradient k is the one of parameter
+ * param[k], data[k] holding it in dtype[k]; each piece that a rank owns goes to that rank, in bucket order and rank
+ * order (every rank builds the same list). This rank's pieces land in opt's flat gradients, or in its staging (made
+ * here) for a narrow dtype. */
+struct deft_optimizer;
+deft_status deft_zero_reduces_new(struct deft_optimizer *opt, int n, const int *param, void *const *data,
+                                  const deft_dtype *dtype, deft_dist_reduces *out);
+void deft_zero_reduces_free(deft_dist_reduces *r);
 void deft_ddp_free(struct deft_program *p);
 /* Before deft_program_run: whether p may run now (not alone when its communicator has local peers). */
 deft_status deft_ddp_check_run(const struct deft_program *p);
@@ -116,6 +133,11 @@ deft_status deft_ddp_wait(struct deft_program *p);
 int deft_ddp_bucket_layout(const struct deft_program *p, size_t *bytes, int *joins, int max);
 /* For tests: how many of p's buckets are packed into one buffer for their all-reduce; -1 when p is not a replica. */
 int deft_ddp_packed_buckets(const struct deft_program *p);
+/* For tests: p's buckets of sharded optimizers' gradients (ZeRO-1), in the order they were cut: their bytes, the step
+ * after which their reduces are queued (-1: before the first), the step they join back before, and how many
+ * ncclReduce calls (pieces) each queues (0 in a world of one, which reduces nothing), into the arrays' first max
+ * entries (any may be NULL). Returns the number of such buckets, -1 when p is not a replica. */
+int deft_ddp_zero_buckets(const struct deft_program *p, size_t *bytes, int *ready, int *joins, int *pieces, int max);
 
 #ifdef __cplusplus
 }

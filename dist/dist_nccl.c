@@ -189,21 +189,24 @@ deft_status deft_nccl_all_reduce_packed(deft_dist *d, int local, const deft_dist
     return s;
 }
 
-/* One collective of ZeRO-1's step; NCCL in place: the slice of rank r at buf + r * shard. */
+/* The checks before one of ZeRO-1's collectives (the step's in place: the slice of rank r at buf + r * shard). */
 static deft_status deft_nccl_zero_call(deft_dist *d, int local, const char *what) {
     if (d->aborted) return deft_set_error(DEFT_ERR_RUNTIME, "%s: the communicators were aborted: %s", what, d->failure);
     return deft_cuda_set_device(d->device[local]);
 }
 
-deft_status deft_nccl_reduce_scatter_avg(deft_dist *d, int local, void *buf, size_t shard, deft_dtype dt,
-                                         void *stream) {
-    const char *what = "ncclReduceScatter (ZeRO-1: the average of the gradients)";
+deft_status deft_nccl_reduce_avg(deft_dist *d, int local, const deft_dist_reduces *red, void *stream) {
+    const char *what = "ncclReduce (ZeRO-1: the average of a bucket's gradients, to their owners)";
     deft_status s = deft_nccl_zero_call(d, local, what);
     if (s != DEFT_OK) return s;
-    char *mine = (char *)buf + (size_t)d->rank[local] * shard * deft_dtype_size(dt);
-    ncclResult_t r = ncclReduceScatter(buf, mine, shard, deft_nccl_type(dt), ncclAvg, (ncclComm_t)d->comm[local],
-                                       (cudaStream_t)stream);
-    return deft_nccl_settle(d, local, r, what);
+    ncclComm_t comm = (ncclComm_t)d->comm[local];
+    ncclResult_t r = ncclGroupStart();
+    for (int i = 0; i < red->n && (r == ncclSuccess || r == ncclInProgress); i++)
+        r = ncclReduce(red->send[i], red->recv[i], red->count[i], deft_nccl_type(red->dtype[i]), ncclAvg,
+                       red->root[i], comm, (cudaStream_t)stream);
+    ncclResult_t end = ncclGroupEnd();   /* always: the group must be closed */
+    if (r != ncclSuccess && r != ncclInProgress) return deft_nccl_fail(d, r, what, local);
+    return deft_nccl_settle(d, local, end, what);
 }
 
 deft_status deft_nccl_all_reduce_sum_f64(deft_dist *d, int local, double *x, void *stream) {

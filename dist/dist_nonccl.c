@@ -64,9 +64,8 @@ deft_status deft_nccl_zero(int device, void *ptr, size_t bytes) {
     (void)device, (void)ptr, (void)bytes;
     return deft_no_nccl();
 }
-deft_status deft_nccl_reduce_scatter_avg(deft_dist *d, int local, void *buf, size_t shard, deft_dtype dt,
-                                         void *stream) {
-    (void)d, (void)local, (void)buf, (void)shard, (void)dt, (void)stream;
+deft_status deft_nccl_reduce_avg(deft_dist *d, int local, const deft_dist_reduces *r, void *stream) {
+    (void)d, (void)local, (void)r, (void)stream;
     return deft_no_nccl();
 }
 deft_status deft_nccl_all_reduce_sum_f64(deft_dist *d, int local, double *x, void *stream) {

@@ -6,7 +6,11 @@
  * step, which then waits for every bucket. Between the two the backward pass goes on: no step there reads or writes a bucket's
  * gradients (the planner keeps each gradient's buffer until its last reader, which comes at or after the join), so
  * the in-place all-reduce overlaps it safely. Fork and join are events, which a CUDA Graph capture records as
- * edges: the whole step, collectives included, is one graph. */
+ * edges: the whole step, collectives included, is one graph.
+ *
+ * A sharded optimizer's gradients (ZeRO-1, dist/dist_zero.c) are cut into buckets the same way, in buckets of their
+ * own; at the same points each such bucket is reduced to the gradients' owners instead (one ncclReduce per piece of
+ * a rank's slice, into its slice-sized flat gradients), which only reads the gradients' buffers. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -32,6 +36,8 @@ typedef struct deft_ddp_bucket {
     bool issued, joined;      /* in the run being queued */
     void *packed;             /* many gradients of one dtype: packed here and all-reduced by one call (NULL: not) */
     size_t packed_bytes;
+    deft_optimizer *zero;     /* a sharded optimizer's bucket: reduced to the owners (NULL: all-reduced) */
+    deft_dist_reduces reduces;
 } deft_ddp_bucket;
 
 typedef struct deft_ddp {
@@ -42,6 +48,8 @@ typedef struct deft_ddp {
     int *grads;               /* node ids of the gradients, bucket by bucket */
     int *key;                 /* per gradient, its bucket's key (collected: one bucket per run of equal keys) */
     int *ready;               /* per gradient, the step producing it */
+    int *param;               /* per gradient of a sharded optimizer, its parameter's index there (-1: none) */
+    deft_optimizer **zopt;    /* per gradient, the sharded optimizer reading it (NULL: an all-reduced gradient) */
     void **data;
     size_t *count;
     deft_dtype *dtype;
@@ -59,25 +67,30 @@ static int deft_ddp_step_of(const deft_program *p, int id) {
 
 static bool deft_ddp_has_grad(const deft_ddp *dd, int id) {
     for (int i = 0; i < dd->n_grads; i++)
-        if (dd->grads[i] == id) return true;
+        if (dd->grads[i] == id && !dd->zopt[i]) return true;
     return false;
 }
 
-/* Appends gradient id to the bucket of `key`, unless an earlier bucket holds it (two steps reading one gradient). */
-static void deft_ddp_add(const deft_program *p, deft_ddp *dd, int id, int key) {
-    if (deft_ddp_has_grad(dd, id)) return;
+/* Appends gradient id to the bucket of `key`, unless an earlier bucket all-reduces it (two steps reading one gradient).
+ * A sharded optimizer's (zopt) is always added, as parameter `param` of it: its owners must receive it. */
+static void deft_ddp_add(const deft_program *p, deft_ddp *dd, int id, int key, deft_optimizer *zopt, int param) {
+    if (!zopt && deft_ddp_has_grad(dd, id)) return;
     dd->grads[dd->n_grads] = id;
     dd->key[dd->n_grads] = key;
+    dd->param[dd->n_grads] = zopt ? param : -1;
+    dd->zopt[dd->n_grads] = zopt;
     dd->ready[dd->n_grads++] = deft_ddp_step_of(p, id);
 }
 
 /* A whole step's gradients, in its buckets (passes/grad_buckets.h); each bucket's key is new and negative. */
 static deft_status deft_ddp_add_whole(const deft_program *p, deft_ddp *dd, const deft_tensor *t,
                                       const deft_config *o, int *next_key) {
+    deft_optimizer *zopt = deft_optimizer_sharded(t->p.optimizer) ? t->p.optimizer : NULL;
     deft_grad_buckets gb;
     deft_status s = deft_grad_buckets_cut(t, o, &gb);
     for (int b = 0; s == DEFT_OK && b < gb.n_buckets; b++, --*next_key)
-        for (int j = gb.first[b]; j < gb.first[b + 1]; j++) deft_ddp_add(p, dd, t->src[gb.order[j]]->id, *next_key);
+        for (int j = gb.first[b]; j < gb.first[b + 1]; j++)
+            deft_ddp_add(p, dd, t->src[gb.order[j]]->id, *next_key, zopt, gb.order[j]);
     deft_grad_buckets_free(&gb);
     return s;
 }
@@ -96,19 +109,20 @@ static deft_status deft_ddp_collect(deft_program *p, deft_ddp *dd, const deft_co
     dd->grads = malloc((size_t)cap * sizeof *dd->grads);
     dd->key = malloc((size_t)cap * sizeof *dd->key);
     dd->ready = malloc((size_t)cap * sizeof *dd->ready);
-    if (!dd->grads || !dd->key || !dd->ready) return deft_set_error(DEFT_ERR_OOM, "data parallel: out of host memory");
+    dd->param = malloc((size_t)cap * sizeof *dd->param);
+    dd->zopt = malloc((size_t)cap * sizeof *dd->zopt);
+    if (!dd->grads || !dd->key || !dd->ready || !dd->param || !dd->zopt)
+        return deft_set_error(DEFT_ERR_OOM, "data parallel: out of host memory");
     int next_key = -1;
     deft_status s = DEFT_OK;
     for (int i = 0; s == DEFT_OK && i < p->n_steps; i++) {
         const deft_tensor *t = p->graph->nodes[p->steps[i]];
         if (t->op != DEFT_OP_OPTIMIZER) continue;
         const deft_optimizer_part *part = t->p.optimizer->part;
-        /* A sharded optimizer (ZeRO-1, dist/dist_zero.c) reduce-scatters its gradients in its own step. */
-        if (!part && deft_optimizer_sharded(t->p.optimizer)) continue;
         if (!part) s = deft_ddp_add_whole(p, dd, t, o, &next_key);
         else if (!part->finisher && p->split && p->split->per_bucket)
             for (int k = 0; k < t->nsrc; k++)
-                deft_ddp_add(p, dd, t->src[k]->id, p->split->bucket_of[t->id - p->split->n_before]);
+                deft_ddp_add(p, dd, t->src[k]->id, p->split->bucket_of[t->id - p->split->n_before], NULL, -1);
     }
     return s;
 }
@@ -132,7 +146,7 @@ static bool deft_ddp_step_reads(const deft_program *p, const deft_ddp *dd, const
 /* One bucket per run of gradients of one key; it is all-reduced after the step producing its last gradient and
  * joined before the first later step reading one of them. */
 static deft_status deft_ddp_cut(deft_program *p, deft_ddp *dd) {
-    const size_t n = (size_t)(dd->n_grads > 0 ? dd->n_grads : 1);   /* none: every optimizer is sharded */
+    const size_t n = (size_t)(dd->n_grads > 0 ? dd->n_grads : 1);
     dd->buckets = calloc(n, sizeof *dd->buckets);
     dd->data = malloc(n * sizeof *dd->data);
     dd->count = malloc(n * sizeof *dd->count);
@@ -144,7 +158,7 @@ static deft_status deft_ddp_cut(deft_program *p, deft_ddp *dd) {
         deft_ddp_bucket *b = dd->n_buckets ? &dd->buckets[dd->n_buckets - 1] : NULL;
         if (!b || dd->key[i] != dd->key[i - 1]) {
             b = &dd->buckets[dd->n_buckets++];
-            *b = (deft_ddp_bucket){.ready = -1, .first = i};
+            *b = (deft_ddp_bucket){.ready = -1, .first = i, .zero = dd->zopt[i]};
         }
         b->n++;
         b->bytes += deft_tensor_bytes(t);
@@ -153,14 +167,19 @@ static deft_status deft_ddp_cut(deft_program *p, deft_ddp *dd) {
         dd->count[i] = (size_t)deft_shape_numel(t->ndim, t->shape);
         dd->dtype[i] = t->dtype;
     }
+    deft_status s = DEFT_OK;
     for (int k = 0; k < dd->n_buckets; k++) {
         deft_ddp_bucket *b = &dd->buckets[k];
         b->bufs = (deft_dist_buffers){b->n, dd->data + b->first, dd->count + b->first, dd->dtype + b->first};
         b->join = p->n_steps;
         for (int i = b->ready + 1; i < p->n_steps && b->join == p->n_steps; i++)
             if (deft_ddp_step_reads(p, dd, b, i)) b->join = i;
+        /* A world of one reduces nothing: its sharded step gathers the gradients where they lie. */
+        if (s == DEFT_OK && b->zero && dd->dist->world > 1)
+            s = deft_zero_reduces_new(b->zero, b->n, dd->param + b->first, dd->data + b->first, dd->dtype + b->first,
+                                      &b->reduces);
     }
-    return DEFT_OK;
+    return s;
 }
 
 int deft_ddp_local_of(const deft_program *p, const deft_dist *d) {
@@ -178,12 +197,30 @@ int deft_ddp_bucket_layout(const deft_program *p, size_t *bytes, int *joins, int
     return dd->n_buckets;
 }
 
+int deft_ddp_zero_buckets(const deft_program *p, size_t *bytes, int *ready, int *joins, int *pieces, int max) {
+    const deft_ddp *dd = p ? p->ddp : NULL;
+    if (!dd) return -1;
+    int n = 0;
+    for (int k = 0; k < dd->n_buckets; k++) {
+        const deft_ddp_bucket *b = &dd->buckets[k];
+        if (!b->zero) continue;
+        if (n < max) {
+            if (bytes) bytes[n] = b->bytes;
+            if (ready) ready[n] = b->ready;
+            if (joins) joins[n] = b->join;
+            if (pieces) pieces[n] = b->reduces.n;
+        }
+        n++;
+    }
+    return n;
+}
+
 /* A bucket of at least DEFT_DDP_PACK_FROM (cuda_tuning.h) gradients of one dtype is packed into one buffer (each
  * gradient 16-byte aligned, the gaps zero) and all-reduced by one NCCL call, rather than as a group of one call per
  * gradient, which NCCL runs below its bandwidth when they are small. ResNet-18's steps got shorter on two and four
  * GPUs (bench/RESULTS.md, "Eleventh round"); the mid MLP's buckets (a weight and its bias) stay as they are. */
 static bool deft_ddp_packs(const deft_ddp_bucket *b) {
-    if (b->bufs.n < DEFT_DDP_PACK_FROM) return false;
+    if (b->zero || b->bufs.n < DEFT_DDP_PACK_FROM) return false;
     for (int i = 1; i < b->bufs.n; i++)
         if (b->bufs.dtype[i] != b->bufs.dtype[0]) return false;
     return true;
@@ -268,11 +305,14 @@ void deft_ddp_free(deft_program *p) {
         deft_nccl_event_free(dd->device, dd->buckets[k].done);
         if (dd->buckets[k].fork_side) deft_nccl_event_free(dd->device, dd->buckets[k].fork_side);
         if (dd->buckets[k].packed) deft_mem_free(deft_cuda(dd->device), dd->buckets[k].packed);
+        deft_zero_reduces_free(&dd->buckets[k].reduces);
     }
     deft_nccl_stream_free(dd->device, dd->stream);
     free(dd->grads);
     free(dd->key);
     free(dd->ready);
+    free(dd->param);
+    free(dd->zopt);
     free(dd->data);
     free(dd->count);
     free(dd->dtype);
@@ -349,7 +389,8 @@ deft_status deft_ddp_after_step(deft_program *p, int step) {
         if (s == DEFT_OK && L->side && L->forked[L->side])
             s = deft_nccl_stream_after(dd->device, dd->stream, L->stream[L->side], b->fork_side);
         b->issued = s == DEFT_OK;
-        if (s == DEFT_OK)
+        if (s == DEFT_OK && b->zero) s = deft_nccl_reduce_avg(dd->dist, dd->local, &b->reduces, dd->stream);
+        else if (s == DEFT_OK)
             s = b->packed ? deft_nccl_all_reduce_packed(dd->dist, dd->local, &b->bufs, dd->offset + b->first,
                                                         dd->bytes + b->first,
                                                         b->packed, b->packed_bytes, dd->stream)

@@ -385,8 +385,8 @@ static deft_status build(run *r) {
     if (!r->step) return s != DEFT_OK ? s : deft_graph_error(r->m.g);
     /* A saved run resumes bit for bit only if every step gives the same bits: no float atomics anywhere. */
     const int deterministic = r->o.deterministic || r->o.state || r->o.resume;
-    /* Under a launcher the step is a replica of the world: gradients averaged (or with --zero reduce-scattered and
-     * the state sharded) over NCCL, rank 0's parameters broadcast at its first run. */
+    /* Under a launcher the step is a replica of the world: gradients averaged (or with --zero reduced to their slices'
+     * owners and the state sharded) over NCCL, rank 0's parameters broadcast at its first run. */
     const deft_compile_options co = {.autocast = r->o.autocast, .memory_budget = r->o.checkpoint_budget,
                                      .checkpoint = r->o.checkpoint_budget ? DEFT_CHECKPOINT_BUDGET : 0,
                                      .deterministic = deterministic, .dist = r->dist, .dist_local = 0,

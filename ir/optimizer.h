@@ -115,11 +115,10 @@ typedef struct deft_optimizer_part {
 
 /* ZeRO-1 (the compile option zero_stage under dist; dist/dist_zero.c): the collectives a sharded step calls between
  * its kernels, given by dist/ (ops/ sits below it) when a replica is compiled. Each queues on `stream`, in place:
- * reduce_scatter averages buf's `shard * world` elements over the ranks, leaving rank r's slice at buf + r * shard;
  * all_reduce_sum adds one f64 over the ranks; all_gather fills buf's whole from every rank's slice at buf + r * shard.
- * ctx and local name the communicator (the deft_dist and its local index). */
+ * ctx and local name the communicator (the deft_dist and its local index). The gradients' reduces are no part of the
+ * step: the replica queues them during the backward pass (dist/dist_program.c). */
 typedef struct deft_optimizer_zero_ops {
-    deft_status (*reduce_scatter)(void *ctx, int local, void *buf, int64_t shard, deft_dtype dt, void *stream);
     deft_status (*all_reduce_sum)(void *ctx, int local, double *x, void *stream);
     deft_status (*all_gather)(void *ctx, int local, void *buf, int64_t shard, deft_dtype dt, void *stream);
 } deft_optimizer_zero_ops;
@@ -128,7 +127,15 @@ typedef struct deft_optimizer_zero_ops {
  * multiple of world * 16 bytes' worth, the padding zero and no parameter's); rank `rank` owns [lo, hi), hi - lo =
  * padded / world, and its state arrays hold only that slice (element lo at index 0). The update's blocks (those of the
  * norm, ir/optimizer.h, cut at lo and hi, without the padding) are on the device, relative to lo. Set before the
- * storage is made (runtime/optimizer_storage.c), fixed after it. */
+ * storage is made (runtime/optimizer_storage.c), fixed after it.
+ *
+ * The flat gradients hold the slice only (hi - lo elements, element lo at index 0). In a world of several ranks the
+ * replica reduces each gradient's pieces to their owners during the backward pass (dist/dist_program.c): a piece in
+ * the optimizer's dtype straight into its place in the flat gradients, one in a narrower dtype (bf16 or f16 under an
+ * f32 optimizer) into `staging` at the same place (made by the replica when its step reads such a gradient; a slice's
+ * worth of the optimizer's dtype, each piece in the first bytes of its range), which the step widens into the flat
+ * gradients. In a world of one the step gathers the gradients from where the backward pass left them, as an unsharded
+ * step does. */
 typedef struct deft_optimizer_zero {
     int world, rank;
     int64_t lo, hi, padded;
@@ -137,6 +144,10 @@ typedef struct deft_optimizer_zero {
     const deft_optimizer_zero_ops *ops;
     void *ctx;
     int local;
+    void *staging;
+    /* This run's sources hold a gradient narrower than the optimizer's dtype: the step widens it from the staging.
+     * Set by the runtime before each sharded run (runtime/optimizer_tables_cuda.c), from the step node's sources. */
+    bool narrow;
 } deft_optimizer_zero;
 
 struct deft_optimizer {
@@ -166,7 +177,8 @@ struct deft_optimizer {
     /* Made by the runtime when a program running the step is first compiled (runtime/optimizer_storage.c). */
     bool materialized;
     /* Flat storage on the optimizer's device: the parameters' values (each parameter's storage points into it),
-     * the gradients summed over the micro-batches of one update (NULL unless deft_optimizer_keeps_grads), and the
+     * the gradients summed over the micro-batches of one update (NULL unless deft_optimizer_keeps_grads; under ZeRO-1
+     * the slice's averaged gradients, deft_optimizer_grad_count of them), and the
      * per-element state (SGD: momentum buffer;
      * AdamW: the first and second moments). */
     void *flat_params, *flat_grads, *state0, *state1;
@@ -198,13 +210,41 @@ struct deft_optimizer {
 /* Whether the optimizer's state is sharded across ranks (ZeRO-1). */
 static inline bool deft_optimizer_sharded(const struct deft_optimizer *opt) { return opt->zero.world > 0; }
 
-/* Elements of the flat parameters and gradients (the padded storage under ZeRO-1), and of each state array (the
- * rank's slice under ZeRO-1). */
+/* Elements of the flat parameters (the padded storage under ZeRO-1), and of each state array (the rank's slice under
+ * ZeRO-1). */
 static inline int64_t deft_optimizer_flat_count(const struct deft_optimizer *opt) {
     return deft_optimizer_sharded(opt) ? opt->zero.padded : opt->total;
 }
 static inline int64_t deft_optimizer_state_count(const struct deft_optimizer *opt) {
     return deft_optimizer_sharded(opt) ? opt->zero.hi - opt->zero.lo : opt->total;
+}
+/* Elements of the flat gradients, where they exist: the rank's slice under ZeRO-1, the parameters' otherwise. */
+static inline int64_t deft_optimizer_grad_count(const struct deft_optimizer *opt) {
+    return deft_optimizer_sharded(opt) ? opt->zero.hi - opt->zero.lo : opt->total;
+}
+
+/* ZeRO-1: the ranks whose slices parameter i's elements [off, off + count) meet, first .. last (none when count is
+ * 0: *first > *last), and the piece of it that rank r owns, [*a, *e) of the flat storage. Every rank computes the
+ * same pieces, so that their reduces (dist/dist_zero.c) match. */
+static inline void deft_optimizer_zero_ranks(const struct deft_optimizer *opt, int64_t off, int64_t count, int *first,
+                                             int *last) {
+    const int64_t shard = opt->zero.hi - opt->zero.lo;
+    *first = 0;
+    *last = -1;
+    if (shard <= 0 || count <= 0) return;
+    *first = (int)(off / shard);
+    *last = (int)((off + count - 1) / shard);
+}
+static inline void deft_optimizer_zero_piece(const struct deft_optimizer *opt, int64_t off, int64_t count, int r,
+                                             int64_t *a, int64_t *e) {
+    const int64_t shard = opt->zero.hi - opt->zero.lo, lo = (int64_t)r * shard, hi = lo + shard;
+    *a = off > lo ? off : lo;
+    *e = off + count < hi ? off + count : hi;
+}
+/* Where this rank receives a piece of its slice starting at flat element a, in dtype dt: the flat gradients when dt
+ * is the optimizer's, the staging otherwise, at the piece's place relative to lo (bytes of the optimizer's dtype). */
+static inline size_t deft_optimizer_zero_dest_offset(const struct deft_optimizer *opt, int64_t a) {
+    return (size_t)(a - opt->zero.lo) * deft_dtype_size(opt->dtype);
 }
 
 void deft_optimizer_destroy(struct deft_optimizer *opt);
@@ -222,7 +262,7 @@ static inline bool deft_optimizer_keeps_grads(const struct deft_optimizer *opt) 
      * variants differed from the plain kernels in the last bit, not yet explained. Loss scaling keeps the plain
      * kernels too: with it the direct step passed on an H100 once, but not since the rule changed to this one. */
     const bool direct = opt->kind == DEFT_OPTIM_ADAMW && opt->dtype == DEFT_F32 && !opt->scaler.on;
-    /* ZeRO-1 reduce-scatters the gradients in place in the flat block. */
+    /* ZeRO-1 receives its slice's averaged gradients in slice-sized flat gradients. */
     return opt->device.type == DEFT_CPU || opt->zero.world > 0 || opt->accumulate_steps > 1 || opt->reference ||
            (!direct && (opt->max_grad_norm > 0.0 || opt->scaler.on));
 }
@@ -241,14 +281,16 @@ static inline void deft_optimizer_block_range(const struct deft_optimizer *w, in
     *hi = *lo + w->chunk < end ? *lo + w->chunk : end;
 }
 
-/* Bytes of the flat gradients and the state (the flat parameters count as the parameters themselves). A finisher
- * stands for its whole step (a program that runs the pieces runs it instead of the step node); a piece holds none. */
+/* Bytes of the flat gradients and the state (the flat parameters count as the parameters themselves); under ZeRO-1
+ * the slice's (the gradients' too) and the staging once a replica made it. A finisher stands for its whole step (a
+ * program that runs the pieces runs it instead of the step node); a piece holds none. */
 static inline size_t deft_optimizer_state_bytes(const struct deft_optimizer *opt) {
     if (opt->part) return opt->part->finisher ? deft_optimizer_state_bytes(opt->part->whole) : 0;
     const size_t esz = deft_dtype_size(opt->dtype);
     const size_t arrays = opt->kind == DEFT_OPTIM_ADAMW ? 2u : 1u;
-    const size_t grads = deft_optimizer_keeps_grads(opt) ? (size_t)deft_optimizer_flat_count(opt) * esz : 0;
-    return (size_t)deft_optimizer_state_count(opt) * esz * arrays + grads;
+    const size_t grads = deft_optimizer_keeps_grads(opt) ? (size_t)deft_optimizer_grad_count(opt) * esz : 0;
+    const size_t staging = opt->zero.staging ? (size_t)deft_optimizer_state_count(opt) * esz : 0;
+    return (size_t)deft_optimizer_state_count(opt) * esz * arrays + grads + staging;
 }
 
 /* Whether a gradient in dtype `grad` can feed a parameter in dtype `param`: its own dtype, or for f32 weights a bf16

@@ -66,17 +66,17 @@ static deft_status deft_config_cuda_flags(const deft_compile_options *o, deft_co
 }
 
 /* ZeRO-1 shards the optimizers of a data parallel replica; a step in pieces (optimizer in backward, or per bucket)
- * would update parameters before the reduce-scatter of the whole flat block. */
+ * would update parameters before every gradient reached its owner and the whole norm is known. */
 static deft_status deft_config_zero(const deft_compile_options *o, deft_config *c) {
     if (o->zero_stage != 0 && o->zero_stage != 1)
         return deft_set_error(DEFT_ERR_INVALID, "compile: zero_stage %d: only 0 (plain data parallel) and 1 (ZeRO-1: "
                               "the optimizer state sharded) exist", o->zero_stage);
     if (o->zero_stage == 1 && o->optimizer_in_backward)
         return deft_set_error(DEFT_ERR_INVALID, "compile: zero_stage 1 with optimizer_in_backward: a sharded step "
-                              "runs whole, after the reduce-scatter of every gradient");
+                              "runs whole, once every gradient is reduced to its owner");
     if (o->zero_stage == 1 && o->dist_bucket_pieces)
         return deft_set_error(DEFT_ERR_INVALID, "compile: zero_stage 1 with dist_bucket_pieces: a sharded step runs "
-                              "whole, after the reduce-scatter of every gradient");
+                              "whole, once every gradient is reduced to its owner");
     if (o->zero_stage == 1 && !o->dist)
         return deft_set_error(DEFT_ERR_INVALID, "compile: zero_stage 1 shards the optimizer across the ranks of a "
                               "dist: give the option dist too");

@@ -81,7 +81,7 @@ bool deft_optimizer_array_exists(const deft_optimizer *opt, deft_optimizer_array
 }
 
 size_t deft_optimizer_array_bytes(const deft_optimizer *opt, deft_optimizer_array a) {
-    const int64_t n = a == DEFT_OPT_ARRAY_GRADS ? opt->total : deft_optimizer_state_count(opt);
+    const int64_t n = a == DEFT_OPT_ARRAY_GRADS ? deft_optimizer_grad_count(opt) : deft_optimizer_state_count(opt);
     return (size_t)n * deft_dtype_size(opt->dtype);
 }
 

@@ -22,7 +22,8 @@ typedef struct deft_optimizer_counters {
 
 /* The flat arrays an optimizer may hold, each total elements of its dtype; under ZeRO-1 (ir/optimizer.h's
  * deft_optimizer_zero) the state arrays hold this rank's slice [lo, hi) only (element lo first, the slice's padding
- * past the parameters included), and the gradients' array is the first total elements of the flat gradients. */
+ * past the parameters included) and so does the gradients' array (which a ZeRO-1 state file never holds: its steps
+ * take one micro-batch per update, so no run leaves a window open). */
 typedef enum deft_optimizer_array {
     DEFT_OPT_ARRAY_GRADS,        /* the gradients summed over the runs of the current window (micro of them) */
     DEFT_OPT_ARRAY_STATE0,       /* SGD's momentum buffer, AdamW's first moment */
@@ -35,7 +36,7 @@ deft_status deft_optimizer_counters_get(const deft_optimizer *opt, deft_optimize
 deft_status deft_optimizer_counters_set(deft_optimizer *opt, const deft_optimizer_counters *c);
 /* Whether the array exists (DEFT_OPT_ARRAY_GRADS: only where deft_optimizer_keeps_grads). */
 bool deft_optimizer_array_exists(const deft_optimizer *opt, deft_optimizer_array a);
-/* Its bytes: total elements, or the slice's under ZeRO-1 for the state arrays. */
+/* Its bytes: total elements, or the slice's under ZeRO-1. */
 size_t deft_optimizer_array_bytes(const deft_optimizer *opt, deft_optimizer_array a);
 /* Copies the whole array (deft_optimizer_array_bytes) to or from host memory. */
 deft_status deft_optimizer_array_read(const deft_optimizer *opt, deft_optimizer_array a, void *host);

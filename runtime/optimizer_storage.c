@@ -12,19 +12,26 @@
 #include "optimizer_storage.h"
 #include "program_run.h"
 
-/* ZeRO-1's padding past the parameters: zero in the parameters and the gradients, so that the reduce-scatter, the
- * norm and the update over a slice read zeros there (the gather never writes it). */
-static deft_status deft_zero_padding(deft_optimizer *opt) {
-    const int64_t pad = deft_optimizer_flat_count(opt) - opt->total;
-    if (pad <= 0) return DEFT_OK;
-    const size_t esz = deft_dtype_size(opt->dtype), bytes = (size_t)pad * esz;
+/* Zeroes `n` elements at element `at` of `base`. */
+static deft_status deft_zero_elements(deft_optimizer *opt, void *base, int64_t at, int64_t n) {
+    if (n <= 0) return DEFT_OK;
+    const size_t esz = deft_dtype_size(opt->dtype), bytes = (size_t)n * esz;
     void *zeros = calloc(1, bytes);
     if (!zeros) return deft_set_error(DEFT_ERR_OOM, "optimizer: out of host memory");
-    deft_status s = deft_mem_copy(opt->device, (char *)opt->flat_params + (size_t)opt->total * esz, deft_cpu(), zeros,
-                                  bytes);
-    if (s == DEFT_OK && opt->flat_grads)
-        s = deft_mem_copy(opt->device, (char *)opt->flat_grads + (size_t)opt->total * esz, deft_cpu(), zeros, bytes);
+    deft_status s = deft_mem_copy(opt->device, (char *)base + (size_t)at * esz, deft_cpu(), zeros, bytes);
     free(zeros);
+    return s;
+}
+
+/* ZeRO-1's padding past the parameters: zero in the parameters and in the slice's flat gradients (the rank whose slice
+ * holds it), so that the norm and the update over a slice read zeros there (no reduce or gather ever writes it). */
+static deft_status deft_zero_padding(deft_optimizer *opt) {
+    if (!deft_optimizer_sharded(opt)) return DEFT_OK;
+    deft_status s = deft_zero_elements(opt, opt->flat_params, opt->total, opt->zero.padded - opt->total);
+    if (s == DEFT_OK && opt->flat_grads) {
+        const int64_t from = opt->total > opt->zero.lo ? opt->total - opt->zero.lo : 0;
+        s = deft_zero_elements(opt, opt->flat_grads, from, deft_optimizer_grad_count(opt) - from);
+    }
     return s;
 }
 
@@ -32,10 +39,11 @@ static deft_status deft_zero_padding(deft_optimizer *opt) {
 static deft_status deft_flatten_params(deft_optimizer *opt) {
     const size_t esz = deft_dtype_size(opt->dtype), bytes = (size_t)deft_optimizer_flat_count(opt) * esz;
     const size_t state_bytes = (size_t)deft_optimizer_state_count(opt) * esz;
+    const size_t grad_bytes = (size_t)deft_optimizer_grad_count(opt) * esz;
     deft_device d = opt->device;
     deft_status s = deft_mem_alloc_tagged(d, bytes, "optimizer.params", &opt->flat_params);
     if (s == DEFT_OK && deft_optimizer_keeps_grads(opt))
-        s = deft_mem_alloc_tagged(d, bytes, "optimizer.grads", &opt->flat_grads);
+        s = deft_mem_alloc_tagged(d, grad_bytes, "optimizer.grads", &opt->flat_grads);
     if (s == DEFT_OK) s = deft_mem_alloc_tagged(d, state_bytes, "optimizer.state", &opt->state0);
     if (s == DEFT_OK && opt->kind == DEFT_OPTIM_ADAMW)
         s = deft_mem_alloc_tagged(d, state_bytes, "optimizer.state", &opt->state1);
@@ -142,7 +150,7 @@ deft_status deft_optimizer_set_scaling(deft_optimizer *opt, const deft_loss_scal
      * them here. */
     if (!opt->flat_grads && opt->dev) {
         deft_status s = deft_mem_alloc_tagged(opt->device,
-                                              (size_t)deft_optimizer_flat_count(opt) * deft_dtype_size(opt->dtype),
+                                              (size_t)deft_optimizer_grad_count(opt) * deft_dtype_size(opt->dtype),
                                               "optimizer.grads", &opt->flat_grads);
         if (s != DEFT_OK) return s;
     }

@@ -7,16 +7,24 @@
  *   parameters agree within 1e-6 relative, not bit for bit: the averaged gradients are the same bits on 2 ranks
  *   (ncclAvg of two values, in either collective), but the norm's sum of squares is added in another order (per
  *   slice, then across the ranks) and the unsharded AdamW runs other kernels (the one-launch or direct step);
- * - the state bytes: each rank's state arrays hold half of the padded storage (the padding under 8 elements), half of
- *   the unsharded optimizer's; the planner counts them and the flat gradients the sharded step keeps;
+ * - the bytes: each rank's state arrays hold half of the padded storage (the padding under 8 elements), half of the
+ *   unsharded optimizer's, and so do its flat gradients (the slice's, never a full-size copy: 2 x their bytes is the
+ *   padded storage once), with no staging (f32 gradients land in place); the planner counts exactly the state and
+ *   those gradients, and the replica's footprint (deft_program_footprint's persistent bytes) differs from the
+ *   unsharded replica's by exactly the difference of what the planner counts for the two optimizers;
+ * - the reduces (deft_ddp_zero_buckets): the sharded optimizer's gradients are in buckets of their own that hold all
+ *   their bytes, each joined back before the optimizer's step and queued after an earlier step (before the
+ *   optimizer runs); with small buckets (64 KiB, the last 16 KiB) at least one is queued before the last bucket's
+ *   step, i.e. during the backward pass; the ncclReduce calls are one per gradient and rank its elements meet
+ *   (computed here from the slices), and the equality above holds with those buckets too;
  * - the sharded step replays a CUDA Graph (collectives captured) and equals the eager one bit for bit;
  * - save and resume: 2K steps uninterrupted against K steps, each rank's training state saved (format version 2),
  *   new replicas loaded from them and K steps more: the same losses and parameters, bit for bit. A rank's file
  *   loaded into the other rank, into an unsharded replica or into a world of one is DEFT_ERR_INVALID;
  * - refusals at compile: accumulate_steps > 1, an optimizer on the cpu, an optimizer made whole by an earlier compile,
  *   and a sharded optimizer's step compiled without zero_stage 1;
- * - a world of one rank: the sharded step (no collectives) equals the one-GPU step within 1e-6 (run with one GPU
- *   too, which then reports the skip of the rest). */
+ * - a world of one rank: the sharded step (no collectives, its buckets queue no reduce) equals the one-GPU step within
+ *   1e-6 (run with one GPU too, which then reports the skip of the rest). */
 #define _POSIX_C_SOURCE 200809L
 #include <stdbool.h>
 #include <stdint.h>
@@ -112,7 +120,18 @@ static void pair_free(pair *p) {
 
 static double rel(double a, double b) { return fabs(a - b) / (fabs(b) + 1e-30); }
 
-/* Each rank's state arrays hold its half of the padded storage, half of the unsharded optimizer's. */
+/* The persistent bytes p's plan holds on its GPU (parameters, inputs, constants, the optimizer's storage). */
+static size_t persistent_bytes(const mlp *m) {
+    deft_device_footprint fp[4];
+    int n = 0;
+    size_t bytes = 0;
+    CHECK_OK(deft_program_footprint(m->p, fp, 4, &n));
+    for (int i = 0; i < n && i < 4; i++) bytes += fp[i].persistent_bytes;
+    return bytes;
+}
+
+/* Each rank's state arrays and flat gradients hold its half of the padded storage, half of the unsharded
+ * optimizer's state. */
 static void check_bytes(const pair *plain, const pair *zero, const zcfg *c) {
     deft_testing_zero zp, z[2];
     deft_testing_optimizer_zero(plain->r[0].opt, &zp);
@@ -124,21 +143,79 @@ static void check_bytes(const pair *plain, const pair *zero, const zcfg *c) {
               "%s: %lld elements padded to %lld", c->name, (long long)total, (long long)padded);
     CHECK(z[0].lo == 0 && z[0].hi == z[1].lo && z[1].hi == padded && z[0].hi - z[0].lo == padded / 2);
     CHECK(zp.state_bytes == (size_t)(arrays * total) * sizeof(float));
+    CHECK(zp.planned_bytes == zp.state_bytes + zp.grad_bytes && zp.staging_bytes == 0);
     for (int k = 0; k < 2; k++) {
         CHECK(z[k].state_bytes == (size_t)(arrays * padded / 2) * sizeof(float));
-        CHECK(z[k].planned_bytes == z[k].state_bytes + (size_t)padded * sizeof(float));
+        CHECK_MSG(z[k].grad_bytes == (size_t)(padded / 2) * sizeof(float) &&
+                  z[k].grad_bytes < (size_t)total * sizeof(float), "%s: rank %d's flat gradients are "
+                  "%zu bytes, its slice %zu", c->name, k, z[k].grad_bytes, (size_t)(padded / 2) * sizeof(float));
+        CHECK(z[k].staging_bytes == 0);
+        CHECK(z[k].planned_bytes == z[k].state_bytes + z[k].grad_bytes);
+        CHECK(2 * z[k].planned_bytes == (size_t)((arrays + 1) * padded) * sizeof(float));
     }
     CHECK_MSG(2 * z[0].state_bytes - zp.state_bytes < (size_t)(arrays * 2 * per_vec) * sizeof(float),
               "%s: state %zu bytes per rank, %zu unsharded", c->name, z[0].state_bytes, zp.state_bytes);
-    printf("%s: optimizer state %zu bytes unsharded, %zu per rank sharded (planned with the flat gradients: %zu and "
-           "%zu)\n", c->name, zp.state_bytes, z[0].state_bytes, zp.planned_bytes, z[0].planned_bytes);
+    const size_t fp_plain = persistent_bytes(&plain->r[0]), fp_zero = persistent_bytes(&zero->r[0]);
+    CHECK_MSG(fp_plain - zp.planned_bytes == fp_zero - z[0].planned_bytes, "%s: footprints %zu (unsharded) and %zu "
+              "(sharded) differ by more than the optimizers' planned %zu and %zu", c->name, fp_plain, fp_zero,
+              zp.planned_bytes, z[0].planned_bytes);
+    printf("%s: optimizer state %zu bytes unsharded, %zu per rank sharded; flat gradients %zu and %zu (planned: %zu "
+           "and %zu; footprints %zu and %zu)\n", c->name, zp.state_bytes, z[0].state_bytes, zp.grad_bytes,
+           z[0].grad_bytes, zp.planned_bytes, z[0].planned_bytes, fp_plain, fp_zero);
 }
 
-/* zero_stage 1 against zero_stage 0: the replicas agree with each other bit for bit, with the unsharded run within
- * 1e-6. */
-static void test_equal(deft_dist *d, const zcfg *c) {
+/* ncclReduce calls the replica should queue per step: one per parameter and rank slice its elements meet. */
+static int expected_pieces(const mlp *m, int64_t padded, int world) {
+    const int64_t shard = padded / world;
+    int64_t off = 0;
+    int n = 0;
+    for (int i = 0; i < deft_optimizer_param_count(m->opt); i++) {
+        const int64_t count = deft_tensor_numel(deft_optimizer_param(m->opt, i));
+        if (count > 0) n += (int)((off + count - 1) / shard - off / shard + 1);
+        off += count;
+    }
+    return n;
+}
+
+/* Rank k's sharded gradients are reduced in buckets of their own, queued before the optimizer's step and joined just
+ * before it; `overlap`: some bucket is queued before the last one's step (during the backward pass). */
+static void check_reduces(const mlp *m, int k, const char *name, bool overlap, int world) {
+    enum { MAXB = 64 };
+    size_t bytes[MAXB];
+    int ready[MAXB], joins[MAXB], pieces[MAXB];
+    const int nb = deft_ddp_zero_buckets(m->p, bytes, ready, joins, pieces, MAXB);
+    CHECK_MSG(nb >= 1 && nb <= MAXB, "%s: rank %d: %d ZeRO-1 buckets", name, k, nb);
+    if (nb < 1 || nb > MAXB) return;
+    deft_testing_zero z;
+    deft_testing_optimizer_zero(m->opt, &z);
+    size_t sum = 0;
+    int calls = 0, earliest = ready[0];
+    for (int b = 0; b < nb; b++) {
+        sum += bytes[b];
+        calls += pieces[b];
+        if (ready[b] < earliest) earliest = ready[b];
+        CHECK_MSG(deft_testing_is_op(deft_testing_step_node(m->p, joins[b]), "optimizer") && ready[b] < joins[b],
+                  "%s: rank %d: bucket %d queued after step %d, joined before step %d (%s)", name, k, b, ready[b],
+                  joins[b], deft_tensor_name(deft_testing_step_node(m->p, joins[b])));
+    }
+    CHECK_MSG(sum == (size_t)z.total * sizeof(float), "%s: the ZeRO-1 buckets hold %zu bytes of %zu", name, sum,
+              (size_t)z.total * sizeof(float));
+    const int want = world > 1 ? expected_pieces(m, z.padded, world) : 0;
+    CHECK_MSG(calls == want, "%s: rank %d queues %d ncclReduce calls a step, expected %d", name, k, calls, want);
+    if (overlap)
+        CHECK_MSG(nb >= 2 && earliest < ready[nb - 1], "%s: no bucket is reduced before the backward pass ends "
+                  "(%d buckets, the first queued after step %d, the last after %d)", name, nb, earliest, ready[nb - 1]);
+    if (k == 0)
+        printf("%s: %d ZeRO-1 buckets, %d ncclReduce calls a step, the first queued after step %d, the last after %d, "
+               "joined before %d\n", name, nb, calls, earliest, ready[nb - 1], joins[nb - 1]);
+}
+
+/* zero_stage 1 against zero_stage 0 (both compiled with `extra`, NULL: the defaults): the replicas agree with each
+ * other bit for bit, with the unsharded run within 1e-6. */
+static void test_equal_with(deft_dist *d, const zcfg *c, const deft_compile_options *extra) {
     pair plain, zero;
-    if (pair_build(&plain, d, c, 0, NULL) && pair_build(&zero, d, c, 1, NULL)) {
+    if (pair_build(&plain, d, c, 0, extra) && pair_build(&zero, d, c, 1, extra)) {
+        for (int k = 0; k < 2; k++) check_reduces(&zero.r[k], k, c->name, extra != NULL, 2);
         pair_run(&plain, d, 0, STEPS);
         pair_run(&zero, d, 0, STEPS);
         CHECK_MSG(memcmp(zero.params[0], zero.params[1], zero.n * sizeof(float)) == 0, "%s: the sharded replicas "
@@ -167,6 +244,8 @@ static void test_equal(deft_dist *d, const zcfg *c) {
     pair_free(&plain);
     pair_free(&zero);
 }
+
+static void test_equal(deft_dist *d, const zcfg *c) { test_equal_with(d, c, NULL); }
 
 /* The sharded step run eagerly equals its CUDA Graph's replays. */
 static void test_eager(deft_dist *d) {
@@ -269,6 +348,7 @@ static void test_world_one(bool have_file) {
                                   (void *)c) &&
                    mlp_build_with(&ref, deft_cuda(0), B, NULL, zero_opt, (void *)c);
     if (ok) {
+        check_reduces(&z, 0, "world of one", false, 1);
         for (int s = 0; s < STEPS; s++) {
             mlp_feed(&z, s, 0, B);
             mlp_feed(&ref, s, 0, B);
@@ -307,6 +387,8 @@ int main(void) {
             test_equal(d, &ADAMW);
             test_equal(d, &ADAMW_CLIP_GROUPS);
             test_equal(d, &SGD_CLIP);
+            const deft_compile_options small = {.bucket_bytes = 64 << 10, .last_bucket_bytes = 16 << 10};
+            test_equal_with(d, &ADAMW_CLIP_GROUPS, &small);
             test_eager(d);
             test_resume(d);
             test_refusals(d);

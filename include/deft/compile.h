@@ -78,8 +78,9 @@ typedef struct deft_compile_options {
      * node waits for every bucket. */
     int dist_bucket_pieces;
     /* ZeRO stage under dist: 0 (plain data parallel: every rank holds the whole optimizer state) or 1 (the
-     * optimizer's state is sharded: each rank updates one 1 / world slice of the parameters from the reduce-scattered
-     * gradients and the slices are all-gathered back, inside the step; dist/dist_zero.c). */
+     * optimizer's state is sharded: each rank updates one 1 / world slice of the parameters from that slice's
+     * averaged gradients, reduced to it in buckets during the backward pass, and the slices are all-gathered back,
+     * inside the step; dist/dist_zero.c). */
     int zero_stage;
     /* Switches for measuring what one GPU optimisation gives; zero keeps today's behaviour. */
     int no_side_lane;          /* 1: weight-gradient work never runs on a GPU's second stream (the side lane) */

@@ -22,8 +22,8 @@ extern "C" {
  * that does not come to the rendezvous, or stops or dies later, is a DEFT_ERR_RUNTIME on the others (the
  * communicators are aborted) within `timeout_s`, never a hang. Without NCCL (or without a GPU) the calls fail with
  * DEFT_ERR_NO_CUDA. With the compile option zero_stage = 1 (ZeRO-1) each rank keeps the optimizer state of its 1 / world
- * slice of the parameters only: the step reduce-scatters the gradients, updates the slice and all-gathers the
- * parameters (docs/data_parallel.md, "ZeRO-1"). */
+ * slice of the parameters only: the gradients are reduced to their slices' owners in buckets during the backward
+ * pass, and the step updates the slice and all-gathers the parameters (docs/data_parallel.md, "ZeRO-1"). */
 typedef struct deft_dist deft_dist;
 #define DEFT_HAS_DIST 1
 int deft_has_nccl_build(void);                 /* 1 if built with NCCL */
