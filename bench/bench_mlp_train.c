@@ -257,11 +257,23 @@ static void time_kept_again(void) {
  * at a time (built and compiled with its batch fed; its first step; two more, which capture and replay its CUDA
  * Graph; freed), and run 1 is timed again after each stage: the first stage after which run 1 is slower names what
  * slows every later program. */
+static const char *probe_trace;   /* --probe-trace PREFIX */
+
+/* With --probe-trace, one traced step of run 1 written to PREFIX_<stage>.json (deft_program_trace): each kernel's
+ * time before and after a stage, to tell a slower kernel from a longer gap between kernels. */
+static void probe_trace_at(mlp *first, const char *stage) {
+    if (!probe_trace) return;
+    char path[512];
+    snprintf(path, sizeof path, "%s_%s.json", probe_trace, stage);
+    if (deft_program_trace(first->p, path) != DEFT_OK) fprintf(stderr, "probe trace %s: %s\n", path, deft_errmsg());
+}
+
 static void probe_second(mlp *first, int64_t n, const mlp_config *c, deft_device dev, const deft_compile_options *co,
                          const char *k, const char *tag) {
     static const char *const stage[] = {"after_build", "after_first_step", "after_capture", "after_free"};
     mlp second = {.feed = FEED_DEVICE};
     double us[REPEATS];
+    probe_trace_at(first, "before");
     for (int s = 0; s < 4; s++) {
         if (s == 0) build(&second, c, dev, co);
         else if (s == 1) (void)run_steps(&second, 1);
@@ -269,6 +281,7 @@ static void probe_second(mlp *first, int64_t n, const mlp_config *c, deft_device
         else deft_graph_free(second.g);
         (void)time_repeats(first, n, us);
         printf("mlp_train.%s.%s_%s_step_us %.2f us\n", k, tag, stage[s], us[REPEATS / 2]);
+        probe_trace_at(first, stage[s]);
     }
     fflush(stdout);
 }
@@ -408,7 +421,7 @@ static void bench(const mlp_config *c, deft_device dev, const deft_compile_optio
 static const char help[] =
     "usage: bench_mlp_train [--config tiny|small|mid|large] [--device cuda:N|cpu] [--no-graphs] [--no-fusion]\n"
     "                       [--tf32] [--feed device|host|prefetch] [--amp bf16|f16] [--repeat N] [--keep]\n"
-    "                       [--probe-second | --probe-other N [--probe-kind scale|matmul|train]]\n"
+    "                       [--probe-second [--probe-trace PREFIX] | --probe-other N [--probe-kind K]]\n"
     "                       [A/B options]\n"
     "\n"
     "The time of one MLP training step (forward, loss, backward, optimizer update) compiled by deft, on four sizes\n"
@@ -433,6 +446,8 @@ static const char help[] =
     "                                  (_other_scale<N>_after_<stage>_step_us)\n"
     "  --probe-kind scale|matmul|train the other program: y = 2 x + 1 (default), y = x W with x [N / 1024, 1024],\n"
     "                                  or the mean of (x W)^2 with its backward pass and an SGD step\n"
+    "  --probe-trace PREFIX            with --probe-second, a traced step of run 1 before and after each stage,\n"
+    "                                  written to PREFIX_<stage>.json (scripts/trace_summary.py reads them)\n"
     "  -h, --help                      this help\n";
 
 static void usage(void) {
@@ -465,6 +480,7 @@ int main(int argc, char **argv) {
         }
         else if (!strcmp(argv[i], "--keep")) keep = 1;
         else if (!strcmp(argv[i], "--probe-second")) keep = probe = 1;
+        else if (!strcmp(argv[i], "--probe-trace") && i + 1 < argc) probe_trace = argv[++i];
         else if (!strcmp(argv[i], "--probe-other") && i + 1 < argc) {
             char *end = NULL;
             const long long e = strtoll(argv[++i], &end, 10);
