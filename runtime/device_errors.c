@@ -12,7 +12,8 @@ static bool deft_op_records_device_errors(deft_op op) {
            op == DEFT_OP_INDEX_SELECT || op == DEFT_OP_INDEX_ORDER;
 }
 
-deft_status deft_program_take_device_errors(const deft_program *p) {
+/* Calls f once for each GPU on which p runs a kernel that records errors. */
+static deft_status deft_program_each_error_device(const deft_program *p, deft_status (*f)(int device)) {
     bool seen[DEFT_DEVICE_ERRORS_MAX_DEVICES] = {false};
     for (int id = 0; id < p->n_nodes; id++) {
         const deft_tensor *t = p->graph->nodes[id];
@@ -20,8 +21,24 @@ deft_status deft_program_take_device_errors(const deft_program *p) {
         const int d = t->device.index;
         if (d < 0 || d >= DEFT_DEVICE_ERRORS_MAX_DEVICES || seen[d]) continue;
         seen[d] = true;
-        deft_status s = deft_device_errors_take(d);
+        deft_status s = f(d);
         if (s != DEFT_OK) return s;
     }
     return DEFT_OK;
+}
+
+deft_status deft_program_take_device_errors(const deft_program *p) {
+    return deft_program_each_error_device(p, deft_device_errors_take);
+}
+
+static deft_status deft_device_errors_make(int device) {
+    deft_device_errors *rec = NULL;
+    return deft_device_errors_get(device, NULL, &rec);
+}
+
+/* Made at compile, not at the first run: making one waits for the device (the legacy stream's reset), and in a
+ * data-parallel replica's first run that wait would fall behind collectives queued on the device, which finish only
+ * when every other replica's thread has queued its own. */
+deft_status deft_program_make_device_errors(const deft_program *p) {
+    return deft_program_each_error_device(p, deft_device_errors_make);
 }
