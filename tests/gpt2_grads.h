@@ -82,14 +82,19 @@ static inline void gpt2_grads_run(const gpt2_config *c, int64_t batch, int64_t c
     deft_graph_free(g);
 }
 
-/* That a and b hold the same loss (eager and replayed) and gradients, bit for bit; frees both. */
-static inline void gpt2_grads_same(gpt2_grads *a, gpt2_grads *b, const char *what) {
+/* That a and b hold the same losses, eager and replayed, bit for bit, and as many gradients. */
+static inline void gpt2_losses_same(const gpt2_grads *a, const gpt2_grads *b, const char *what) {
     CHECK_MSG(memcmp(&a->loss, &b->loss, sizeof a->loss) == 0 &&
                   memcmp(&a->loss_replayed, &a->loss, sizeof a->loss) == 0 &&
                   memcmp(&b->loss_replayed, &b->loss, sizeof b->loss) == 0,
               "%s: losses %.9g and %.9g (replayed %.9g and %.9g)", what, (double)a->loss, (double)b->loss,
               (double)a->loss_replayed, (double)b->loss_replayed);
     CHECK_MSG(a->n_grads == b->n_grads && a->n_grads > 0, "%s: %d and %d gradients", what, a->n_grads, b->n_grads);
+}
+
+/* That a and b hold the same loss (eager and replayed) and gradients, bit for bit; frees both. */
+static inline void gpt2_grads_same(gpt2_grads *a, gpt2_grads *b, const char *what) {
+    gpt2_losses_same(a, b, what);
     for (int k = 0; k < a->n_grads && k < b->n_grads; k++)
         CHECK_MSG(a->grads[k] && b->grads[k] && a->bytes[k] == b->bytes[k] &&
                       memcmp(a->grads[k], b->grads[k], a->bytes[k]) == 0,
@@ -101,12 +106,7 @@ static inline void gpt2_grads_same(gpt2_grads *a, gpt2_grads *b, const char *wha
  * two compiles whose fusion differs in a way that rounds differently (under bf16 a bias gradient summed in a
  * product's epilogue or by a sum of its own); frees both. */
 static inline void gpt2_grads_close(gpt2_grads *a, gpt2_grads *b, double tol, const char *what) {
-    CHECK_MSG(memcmp(&a->loss, &b->loss, sizeof a->loss) == 0 &&
-                  memcmp(&a->loss_replayed, &a->loss, sizeof a->loss) == 0 &&
-                  memcmp(&b->loss_replayed, &b->loss, sizeof b->loss) == 0,
-              "%s: losses %.9g and %.9g (replayed %.9g and %.9g)", what, (double)a->loss, (double)b->loss,
-              (double)a->loss_replayed, (double)b->loss_replayed);
-    CHECK_MSG(a->n_grads == b->n_grads && a->n_grads > 0, "%s: %d and %d gradients", what, a->n_grads, b->n_grads);
+    gpt2_losses_same(a, b, what);
     for (int k = 0; k < a->n_grads && k < b->n_grads; k++) {
         const bool same_size = a->grads[k] && b->grads[k] && a->bytes[k] == b->bytes[k];
         CHECK_MSG(same_size, "%s: the gradient of %s is missing or of another size", what, a->names[k]);

@@ -74,25 +74,6 @@ __device__ __forceinline__ void deft_ce_copy_row(void *buf, const void *src, int
     asm volatile("cp.async.commit_group;\n" ::);
 }
 
-/* deft_ce_block_stats over a row in shared memory (the same groups, folds and reductions). */
-template <class T>
-__device__ __forceinline__ void deft_ce_smem_stats(const T *xs, int64_t c, bool want_sx, typename deft_ty<T>::C *mx,
-                                                   double *sum, double *sumx) {
-    typedef typename deft_ty<T>::C C;
-    const int64_t ng = (c + DEFT_CE_GROUP - 1) / DEFT_CE_GROUP;
-    C v[DEFT_CE_GROUP];
-    C m = -INFINITY;
-    for (int64_t g = threadIdx.x; g < ng; g += blockDim.x)
-        m = deft_ce_fold_max(v, deft_ce_group(xs, c, g, true, v), m);
-    m = deft_block_reduce(m, deft_r_max());
-    double s = 0.0, sx = 0.0;
-    for (int64_t g = threadIdx.x; g < ng; g += blockDim.x)
-        deft_ce_fold_sum(v, deft_ce_group(xs, c, g, true, v), m, want_sx, &s, &sx);
-    *mx = m;
-    *sum = deft_block_reduce(s, deft_r_sum());
-    *sumx = want_sx ? deft_block_reduce(sx, deft_r_sum()) : 0.0;
-}
-
 /* GRAD: the gradient (D dloss's dtype), else the loss's partials. */
 template <class T, class D, bool GRAD>
 __global__ void __launch_bounds__(DEFT_CE_ROW_MAX_THREADS) deft_k_ce_stream(deft_ce_stream_args a) {
@@ -148,7 +129,7 @@ __global__ void __launch_bounds__(DEFT_CE_ROW_MAX_THREADS) deft_k_ce_stream(deft
         const T *xs = reinterpret_cast<const T *>(deft_ce_rows_smem + stage * chunks);
         C m;
         double s, sx;
-        deft_ce_smem_stats(xs, a.c, !GRAD && a.o.ls != 0.0, &m, &s, &sx);
+        deft_ce_block_stats(xs, a.c, true, !GRAD && a.o.ls != 0.0, &m, &s, &sx);
         if (GRAD) {
             T *orow = static_cast<T *>(a.out) + w.r * a.c;
             const C inv = (C)(1.0 / s);

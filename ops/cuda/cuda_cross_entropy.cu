@@ -189,26 +189,6 @@ __global__ void deft_k_cross_entropy_grad(T *o, const D *dloss, const T *x, cons
  * (the sum needs the max): these plain kernels read the row again for each, the register kernels below and the
  * streaming ones (cuda_ce_stream.cu) once. */
 
-/* The row's maximum (NaN wins), the sum of exp(x - max) in double and, with want_sx, the sum of x; every thread of
- * the block calls it and gets all three. */
-template <class T>
-__device__ void deft_ce_block_stats(const T *x, int64_t c, bool want_sx, typename deft_ty<T>::C *mx, double *sum,
-                                    double *sumx) {
-    typedef typename deft_ty<T>::C C;
-    const int64_t ng = (c + DEFT_CE_GROUP - 1) / DEFT_CE_GROUP;
-    const bool wide = ((uintptr_t)x & 15) == 0;
-    C v[DEFT_CE_GROUP];
-    C m = -INFINITY;
-    for (int64_t g = threadIdx.x; g < ng; g += blockDim.x)
-        m = deft_ce_fold_max(v, deft_ce_group(x, c, g, wide, v), m);
-    m = deft_block_reduce(m, deft_r_max());
-    double s = 0.0, sx = 0.0;
-    for (int64_t g = threadIdx.x; g < ng; g += blockDim.x)
-        deft_ce_fold_sum(v, deft_ce_group(x, c, g, wide, v), m, want_sx, &s, &sx);
-    *mx = m;
-    *sum = deft_block_reduce(s, deft_r_sum());
-    *sumx = want_sx ? deft_block_reduce(sx, deft_r_sum()) : 0.0;
-}
 
 /* The loss's first kernel with a block per row (grid-stride): block b sums its rows' losses in order into
  * deft_ce_partial[b] and counts them into deft_ce_count[b], for deft_k_cross_entropy_reduce. A row's target is
@@ -232,7 +212,7 @@ __global__ void __launch_bounds__(DEFT_CE_ROW_MAX_THREADS)
         const T *xr = x + r * c;
         typename Ty::C m;
         double s, sx;
-        deft_ce_block_stats(xr, c, o.ls != 0.0, &m, &s, &sx);
+        deft_ce_block_stats(xr, c, ((uintptr_t)xr & 15) == 0, o.ls != 0.0, &m, &s, &sx);
         acc += deft_ce_row_nll((double)m, (double)Ty::load(xr[tr]), s, sx, c, o.ls);
     }
     if (threadIdx.x == 0) {
@@ -269,7 +249,7 @@ __global__ void __launch_bounds__(DEFT_CE_ROW_MAX_THREADS)
         }
         C m;
         double s, sx;
-        deft_ce_block_stats(xr, c, false, &m, &s, &sx);
+        deft_ce_block_stats(xr, c, ((uintptr_t)xr & 15) == 0, false, &m, &s, &sx);
         const C inv = (C)(1.0 / s);
         const bool wide = (((uintptr_t)xr | (uintptr_t)orow) & 15) == 0;
         for (int64_t g = threadIdx.x; g < ng; g += blockDim.x) {

@@ -7,7 +7,9 @@
 
 #include <string.h>
 
+#include "cuda_block_reduce.cuh"
 #include "cuda_common.cuh"
+#include "cuda_rounding.cuh"
 #include "device_errors.h"
 
 /* A target outside [0, C) (and not the ignore index) is data, known only once the kernel runs: the kernel records
@@ -47,14 +49,6 @@ static inline int deft_ce_row_threads(int64_t c) {
     return (int)(t < 32 ? 32 : t > DEFT_CE_ROW_MAX_THREADS ? DEFT_CE_ROW_MAX_THREADS : t);
 }
 
-/* One rounding per operation, never contracted into a fused multiply-add: the kernels are separate instantiations,
- * and their same bits must not hang on the compiler contracting each alike. */
-__device__ __forceinline__ float deft_ce_add(float a, float b) { return __fadd_rn(a, b); }
-__device__ __forceinline__ double deft_ce_add(double a, double b) { return __dadd_rn(a, b); }
-__device__ __forceinline__ float deft_ce_sub(float a, float b) { return __fsub_rn(a, b); }
-__device__ __forceinline__ double deft_ce_sub(double a, double b) { return __dsub_rn(a, b); }
-__device__ __forceinline__ float deft_ce_mul(float a, float b) { return __fmul_rn(a, b); }
-__device__ __forceinline__ double deft_ce_mul(double a, double b) { return __dmul_rn(a, b); }
 
 /* Group g of the row into v (its elements that are < c: the count returned). A group is read with 16-byte loads
  * where the row starts on 16 bytes (8 halves in one, 8 floats in two), element by element otherwise, in the same
@@ -106,8 +100,8 @@ __device__ __forceinline__ void deft_ce_fold_sum(const C *v, int n, C m, bool wa
 #pragma unroll
     for (int j = 0; j < DEFT_CE_GROUP; j++)
         if (j < n) {
-            gs = deft_ce_add(gs, deft_math_exp(deft_ce_sub(v[j], m)));
-            if (want_sx) gx = deft_ce_add(gx, v[j]);
+            gs = deft_rn_add(gs, deft_math_exp(deft_rn_sub(v[j], m)));
+            if (want_sx) gx = deft_rn_add(gx, v[j]);
         }
     *s += (double)gs;
     if (want_sx) *sx += (double)gx;
@@ -115,6 +109,26 @@ __device__ __forceinline__ void deft_ce_fold_sum(const C *v, int n, C m, bool wa
 
 /* The gradient's constants in the compute type: scale (dloss, over the count for a mean), hit = 1 - ls, base =
  * ls / C, each formed in double and rounded once, and inv = 1 / sum(exp), per row. */
+/* The row's maximum (NaN wins), the sum of exp(x - max) in double and, with want_sx, the sum of x; every thread of
+ * the block calls it and gets all three. x may be in global or shared memory; wide: it starts on 16 bytes. */
+template <class T>
+__device__ __forceinline__ void deft_ce_block_stats(const T *x, int64_t c, bool wide, bool want_sx,
+                                                    typename deft_ty<T>::C *mx, double *sum, double *sumx) {
+    typedef typename deft_ty<T>::C C;
+    const int64_t ng = (c + DEFT_CE_GROUP - 1) / DEFT_CE_GROUP;
+    C v[DEFT_CE_GROUP];
+    C m = -INFINITY;
+    for (int64_t g = threadIdx.x; g < ng; g += blockDim.x)
+        m = deft_ce_fold_max(v, deft_ce_group(x, c, g, wide, v), m);
+    m = deft_block_reduce(m, deft_r_max());
+    double s = 0.0, sx = 0.0;
+    for (int64_t g = threadIdx.x; g < ng; g += blockDim.x)
+        deft_ce_fold_sum(v, deft_ce_group(x, c, g, wide, v), m, want_sx, &s, &sx);
+    *mx = m;
+    *sum = deft_block_reduce(s, deft_r_sum());
+    *sumx = want_sx ? deft_block_reduce(sx, deft_r_sum()) : 0.0;
+}
+
 template <class C> struct deft_ce_gk {
     C scale, hit, base;
 };
@@ -141,9 +155,9 @@ __device__ __forceinline__ void deft_ce_grad_store(T *orow, I l0, const typename
 #pragma unroll
     for (int j = 0; j < DEFT_CE_GROUP; j++)
         if (j < n) {
-            const C p = deft_ce_mul(deft_math_exp(deft_ce_sub(v[j], m)), inv);
-            const C d = deft_ce_sub(deft_ce_sub(p, l0 + j == tr ? k.hit : C(0)), k.base);
-            w[j] = Ty::store(deft_ce_mul(d, k.scale));
+            const C p = deft_rn_mul(deft_math_exp(deft_rn_sub(v[j], m)), inv);
+            const C d = deft_rn_sub(deft_rn_sub(p, l0 + j == tr ? k.hit : C(0)), k.base);
+            w[j] = Ty::store(deft_rn_mul(d, k.scale));
         }
     if (wide && n == DEFT_CE_GROUP) {
         constexpr int per = (int)(16 / sizeof(T));

@@ -45,7 +45,7 @@ __device__ __forceinline__ deft_vec<T, V> deft_ln_x(const deft_ln_fwd<T, TY> &k,
     const deft_vec<TB, V> bv = deft_ln_ld<TB, V>(static_cast<const TB *>(k.b) + at);
 #pragma unroll
     for (int u = 0; u < V; u++)
-        x.e[u] = Ty::store(deft_ln_add(Ty::load(x.e[u]), (typename Ty::C)deft_ty<TB>::load(bv.e[u])));
+        x.e[u] = Ty::store(deft_rn_add(Ty::load(x.e[u]), (typename Ty::C)deft_ty<TB>::load(bv.e[u])));
     return x;
 }
 
@@ -64,7 +64,7 @@ __device__ __forceinline__ void deft_ln_forward_row_plain(const deft_ln_fwd<T, T
         const deft_vec<T, V> v = deft_ln_x<T, TY, TB, V>(k, base + j);
         if (k.s) deft_ln_st<T, V>(k.s + base + j, v);
 #pragma unroll
-        for (int u = 0; u < V; u++) sum = deft_ln_add(sum, Ty::load(v.e[u]));
+        for (int u = 0; u < V; u++) sum = deft_rn_add(sum, Ty::load(v.e[u]));
     }
     const A mean = deft_ln_warp_sum(sum) / (A)k.c;
     A sq = 0;
@@ -72,11 +72,11 @@ __device__ __forceinline__ void deft_ln_forward_row_plain(const deft_ln_fwd<T, T
         const deft_vec<T, V> v = deft_ln_x<T, TY, TB, V>(k, base + deft_ln_at<V>(lane, i));
 #pragma unroll
         for (int u = 0; u < V; u++) {
-            const A d = deft_ln_sub(Ty::load(v.e[u]), mean);
-            sq = deft_ln_add(sq, deft_ln_mul(d, d));
+            const A d = deft_rn_sub(Ty::load(v.e[u]), mean);
+            sq = deft_rn_add(sq, deft_rn_mul(d, d));
         }
     }
-    const A rstd = A(1) / deft_math_sqrt(deft_ln_add(deft_ln_warp_sum(sq) / (A)k.c, k.eps));
+    const A rstd = A(1) / deft_math_sqrt(deft_rn_add(deft_ln_warp_sum(sq) / (A)k.c, k.eps));
     if (lane == 0) {
         k.stats[r] = mean;
         k.stats[k.rows + r] = rstd;
@@ -87,9 +87,9 @@ __device__ __forceinline__ void deft_ln_forward_row_plain(const deft_ln_fwd<T, T
         deft_vec<TY, V> o;
 #pragma unroll
         for (int u = 0; u < V; u++) {
-            A t = deft_ln_mul(deft_ln_sub(Ty::load(v.e[u]), mean), rstd);
-            if (k.w) t = deft_ln_mul(t, Ty::load(k.w[j + u]));
-            if (k.bias) t = deft_ln_add(t, Ty::load(k.bias[j + u]));
+            A t = deft_rn_mul(deft_rn_sub(Ty::load(v.e[u]), mean), rstd);
+            if (k.w) t = deft_rn_mul(t, Ty::load(k.w[j + u]));
+            if (k.bias) t = deft_rn_add(t, Ty::load(k.bias[j + u]));
             o.e[u] = deft_ty<TY>::store(t);
         }
         deft_ln_st<TY, V>(k.y + base + j, o);
@@ -125,7 +125,7 @@ __device__ __forceinline__ void deft_ln_forward_row_held(const deft_ln_fwd<T, TY
         for (int i = 0; i < H; i++)
 #pragma unroll
             for (int u = 0; u < V; u++)
-                held[i].e[u] = Ty::store(deft_ln_add(Ty::load(held[i].e[u]), (A)deft_ty<TB>::load(hb[i].e[u])));
+                held[i].e[u] = Ty::store(deft_rn_add(Ty::load(held[i].e[u]), (A)deft_ty<TB>::load(hb[i].e[u])));
     }
     if (k.s) {
 #pragma unroll
@@ -137,7 +137,7 @@ __device__ __forceinline__ void deft_ln_forward_row_held(const deft_ln_fwd<T, TY
     for (int i = 0; i < H; i++)
         if (deft_ln_at<V>(lane, i) < k.c) {
 #pragma unroll
-            for (int u = 0; u < V; u++) sum = deft_ln_add(sum, Ty::load(held[i].e[u]));
+            for (int u = 0; u < V; u++) sum = deft_rn_add(sum, Ty::load(held[i].e[u]));
         }
     const A mean = deft_ln_warp_sum(sum) / (A)k.c;
     A sq = 0;
@@ -146,11 +146,11 @@ __device__ __forceinline__ void deft_ln_forward_row_held(const deft_ln_fwd<T, TY
         if (deft_ln_at<V>(lane, i) < k.c) {
 #pragma unroll
             for (int u = 0; u < V; u++) {
-                const A d = deft_ln_sub(Ty::load(held[i].e[u]), mean);
-                sq = deft_ln_add(sq, deft_ln_mul(d, d));
+                const A d = deft_rn_sub(Ty::load(held[i].e[u]), mean);
+                sq = deft_rn_add(sq, deft_rn_mul(d, d));
             }
         }
-    const A rstd = A(1) / deft_math_sqrt(deft_ln_add(deft_ln_warp_sum(sq) / (A)k.c, k.eps));
+    const A rstd = A(1) / deft_math_sqrt(deft_rn_add(deft_ln_warp_sum(sq) / (A)k.c, k.eps));
     if (lane == 0) {
         k.stats[r] = mean;
         k.stats[k.rows + r] = rstd;
@@ -166,9 +166,9 @@ __device__ __forceinline__ void deft_ln_forward_row_held(const deft_ln_fwd<T, TY
         if (k.bias) bv = deft_ln_ld<T, V>(k.bias + j);
 #pragma unroll
         for (int u = 0; u < V; u++) {
-            A t = deft_ln_mul(deft_ln_sub(Ty::load(held[i].e[u]), mean), rstd);
-            if (k.w) t = deft_ln_mul(t, Ty::load(wv.e[u]));
-            if (k.bias) t = deft_ln_add(t, Ty::load(bv.e[u]));
+            A t = deft_rn_mul(deft_rn_sub(Ty::load(held[i].e[u]), mean), rstd);
+            if (k.w) t = deft_rn_mul(t, Ty::load(wv.e[u]));
+            if (k.bias) t = deft_rn_add(t, Ty::load(bv.e[u]));
             out[i].e[u] = deft_ty<TY>::store(t);
         }
     }
@@ -206,7 +206,7 @@ template <class T, class TD> struct deft_ln_bwd {
 template <class T, class TD>
 __device__ __forceinline__ typename deft_ty<T>::C deft_ln_g(const deft_ln_bwd<T, TD> &k, TD d, int64_t j) {
     const typename deft_ty<T>::C v = deft_ty<TD>::load(d);
-    return k.w ? deft_ln_mul(v, deft_ty<T>::load(k.w[j])) : v;
+    return k.w ? deft_rn_mul(v, deft_ty<T>::load(k.w[j])) : v;
 }
 
 /* dx of one row: rstd (g - mean(g) - xhat mean(g xhat)), g = dy w, the CPU's formula in the compute type; read
@@ -225,8 +225,8 @@ __device__ __forceinline__ void deft_ln_backward_row_plain(const deft_ln_bwd<T, 
 #pragma unroll
         for (int u = 0; u < V; u++) {
             const A g = deft_ln_g(k, d.e[u], j + u);
-            sg = deft_ln_add(sg, g);
-            sgx = deft_ln_add(sgx, deft_ln_mul(g, deft_ln_mul(deft_ln_sub(Ty::load(x.e[u]), mean), rstd)));
+            sg = deft_rn_add(sg, g);
+            sgx = deft_rn_add(sgx, deft_rn_mul(g, deft_rn_mul(deft_rn_sub(Ty::load(x.e[u]), mean), rstd)));
         }
     }
     const A c1 = deft_ln_warp_sum(sg) / (A)k.c, c2 = deft_ln_warp_sum(sgx) / (A)k.c;
@@ -238,13 +238,13 @@ __device__ __forceinline__ void deft_ln_backward_row_plain(const deft_ln_bwd<T, 
 #pragma unroll
         for (int u = 0; u < V; u++) {
             const A g = deft_ln_g(k, d.e[u], j + u);
-            const A xhat = deft_ln_mul(deft_ln_sub(Ty::load(x.e[u]), mean), rstd);
-            o.e[u] = Ty::store(deft_ln_mul(rstd, deft_ln_sub(deft_ln_sub(g, c1), deft_ln_mul(xhat, c2))));
+            const A xhat = deft_rn_mul(deft_rn_sub(Ty::load(x.e[u]), mean), rstd);
+            o.e[u] = Ty::store(deft_rn_mul(rstd, deft_rn_sub(deft_rn_sub(g, c1), deft_rn_mul(xhat, c2))));
         }
         if (k.residual) {   /* the add kernel's sum of the residual and dx as stored */
             const deft_vec<T, V> res = deft_ln_ld<T, V>(k.residual + base + j);
 #pragma unroll
-            for (int u = 0; u < V; u++) o.e[u] = Ty::store(deft_ln_add(Ty::load(res.e[u]), Ty::load(o.e[u])));
+            for (int u = 0; u < V; u++) o.e[u] = Ty::store(deft_rn_add(Ty::load(res.e[u]), Ty::load(o.e[u])));
         }
         deft_ln_st<T, V>(k.dx + base + j, o);
     }
@@ -274,8 +274,8 @@ __device__ __forceinline__ void deft_ln_backward_row_held(const deft_ln_bwd<T, T
 #pragma unroll
         for (int u = 0; u < V; u++) {
             const A g = deft_ln_g(k, hd[i].e[u], j + u);
-            sg = deft_ln_add(sg, g);
-            sgx = deft_ln_add(sgx, deft_ln_mul(g, deft_ln_mul(deft_ln_sub(Ty::load(hx[i].e[u]), mean), rstd)));
+            sg = deft_rn_add(sg, g);
+            sgx = deft_rn_add(sgx, deft_rn_mul(g, deft_rn_mul(deft_rn_sub(Ty::load(hx[i].e[u]), mean), rstd)));
         }
     }
     const A c1 = deft_ln_warp_sum(sg) / (A)k.c, c2 = deft_ln_warp_sum(sgx) / (A)k.c;
@@ -286,8 +286,8 @@ __device__ __forceinline__ void deft_ln_backward_row_held(const deft_ln_bwd<T, T
 #pragma unroll
         for (int u = 0; u < V; u++) {
             const A g = deft_ln_g(k, hd[i].e[u], j + u);
-            const A xhat = deft_ln_mul(deft_ln_sub(Ty::load(hx[i].e[u]), mean), rstd);
-            hx[i].e[u] = Ty::store(deft_ln_mul(rstd, deft_ln_sub(deft_ln_sub(g, c1), deft_ln_mul(xhat, c2))));
+            const A xhat = deft_rn_mul(deft_rn_sub(Ty::load(hx[i].e[u]), mean), rstd);
+            hx[i].e[u] = Ty::store(deft_rn_mul(rstd, deft_rn_sub(deft_rn_sub(g, c1), deft_rn_mul(xhat, c2))));
         }
     }
     if (k.residual) {   /* the add kernel's sum of the residual and dx as stored */
@@ -298,7 +298,7 @@ __device__ __forceinline__ void deft_ln_backward_row_held(const deft_ln_bwd<T, T
             const deft_vec<T, V> res = deft_ln_ld<T, V>(k.residual + base + j);
 #pragma unroll
             for (int u = 0; u < V; u++)
-                hx[i].e[u] = Ty::store(deft_ln_add(Ty::load(res.e[u]), Ty::load(hx[i].e[u])));
+                hx[i].e[u] = Ty::store(deft_rn_add(Ty::load(res.e[u]), Ty::load(hx[i].e[u])));
         }
     }
 #pragma unroll

@@ -8,22 +8,14 @@
 
 #include "config.h"
 #include "cuda_common.cuh"
+#include "cuda_rounding.cuh"
 
 #define DEFT_LN_WARPS 4   /* rows per block of the row kernels */
 
-/* One rounding per operation, never contracted into a fused multiply-add: the forward node writing an f32 value and
- * the one writing bf16 (or reading dy in bf16) are different instantiations of one kernel, and the promise that the
- * low-precision node gives the cast's bits must not hang on the compiler contracting both alike. */
-__device__ __forceinline__ float deft_ln_add(float a, float b) { return __fadd_rn(a, b); }
-__device__ __forceinline__ double deft_ln_add(double a, double b) { return __dadd_rn(a, b); }
-__device__ __forceinline__ float deft_ln_sub(float a, float b) { return __fsub_rn(a, b); }
-__device__ __forceinline__ double deft_ln_sub(double a, double b) { return __dsub_rn(a, b); }
-__device__ __forceinline__ float deft_ln_mul(float a, float b) { return __fmul_rn(a, b); }
-__device__ __forceinline__ double deft_ln_mul(double a, double b) { return __dmul_rn(a, b); }
 
 template <class A> __device__ __forceinline__ A deft_ln_warp_sum(A v) {
     /* A butterfly: every lane ends with the same sum, added in the same order whatever the lane. */
-    for (int off = 16; off > 0; off >>= 1) v = deft_ln_add(v, __shfl_xor_sync(0xffffffffu, v, off));
+    for (int off = 16; off > 0; off >>= 1) v = deft_rn_add(v, __shfl_xor_sync(0xffffffffu, v, off));
     return v;
 }
 

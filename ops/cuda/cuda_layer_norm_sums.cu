@@ -37,17 +37,17 @@ deft_k_ln_sums_part(const TD *dy, const T *x, const typename deft_ty<T>::C *stat
     A dw = 0, db = 0;
     for (int64_t r = r0 + ty; j < c && r < r1; r += DEFT_LN_LANES) {
         const A d = deft_ty<TD>::load(dy[r * c + j]);
-        const A xhat = deft_ln_mul(deft_ln_sub(Ty::load(x[r * c + j]), stats[r]), stats[rows + r]);
-        dw = deft_ln_add(dw, deft_ln_mul(d, xhat));
-        db = deft_ln_add(db, d);
+        const A xhat = deft_rn_mul(deft_rn_sub(Ty::load(x[r * c + j]), stats[r]), stats[rows + r]);
+        dw = deft_rn_add(dw, deft_rn_mul(d, xhat));
+        db = deft_rn_add(db, d);
     }
     sw[ty][tx] = dw;
     sb[ty][tx] = db;
     __syncthreads();
     if (ty != 0 || j >= c) return;
     for (int l = 1; l < DEFT_LN_LANES; l++) {
-        dw = deft_ln_add(dw, sw[l][tx]);
-        db = deft_ln_add(db, sb[l][tx]);
+        dw = deft_rn_add(dw, sw[l][tx]);
+        db = deft_rn_add(db, sb[l][tx]);
     }
     part[p * 2 * c + j] = dw;
     part[p * 2 * c + c + j] = db;
@@ -59,7 +59,7 @@ __global__ void deft_k_ln_sums_total(const typename deft_ty<T>::C *part, T *out,
     typedef typename deft_ty<T>::C A;
     for (int64_t i = deft_tid(); i < n; i += deft_nthreads()) {
         A s = 0;
-        for (int64_t p = 0; p < parts; p++) s = deft_ln_add(s, part[p * n + i]);
+        for (int64_t p = 0; p < parts; p++) s = deft_rn_add(s, part[p * n + i]);
         out[i] = deft_ty<T>::store(s);
     }
 }
@@ -88,8 +88,8 @@ deft_k_ln_sums_strip(const TD *dy, const T *x, const typename deft_ty<T>::C *sta
 #pragma unroll
             for (int u = 0; u < V; u++) {
                 const A dd = deft_ty<TD>::load(d.e[u]);
-                dw[u] = deft_ln_add(dw[u], deft_ln_mul(dd, deft_ln_mul(deft_ln_sub(Ty::load(xv.e[u]), mean), rstd)));
-                db[u] = deft_ln_add(db[u], dd);
+                dw[u] = deft_rn_add(dw[u], deft_rn_mul(dd, deft_rn_mul(deft_rn_sub(Ty::load(xv.e[u]), mean), rstd)));
+                db[u] = deft_rn_add(db[u], dd);
             }
         }
     }
@@ -103,8 +103,8 @@ deft_k_ln_sums_strip(const TD *dy, const T *x, const typename deft_ty<T>::C *sta
         if (strip + t >= c) break;
         A w = sw[0][t], b = sb[0][t];
         for (int l = 1; l < DEFT_LN_SUM_WARPS; l++) {
-            w = deft_ln_add(w, sw[l][t]);
-            b = deft_ln_add(b, sb[l][t]);
+            w = deft_rn_add(w, sw[l][t]);
+            b = deft_rn_add(b, sb[l][t]);
         }
         part[p * 2 * c + strip + t] = w;
         part[p * 2 * c + c + strip + t] = b;
@@ -120,11 +120,11 @@ deft_k_ln_sums_total_lanes(const typename deft_ty<T>::C *part, T *out, int64_t p
     const int tx = threadIdx.x & 31, l = threadIdx.x >> 5;
     const int64_t i = (int64_t)blockIdx.x * 32 + tx;
     A s = 0;
-    for (int64_t p = l; i < n && p < parts; p += DEFT_LN_TOTAL_LANES) s = deft_ln_add(s, part[p * n + i]);
+    for (int64_t p = l; i < n && p < parts; p += DEFT_LN_TOTAL_LANES) s = deft_rn_add(s, part[p * n + i]);
     acc[l][tx] = s;
     __syncthreads();
     if (l != 0 || i >= n) return;
-    for (int k = 1; k < DEFT_LN_TOTAL_LANES; k++) s = deft_ln_add(s, acc[k][tx]);
+    for (int k = 1; k < DEFT_LN_TOTAL_LANES; k++) s = deft_rn_add(s, acc[k][tx]);
     out[i] = deft_ty<T>::store(s);
 }
 
