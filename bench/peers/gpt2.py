@@ -6,6 +6,7 @@ with "torch_<mode>_" where the C bench prints "deft_", then PyTorch's best.
     python3 bench/peers/gpt2.py [--batch B] [--seq T] [--layers L] [--width C] [--heads H] [--vocab V]
         [--steps N] [--warmup W] [--repeats R] [--device cuda:N|cpu] [--autocast bf16|f32] [--peak-tflops P]
         [--modes eager,graph,compile_graph,autotune_graph] [--checkpoint none|block|budget] [--memory-budget B]
+        [--profile N]
 
 The model: nn.Embedding token and position tables, pre-norm blocks (nn.LayerNorm, causal self-attention through
 F.scaled_dot_product_attention(is_causal=True), residual, nn.LayerNorm, MLP with GELU's tanh form, residual), a final
@@ -37,6 +38,10 @@ dense bf16), peak_bytes = torch.cuda.max_memory_allocated and peak_reserved_byte
 after the first warm-up step (so compilation's and autotuning's scratch is not counted) to the end, and the losses.
 Then torch_best_*: the mode with the least step time, its figures, and its name in a comment line and as
 `torch_best_mode <name> mode`. A mode that fails says why in a `# ...` line and the next one runs.
+
+--profile N runs N more steps of each mode under torch.profiler after its timing (the profiler's overhead stays out of
+the figures) and prints each kernel's device time a step, the largest first, as `# ...` lines, and their sum as
+torch_<mode>_profile_kernel_us: what PyTorch's step consists of, beside deft's trace (scripts/trace_summary.py).
 
 Activation checkpointing (issue 29's checkpointing item, beside bench_gpt2 --activation-fraction;
 scripts/bench_gpt2_checkpoint.sh runs the curve), one point a run:
@@ -209,9 +214,36 @@ def run_mode(torch, a, mode, device, cuda, key):
         print(f"{tag}_peak_reserved_bytes {fig['peak_reserved_bytes']} bytes")
     print(f"{tag}_loss_first {first:.6f} loss")
     print(f"{tag}_loss {loss:.6f} loss")
+    if cuda and a.profile:
+        profile_steps(torch, a.profile, r.step, tag)
     sys.stdout.flush()
     del r
     return fig
+
+
+def profile_steps(torch, n, step, tag, top=25):
+    """Where the step's device time goes: torch.profiler's CUDA activity over n more steps (a replayed graph's kernels
+    included), each kernel's device time a step, the largest first as `# ...` lines, and their sum as
+    <tag>_profile_kernel_us (compare with scripts/trace_summary.py over deft's trace)."""
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            step()
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        us = getattr(e, "self_device_time_total", None)
+        if us is None:
+            us = getattr(e, "self_cuda_time_total", 0.0)
+        if us > 0:
+            rows.append((us / n, e.count / n, e.key))
+    rows.sort(reverse=True)
+    total = sum(r[0] for r in rows)
+    for us, count, name in rows[:top]:
+        print(f"# {tag} profile: {us:9.1f} us a step {100.0 * us / total if total else 0.0:5.1f}% {count:6.1f}x "
+              f"{name[:110]}")
+    print(f"{tag}_profile_kernel_us {total:.1f} us")
 
 
 def key_of(a):
@@ -261,10 +293,13 @@ def main(argv=None):
                          "compile modes only) (default: none)")
     ap.add_argument("--memory-budget", type=float, default=None, metavar="B",
                     help="with --checkpoint budget: the activation memory budget, 0 <= B <= 1")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="after each mode's timing, N more steps under torch.profiler: each kernel's device time a "
+                         "step, the largest first (default: 0, none)")
     a = ap.parse_args(argv)
     modes = peer_common.parse_modes(ap, a.modes)
     if min(a.batch, a.seq, a.layers, a.width, a.heads, a.vocab, a.warmup, a.repeats) < 1 \
-            or a.steps < 0 or a.width % a.heads or a.peak_tflops <= 0:
+            or a.steps < 0 or a.profile < 0 or a.width % a.heads or a.peak_tflops <= 0:
         ap.error("bad options (sizes >= 1; heads must divide width)")
     if (a.checkpoint == "budget") != (a.memory_budget is not None):
         ap.error("--memory-budget goes with --checkpoint budget, and --checkpoint budget needs it")
