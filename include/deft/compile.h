@@ -25,7 +25,8 @@ typedef struct deft_loss_scale_options {
 typedef struct deft_compile_options {
     size_t memory_budget;      /* 0: no budget */
     int no_reuse;              /* 1: every buffer gets its own arena range (for checking the planner) */
-    int reorder;               /* 1: reorder independent nodes to lower the peak (kept only when the arena shrinks) */
+    int reorder;               /* 1: reorder independent nodes to lower the peak (kept only when the final arena,
+                                * planned through every later stage, shrinks) */
     int no_cuda_graphs;        /* 1: run every step eagerly, never as a CUDA Graph replay (for debugging) */
     int tf32;                  /* 1: f32 matmuls on a GPU may use TF32 tensor cores (10-bit mantissa products, f32
                                 * accumulation), as torch.backends.cuda.matmul.allow_tf32; the CPU is unaffected */
