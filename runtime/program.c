@@ -121,6 +121,7 @@ static deft_status deft_program_allocate(deft_program *p) {
     if (s == DEFT_OK) s = deft_alloc_arenas(p);
     if (s == DEFT_OK) s = deft_program_gpu_init(p, p->config.cuda_graphs);
     if (s == DEFT_OK) s = deft_program_make_device_errors(p);
+    if (s == DEFT_OK) s = deft_program_prepare_kernels(p);
     if (s == DEFT_OK) s = deft_replica_attach(p, &p->config);
     if (s != DEFT_OK) deft_release_uploads(p, uploaded);
     free(uploaded);

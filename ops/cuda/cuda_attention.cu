@@ -382,6 +382,13 @@ extern "C" deft_status deft_cuda_attention_own(const deft_tensor *n, void *out, 
 /* cuDNN's fused attention first where it takes the node (the fastest measured: bench/RESULTS.md, eighteenth round),
  * else deft's own kernels. Its backward is deterministic only under the compile option `deterministic` (flags); a
  * problem cuDNN refuses (its graph, or more workspace than the stream's cuDNN scratch) runs on deft's kernels. */
+/* The cuDNN plan deft_cuda_attention would first build in a run, built now (deft_cuda_prepare_node). */
+deft_status deft_cuda_attention_prepare(const deft_tensor *n, cudaStream_t st, unsigned flags) {
+    const int64_t pick = deft_debug(DEFT_DEBUG_ATTENTION_KERNEL);
+    if ((pick == 0 || pick == 3) && deft_cudnn_attention_usable(n)) return deft_cudnn_attention_prepare(n, st, flags);
+    return DEFT_OK;
+}
+
 deft_status deft_cuda_attention(const deft_tensor *n, void *out, const void *const *in, cudaStream_t st,
                                 unsigned flags) {
     const int64_t pick = deft_debug(DEFT_DEBUG_ATTENTION_KERNEL);

@@ -168,6 +168,11 @@ extern "C" deft_status deft_cudnn_attention_flags(const deft_tensor *n, void *ou
     return deft_catt_refuse(n, "%s", why);
 }
 
+extern "C" deft_status deft_cudnn_attention_prepare(const deft_tensor *n, cudaStream_t st, unsigned flags) {
+    (void)n, (void)st, (void)flags;
+    return DEFT_OK;
+}
+
 extern "C" int deft_cudnn_attention_describe(const deft_tensor *n, unsigned flags, char *buf, size_t cap) {
     (void)n, (void)flags;
     if (cap) snprintf(buf, cap, "%s", deft_catt_refusal);
@@ -478,6 +483,22 @@ extern "C" deft_status deft_cudnn_attention_flags(const deft_tensor *n, void *ou
         return deft_catt_refuse(n, "cuda:%d is past the %d devices this file keeps handles for", dev,
                                 DEFT_CATT_MAX_DEVICES);
     return deft_catt_run(n, out, in, st, dev, flags);
+}
+
+/* Builds n's plan now, on `st`'s device, without running it: the cache then has it before any run. A problem cuDNN
+ * refuses is remembered, as a run would remember it, and is no error here (the run takes deft's kernels). */
+extern "C" deft_status deft_cudnn_attention_prepare(const deft_tensor *n, cudaStream_t st, unsigned flags) {
+    char why[192];
+    int dev = 0;
+    if (!deft_catt_check(n, why, sizeof why)) return DEFT_OK;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= DEFT_CATT_MAX_DEVICES) {
+        (void)cudaGetLastError();
+        return DEFT_OK;   /* the run says why */
+    }
+    std::lock_guard<std::mutex> guard(deft_catt_locks[dev]);
+    deft_catt_entry *e = NULL;
+    const deft_status s = deft_catt_entry_for(n, deft_catt_key_of(n, dev, (flags & DEFT_CUDA_DETERMINISTIC) != 0), st, &e);
+    return s == DEFT_CUDNN_ATTENTION_REFUSED ? DEFT_OK : s;
 }
 
 extern "C" int deft_cudnn_attention_describe(const deft_tensor *n, unsigned flags, char *buf, size_t cap) {

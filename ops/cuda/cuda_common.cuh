@@ -236,6 +236,7 @@ deft_status deft_cuda_cross_entropy_grad(const deft_tensor *n, void *out, const 
 deft_status deft_cuda_dropout(const deft_tensor *n, void *out, const void *x, cudaStream_t st);
 /* cuda_attention.cu: DEFT_OP_ATTENTION (in: q, k, v; packed: qkv) and DEFT_OP_ATTENTION_GRAD (in: dout, q, k, v,
  * out; packed: dout, qkv, out) */
+deft_status deft_cuda_attention_prepare(const deft_tensor *n, cudaStream_t st, unsigned flags);
 deft_status deft_cuda_attention(const deft_tensor *n, void *out, const void *const *in, cudaStream_t st,
                                 unsigned flags);
 deft_status deft_cuda_attention_mma(const deft_tensor *n, void *out, const void *const *in, cudaStream_t st);

@@ -157,6 +157,13 @@ static deft_status deft_cuda_route(const deft_tensor *n, void *out, const void *
     return deft_cuda_no_kernel(n);
 }
 
+extern "C" deft_status deft_cuda_prepare_node(const deft_tensor *n, void *stream, unsigned flags) {
+    if (!n || (n->op != DEFT_OP_ATTENTION && n->op != DEFT_OP_ATTENTION_GRAD) ||
+        deft_shape_numel(n->ndim, n->shape) == 0 || deft_cuda_check_dtypes(n) != DEFT_OK)
+        return DEFT_OK;   /* nothing to build; a bad node is reported by its run */
+    return deft_cuda_attention_prepare(n, (cudaStream_t)stream, flags);
+}
+
 extern "C" deft_status deft_cuda_run_node(const deft_tensor *n, void *out, const void *const *in, void *stream,
                                          unsigned flags) {
     if (!n) return deft_set_error(DEFT_ERR_INVALID, "cuda kernel: no node");

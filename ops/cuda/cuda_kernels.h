@@ -20,6 +20,11 @@ extern "C" {
  * cuBLAS error string on failure. */
 deft_status deft_cuda_run_node(const deft_tensor *n, void *out, const void *const *in, void *stream, unsigned flags);
 
+/* What node n's first run would build in a library's cache (cuDNN's fused attention plans: a graph, kernels compiled
+ * and loaded), built now on the current device for `stream`, so that no run has to: a program calls it at compile.
+ * Nodes with nothing to build return DEFT_OK at once. */
+deft_status deft_cuda_prepare_node(const deft_tensor *n, void *stream, unsigned flags);
+
 /* Batch norm node n (DEFT_OP_BATCH_NORM) followed by the add of `residual` (n's shape and dtype, contiguous; NULL for
  * none) and a ReLU (relu != 0), stored once in `out`: each step rounded as its own kernel would round it, so the
  * result is that of the three kernels bit for bit. Runs a fused group of passes/fusion_norm.c. */
@@ -74,6 +79,9 @@ bool deft_cudnn_attention_usable(const deft_tensor *n);
 deft_status deft_cudnn_attention(const deft_tensor *n, void *out, const void *const *in, struct CUstream_st *st);
 deft_status deft_cudnn_attention_flags(const deft_tensor *n, void *out, const void *const *in, struct CUstream_st *st,
                                        unsigned flags);
+/* Builds the plan node n will run with under flags, on the current device for stream st, before any run (a refused
+ * problem is remembered and returns DEFT_OK). */
+deft_status deft_cudnn_attention_prepare(const deft_tensor *n, struct CUstream_st *st, unsigned flags);
 /* One line on the plan node n runs with under flags (engine, workspace; 1), or the full text of this thread's last
  * refusal (0), into buf. */
 int deft_cudnn_attention_describe(const deft_tensor *n, unsigned flags, char *buf, size_t cap);
