@@ -35,9 +35,10 @@ typedef struct deft_device_errors {
 #define DEFT_GATHER_ERR_EMBEDDING 0
 #define DEFT_GATHER_ERR_INDEX_SELECT 1
 
-/* The record of cuda:device, created and cleared on first use. Creating it allocates, which a stream capture
- * forbids: the first use must come outside one (a program's first run is eager, so it does); under capture without
- * a record, `stream` (a cudaStream_t) being captured gives DEFT_ERR_STATE. */
+/* The record of cuda:device, created and cleared on first use (a program makes those of its GPUs when it is compiled,
+ * runtime/device_errors.c). Creating it allocates and waits for the device, which a stream capture forbids: under
+ * capture without a record, `stream` (a cudaStream_t) being captured gives DEFT_ERR_STATE. No lock is held while it
+ * waits. */
 deft_status deft_device_errors_get(int device, void *stream, deft_device_errors **out);
 
 /* Waits for the work queued on cuda:device (on the legacy stream and the blocking streams programs run on), reads

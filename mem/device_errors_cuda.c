@@ -76,11 +76,20 @@ deft_status deft_device_errors_get(int device, void *stream, deft_device_errors 
         return deft_set_error(DEFT_ERR_DEVICE, "cuda:%d is past the %d devices whose data errors deft records",
                               device, DEFT_DEVICE_ERRORS_MAX_DEVICES);
     pthread_mutex_lock(&deft_error_records_mu);
-    deft_status s = DEFT_OK;
-    if (!deft_error_records[device]) s = deft_errors_create(device, stream, &deft_error_records[device]);
     *out = deft_error_records[device];
     pthread_mutex_unlock(&deft_error_records_mu);
-    return s;
+    if (*out) return DEFT_OK;
+    /* Made outside the lock: making one waits for the device, and a thread holding the lock through that wait would
+     * stop every other thread's first use, on any device, until this device's queued work is done. */
+    deft_device_errors *made = NULL;
+    deft_status s = deft_errors_create(device, stream, &made);
+    if (s != DEFT_OK) return s;
+    pthread_mutex_lock(&deft_error_records_mu);
+    if (!deft_error_records[device]) deft_error_records[device] = made, made = NULL;
+    *out = deft_error_records[device];
+    pthread_mutex_unlock(&deft_error_records_mu);
+    if (made && cudaFree(made) != cudaSuccess) (void)cudaGetLastError();   /* another thread's came first */
+    return DEFT_OK;
 }
 
 /* A gather's bad index: the lowest position any such kernel saw since the last read. */
