@@ -108,8 +108,8 @@ deft_status deft_ddp_attach(struct deft_program *p, const struct deft_config *o)
 deft_status deft_zero_shard(deft_graph *g, const struct deft_config *o);
 /* ZeRO-1: the reduces of n gradients of sharded optimizer `opt` (a bucket's): gradient k is the one of parameter
  * param[k], data[k] holding it in dtype[k]; each piece that a rank owns goes to that rank, in bucket order and rank
- * order (every rank builds the same list). This rank's pieces land in opt's flat gradients, or in its staging (made
- * here) for a narrow dtype. */
+ * order (every rank builds the same list). This rank's pieces land in opt's flat gradients; a gradient not in opt's
+ * dtype is DEFT_ERR_DTYPE. */
 struct deft_optimizer;
 deft_status deft_zero_reduces_new(struct deft_optimizer *opt, int n, const int *param, void *const *data,
                                   const deft_dtype *dtype, deft_dist_reduces *out);

@@ -7,8 +7,9 @@
  * in the order the backward pass makes them) and, on its communication stream right after the step that makes a
  * bucket's last gradient, reduces each gradient's pieces to their owners (dist/dist_program.c, with the reduces built
  * below): the piece of gradient i inside rank r's slice, [max(off_i, lo_r), min(off_i + n_i, hi_r)), is one ncclReduce
- * (ncclAvg, root r) in the gradient's own dtype, a bucket's pieces one NCCL group. On its root it lands at its place
- * in the slice-sized flat gradients (the staging for a dtype narrower than the optimizer's). The bucket is joined back
+ * (ncclAvg, root r), a bucket's pieces one NCCL group. On its root it lands at its place in the slice-sized flat
+ * gradients; the gradients are in the optimizer's dtype (data parallel keeps f32 gradients under autocast,
+ * ir/autocast.h), and a narrower one is refused. The bucket is joined back
  * before the step, which then (ops/cuda/cuda_optimizer.cu) sums the slice's squares, all-reduces that one f64 (so
  * clipping and the loss scale's verdict see the whole norm), updates the slice and all-gathers the parameters, through
  * the collectives below: ops/ sits below dist/, so it reaches them through the optimizer's zero.ops. */
@@ -104,7 +105,7 @@ static int deft_zero_pieces(deft_optimizer *o, int n, const int *param, void *co
             if (!out) continue;
             int64_t a, e;
             deft_optimizer_zero_piece(o, off, count, r, &a, &e);
-            char *mine = dtype[j] == o->dtype ? (char *)o->flat_grads : (char *)o->zero.staging;
+            char *mine = (char *)o->flat_grads;
             out->send[k] = (char *)data[j] + (size_t)(a - off) * gsz;
             /* Read on the root only; elsewhere the send buffer stands in (NCCL wants no null pointer). */
             out->recv[k] = r == o->zero.rank ? mine + deft_optimizer_zero_dest_offset(o, a) : out->send[k];
@@ -122,10 +123,11 @@ deft_status deft_zero_reduces_new(deft_optimizer *o, int n, const int *param, vo
     if (!deft_optimizer_sharded(o) || !o->flat_grads)
         return deft_set_error(DEFT_ERR_STATE, "data parallel: ZeRO-1 bucket of %s, which has no sharded storage",
                               deft_zero_name(o));
-    deft_status s = DEFT_OK;
-    for (int j = 0; s == DEFT_OK && j < n; j++)
-        if (dtype[j] != o->dtype) s = deft_optimizer_zero_staging_new(o);
-    if (s != DEFT_OK) return s;
+    for (int j = 0; j < n; j++)
+        if (dtype[j] != o->dtype)
+            return deft_set_error(DEFT_ERR_DTYPE, "data parallel: ZeRO-1 optimizer %s reduces its gradients into its "
+                                  "%s flat gradients, and parameter %d's gradient is %s", deft_zero_name(o),
+                                  deft_dtype_name(o->dtype), param[j], deft_dtype_name(dtype[j]));
     const int m = deft_zero_pieces(o, n, param, data, dtype, NULL);
     const size_t cap = (size_t)(m > 0 ? m : 1);
     out->send = malloc(cap * sizeof *out->send);

@@ -130,12 +130,10 @@ typedef struct deft_optimizer_zero_ops {
  * storage is made (runtime/optimizer_storage.c), fixed after it.
  *
  * The flat gradients hold the slice only (hi - lo elements, element lo at index 0). In a world of several ranks the
- * replica reduces each gradient's pieces to their owners during the backward pass (dist/dist_program.c): a piece in
- * the optimizer's dtype straight into its place in the flat gradients, one in a narrower dtype (bf16 or f16 under an
- * f32 optimizer) into `staging` at the same place (made by the replica when its step reads such a gradient; a slice's
- * worth of the optimizer's dtype, each piece in the first bytes of its range), which the step widens into the flat
- * gradients. In a world of one the step gathers the gradients from where the backward pass left them, as an unsharded
- * step does. */
+ * replica reduces each gradient's pieces to their owners during the backward pass (dist/dist_program.c), straight
+ * into their places in the flat gradients: the gradients are in the optimizer's dtype, since data parallel training
+ * keeps f32 gradients under autocast (ir/autocast.h), and a narrower one is refused. In a world of one the step
+ * gathers the gradients from where the backward pass left them, as an unsharded step does. */
 typedef struct deft_optimizer_zero {
     int world, rank;
     int64_t lo, hi, padded;
@@ -144,10 +142,6 @@ typedef struct deft_optimizer_zero {
     const deft_optimizer_zero_ops *ops;
     void *ctx;
     int local;
-    void *staging;
-    /* This run's sources hold a gradient narrower than the optimizer's dtype: the step widens it from the staging.
-     * Set by the runtime before each sharded run (runtime/optimizer_tables_cuda.c), from the step node's sources. */
-    bool narrow;
 } deft_optimizer_zero;
 
 struct deft_optimizer {
@@ -241,8 +235,7 @@ static inline void deft_optimizer_zero_piece(const struct deft_optimizer *opt, i
     *a = off > lo ? off : lo;
     *e = off + count < hi ? off + count : hi;
 }
-/* Where this rank receives a piece of its slice starting at flat element a, in dtype dt: the flat gradients when dt
- * is the optimizer's, the staging otherwise, at the piece's place relative to lo (bytes of the optimizer's dtype). */
+/* Where in the flat gradients this rank receives a piece of its slice starting at flat element a (bytes). */
 static inline size_t deft_optimizer_zero_dest_offset(const struct deft_optimizer *opt, int64_t a) {
     return (size_t)(a - opt->zero.lo) * deft_dtype_size(opt->dtype);
 }
@@ -282,15 +275,14 @@ static inline void deft_optimizer_block_range(const struct deft_optimizer *w, in
 }
 
 /* Bytes of the flat gradients and the state (the flat parameters count as the parameters themselves); under ZeRO-1
- * the slice's (the gradients' too) and the staging once a replica made it. A finisher stands for its whole step (a
+ * the slice's (the gradients' too). A finisher stands for its whole step (a
  * program that runs the pieces runs it instead of the step node); a piece holds none. */
 static inline size_t deft_optimizer_state_bytes(const struct deft_optimizer *opt) {
     if (opt->part) return opt->part->finisher ? deft_optimizer_state_bytes(opt->part->whole) : 0;
     const size_t esz = deft_dtype_size(opt->dtype);
     const size_t arrays = opt->kind == DEFT_OPTIM_ADAMW ? 2u : 1u;
     const size_t grads = deft_optimizer_keeps_grads(opt) ? (size_t)deft_optimizer_grad_count(opt) * esz : 0;
-    const size_t staging = opt->zero.staging ? (size_t)deft_optimizer_state_count(opt) * esz : 0;
-    return (size_t)deft_optimizer_state_count(opt) * esz * arrays + grads + staging;
+    return (size_t)deft_optimizer_state_count(opt) * esz * arrays + grads;
 }
 
 /* Whether a gradient in dtype `grad` can feed a parameter in dtype `param`: its own dtype, or for f32 weights a bf16

@@ -1,7 +1,7 @@
 /* The gather tables of an optimizer on a GPU: for each set of gradient addresses a run has met, one device table of
  * (source, offset, count, dtype) rows that the optimizer's kernels read, so that one launch reads every gradient
- * where the backward pass left it (under ZeRO-1 with several ranks, where the replica's reduces left this rank's
- * pieces: deft_opt_zero_row). A small cache per optimizer, built on a program's first run (never during a
+ * where the backward pass left it (a ZeRO-1 step of several ranks needs none: the replica's reduces left this rank's
+ * pieces in its flat gradients). A small cache per optimizer, built on a program's first run (never during a
  * capture) and freed with the optimizer (runtime/optimizer_storage.c). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,27 +36,8 @@ static int deft_opt_entries(const deft_optimizer *o) {
     return o->part && o->part->finisher ? o->part->n_pieces : o->n_params;
 }
 
-/* ZeRO-1 in a world of several ranks: the replica reduced this rank's piece of parameter i's gradient into the flat
- * gradients (dtype dt is the optimizer's: nothing to gather, count 0) or into the staging (a narrower one: the step
- * widens it from there), relative to lo. Rows past the slice keep the order the gather kernel's bisection needs:
- * their offsets are clamped to [0, hi - lo]. */
-static deft_optimizer_segment deft_opt_zero_row(const deft_optimizer *o, int i, deft_dtype dt) {
-    const int64_t shard = o->zero.hi - o->zero.lo;
-    int64_t a, e;
-    deft_optimizer_zero_piece(o, o->offsets[i], deft_shape_numel(o->params[i]->ndim, o->params[i]->shape),
-                              o->zero.rank, &a, &e);
-    deft_optimizer_segment r;
-    r.dtype = (int32_t)dt;
-    r.pad = 0;
-    r.offset = a - o->zero.lo < shard ? a - o->zero.lo : shard;
-    r.count = dt != o->dtype && e > a ? e - a : 0;
-    r.src = r.count > 0 ? (const char *)o->zero.staging + deft_optimizer_zero_dest_offset(o, a) : NULL;
-    return r;
-}
-
 /* Row i of o's gather table for source address src, holding dtype dt. */
 static deft_optimizer_segment deft_opt_row(const deft_optimizer *o, int i, const void *src, deft_dtype dt) {
-    if (!o->part && deft_optimizer_sharded(o) && o->zero.world > 1) return deft_opt_zero_row(o, i, dt);
     deft_optimizer_segment r;
     r.src = src;
     r.dtype = (int32_t)dt;
@@ -215,25 +196,18 @@ static deft_status deft_opt_check_run(deft_optimizer *o, const void *const *grad
     return deft_cuda_set_device(o->device.index);
 }
 
-/* A sharded step: whether this run's gradients hold a narrow one (the step widens it from the staging, which the
- * replica must have made in a world of several ranks). */
-static deft_status deft_opt_zero_check(deft_optimizer *o, deft_tensor *const *srcs) {
-    if (o->part || !deft_optimizer_sharded(o)) return DEFT_OK;
-    o->zero.narrow = false;
-    for (int i = 0; i < o->n_params; i++) o->zero.narrow |= srcs[i]->dtype != o->dtype;
-    if (o->zero.narrow && o->zero.world > 1 && !o->zero.staging)
-        return deft_set_error(DEFT_ERR_STATE, "optimizer %s: a gradient narrower than the optimizer's %s and no "
-                              "staging to reduce it into: run the step in a ZeRO-1 replica (zero_stage 1)",
-                              o->step_node->name, deft_dtype_name(o->dtype));
-    return DEFT_OK;
+/* A sharded step in a world of several ranks reads nothing but the flat gradients, where the replica's reduces put
+ * this rank's pieces during the backward pass: no table. */
+static bool deft_opt_reads_reduced(const deft_optimizer *o) {
+    return !o->part && deft_optimizer_sharded(o) && o->zero.world > 1;
 }
 
 deft_status deft_optimizer_cuda_run(deft_optimizer *o, deft_tensor *const *srcs, const void *const *grads, void *out,
                                     void *stream) {
     const deft_optimizer_segment *table = NULL;
     deft_status s = deft_opt_check_run(o, grads);
-    if (s == DEFT_OK) s = deft_opt_zero_check(o, srcs);
-    if (s == DEFT_OK) s = deft_opt_table_for(o, srcs, grads, (cudaStream_t)stream, &table);
+    if (s == DEFT_OK && !deft_opt_reads_reduced(o))
+        s = deft_opt_table_for(o, srcs, grads, (cudaStream_t)stream, &table);
     if (s != DEFT_OK) return s;
     return o->part ? deft_cuda_optimizer_part_run(o, table, out, stream) : deft_cuda_optimizer_run(o, table, out, stream);
 }

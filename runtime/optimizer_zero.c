@@ -1,5 +1,5 @@
 /* ZeRO-1's share of an optimizer's storage (ir/optimizer.h's deft_optimizer_zero; dist/dist_zero.c shards with it):
- * the slices, the update's blocks of this rank's slice on the device, the staging of narrow gradients, and the check
+ * the slices, the update's blocks of this rank's slice on the device, and the check
  * that a program steps a sharded optimizer only as a ZeRO-1 replica. */
 #include <stdlib.h>
 
@@ -21,15 +21,6 @@ deft_status deft_optimizer_zero_slices(const deft_optimizer *o, int world, int r
     *z = (deft_optimizer_zero){.world = world, .rank = rank, .lo = rank * shard, .hi = (rank + 1) * shard,
                                .padded = padded};
     return DEFT_OK;
-}
-
-deft_status deft_optimizer_zero_staging_new(deft_optimizer *o) {
-    if (!deft_optimizer_sharded(o) || o->zero.staging) return DEFT_OK;
-    if (!o->materialized || o->device.type == DEFT_CPU)
-        return deft_set_error(DEFT_ERR_STATE, "zero_stage 1: optimizer %s has no storage on a GPU for its staging",
-                              o->step_node ? o->step_node->name : "(unnamed)");
-    const size_t bytes = (size_t)deft_optimizer_state_count(o) * deft_dtype_size(o->dtype);
-    return deft_mem_alloc_tagged(o->device, bytes ? bytes : 1, "optimizer.zero_staging", &o->zero.staging);
 }
 
 /* The norm's blocks (never crossing a parameter) cut at lo and hi, padding left out, relative to lo: the update under
@@ -72,9 +63,7 @@ deft_status deft_optimizer_zero_blocks_new(deft_optimizer *o) {
 
 void deft_optimizer_zero_release(deft_optimizer *o) {
     if (o->zero.dev_blocks) deft_mem_free(o->device, o->zero.dev_blocks);
-    if (o->zero.staging) deft_mem_free(o->device, o->zero.staging);
     o->zero.dev_blocks = NULL;
-    o->zero.staging = NULL;
     o->zero.n_blocks = 0;
 }
 

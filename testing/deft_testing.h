@@ -159,27 +159,26 @@ deft_status deft_testing_optimizer_read(const deft_optimizer *o, int array, void
 /* ZeRO-1's sharding of o (all zero when it is not sharded): its world and rank, the slice [lo, hi) of the flat storage
  * padded to `padded` elements (o's parameters hold `total`), the bytes of its state arrays as allocated (AdamW's two
  * moments, SGD's momentum buffer: the slice's under ZeRO-1, the whole storage's otherwise), of its flat gradients as
- * allocated (0: none; the slice's under ZeRO-1) and of the staging of narrow gradients (0: none made), and what the
- * planner counts for the step (the state, the flat gradients and the staging). deft_testing_optimizer_read reads the
+ * allocated (0: none; the slice's under ZeRO-1), and what the planner counts for the step (the state and the flat
+ * gradients). deft_testing_optimizer_read reads the
  * slice of a state array of a sharded optimizer: (hi - lo) elements. */
 typedef struct deft_testing_zero {
     int world, rank;
     int64_t lo, hi, padded, total;
     size_t state_bytes, planned_bytes;
-    size_t grad_bytes, staging_bytes;
+    size_t grad_bytes;
 } deft_testing_zero;
 void deft_testing_optimizer_zero(const deft_optimizer *o, deft_testing_zero *out);
 /* ZeRO-1's arithmetic without GPUs (testing/testing_zero.c), on a shallow copy of o (built, on any device, sharded or
  * not; o is left alone and nothing is queued): *out as deft_testing_optimizer_zero would report o sharded as rank
- * `rank` of `world` (the bytes those the sharded optimizer would allocate and plan; staging_bytes 0 unless dt is
- * narrower than o's dtype), and the reduces a replica of that rank would queue for parameter `param`'s gradient held
+ * `rank` of `world` (the bytes those the sharded optimizer would allocate and plan), and the reduces a replica of that rank would queue for parameter `param`'s gradient held
  * in dtype dt, built by the replica's own code (dist/dist_zero.c's deft_zero_reduces_new): up to max of them into
- * pieces. Returns how many there are, -1 (with the error) for a bad world, rank or param. */
+ * pieces. Returns how many there are, -1 (with the error) for a bad world, rank or param, or a gradient not in o's
+ * dtype (DEFT_ERR_DTYPE: the reduces land in the flat gradients as they are). */
 typedef struct deft_testing_zero_piece {
     int root;                 /* the rank the piece is averaged into */
     int64_t start, count;     /* its elements of the flat storage */
     size_t send_offset;       /* its first byte in the gradient */
-    int staged;               /* on the root: received into the staging (a narrow dtype), else the flat gradients */
     size_t dest_offset;       /* on the root: its first byte there; (size_t)-1 on the other ranks */
 } deft_testing_zero_piece;
 int deft_testing_zero_plan(const deft_optimizer *o, int world, int rank, int param, deft_dtype dt,

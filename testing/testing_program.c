@@ -120,7 +120,6 @@ void deft_testing_optimizer_zero(const deft_optimizer *o, deft_testing_zero *out
     out->state_bytes = (size_t)(deft_testing_optimizer_arrays(o) - 1) * deft_testing_array_bytes_of(o, 1);
     out->planned_bytes = deft_optimizer_state_bytes(o);
     out->grad_bytes = o->flat_grads ? (size_t)deft_optimizer_grad_count(o) * deft_dtype_size(o->dtype) : 0;
-    out->staging_bytes = o->zero.staging ? (size_t)deft_optimizer_state_count(o) * deft_dtype_size(o->dtype) : 0;
     if (!deft_optimizer_sharded(o)) return;
     out->world = o->zero.world;
     out->rank = o->zero.rank;

@@ -1,6 +1,6 @@
 /* Test support for ZeRO-1's arithmetic without GPUs (deft_testing_zero_plan): the slices, the bytes a sharded
  * optimizer holds and plans, and the reduces its replica queues, computed by the library's own functions on a shallow
- * copy of an optimizer whose flat gradients, staging and gradient are host buffers of the right sizes (never read or
+ * copy of an optimizer whose flat gradients and gradient are host buffers of the right sizes (never read or
  * written: the reduces are only built, and their addresses reported relative to those buffers). */
 #include "deft_testing.h"
 
@@ -17,7 +17,6 @@ static void deft_testing_zero_sizes(const deft_optimizer *c, deft_testing_zero *
                                .padded = c->zero.padded, .total = c->total};
     out->state_bytes = arrays * (size_t)deft_optimizer_state_count(c) * esz;
     out->grad_bytes = deft_optimizer_keeps_grads(c) ? (size_t)deft_optimizer_grad_count(c) * esz : 0;
-    out->staging_bytes = c->zero.staging ? (size_t)deft_optimizer_state_count(c) * esz : 0;
     out->planned_bytes = deft_optimizer_state_bytes(c);
 }
 
@@ -28,13 +27,7 @@ static deft_testing_zero_piece deft_testing_zero_piece_of(const deft_optimizer *
     deft_testing_zero_piece q = {.root = r->root[k], .count = (int64_t)r->count[k], .send_offset = sent,
                                  .start = off + (int64_t)(sent / deft_dtype_size(r->dtype[k])),
                                  .dest_offset = (size_t)-1};
-    if (r->root[k] == c->zero.rank) {
-        /* The two buffers are separate allocations of the slice's bytes: the address says which one. */
-        const char *recv = (const char *)r->recv[k], *staging = (const char *)c->zero.staging;
-        const size_t slice = (size_t)deft_optimizer_state_count(c) * deft_dtype_size(c->dtype);
-        q.staged = staging && recv >= staging && recv < staging + slice;
-        q.dest_offset = (size_t)(recv - (q.staged ? staging : (const char *)c->flat_grads));
-    }
+    if (r->root[k] == c->zero.rank) q.dest_offset = (size_t)((const char *)r->recv[k] - (const char *)c->flat_grads);
     return q;
 }
 
@@ -48,14 +41,12 @@ int deft_testing_zero_plan(const deft_optimizer *o, int world, int rank, int par
     if (deft_optimizer_zero_slices(o, world, rank, &c.zero) != DEFT_OK) return -1;
     const size_t esz = deft_dtype_size(o->dtype), slice = (size_t)deft_optimizer_state_count(&c) * esz;
     const int64_t numel = deft_shape_numel(o->params[param]->ndim, o->params[param]->shape);
-    char *flat = calloc(1, slice ? slice : 1), *staging = calloc(1, slice ? slice : 1);
-    char *grad = calloc(1, (size_t)(numel > 0 ? numel : 1) * deft_dtype_size(dt));
+    char *flat = calloc(1, slice ? slice : 1), *grad = calloc(1, (size_t)(numel > 0 ? numel : 1) * deft_dtype_size(dt));
     int n = -1;
-    if (!flat || !staging || !grad) {
+    if (!flat || !grad) {
         deft_set_error(DEFT_ERR_OOM, "zero_plan: out of host memory");
     } else {
         c.flat_grads = flat;
-        c.zero.staging = dt != o->dtype ? staging : NULL;   /* as a replica would have made it */
         deft_testing_zero_sizes(&c, out);
         deft_dist_reduces r;
         void *data = grad;
@@ -67,7 +58,6 @@ int deft_testing_zero_plan(const deft_optimizer *o, int world, int rank, int par
         }
     }
     free(flat);
-    free(staging);
     free(grad);
     return n;
 }

@@ -9,7 +9,7 @@
  *   slice, then across the ranks) and the unsharded AdamW runs other kernels (the one-launch or direct step);
  * - the bytes: each rank's state arrays hold half of the padded storage (the padding under 8 elements), half of the
  *   unsharded optimizer's, and so do its flat gradients (the slice's, never a full-size copy: 2 x their bytes is the
- *   padded storage once), with no staging (f32 gradients land in place); the planner counts exactly the state and
+ *   padded storage once; f32 gradients land in place); the planner counts exactly the state and
  *   those gradients, and the replica's footprint (deft_program_footprint's persistent bytes) differs from the
  *   unsharded replica's by exactly the difference of what the planner counts for the two optimizers;
  * - the reduces (deft_ddp_zero_buckets): the sharded optimizer's gradients are in buckets of their own that hold all
@@ -143,13 +143,12 @@ static void check_bytes(const pair *plain, const pair *zero, const zcfg *c) {
               "%s: %lld elements padded to %lld", c->name, (long long)total, (long long)padded);
     CHECK(z[0].lo == 0 && z[0].hi == z[1].lo && z[1].hi == padded && z[0].hi - z[0].lo == padded / 2);
     CHECK(zp.state_bytes == (size_t)(arrays * total) * sizeof(float));
-    CHECK(zp.planned_bytes == zp.state_bytes + zp.grad_bytes && zp.staging_bytes == 0);
+    CHECK(zp.planned_bytes == zp.state_bytes + zp.grad_bytes);
     for (int k = 0; k < 2; k++) {
         CHECK(z[k].state_bytes == (size_t)(arrays * padded / 2) * sizeof(float));
         CHECK_MSG(z[k].grad_bytes == (size_t)(padded / 2) * sizeof(float) &&
                   z[k].grad_bytes < (size_t)total * sizeof(float), "%s: rank %d's flat gradients are "
                   "%zu bytes, its slice %zu", c->name, k, z[k].grad_bytes, (size_t)(padded / 2) * sizeof(float));
-        CHECK(z[k].staging_bytes == 0);
         CHECK(z[k].planned_bytes == z[k].state_bytes + z[k].grad_bytes);
         CHECK(2 * z[k].planned_bytes == (size_t)((arrays + 1) * padded) * sizeof(float));
     }

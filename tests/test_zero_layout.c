@@ -1,18 +1,18 @@
 /* ZeRO-1's arithmetic, checked without GPUs through deft_testing_zero_plan (the library's own slicing and the reduces
  * dist/dist_zero.c builds for a replica, on a copy of a CPU optimizer; tests/cuda_test_zero.c runs them on 2 GPUs).
  * For AdamW over 58 f32 elements (a 7 -> 5 and a 5 -> 3 linear layer) in worlds of 1, 2, 3, 4 and 8 ranks (slices
- * that cut parameters, a parameter spread over five slices, slices of padding only), every rank and gradients held
- * in f32 and in bf16:
+ * that cut parameters, a parameter spread over five slices, slices of padding only), every rank:
  * - the slices: the storage padded to a multiple of world x 16 bytes (less than one multiple more), rank r's slice
  *   [r S, (r + 1) S);
- * - the bytes: the state arrays, the flat gradients and (bf16 only) the staging are S elements each, so the flat
- *   gradients summed over the ranks are the padded storage once (1 / N per rank, none of them a full-size copy), and
- *   the planner counts exactly state + gradients + staging;
+ * - the bytes: the state arrays and the flat gradients are S elements each, so the flat gradients summed over the
+ *   ranks are the padded storage once (1 / N per rank, none of them a full-size copy), and the planner counts exactly
+ *   state + gradients;
  * - the reduces: each gradient's pieces tile it in rank order, each inside its root's slice, sent from its place in
- *   the gradient, the same list on every rank; on its root a piece lands at its place relative to lo, in the flat
- *   gradients (f32) or the staging (bf16), inside the buffer; this rank's pieces over all the gradients cover its
- *   slice's parameter elements exactly once;
- * - bad world, rank or parameter: -1 with DEFT_ERR_INVALID's message. */
+ *   the gradient, the same list on every rank; on its root a piece lands at its place relative to lo in the flat
+ *   gradients, inside the buffer; this rank's pieces over all the gradients cover its slice's parameter elements
+ *   exactly once;
+ * - bad world, rank or parameter: -1 with DEFT_ERR_INVALID's message; a bf16 gradient of the f32 optimizer (data
+ *   parallel keeps f32 gradients under autocast, so none reaches a replica): -1, the message naming both dtypes. */
 #include <stdint.h>
 #include <string.h>
 
@@ -50,7 +50,7 @@ static layout layout_of(const deft_optimizer *o) {
 }
 
 /* The bytes rank r of `world` holds and plans. */
-static void check_sizes(const deft_testing_zero *z, const layout *L, int world, int r, deft_dtype dt) {
+static void check_sizes(const deft_testing_zero *z, const layout *L, int world, int r) {
     const int64_t quantum = (int64_t)world * 4, padded = z->padded, shard = padded / world;
     CHECK_MSG(z->world == world && z->rank == r && z->total == L->total, "world %d rank %d", world, r);
     CHECK_MSG(padded % quantum == 0 && padded >= L->total && padded - L->total < quantum, "world %d: %lld padded to "
@@ -60,19 +60,17 @@ static void check_sizes(const deft_testing_zero *z, const layout *L, int world, 
     CHECK_MSG(z->grad_bytes == slice, "world %d: flat gradients of %zu bytes, the slice is %zu", world, z->grad_bytes,
               slice);
     CHECK(z->state_bytes == 2 * slice);
-    CHECK(z->staging_bytes == (dt == DEFT_F32 ? 0 : slice));
-    CHECK(z->planned_bytes == z->state_bytes + z->grad_bytes + z->staging_bytes);
+    CHECK(z->planned_bytes == z->state_bytes + z->grad_bytes);
     CHECK((size_t)world * z->grad_bytes == (size_t)padded * sizeof(float));
     if (world > 1) CHECK(z->grad_bytes < (size_t)L->total * sizeof(float));
 }
 
 /* Parameter i's pieces as rank r of `world` builds them, against rank 0's (ref, nref) when r > 0; marks the
  * elements rank r receives in got (relative to lo). */
-static void check_pieces(const deft_testing_zero *z, const layout *L, int i, deft_dtype dt,
-                         const deft_testing_zero_piece *q, int n, const deft_testing_zero_piece *ref, int nref,
-                         int *got) {
+static void check_pieces(const deft_testing_zero *z, const layout *L, int i, const deft_testing_zero_piece *q, int n,
+                         const deft_testing_zero_piece *ref, int nref, int *got) {
     const int64_t shard = z->hi - z->lo;
-    const size_t gsz = dt == DEFT_F32 ? 4 : 2;
+    const size_t gsz = sizeof(float);
     CHECK_MSG(n >= 1 && n <= MAXP, "parameter %d: %d pieces", i, n);
     int64_t at = L->off[i];
     for (int k = 0; k < n && k < MAXP; k++) {
@@ -85,7 +83,6 @@ static void check_pieces(const deft_testing_zero *z, const layout *L, int i, def
             CHECK_MSG(nref == n && ref[k].root == q[k].root && ref[k].start == q[k].start && ref[k].count == q[k].count,
                       "parameter %d piece %d differs between rank 0 and rank %d", i, k, z->rank);
         if (q[k].root == z->rank) {
-            CHECK(q[k].staged == (dt != DEFT_F32));
             CHECK(q[k].dest_offset == (size_t)(q[k].start - z->lo) * sizeof(float));
             CHECK(q[k].dest_offset + (size_t)q[k].count * gsz <= (size_t)shard * sizeof(float));
             for (int64_t e = q[k].start; e < q[k].start + q[k].count; e++) got[e - z->lo]++;
@@ -97,7 +94,7 @@ static void check_pieces(const deft_testing_zero *z, const layout *L, int i, def
     CHECK_MSG(at == L->off[i] + L->numel[i], "parameter %d: pieces end at %lld", i, (long long)at);
 }
 
-static void check_world(const deft_optimizer *o, const layout *L, int world, deft_dtype dt) {
+static void check_world(const deft_optimizer *o, const layout *L, int world) {
     static deft_testing_zero_piece ref[8][MAXP];
     int nref[8];
     for (int r = 0; r < world; r++) {
@@ -105,11 +102,11 @@ static void check_world(const deft_optimizer *o, const layout *L, int world, def
         int got[64] = {0};
         for (int i = 0; i < L->n; i++) {
             deft_testing_zero_piece q[MAXP];
-            const int n = deft_testing_zero_plan(o, world, r, i, dt, &z, q, MAXP);
+            const int n = deft_testing_zero_plan(o, world, r, i, DEFT_F32, &z, q, MAXP);
             CHECK_MSG(n > 0, "world %d rank %d parameter %d: %s", world, r, i, deft_errmsg());
             if (n <= 0) return;
-            if (i == 0) check_sizes(&z, L, world, r, dt);
-            check_pieces(&z, L, i, dt, q, n, r ? ref[i] : NULL, nref[i], got);
+            if (i == 0) check_sizes(&z, L, world, r);
+            check_pieces(&z, L, i, q, n, r ? ref[i] : NULL, nref[i], got);
             if (r == 0) {
                 memcpy(ref[i], q, sizeof q);
                 nref[i] = n;
@@ -128,6 +125,9 @@ static void check_refusals(const deft_optimizer *o, const layout *L) {
     CHECK(deft_testing_zero_plan(o, 0, 0, 0, DEFT_F32, &z, q, MAXP) == -1 && strstr(deft_errmsg(), "world of 0"));
     CHECK(deft_testing_zero_plan(o, 2, 2, 0, DEFT_F32, &z, q, MAXP) == -1 && strstr(deft_errmsg(), "rank 2"));
     CHECK(deft_testing_zero_plan(o, 2, 0, L->n, DEFT_F32, &z, q, MAXP) == -1 && strstr(deft_errmsg(), "parameter"));
+    CHECK_MSG(deft_testing_zero_plan(o, 2, 0, 0, DEFT_BF16, &z, q, MAXP) == -1 && strstr(deft_errmsg(), "f32 flat") &&
+                  strstr(deft_errmsg(), "is bf16"),
+              "a bf16 gradient: %s", deft_errmsg());
 }
 
 int main(void) {
@@ -140,11 +140,10 @@ int main(void) {
     /* Unsharded on the cpu: whole flat gradients, nothing sharded. */
     deft_testing_zero whole;
     deft_testing_optimizer_zero(o, &whole);
-    CHECK(whole.world == 0 && whole.staging_bytes == 0);
+    CHECK(whole.world == 0 && whole.lo == 0 && whole.hi == 0);
     const int worlds[] = {1, 2, 3, 4, 8};
     for (size_t w = 0; w < sizeof worlds / sizeof *worlds; w++) {
-        check_world(o, &L, worlds[w], DEFT_F32);
-        check_world(o, &L, worlds[w], DEFT_BF16);
+        check_world(o, &L, worlds[w]);
     }
     check_refusals(o, &L);
     /* The optimizer itself is left unsharded. */

@@ -27,10 +27,10 @@
  *
  * Under ZeRO-1 (the compile option zero_stage, dist/dist_zero.c) the plain path runs over this rank's slice. The
  * replica reduced every gradient's pieces to their owners during the backward pass (dist/dist_program.c), so the
- * slice's averaged gradients are in the slice-sized flat gradients already (a narrow one in the staging: the gather
- * widens those alone); then the norm of the slice and an all-reduce of its sum, prepare, the update of the slice and
- * an all-gather of the parameters (the collectives through the optimizer's zero.ops). A world of one gathers the
- * gradients from where the backward pass left them, as the unsharded plain path does.
+ * slice's averaged gradients are in the slice-sized flat gradients already; then the norm of the slice and an
+ * all-reduce of its sum, prepare, the update of the slice and an all-gather of the parameters (the collectives through
+ * the optimizer's zero.ops). A world of one gathers the gradients from where the backward pass left them, as the
+ * unsharded plain path does.
  *
  * The host compares this run's gradient addresses with those of the tables it built before (no synchronisation);
  * only a new set of addresses (a program's first run) builds a table, which must not happen inside a capture.
@@ -230,14 +230,14 @@ __global__ void deft_k_opt_zero_collapse(deft_optimizer_dev *dev, int nblocks) {
 }
 
 template <class T>
-static deft_status deft_opt_gather_launch(const deft_optimizer *o, const deft_optimizer_segment *table, T *flat,
-                                          int64_t total, cudaStream_t st);
+static deft_status deft_opt_gather_launch(const deft_optimizer *o, const deft_optimizer_segment *table,
+                                          cudaStream_t st);
 
-/* A sharded step (ir/optimizer.h's deft_optimizer_zero): the slice's gradients into the flat gradients where they are
- * not there yet (a world of one: all of them, from the backward pass's buffers; several ranks: the narrow pieces, from
- * the staging), the norm of the slice and its all-reduce, the prepare kernel, the update of the slice (the state and
- * the flat gradients indexed from 0 at lo), and the all-gather of the parameters in place. The collectives come from
- * dist/ through zero.ops; a world of one rank calls none. */
+/* A sharded step (ir/optimizer.h's deft_optimizer_zero): in a world of one the gradients gathered into the flat
+ * gradients from the backward pass's buffers (several ranks reduced theirs there during the backward pass), the norm
+ * of the slice and its all-reduce, the prepare kernel, the update of the slice (the state and the flat gradients
+ * indexed from 0 at lo), and the all-gather of the parameters in place. The collectives come from dist/ through
+ * zero.ops; a world of one rank calls none. */
 template <class T>
 static deft_status deft_opt_zero_update_launch(const deft_optimizer *o, const deft_opt_hyper &h, cudaStream_t st) {
     const deft_optimizer_zero *z = &o->zero;
@@ -262,9 +262,7 @@ static deft_status deft_opt_zero_launch(deft_optimizer *o, const deft_optimizer_
     const int64_t shard = z->hi - z->lo;
     const unsigned norm_blocks = deft_opt_norm_blocks(shard);
     const deft_tensor *n = o->step_node;
-    deft_status s = DEFT_OK;
-    if (!collective) s = deft_opt_gather_launch<T>(o, table, (T *)o->flat_grads, o->total, st);
-    else if (z->narrow) s = deft_opt_gather_launch<T>(o, table, (T *)o->flat_grads, shard, st);
+    deft_status s = collective ? DEFT_OK : deft_opt_gather_launch<T>(o, table, st);
     if (s != DEFT_OK) return s;
     deft_k_opt_norm<T><<<norm_blocks, DEFT_OPT_THREADS, 0, st>>>((const T *)o->flat_grads, shard, o->dev,
                                                                  o->accumulate_steps);
@@ -293,19 +291,19 @@ static deft_status deft_opt_direct_launch(const deft_optimizer *o, const deft_op
     return deft_opt_direct_update_launch<T>(o, table, h, st);
 }
 
-/* The gather of this run's gradients into `total` elements of flat gradients at `flat` (the table's offsets relative
- * to it). Every grid here and below depends only on the flat storage's size, so the launches (and the norm's
- * summation order) are the same on every run. A gather block covers at least DEFT_OPT_GATHER_CHUNK elements
- * (cuda_tuning.h): it walks the segments that overlap its range. */
+/* The gather of this run's gradients into the flat gradients. Every grid here and below depends only on the flat
+ * storage's size, so the launches (and the norm's summation order) are the same on every run. A gather block covers at
+ * least DEFT_OPT_GATHER_CHUNK elements (cuda_tuning.h): it walks the segments that overlap its range. */
 template <class T>
-static deft_status deft_opt_gather_launch(const deft_optimizer *o, const deft_optimizer_segment *table, T *flat,
-                                          int64_t total, cudaStream_t st) {
+static deft_status deft_opt_gather_launch(const deft_optimizer *o, const deft_optimizer_segment *table,
+                                          cudaStream_t st) {
+    const int64_t total = o->total;
     int64_t per_block = (total + DEFT_CUDA_MAX_BLOCKS - 1) / DEFT_CUDA_MAX_BLOCKS;
     if (per_block < DEFT_OPT_GATHER_CHUNK) per_block = DEFT_OPT_GATHER_CHUNK;
     const int64_t gather_blocks64 = (total + per_block - 1) / per_block;
     const unsigned gather_blocks = (unsigned)(gather_blocks64 > 0 ? gather_blocks64 : 1);
-    deft_k_opt_gather<T><<<gather_blocks, DEFT_OPT_THREADS, 0, st>>>(flat, table, o->n_params, total, per_block,
-                                                                     o->dev);
+    deft_k_opt_gather<T><<<gather_blocks, DEFT_OPT_THREADS, 0, st>>>((T *)o->flat_grads, table, o->n_params, total,
+                                                                     per_block, o->dev);
     return deft_cuda_check_launch(o->step_node, "optimizer gather");
 }
 
@@ -326,7 +324,7 @@ static deft_status deft_opt_launch(deft_optimizer *o, const deft_optimizer_segme
     deft_optimizer_dev *dev = o->dev;
     const deft_tensor *n = o->step_node;
 
-    deft_status s = deft_opt_gather_launch<T>(o, table, g, total, st);
+    deft_status s = deft_opt_gather_launch<T>(o, table, st);
     if (s != DEFT_OK) return s;
     deft_k_opt_norm<T><<<norm_blocks, DEFT_OPT_THREADS, 0, st>>>(g, total, dev, o->accumulate_steps);
     if ((s = deft_cuda_check_launch(n, "optimizer norm")) != DEFT_OK) return s;
