@@ -264,8 +264,10 @@ static const char *probe_trace;   /* --probe-trace PREFIX */
 static void probe_trace_at(mlp *first, const char *stage) {
     if (!probe_trace) return;
     char path[512];
-    snprintf(path, sizeof path, "%s_%s.json", probe_trace, stage);
-    if (deft_program_trace(first->p, path) != DEFT_OK) fprintf(stderr, "probe trace %s: %s\n", path, deft_errmsg());
+    if (snprintf(path, sizeof path, "%s_%s.json", probe_trace, stage) >= (int)sizeof path)
+        fprintf(stderr, "probe trace: the prefix %s is too long for a path\n", probe_trace);
+    else if (deft_program_trace(first->p, path) != DEFT_OK)
+        fprintf(stderr, "probe trace %s: %s\n", path, deft_errmsg());
 }
 
 static void probe_second(mlp *first, int64_t n, const mlp_config *c, deft_device dev, const deft_compile_options *co,

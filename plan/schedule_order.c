@@ -14,6 +14,7 @@
  * The list scheduler's keys change as it goes: when all readers of a step but one have run, that last reader's key
  * drops by the step's bytes. Ready steps sit in an indexed heap whose keys only ever drop, so an update is a sift up;
  * each dependency is visited a constant number of times: O((n + edges) log n). The rest is O(n + edges). */
+#include <limits.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -281,6 +282,10 @@ deft_status deft_schedule_order(const deft_order_step *steps, int n, const int *
         n_edges += (size_t)(steps[i].dep_end - steps[i].dep_begin);
     }
     if (n_edges > 0 && !deps) return deft_set_error(DEFT_ERR_INVALID, "schedule_order: deps is NULL");
+    /* Dependencies are indexed by int, and the eager orders' queue holds steps and edges together. */
+    if (n_edges > (size_t)INT_MAX - (size_t)n)
+        return deft_set_error(DEFT_ERR_INVALID, "schedule_order: %zu dependencies of %d steps are more than an int "
+                              "indexes", n_edges, n);
     size_t cn = (size_t)n, ce = n_edges ? n_edges : 1;
     deft_sched s = {.steps = steps, .n = n};
     s.dep_at = malloc((cn + 1) * sizeof *s.dep_at);

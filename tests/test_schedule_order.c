@@ -1,6 +1,7 @@
 /* Schedule reordering: the order is always a topological order, its peak of live bytes is never above the given
  * order's, it finds the good order on shapes where one clearly exists, and bad dependencies are refused. */
 #define _POSIX_C_SOURCE 200809L
+#include <limits.h>
 #include <stdint.h>
 #include <time.h>
 
@@ -198,6 +199,9 @@ static void test_bad_input(void) {
     CHECK_OK(deft_testing_schedule_order(g.steps, g.n, g.deps, order));
     CHECK(order[0] == 0 && order[1] == 1 && order[2] == 2);
     CHECK_OK(deft_testing_schedule_order(NULL, 0, NULL, NULL));
+    /* More dependencies than an int indexes: refused before any is read. */
+    const deft_testing_order_step huge[2] = {{8, 0, 0, INT_MAX}, {8, 0, 0, INT_MAX}};
+    CHECK_ERR(deft_testing_schedule_order(huge, 2, g.deps, order), DEFT_ERR_INVALID, "more than an int indexes");
 }
 
 /* 100k steps in layers of 100 independent chains given layer by layer: the order must stay valid and come fast. */
