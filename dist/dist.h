@@ -34,7 +34,19 @@ struct deft_dist {
     bool aborted;                       /* a deadline passed or NCCL failed: the communicators were aborted */
     char failure[512];
     struct deft_dist_workers *workers;  /* the threads that queue the local replicas' steps (dist/dist_run.c) */
+    struct deft_dist_gate *gate;        /* what they pass around each collective (dist/dist_gate.c) */
 };
+
+/* The gate of deft_dist_run's replicas (dist/dist_gate.c): made with the workers, begun for each run with the number
+ * of replicas, left by each replica whose run ended. deft_dist_gate_pass (before and after queuing a collective,
+ * outside a replay) returns once every replica still in the run has arrived, DEFT_ERR_RUNTIME past d's deadline; it
+ * does nothing outside deft_dist_run or with one local replica. */
+typedef struct deft_dist_gate deft_dist_gate;
+deft_status deft_dist_gate_new(deft_dist_gate **out);
+void deft_dist_gate_free(deft_dist_gate *g);
+void deft_dist_gate_begin(deft_dist_gate *g, int parties);
+void deft_dist_gate_leave(deft_dist_gate *g);
+deft_status deft_dist_gate_pass(deft_dist *d, int local, const char *what);
 
 /* Stops and joins the threads of deft_dist_run, if it started them (deft_dist_free). */
 void deft_dist_workers_stop(deft_dist *d);

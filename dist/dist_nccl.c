@@ -157,6 +157,7 @@ static deft_status deft_nccl_group(deft_dist *d, int local, const deft_dist_buff
     if (d->aborted) return deft_set_error(DEFT_ERR_RUNTIME, "%s: the communicators were aborted: %s", what, d->failure);
     deft_status s = deft_cuda_set_device(d->device[local]);
     if (s != DEFT_OK) return s;
+    if ((s = deft_dist_gate_pass(d, local, what)) != DEFT_OK) return s;
     ncclComm_t comm = (ncclComm_t)d->comm[local];
     ncclResult_t r = ncclGroupStart();
     for (int i = 0; i < b->n && (r == ncclSuccess || r == ncclInProgress); i++)
@@ -166,7 +167,8 @@ static deft_status deft_nccl_group(deft_dist *d, int local, const deft_dist_buff
                                    (cudaStream_t)stream);
     ncclResult_t end = ncclGroupEnd();   /* always: the group must be closed */
     if (r != ncclSuccess && r != ncclInProgress) return deft_nccl_fail(d, r, what, local);
-    return deft_nccl_settle(d, local, end, what);
+    s = deft_nccl_settle(d, local, end, what);
+    return s == DEFT_OK ? deft_dist_gate_pass(d, local, what) : s;
 }
 
 deft_status deft_nccl_all_reduce_avg(deft_dist *d, int local, const deft_dist_buffers *b, void *stream) {
@@ -180,19 +182,31 @@ deft_status deft_nccl_all_reduce_packed(deft_dist *d, int local, const deft_dist
     deft_status s = deft_cuda_set_device(d->device[local]);
     if (s == DEFT_OK) s = deft_cuda_dist_pack(b->data, offset, bytes, b->n, packed, 0, stream);
     if (s == DEFT_OK) {
+        s = deft_dist_gate_pass(d, local, what);
+    }
+    if (s == DEFT_OK) {
         const size_t count = packed_bytes / deft_dtype_size(b->dtype[0]);
         ncclResult_t r = ncclAllReduce(packed, packed, count, deft_nccl_type(b->dtype[0]), ncclAvg,
                                        (ncclComm_t)d->comm[local], (cudaStream_t)stream);
         s = deft_nccl_settle(d, local, r, what);
+        if (s == DEFT_OK) s = deft_dist_gate_pass(d, local, what);
     }
     if (s == DEFT_OK) s = deft_cuda_dist_pack(b->data, offset, bytes, b->n, packed, 1, stream);
     return s;
 }
 
-/* The checks before one of ZeRO-1's collectives (the step's in place: the slice of rank r at buf + r * shard). */
+/* The checks before one of ZeRO-1's collectives (the step's in place: the slice of rank r at buf + r * shard), and
+ * the gate before it. */
 static deft_status deft_nccl_zero_call(deft_dist *d, int local, const char *what) {
     if (d->aborted) return deft_set_error(DEFT_ERR_RUNTIME, "%s: the communicators were aborted: %s", what, d->failure);
-    return deft_cuda_set_device(d->device[local]);
+    deft_status s = deft_cuda_set_device(d->device[local]);
+    return s == DEFT_OK ? deft_dist_gate_pass(d, local, what) : s;
+}
+
+/* A queued collective settled, and the gate after it. */
+static deft_status deft_nccl_zero_done(deft_dist *d, int local, ncclResult_t r, const char *what) {
+    deft_status s = deft_nccl_settle(d, local, r, what);
+    return s == DEFT_OK ? deft_dist_gate_pass(d, local, what) : s;
 }
 
 deft_status deft_nccl_reduce_avg(deft_dist *d, int local, const deft_dist_reduces *red, void *stream) {
@@ -206,7 +220,7 @@ deft_status deft_nccl_reduce_avg(deft_dist *d, int local, const deft_dist_reduce
                        red->root[i], comm, (cudaStream_t)stream);
     ncclResult_t end = ncclGroupEnd();   /* always: the group must be closed */
     if (r != ncclSuccess && r != ncclInProgress) return deft_nccl_fail(d, r, what, local);
-    return deft_nccl_settle(d, local, end, what);
+    return deft_nccl_zero_done(d, local, end, what);
 }
 
 deft_status deft_nccl_all_reduce_sum_f64(deft_dist *d, int local, double *x, void *stream) {
@@ -214,7 +228,7 @@ deft_status deft_nccl_all_reduce_sum_f64(deft_dist *d, int local, double *x, voi
     deft_status s = deft_nccl_zero_call(d, local, what);
     if (s != DEFT_OK) return s;
     ncclResult_t r = ncclAllReduce(x, x, 1, ncclFloat64, ncclSum, (ncclComm_t)d->comm[local], (cudaStream_t)stream);
-    return deft_nccl_settle(d, local, r, what);
+    return deft_nccl_zero_done(d, local, r, what);
 }
 
 deft_status deft_nccl_all_gather(deft_dist *d, int local, void *buf, size_t shard, deft_dtype dt, void *stream) {
@@ -224,7 +238,7 @@ deft_status deft_nccl_all_gather(deft_dist *d, int local, void *buf, size_t shar
     const char *mine = (const char *)buf + (size_t)d->rank[local] * shard * deft_dtype_size(dt);
     ncclResult_t r = ncclAllGather(mine, buf, shard, deft_nccl_type(dt), (ncclComm_t)d->comm[local],
                                    (cudaStream_t)stream);
-    return deft_nccl_settle(d, local, r, what);
+    return deft_nccl_zero_done(d, local, r, what);
 }
 
 deft_status deft_nccl_zero(int device, void *ptr, size_t bytes) {

@@ -2,7 +2,9 @@
  * communicator in flight together, so each replica's step is queued by a thread of its own: no all-reduce then waits
  * for a peer that the same thread would queue later. The threads are started at the first run and kept until
  * deft_dist_free. Starting them anew for every step cost several times the host time of waking kept ones
- * (bench/RESULTS.md, "Twelfth round"): host time a data loader can use. */
+ * (bench/RESULTS.md, "Twelfth round"): host time a data loader can use. Outside a replay the threads queue each
+ * collective through a gate (dist/dist_gate.c), so that no thread's wait on its own device can hold back a collective
+ * another GPU waits for. */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
 #include <stdio.h>
@@ -29,6 +31,7 @@ typedef struct deft_dist_workers {
     unsigned long run;    /* bumped for each run: a worker queues its replica once per value */
     int pending;          /* replicas of the current run not yet queued */
     bool quit;
+    deft_dist_gate *gate; /* passed around each collective; left by a replica whose run ended */
     int n;                /* threads started */
     deft_dist_job jobs[DEFT_DIST_MAX_LOCAL];
     deft_dist_worker worker[DEFT_DIST_MAX_LOCAL];
@@ -50,6 +53,7 @@ static void *deft_dist_worker_main(void *arg) {
         done_run = w->run;
         pthread_mutex_unlock(&w->lock);
         deft_dist_job_run(&w->jobs[me->index]);
+        deft_dist_gate_leave(w->gate);
         pthread_mutex_lock(&w->lock);
         if (--w->pending == 0) pthread_cond_signal(&w->done);
     }
@@ -64,6 +68,7 @@ static void deft_dist_workers_free(deft_dist_workers *w) {
     pthread_cond_broadcast(&w->go);
     pthread_mutex_unlock(&w->lock);
     for (int i = 0; i < w->n; i++) pthread_join(w->worker[i].thread, NULL);
+    deft_dist_gate_free(w->gate);
     pthread_cond_destroy(&w->done);
     pthread_cond_destroy(&w->go);
     pthread_mutex_destroy(&w->lock);
@@ -74,6 +79,7 @@ void deft_dist_workers_stop(deft_dist *d) {
     if (!d->workers) return;
     deft_dist_workers_free(d->workers);
     d->workers = NULL;
+    d->gate = NULL;
 }
 
 /* One thread per local replica; none is queued before every one has started, so a failure leaves no all-reduce
@@ -89,6 +95,11 @@ static deft_status deft_dist_workers_start(deft_dist *d, int n) {
         free(w);
         return deft_set_error(DEFT_ERR_RUNTIME, "dist_run: cannot make the workers' lock");
     }
+    deft_status s = deft_dist_gate_new(&w->gate);
+    if (s != DEFT_OK) {
+        deft_dist_workers_free(w);
+        return s;
+    }
     for (; w->n < n; w->n++) {
         w->worker[w->n] = (deft_dist_worker){.all = w, .index = w->n};
         if (pthread_create(&w->worker[w->n].thread, NULL, deft_dist_worker_main, &w->worker[w->n]) != 0) {
@@ -98,6 +109,7 @@ static deft_status deft_dist_workers_start(deft_dist *d, int n) {
         }
     }
     d->workers = w;
+    d->gate = w->gate;
     return DEFT_OK;
 }
 
@@ -106,6 +118,7 @@ static void deft_dist_workers_run(deft_dist_workers *w, deft_program *const *rep
     pthread_mutex_lock(&w->lock);
     for (int i = 0; i < n; i++) w->jobs[i] = (deft_dist_job){.p = replicas[i]};
     w->pending = n;
+    deft_dist_gate_begin(w->gate, n);
     w->run++;
     pthread_cond_broadcast(&w->go);
     while (w->pending > 0) pthread_cond_wait(&w->done, &w->lock);

@@ -15,4 +15,11 @@ deft_status deft_optimizer_run(deft_optimizer *o, deft_tensor *const *srcs, cons
 deft_status deft_optimizer_cuda_run(deft_optimizer *o, deft_tensor *const *srcs, const void *const *grads, void *out,
                                     void *stream);
 
+/* The gather table a GPU step node of o will read for grads (as deft_optimizer_cuda_run's), built at compile: building
+ * copies from pageable host memory and waits for the stream, which a data-parallel replica's first run must not do
+ * while its peers' collectives wait for it. Nothing to build (a sharded step of several ranks), or checks its run
+ * would fail, leave it to the run. */
+deft_status deft_optimizer_cuda_prepare(deft_optimizer *o, deft_tensor *const *srcs, const void *const *grads,
+                                        void *stream);
+
 #endif

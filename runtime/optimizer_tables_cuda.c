@@ -211,3 +211,10 @@ deft_status deft_optimizer_cuda_run(deft_optimizer *o, deft_tensor *const *srcs,
     if (s != DEFT_OK) return s;
     return o->part ? deft_cuda_optimizer_part_run(o, table, out, stream) : deft_cuda_optimizer_run(o, table, out, stream);
 }
+
+deft_status deft_optimizer_cuda_prepare(deft_optimizer *o, deft_tensor *const *srcs, const void *const *grads,
+                                        void *stream) {
+    if (deft_opt_reads_reduced(o) || deft_opt_check_run(o, grads) != DEFT_OK) return DEFT_OK;
+    const deft_optimizer_segment *table = NULL;
+    return deft_opt_table_for(o, srcs, grads, (cudaStream_t)stream, &table);
+}

@@ -188,6 +188,24 @@ deft_status deft_optimizer_check_grads(const deft_optimizer *opt, const char *st
                                        int n);
 
 /* ---- data parallel (implemented in the library, dist/) ---- */
+/* The gate deft_dist_run's replicas pass before and after queuing each collective (dist/dist_gate.c), passed by
+ * `threads` threads `passes` times each (testing_gate.c). Thread `quitter` (-1: none) stops before its pass
+ * quit_after: it leaves the gate as a replica whose run failed, or with `stuck` neither arrives nor leaves until the
+ * others are done, which then fail past timeout_s. */
+typedef struct deft_testing_gate_case {
+    int threads, passes, quitter, quit_after, stuck;
+    double timeout_s;
+} deft_testing_gate_case;
+typedef struct deft_testing_gate_result {
+    int early_passes;            /* passages a thread got through before every replica still in the run arrived */
+    int passed[16];              /* the passes each thread got through */
+    deft_status status[16];
+    char message[16][256];       /* a failed thread's message */
+} deft_testing_gate_result;
+/* 0 when the threads ran (whatever the gate answered), -1 for a case out of range (at most 16 threads and 256
+ * passes) or threads that could not start. */
+int deft_testing_gate(const deft_testing_gate_case *c, deft_testing_gate_result *out);
+
 /* The replica's buckets in the order they were cut: their bytes and the step each joins back before, into
  * bytes[0 .. max) and joins[0 .. max) (either may be NULL). The number of buckets, -1 when p is not a replica. */
 int deft_ddp_bucket_layout(const deft_program *p, size_t *bytes, int *joins, int max);

@@ -96,6 +96,10 @@ deft_status deft_cuda_attention_own(const deft_tensor *n, void *out, const void 
 void deft_cuda_cublas_release(int dev);
 void deft_cuda_cublaslt_release(int dev);
 void deft_cuda_cudnn_release(int dev);
+/* Makes cuda:dev's cuBLAS and cuBLASLt handles now (a program's compile) rather than at its first product: making one
+ * allocates on the device, which a data-parallel replica's first run must not do while its peers' collectives wait. */
+deft_status deft_cuda_cublas_prepare(int dev);
+deft_status deft_cuda_cublaslt_prepare(int dev);
 
 struct deft_optimizer;
 struct deft_optimizer_segment;

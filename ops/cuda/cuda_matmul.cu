@@ -63,6 +63,28 @@ deft_status deft_matmul_device(int *dev) {
     return DEFT_OK;
 }
 
+/* Makes cuda:dev's handle if it has none (dev is current); the caller holds deft_cublas_lock. */
+static deft_status deft_cublas_create(int dev) {
+    if (deft_cublas_handles[dev]) return DEFT_OK;
+    cublasHandle_t h;
+    cublasStatus_t s = cublasCreate(&h);
+    if (s != CUBLAS_STATUS_SUCCESS) return deft_cublas_error("cublasCreate", s);
+    const int mode = CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION;
+    s = cublasSetMathMode(h, (cublasMath_t)mode);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        cublasDestroy(h);
+        return deft_cublas_error("cublasSetMathMode", s);
+    }
+    deft_cublas_handles[dev] = h;
+    return DEFT_OK;
+}
+
+extern "C" deft_status deft_cuda_cublas_prepare(int dev) {
+    if (dev < 0 || dev >= DEFT_CUBLAS_MAX_DEVICES) return DEFT_OK;   /* its products report it */
+    std::lock_guard<std::mutex> guard(deft_cublas_lock);
+    return deft_cublas_create(dev);
+}
+
 /* The current device's handle, bound to `st`; the caller holds deft_cublas_lock. */
 static deft_status deft_cublas_handle(cudaStream_t st, cublasHandle_t *out) {
     int dev = 0;
@@ -73,20 +95,9 @@ static deft_status deft_cublas_handle(cudaStream_t st, cublasHandle_t *out) {
     /* Less than the floor inside a capture (a stream first met there holds nothing): cuBLAS then picks within it. */
     ds = deft_stream_workspace_reserve(dev, st, DEFT_WORKSPACE_CUBLAS, deft_cuda_cublas_floor(dev), &ws, &ws_bytes);
     if (ds != DEFT_OK) return ds;
-    cublasStatus_t s;
-    if (!deft_cublas_handles[dev]) {
-        cublasHandle_t h;
-        s = cublasCreate(&h);
-        if (s != CUBLAS_STATUS_SUCCESS) return deft_cublas_error("cublasCreate", s);
-        const int mode = CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION;
-        s = cublasSetMathMode(h, (cublasMath_t)mode);
-        if (s != CUBLAS_STATUS_SUCCESS) {
-            cublasDestroy(h);
-            return deft_cublas_error("cublasSetMathMode", s);
-        }
-        deft_cublas_handles[dev] = h;
-    }
-    s = cublasSetStream(deft_cublas_handles[dev], st);
+    ds = deft_cublas_create(dev);
+    if (ds != DEFT_OK) return ds;
+    cublasStatus_t s = cublasSetStream(deft_cublas_handles[dev], st);
     if (s != CUBLAS_STATUS_SUCCESS) return deft_cublas_error("cublasSetStream", s);
     /* Setting the stream drops a user workspace, so it is set again after every stream change. */
     s = cublasSetWorkspace(deft_cublas_handles[dev], ws, ws_bytes);

@@ -49,6 +49,13 @@ static deft_status deft_lt_handle(int dev, cublasLtHandle_t *out) {
     return DEFT_OK;
 }
 
+extern "C" deft_status deft_cuda_cublaslt_prepare(int dev) {
+    if (dev < 0 || dev >= DEFT_CUBLAS_MAX_DEVICES) return DEFT_OK;   /* its products report it */
+    std::lock_guard<std::mutex> guard(deft_lt_lock);
+    cublasLtHandle_t h;
+    return deft_lt_handle(dev, &h);
+}
+
 extern "C" void deft_cuda_cublaslt_release(int dev) {
     if (dev < 0 || dev >= DEFT_CUBLAS_MAX_DEVICES) return;
     std::lock_guard<std::mutex> guard(deft_lt_lock);
