@@ -182,15 +182,34 @@ static int model_ok(const gpt2_config *c) {
     return why == NULL;
 }
 
+/* What is wrong with the options once parsed, or NULL: the first of the rules the help states. */
+static const char *options_problem(const options *o) {
+    if (o->steps <= 0 || o->batch <= 0 || o->log_every <= 0 || o->val_batches <= 0)
+        return "--steps, --batch, --log-every and --val-batches must be at least 1";
+    if (o->lr <= 0) return "--lr must be positive";
+    if (o->val_every < 0 || o->sample < 0 || o->save_every < 0)
+        return "--val-every, --sample and --save-every cannot be negative";
+    if (o->save_every && !o->state) return "--save-every needs --state FILE";
+    if (o->tokens && o->text) return "give --tokens or --text, not both";
+    if (o->dist_timeout <= 0) return "--dist-timeout must be positive";
+    return NULL;
+}
+
+/* 1 when the options are usable; otherwise 0, with what is wrong said on stderr. */
 static int parse(int argc, char **argv, options *o) {
     *o = (options){.model = {256, 128, 128, 4, 4}, .batch = 8, .steps = 200, .warmup = -1, .val_every = 100,
                    .val_batches = 8, .log_every = 10, .sample = 200, .lr = 1e-3, .min_lr_frac = 0.1,
                    .weight_decay = 0.1, .clip = 1.0, .seed = 1337, .dist_timeout = 120};
     int bad = 0;
     o->trace = example_trace_arg(&argc, argv, &bad);
+    if (bad) fprintf(stderr, "gpt2_train: --trace needs a file\n");
     for (int i = 1; !bad && i < argc; i++) {
         if (parse_flag(o, argv[i])) continue;
         bad = i + 1 >= argc || !parse_one(o, argv[i], argv[i + 1]);
+        if (bad && i + 1 >= argc)
+            fprintf(stderr, "gpt2_train: %s: an unknown flag, or an option without its value\n", argv[i]);
+        else if (bad)
+            fprintf(stderr, "gpt2_train: %s %s: an unknown option or a value it does not take\n", argv[i], argv[i + 1]);
         i++;
     }
     if (o->warmup < 0) o->warmup = o->steps / 10;
@@ -201,9 +220,9 @@ static int parse(int argc, char **argv, options *o) {
                 (long long)o->loss_chunks, (long long)o->batch, (long long)o->model.seq);
         return 0;
     }
-    return !bad && o->steps > 0 && o->batch > 0 && o->lr > 0 && o->log_every > 0 && o->val_batches > 0 &&
-           o->val_every >= 0 && o->sample >= 0 && o->save_every >= 0 && !(o->save_every && !o->state) &&
-           !(o->tokens && o->text) && o->dist_timeout > 0 && model_ok(&o->model);
+    const char *problem = bad ? NULL : options_problem(o);
+    if (problem) fprintf(stderr, "gpt2_train: %s\n", problem);
+    return !bad && !problem && model_ok(&o->model);
 }
 
 /* ---- data: shards, or a text file written into shards (bytes as tokens) in a temporary directory ---- */

@@ -69,6 +69,17 @@ if(DEFT_BUILD_EXAMPLES)
                    -P ${PROJECT_SOURCE_DIR}/tests/check_exit.cmake)
   set_tests_properties(example_gpt2_train_loss_chunks_refused PROPERTIES LABELS cpu TIMEOUT 60
                        ENVIRONMENT "${DEFT_TEST_ENV}")
+  # A value the example does not take is named (the usage line alone did not say which one was wrong).
+  add_test(NAME example_gpt2_train_bad_value
+           COMMAND ${CMAKE_COMMAND} "-DCOMMAND=$<TARGET_FILE:gpt2_train>|--device|cpu|--val-batches|0"
+                   -DEXIT=2 "-DMATCH=--steps, --batch, --log-every and --val-batches must be at least 1"
+                   -P ${PROJECT_SOURCE_DIR}/tests/check_exit.cmake)
+  add_test(NAME example_gpt2_train_bad_model
+           COMMAND ${CMAKE_COMMAND} "-DCOMMAND=$<TARGET_FILE:gpt2_train>|--device|cpu|--model|355M"
+                   -DEXIT=2 "-DMATCH=--model 355M: an unknown option or a value it does not take"
+                   -P ${PROJECT_SOURCE_DIR}/tests/check_exit.cmake)
+  set_tests_properties(example_gpt2_train_bad_value example_gpt2_train_bad_model PROPERTIES LABELS cpu TIMEOUT 60
+                       ENVIRONMENT "${DEFT_TEST_ENV}")
   # Stopped at step 8 and resumed from its saved state, the example gives the same losses as an uninterrupted run.
   add_test(NAME example_gpt2_resume
            COMMAND ${CMAKE_COMMAND} -DPROGRAM=$<TARGET_FILE:gpt2_train> -DWORK=${PROJECT_BINARY_DIR}/gpt2_resume
