@@ -35,8 +35,9 @@
  * checkpointing, by the planning path --largest-batch takes (plan_step: nothing allocated, nothing run), for its
  * planned peak P (arena + persistent: what the budget bounds) and its activation bytes A; the step then compiles with
  * DEFT_CHECKPOINT_BUDGET and the budget P - (1 - F) A, the peak less the activations that are not to stay, lowered
- * by what a plan at it keeps above F A and planned again (fraction_refine; at most 8 plans), since a budget bounds the
- * peak and not the activations (the recomputed values live at the peak too). Its
+ * by what a plan at it keeps above F A and planned again, then raised by halves while it still keeps at most F A
+ * (fraction_refine; at most 14 plans), since a budget bounds the peak and not the activations (the recomputed values
+ * live at the peak too) and the bytes kept fall in steps. Its
  * figures are those above, under the key "<model>_b<B>_<precision>_af<F>", F to two decimals with a 'p' for the
  * point (1/3: "_af0p33"; a dot would split the name), so that the points of a curve never collide in one log; beside
  * them deft_activation_fraction, deft_checkpoint_budget_bytes (the budget used), deft_checkpoint_budget_first_bytes
@@ -187,8 +188,11 @@ static void largest_batch(const options *o, deft_device dev, const deft_compile_
 /* The search fits a peak, not activation bytes, and a plan at budget P - (1 - F) A keeps somewhat more than F A (the
  * peak falls by less than the activations dropped where it is not at the activations' peak). So the budget is lowered
  * by what the plan keeps above F A and planned again; a budget below what the search can reach is tried again halfway
- * back; at most FRACTION_PLANS plans. Returns the lowest budget the search reached. */
-#define FRACTION_PLANS 8
+ * back. The bytes kept fall in steps as the budget falls, so the first budget that keeps at most F A may drop far more
+ * than asked (and recompute more): the budget is then raised by halves toward the last one that kept too much, while
+ * it still keeps at most F A, to within 1/128 of the budget. At most FRACTION_PLANS plans. Returns the highest
+ * budget found that keeps at most F A (the lowest reached when none does). */
+#define FRACTION_PLANS 14
 static size_t fraction_refine(probe_ctx *pc, int64_t batch, const deft_compile_options *co, size_t budget,
                               size_t want, const char *k) {
     deft_compile_options plan = *co;
@@ -198,15 +202,24 @@ static size_t fraction_refine(probe_ctx *pc, int64_t batch, const deft_compile_o
     int plans = 1;
     deft_status s = plan_step(pc, batch, &plan, &at);
     size_t step = s == DEFT_OK && at.activations > want ? at.activations - want : 0;
+    size_t too_much = step ? budget : 0;   /* the lowest budget seen whose plan keeps more than F A; 0: none */
     while (step > 0 && step < budget && plans < FRACTION_PLANS) {
         plan.memory_budget = budget - step;
         plans++;
         if (plan_step(pc, batch, &plan, &at) == DEFT_OK) {
             budget -= step;
             step = at.activations > want ? at.activations - want : 0;
+            if (step) too_much = budget;
         } else {
             step /= 2;   /* below the search's floor */
         }
+    }
+    const int met = s == DEFT_OK && step == 0;
+    while (met && too_much > budget && too_much - budget > too_much / 128 && plans < FRACTION_PLANS) {
+        plan.memory_budget = budget + (too_much - budget) / 2;
+        plans++;
+        if (plan_step(pc, batch, &plan, &at) == DEFT_OK && at.activations <= want) budget = plan.memory_budget;
+        else too_much = plan.memory_budget;
     }
     printf("gpt2.%s.deft_checkpoint_budget_plans %d count\n", k, plans);
     return budget;
@@ -214,7 +227,7 @@ static size_t fraction_refine(probe_ctx *pc, int64_t batch, const deft_compile_o
 
 /* --activation-fraction: plans the step without checkpointing (plan_step: nothing runs) for its peak P and activation
  * bytes A, then sets the budget search on P - (1 - F) A, the peak less the activations not to keep, lowered until the
- * plan keeps at most F A (fraction_refine). */
+ * plan keeps at most F A and raised again as far as it still does (fraction_refine). */
 static deft_status fraction_budget(const options *o, deft_device dev, deft_compile_options *co, const char *k) {
     probe_ctx pc = {&o->model, dev, o->loss_chunks};
     deft_compile_options plan = *co;
@@ -420,8 +433,9 @@ static const char help[] =
     "  --activation-fraction F    activation checkpointing to keep F of the activation bytes, 0 < F <= 1, a decimal\n"
     "                             or N/D (1/3: the activations / 3): the step is planned without checkpointing\n"
     "                             (nothing runs) for its peak P and activation bytes A, then compiled with the\n"
-    "                             budget P - (1 - F) A, lowered while a plan keeps more than F A; the figures'\n"
-    "                             key gets _af<F> (1/3: _af0p33) (default: none)\n"
+    "                             budget P - (1 - F) A, lowered while a plan keeps more than F A and raised\n"
+    "                             again by halves while it keeps at most F A; the figures' key gets _af<F>\n"
+    "                             (1/3: _af0p33) (default: none)\n"
     "  --loss-chunks K            the loss over K blocks of rows, each block's logits its own product and\n"
     "                             cross-entropy, so that checkpointing can recompute one block's logits at a time\n"
     "                             (K divides B T; the figures' key gets _lc<K>; default: 1, the whole logits)\n"
