@@ -77,9 +77,10 @@ deft_status deft_dist_gate_pass(deft_dist *d, int local, const char *what) {
     if (!g || !d->running || d->n_local < 2) return DEFT_OK;
     struct timespec until;
     clock_gettime(CLOCK_MONOTONIC, &until);
-    const double whole = (double)(time_t)d->timeout_s;
+    const double wait_s = d->timeout_s < 1e9 ? d->timeout_s : 1e9;   /* a deadline time_t holds */
+    const double whole = (double)(time_t)wait_s;
     until.tv_sec += (time_t)whole;
-    until.tv_nsec += (long)((d->timeout_s - whole) * 1e9);
+    until.tv_nsec += (long)((wait_s - whole) * 1e9);
     if (until.tv_nsec >= 1000000000L) {
         until.tv_sec++;
         until.tv_nsec -= 1000000000L;
