@@ -95,7 +95,7 @@ deft_status deft_dist_gate_pass(deft_dist *d, int local, const char *what) {
     if (!passed) g->waiting--;
     pthread_mutex_unlock(&g->lock);
     if (passed) return DEFT_OK;
-    return deft_set_error(DEFT_ERR_RUNTIME, "%s: rank %d waited more than %.3g s for the other replicas of this process "
-                          "to reach the same collective (one stopped or is stuck)", what, d->rank[local],
+    return deft_set_error(DEFT_ERR_RUNTIME, "%s: rank %d waited more than %.3g s for the other replicas of this "
+                          "process to reach the same collective (one stopped or is stuck)", what, d->rank[local],
                           d->timeout_s);
 }

@@ -13,6 +13,7 @@
  * before the step, which then (ops/cuda/cuda_optimizer.cu) sums the slice's squares, all-reduces that one f64 (so
  * clipping and the loss scale's verdict see the whole norm), updates the slice and all-gathers the parameters, through
  * the collectives below: ops/ sits below dist/, so it reaches them through the optimizer's zero.ops. */
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -92,9 +93,9 @@ deft_status deft_zero_shard(deft_graph *g, const deft_config *c) {
 }
 
 /* Counts the pieces of the n gradients (out NULL) or writes them. */
-static int deft_zero_pieces(deft_optimizer *o, int n, const int *param, void *const *data, const deft_dtype *dtype,
+static int64_t deft_zero_pieces(deft_optimizer *o, int n, const int *param, void *const *data, const deft_dtype *dtype,
                             deft_dist_reduces *out) {
-    int k = 0;
+    int64_t k = 0;
     for (int j = 0; j < n; j++) {
         const int i = param[j];
         const int64_t off = o->offsets[i], count = deft_shape_numel(o->params[i]->ndim, o->params[i]->shape);
@@ -128,7 +129,10 @@ deft_status deft_zero_reduces_new(deft_optimizer *o, int n, const int *param, vo
             return deft_set_error(DEFT_ERR_DTYPE, "data parallel: ZeRO-1 optimizer %s reduces its gradients into its "
                                   "%s flat gradients, and parameter %d's gradient is %s", deft_zero_name(o),
                                   deft_dtype_name(o->dtype), param[j], deft_dtype_name(dtype[j]));
-    const int m = deft_zero_pieces(o, n, param, data, dtype, NULL);
+    const int64_t m = deft_zero_pieces(o, n, param, data, dtype, NULL);
+    if (m > INT_MAX)   /* NCCL's group and the reduces' count are indexed by int */
+        return deft_set_error(DEFT_ERR_INVALID, "data parallel: ZeRO-1 bucket of %s: %lld pieces are more than an int "
+                              "counts", deft_zero_name(o), (long long)m);
     const size_t cap = (size_t)(m > 0 ? m : 1);
     out->send = malloc(cap * sizeof *out->send);
     out->recv = malloc(cap * sizeof *out->recv);
@@ -139,7 +143,7 @@ deft_status deft_zero_reduces_new(deft_optimizer *o, int n, const int *param, vo
         deft_zero_reduces_free(out);
         return deft_set_error(DEFT_ERR_OOM, "data parallel: out of host memory");
     }
-    out->n = deft_zero_pieces(o, n, param, data, dtype, out);
+    out->n = (int)deft_zero_pieces(o, n, param, data, dtype, out);
     return DEFT_OK;
 }
 

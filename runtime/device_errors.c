@@ -36,9 +36,8 @@ static deft_status deft_device_errors_make(int device) {
     return deft_device_errors_get(device, NULL, &rec);
 }
 
-/* Made at compile, not at the first run: making one waits for the device (the legacy stream's reset), and in a
- * data-parallel replica's first run that wait would fall behind collectives queued on the device, which finish only
- * when every other replica's thread has queued its own. */
+/* Made at compile, not at the first run: making one waits for the device (the legacy stream's reset), which inside
+ * a run would wait for everything the step queued before it. */
 deft_status deft_program_make_device_errors(const deft_program *p) {
     return deft_program_each_error_device(p, deft_device_errors_make);
 }

@@ -1,10 +1,8 @@
 /* What a program's first run would build, built at compile instead: cuDNN's fused attention plans (ops/cuda's
  * deft_cuda_prepare_node; building one compiles and loads kernels), the cuBLAS and cuBLASLt handles of its GPUs
  * (making one allocates on the device), and its optimizers' gather tables (building one copies from pageable memory
- * and waits for the stream). A data-parallel replica's first run queues collectives that finish only once every
- * replica's thread has queued its own; a thread that stops there behind a lock another thread holds while it waits
- * on its own device could keep them from it. At compile no collective is in flight, and the first step also stops
- * costing the builds. */
+ * and waits for the stream). So the first step does not pay for them, and no run waits on the host for them. (A
+ * data-parallel replica's first run is kept safe from such waits by its collectives' gate, dist/dist_gate.c.) */
 #include <stdlib.h>
 
 #include "cuda_kernels.h"

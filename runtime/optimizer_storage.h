@@ -16,8 +16,9 @@ deft_status deft_optimizer_set_scaling(struct deft_optimizer *opt, const deft_lo
 
 /* ZeRO-1 (runtime/optimizer_zero.c): the slices of o's flat storage over `world` ranks, rank `rank`'s (padded to a
  * multiple of world * 16 bytes) in *z with no communicator (DEFT_ERR_INVALID when the padded size overflows); the
- * device's blocks of a sharded optimizer's slice (made with its storage) and their release; the sharding of the graph's optimizers that got no storage taken back (a compile that failed before
- * making it); DEFT_ERR_INVALID when p steps a sharded optimizer without being a ZeRO-1 replica. */
+ * device's blocks of a sharded optimizer's slice (made with its storage) and their release; the sharding of the
+ * graph's optimizers that got no storage taken back (a compile that failed before making it); DEFT_ERR_INVALID when
+ * p steps a sharded optimizer without being a ZeRO-1 replica. */
 deft_status deft_optimizer_zero_slices(const deft_optimizer *o, int world, int rank, deft_optimizer_zero *z);
 deft_status deft_optimizer_zero_blocks_new(deft_optimizer *o);
 void deft_optimizer_zero_release(deft_optimizer *o);

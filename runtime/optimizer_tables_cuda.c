@@ -1,8 +1,9 @@
 /* The gather tables of an optimizer on a GPU: for each set of gradient addresses a run has met, one device table of
  * (source, offset, count, dtype) rows that the optimizer's kernels read, so that one launch reads every gradient
  * where the backward pass left it (a ZeRO-1 step of several ranks needs none: the replica's reduces left this rank's
- * pieces in its flat gradients). A small cache per optimizer, built on a program's first run (never during a
- * capture) and freed with the optimizer (runtime/optimizer_storage.c). */
+ * pieces in its flat gradients). A small cache per optimizer, built when a program is compiled
+ * (runtime/kernel_prepare.c) or, for addresses met later, at a run outside a capture, and freed with the optimizer
+ * (runtime/optimizer_storage.c). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -23,7 +23,8 @@ deft_status deft_group_run(deft_program *p, const deft_group *g, void *stream);
 deft_status deft_program_take_device_errors(const deft_program *p);
 /* The device error records p's kernels write, made now if they do not exist yet (at compile, before any run). */
 deft_status deft_program_make_device_errors(const deft_program *p);
-/* The plans kernels' libraries would build at the nodes' first runs, built now (runtime/kernel_prepare.c). */
+/* What p's first run would build (cuDNN's attention plans, the cuBLAS and cuBLASLt handles, the optimizers' gather
+ * tables), built now (runtime/kernel_prepare.c). */
 deft_status deft_program_prepare_kernels(const deft_program *p);
 
 /* Loss scaling switched on or off in the optimizers whose steps p runs, as its compiled steps say; runtime/optimizer_storage.c.

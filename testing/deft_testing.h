@@ -171,8 +171,8 @@ typedef struct deft_testing_zero {
 void deft_testing_optimizer_zero(const deft_optimizer *o, deft_testing_zero *out);
 /* ZeRO-1's arithmetic without GPUs (testing/testing_zero.c), on a shallow copy of o (built, on any device, sharded or
  * not; o is left alone and nothing is queued): *out as deft_testing_optimizer_zero would report o sharded as rank
- * `rank` of `world` (the bytes those the sharded optimizer would allocate and plan), and the reduces a replica of that rank would queue for parameter `param`'s gradient held
- * in dtype dt, built by the replica's own code (dist/dist_zero.c's deft_zero_reduces_new): up to max of them into
+ * `rank` of `world` (the bytes those the sharded optimizer would allocate and plan), and the reduces a replica of
+ * that rank would queue for parameter `param`'s gradient held in dtype dt, built by the replica's own code (dist/dist_zero.c's deft_zero_reduces_new): up to max of them into
  * pieces. Returns how many there are, -1 (with the error) for a bad world, rank or param, or a gradient not in o's
  * dtype (DEFT_ERR_DTYPE: the reduces land in the flat gradients as they are). */
 typedef struct deft_testing_zero_piece {

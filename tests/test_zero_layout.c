@@ -27,7 +27,8 @@
 static deft_optimizer *build(deft_graph *g) {
     deft_tensor *x = deft_input(g, "x", DEFT_F32, 2, (int64_t[]){4, IN}, deft_cpu());
     deft_tensor *y = deft_input(g, "y", DEFT_I32, 1, (int64_t[]){4}, deft_cpu());
-    deft_tensor *loss = deft_cross_entropy(deft_linear(deft_relu(deft_linear(x, HID, "fc0", NULL)), OUT, "fc1", NULL), y);
+    deft_tensor *hidden = deft_relu(deft_linear(x, HID, "fc0", NULL));
+    deft_tensor *loss = deft_cross_entropy(deft_linear(hidden, OUT, "fc1", NULL), y);
     CHECK_OK(deft_backward(loss));
     deft_optimizer *o = deft_adamw(g, NULL, NULL);
     CHECK(o && deft_optimizer_step(o));
