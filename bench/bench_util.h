@@ -21,11 +21,12 @@ static const char *const prog = BENCH_NAME;
 
 /* The switches of the GPU optimisations for A/B runs (the environment's DEFT_SIDE_STREAM=0 and its kin before they
  * became compile options): --no-side-lane, --no-product-batches, --no-relu-grad-fold, --fuse-low-precision,
- * --conv-gemm never|f32, --cudnn-find, --no-cheap-recompute and --reorder set the compile options of those names.
+ * --conv-gemm never|f32, --cudnn-find, --matmul-find, --no-cheap-recompute and --reorder set the compile options of
+ * those names.
  * Returns 1 when argv[*i] is one (its value consumed). */
 #define BENCH_AB_USAGE                                                                                         \
     "[--no-side-lane] [--no-product-batches] [--no-relu-grad-fold] [--fuse-low-precision] [--conv-gemm never|f32] " \
-    "[--cudnn-find] [--no-cheap-recompute] [--reorder]"
+    "[--cudnn-find] [--matmul-find] [--no-cheap-recompute] [--reorder]"
 #define BENCH_AB_HELP                                                                                          \
     "  --no-side-lane        compile option no_side_lane: no second stream for independent steps (default: on)\n"  \
     "  --no-product-batches  compile option no_product_batches: no batched products (default: batched)\n"         \
@@ -33,6 +34,7 @@ static const char *const prog = BENCH_NAME;
     "  --fuse-low-precision  compile option fuse_low_precision (default: off)\n"                                   \
     "  --conv-gemm never|f32 compile option conv_gemm (default: the library's choice)\n"                          \
     "  --cudnn-find          compile option cudnn_find: time cuDNN's algorithms (default: heuristics)\n"      \
+    "  --matmul-find         compile option matmul_find: time cuBLASLt's algorithms (default: heuristics)\n"  \
     "  --no-cheap-recompute  compile option no_cheap_recompute: keep what one pass recomputes (default: recomputed)\n" \
     "  --reorder             compile option reorder: steps reordered to lower the peak (default: the given order)\n"
 static inline int bench_ab_option(int argc, char **argv, int *i, deft_compile_options *co) {
@@ -42,6 +44,7 @@ static inline int bench_ab_option(int argc, char **argv, int *i, deft_compile_op
     else if (!strcmp(a, "--no-relu-grad-fold")) co->no_relu_grad_fold = 1;
     else if (!strcmp(a, "--fuse-low-precision")) co->fuse_low_precision = 1;
     else if (!strcmp(a, "--cudnn-find")) co->cudnn_find = 1;
+    else if (!strcmp(a, "--matmul-find")) co->matmul_find = 1;
     else if (!strcmp(a, "--no-cheap-recompute")) co->no_cheap_recompute = 1;
     else if (!strcmp(a, "--reorder")) co->reorder = 1;
     else if (!strcmp(a, "--conv-gemm") && *i + 1 < argc) {

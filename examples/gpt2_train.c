@@ -33,7 +33,7 @@ typedef struct options {
     double lr, min_lr_frac, weight_decay, clip;
     size_t checkpoint_budget;
     deft_dtype autocast;
-    int autocast_set, no_shuffle, print_plan, deterministic, zero, reorder;
+    int autocast_set, no_shuffle, print_plan, deterministic, zero, reorder, matmul_find;
     double dist_timeout;
     uint64_t seed;
 } options;
@@ -71,6 +71,9 @@ static const char help[] =
     "                       batch x seq; default: 1, the whole logits)\n"
     "  --reorder            the compile option reorder: with --loss-chunks each block's logits are freed right after\n"
     "                       its gradient, instead of all of them living into the backward pass (default: off)\n"
+    "  --matmul-find        the compile option matmul_find: on a GPU the training step's products time cuBLASLt's\n"
+    "                       candidate algorithms once per shape and keep the fastest (default: the heuristic's\n"
+    "                       first); not with --state or --resume, whose runs must repeat their bits\n"
     "  --device DEV         cpu or cuda:N (default: cuda:0 if a GPU works, else cpu)\n"
     "  --seed S             weights and data order (default: 1337)\n"
     "  --no-shuffle         batches in stream order (windows of seq + 1 tokens every seq tokens), not shuffled\n"
@@ -163,6 +166,7 @@ static int parse_flag(options *o, const char *k) {
     else if (!strcmp(k, "--deterministic")) o->deterministic = 1;
     else if (!strcmp(k, "--zero")) o->zero = 1;
     else if (!strcmp(k, "--reorder")) o->reorder = 1;
+    else if (!strcmp(k, "--matmul-find")) o->matmul_find = 1;
     else return 0;
     return 1;
 }
@@ -192,6 +196,8 @@ static const char *options_problem(const options *o) {
     if (o->save_every && !o->state) return "--save-every needs --state FILE";
     if (o->tokens && o->text) return "give --tokens or --text, not both";
     if (o->dist_timeout <= 0) return "--dist-timeout must be positive";
+    /* a timed choice may differ from one process to the next, and with it the products' rounding */
+    if (o->matmul_find && (o->state || o->resume)) return "--matmul-find is not for runs saved or resumed";
     return NULL;
 }
 
@@ -409,7 +415,8 @@ static deft_status build(run *r) {
     const deft_compile_options co = {.autocast = r->o.autocast, .memory_budget = r->o.checkpoint_budget,
                                      .checkpoint = r->o.checkpoint_budget ? DEFT_CHECKPOINT_BUDGET : 0,
                                      .deterministic = deterministic, .dist = r->dist, .dist_local = 0,
-                                     .zero_stage = r->o.zero, .reorder = r->o.reorder};
+                                     .zero_stage = r->o.zero, .reorder = r->o.reorder,
+                                     .matmul_find = r->o.matmul_find};
     r->train = deft_compile(r->m.g, (deft_tensor *[]){r->m.loss, r->step}, 2, &co);
     if (!r->train) return deft_graph_error(r->m.g) != DEFT_OK ? deft_graph_error(r->m.g) : DEFT_ERR_INVALID;
     /* Only rank 0 validates and samples: the others keep no evaluation program (its logits are the largest buffer). */

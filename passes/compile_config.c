@@ -61,7 +61,7 @@ static deft_status deft_config_cuda_flags(const deft_compile_options *o, deft_co
     c->cuda_flags = (o->tf32 ? DEFT_CUDA_ALLOW_TF32 : 0u) | (o->deterministic ? DEFT_CUDA_DETERMINISTIC : 0u) |
                     (o->conv_gemm == DEFT_CONV_GEMM_NEVER ? DEFT_CUDA_CONV_GEMM_NEVER : 0u) |
                     (o->conv_gemm == DEFT_CONV_GEMM_WITH_F32 ? DEFT_CUDA_CONV_GEMM_F32 : 0u) |
-                    (o->cudnn_find ? DEFT_CUDA_CUDNN_FIND : 0u);
+                    (o->cudnn_find ? DEFT_CUDA_CUDNN_FIND : 0u) | (o->matmul_find ? DEFT_CUDA_MATMUL_FIND : 0u);
     return DEFT_OK;
 }
 

@@ -33,7 +33,8 @@ typedef struct deft_config {
     bool cheap_recompute;          /* not no_cheap_recompute (passes/checkpoint.h) */
     bool fuse_low_precision;       /* bf16 and f16 elementwise chains fuse too */
     bool cuda_graphs;              /* not no_cuda_graphs */
-    unsigned cuda_flags;           /* DEFT_CUDA_* (cuda_kernels.h): tf32, deterministic, conv_gemm, cudnn_find */
+    unsigned cuda_flags;           /* DEFT_CUDA_* (cuda_kernels.h): tf32, deterministic, conv_gemm, cudnn_find,
+                                    * matmul_find */
     /* the pipeline (passes/pipeline.h) */
     int last_stage;                /* the index of the stage the compile stops after */
 } deft_config;

@@ -357,6 +357,12 @@ typedef struct deft_testing_mm_part {
     void *bias_grad;         /* NULL, or receives the bias gradient as DEFT_TESTING_MM_BGRAD_B */
 } deft_testing_mm_part;
 deft_status deft_testing_matmul_batch(const deft_testing_mm_part *parts, int n, void *stream, unsigned flags);
+/* The kernels' flag of the compile option matmul_find: cuBLASLt's candidate algorithms timed. */
+#define DEFT_CUDA_MATMUL_FIND 32u
+/* Of the product problems met so far in the process under matmul_find: how many were chosen by timing cuBLASLt's
+ * candidates, and how many kept the heuristic's first (their first call accumulated, or its output overlapped an
+ * operand, or no candidate ran); both 0 without CUDA. */
+void deft_testing_matmul_find_counts(int64_t *timed, int64_t *kept);
 /* A fused elementwise kernel of one relu over `numel` elements of an input stored in input_dtype, to f32, with
  * NULL pointers: what the kernel says of a description it refuses before anything runs. */
 deft_status deft_testing_fused_relu(deft_dtype input_dtype, int64_t numel);

@@ -92,6 +92,11 @@ typedef struct deft_compile_options {
                                 * products instead of cuDNN; 0: the bf16 and f16 ones */
     int cudnn_find;            /* 1: cuDNN measures the candidate algorithms once per shape (outside a capture)
                                 * instead of taking its heuristic's first choice */
+    int matmul_find;           /* 1: cuBLASLt's candidate algorithms for each product shape are timed once
+                                * (outside a capture, on the product's own operands) and the fastest kept; 0
+                                * (default): the heuristic's first. A timed choice may differ from process to
+                                * process, and with it the rounding of the products (`deterministic` promises the
+                                * same bits only without it) */
     /* 1: keep every forward value the backward pass reads, also those that one pass over memory makes again from a
      * value it keeps anyway (an activation such as GELU, whose input its gradient reads; a cast; a permute; a layer norm, whose input its
      * gradient reads). By

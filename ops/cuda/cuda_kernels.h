@@ -14,6 +14,7 @@ extern "C" {
 #define DEFT_CUDA_CONV_GEMM_NEVER 4u /* no convolution as im2col and a product (`conv_gemm` DEFT_CONV_GEMM_NEVER) */
 #define DEFT_CUDA_CONV_GEMM_F32 8u   /* f32 convolutions as im2col and a product too (DEFT_CONV_GEMM_WITH_F32) */
 #define DEFT_CUDA_CUDNN_FIND 16u     /* cuDNN measures its candidate algorithms (`cudnn_find`) */
+#define DEFT_CUDA_MATMUL_FIND 32u    /* cuBLASLt's candidate algorithms are timed (`matmul_find`) */
 
 /* Runs node n on the current CUDA device, enqueued on `stream` (a cudaStream_t; NULL for the legacy stream).
  * Pointers are device pointers with the same contract as deft_cpu_run_node. Returns a status carrying the CUDA or

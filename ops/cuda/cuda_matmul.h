@@ -61,6 +61,12 @@ int deft_cuda_matmul_batchable(const deft_tensor *first, const deft_tensor *mm);
  * it. Capturable as deft_cuda_matmul_fused is. DEFT_ERR_INVALID for parts that cannot be batched together. */
 deft_status deft_cuda_matmul_batch(const deft_mm_part *parts, int n, void *stream, unsigned flags);
 
+/* Of the product problems met so far in the process under the compile option matmul_find (DEFT_CUDA_MATMUL_FIND):
+ * how many were chosen by timing cuBLASLt's candidates, and how many kept the heuristic's first because the call
+ * that first could settle them could not be timed (it accumulates into its output, or its output overlaps an
+ * operand) or none of the candidates ran. Problems with a single candidate count in neither. */
+void deft_cuda_matmul_find_counts(int64_t *timed, int64_t *kept);
+
 #ifdef __cplusplus
 }
 #endif

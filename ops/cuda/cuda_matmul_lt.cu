@@ -17,7 +17,16 @@
  * The heuristic is offered the stream's cap (cuda_workspace.h) and the stream's scratch then grows to what the
  * chosen algorithm asks for: outside a capture, so the eager run before a capture has grown it for every problem
  * of the step. Where the stream holds less than the choice asks (inside a capture, or a scratch a capture froze),
- * the heuristic's choice within what it holds is taken instead (a cached one only, inside a capture). */
+ * the heuristic's choice within what it holds is taken instead (a cached one only, inside a capture).
+ *
+ * With the compile option matmul_find (DEFT_CUDA_MATMUL_FIND, part of the key: a program without it never takes a
+ * timed choice) the heuristic offers up to DEFT_LT_CANDIDATES algorithms, and the first call of the problem that may
+ * be timed runs each of them on its own operands and stream (cuda_matmul_lt_find.cu) and keeps the fastest; until
+ * then, the heuristic's first runs. A call may be timed outside a capture, when it writes its result whole: beta 0
+ * (not accumulating), and no output overlapping an operand, so that every candidate's run writes the same values and
+ * the call's own run after them writes them once more. A call that cannot be timed keeps the heuristic's first for
+ * good. The candidates run in a block of their own from the caching allocator, given back once timed, so the
+ * stream's scratch grows only to what the kept choice asks for, as without timing. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,8 +36,10 @@
 
 #include <cublasLt.h>
 
+#include "caching_allocator.h"
 #include "cuda_matmul.h"
 #include "cuda_matmul_impl.cuh"
+#include "cuda_matmul_lt_find.cuh"
 #include "cuda_matmul_small.cuh"
 
 /* ---- one cuBLASLt handle per device, until deft_memory_release_all (as the cuBLAS handles) ---- */
@@ -68,11 +79,19 @@ extern "C" void deft_cuda_cublaslt_release(int dev) {
 typedef struct deft_lt_key {
     int dev, dtype, out_dtype, ta, tb, epilogue, tf32;   /* out_dtype: D's, f32 or dtype */
     int ptr_array;   /* 1: count products whose A, B and D are device arrays of pointers (the strides unused) */
+    int find;        /* 1: chosen by timing the candidates (DEFT_CUDA_MATMUL_FIND) */
+    int spare;       /* 0: keeps the key free of padding, which the bytewise compare would read */
     int64_t M, N, K, count, stride_a, stride_b;   /* count 1: one product; strides in elements, 0 repeats one */
     uint32_t align_a, align_b, align_out, align_bias;
     uint64_t ws_bytes;   /* the most the algorithm may ask for: the stream's cap (a side lane's is smaller), or
                           * inside a capture what the stream holds (cuda_workspace.h) */
 } deft_lt_key;
+
+static_assert(sizeof(deft_lt_key) == 10 * sizeof(int) + 6 * sizeof(int64_t) + 4 * sizeof(uint32_t) + sizeof(uint64_t),
+              "the key has no padding");
+
+/* The most algorithms the heuristic is asked for under matmul_find. */
+#define DEFT_LT_CANDIDATES 8
 
 typedef struct deft_lt_entry {
     deft_lt_key key;
@@ -81,6 +100,10 @@ typedef struct deft_lt_entry {
     cublasLtMatrixLayout_t la, lb, ld;   /* cuBLASLt's A (our b), B (our a), C = D (our out) */
     cublasLtMatmulAlgo_t algo;
     size_t ws_need;   /* the workspace the algorithm asks for (the heuristic's workspaceSize) */
+    bool pending;     /* key.find: the candidates below wait for a call that may time them */
+    int n_cand;
+    cublasLtMatmulAlgo_t cand[DEFT_LT_CANDIDATES];   /* the heuristic's, in its order; cand[0] is algo until timed */
+    size_t cand_ws[DEFT_LT_CANDIDATES];
 } deft_lt_entry;
 
 /* Distinct problems kept; past this, new ones take the fallback rather than grow the cache without end. */
@@ -150,8 +173,9 @@ static cublasStatus_t deft_lt_describe(const deft_lt_key &k, deft_lt_entry *e) {
     return deft_lt_layout(&e->ld, deft_lt_data_type(k.out_dtype), k.N, k.M, k.count, k.M * k.N, k.ptr_array);
 }
 
-/* The heuristic's first choice for the entry's problem: e->found stays false where there is none. Halves may only
- * split K with partial sums kept in f32 (as the cuBLAS handle's DISALLOW_REDUCED_PRECISION_REDUCTION). */
+/* The heuristic's first choice for the entry's problem (its candidates too, under matmul_find): e->found stays false
+ * where there is none. Halves may only split K with partial sums kept in f32 (as the cuBLAS handle's
+ * DISALLOW_REDUCED_PRECISION_REDUCTION). */
 static cublasStatus_t deft_lt_choose(cublasLtHandle_t h, const deft_lt_key &k, const void *bias, deft_lt_entry *e) {
     if (bias) {
         cublasStatus_t s = cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
@@ -176,16 +200,22 @@ static cublasStatus_t deft_lt_choose(cublasLtHandle_t h, const deft_lt_key &k, c
                                                    sizeof k.align_out)) &&
         !(s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &k.align_out,
                                                    sizeof k.align_out))) {
-        cublasLtMatmulHeuristicResult_t r;
+        cublasLtMatmulHeuristicResult_t r[DEFT_LT_CANDIDATES];
         int got = 0;
-        memset(&r, 0, sizeof r);
+        memset(r, 0, sizeof r);
         /* Any refusal (no algorithm, or a shape this version rejects outright) means the fallback, not an error. */
-        if (cublasLtMatmulAlgoGetHeuristic(h, e->desc, e->la, e->lb, e->ld, e->ld, pref, 1, &r, &got) ==
-                CUBLAS_STATUS_SUCCESS &&
-            got > 0 && r.state == CUBLAS_STATUS_SUCCESS) {
-            e->algo = r.algo;
-            e->ws_need = r.workspaceSize;
+        if (cublasLtMatmulAlgoGetHeuristic(h, e->desc, e->la, e->lb, e->ld, e->ld, pref,
+                                           k.find ? DEFT_LT_CANDIDATES : 1, r, &got) == CUBLAS_STATUS_SUCCESS &&
+            got > 0 && r[0].state == CUBLAS_STATUS_SUCCESS) {
+            e->algo = r[0].algo;
+            e->ws_need = r[0].workspaceSize;
             e->found = true;
+            for (int i = 0; k.find && i < got && i < DEFT_LT_CANDIDATES; i++)
+                if (r[i].state == CUBLAS_STATUS_SUCCESS) {
+                    e->cand[e->n_cand] = r[i].algo;
+                    e->cand_ws[e->n_cand++] = r[i].workspaceSize;
+                }
+            e->pending = e->n_cand > 1;   /* one candidate leaves nothing to time */
         }
     }
     cublasLtMatmulPreferenceDestroy(pref);
@@ -258,6 +288,7 @@ static deft_lt_key deft_lt_key_init(deft_dtype dtype, int ta, int tb, int64_t M,
     k.tb = tb;
     k.epilogue = (int)CUBLASLT_EPILOGUE_DEFAULT;
     k.tf32 = dtype == DEFT_F32 && (flags & DEFT_CUDA_ALLOW_TF32) != 0;
+    k.find = (flags & DEFT_CUDA_MATMUL_FIND) != 0;
     k.M = M;
     k.N = N;
     k.K = K;
@@ -290,9 +321,122 @@ static size_t deft_lt_round(size_t v) {
     return (v + DEFT_LT_WS_ALIGN - 1) / DEFT_LT_WS_ALIGN * DEFT_LT_WS_ALIGN;
 }
 
+/* ---- matmul_find: a pending problem's candidates timed on the first call that may be ---- */
+/* Problems chosen by timing, and problems that kept the heuristic's first because the call that met them could not
+ * be timed (under deft_lt_lock): what the tests read. */
+static int64_t deft_lt_timed_count, deft_lt_kept_count;
+
+extern "C" void deft_cuda_matmul_find_counts(int64_t *timed, int64_t *kept) {
+    std::lock_guard<std::mutex> guard(deft_lt_lock);
+    *timed = deft_lt_timed_count;
+    *kept = deft_lt_kept_count;
+}
+
+typedef struct deft_lt_span {
+    uintptr_t lo, hi;   /* the bytes [lo, hi) */
+} deft_lt_span;
+
+/* The bytes that `count` matrices of `elems` elements, `stride` elements apart (0: one matrix read again), starting
+ * at p take: false past the address space (the caller then takes them as overlapping). */
+static bool deft_lt_span_of(const void *p, int64_t elems, int64_t count, int64_t stride, size_t esz,
+                            deft_lt_span *out) {
+    int64_t last = 0, n = 0;
+    size_t bytes = 0;
+    uintptr_t hi = 0;
+    if (__builtin_mul_overflow(count - 1, stride, &last) || __builtin_add_overflow(last, elems, &n) ||
+        __builtin_mul_overflow((size_t)n, esz, &bytes) || __builtin_add_overflow((uintptr_t)p, bytes, &hi))
+        return false;
+    *out = deft_lt_span{(uintptr_t)p, hi};
+    return true;
+}
+
+/* Whether an output of c (D, and the bias gradient BGRADA writes) shares a byte with an operand it reads (A, B, the
+ * bias BIAS adds) or with another output: then a candidate's run could change what the next one reads. */
+static bool deft_lt_overlaps(const deft_lt_call &c) {
+    const deft_lt_key &k = c.key;
+    const size_t in_sz = deft_dtype_size((deft_dtype)k.dtype), out_sz = deft_dtype_size((deft_dtype)k.out_dtype);
+    const int mats = c.table ? (int)k.count : 1;   /* a pointer-array batch: each pointer one matrix */
+    const int64_t count = c.table ? 1 : k.count, stride_out = count > 1 ? k.M * k.N : 0;
+    deft_lt_span in[2 * DEFT_MM_BATCH_MAX + 1], out[DEFT_MM_BATCH_MAX + 1];
+    int n_in = 0, n_out = 0;
+    bool ok = true;
+    for (int i = 0; ok && i < mats; i++) {
+        const void *a = c.table ? c.table->ptr[i] : c.a, *b = c.table ? c.table->ptr[mats + i] : c.b;
+        const void *d = c.table ? c.table->ptr[2 * mats + i] : c.out;
+        ok = deft_lt_span_of(a, k.M * k.K, count, k.stride_a, in_sz, &in[n_in++]) &&
+             deft_lt_span_of(b, k.K * k.N, count, k.stride_b, in_sz, &in[n_in++]) &&
+             deft_lt_span_of(d, k.M * k.N, count, stride_out, out_sz, &out[n_out++]);
+    }
+    if (ok && c.bias) {   /* N elements, in D's type or, for safety's sake, the larger of the two */
+        deft_lt_span *v = k.epilogue == (int)CUBLASLT_EPILOGUE_BGRADA ? &out[n_out++] : &in[n_in++];
+        ok = deft_lt_span_of(c.bias, k.N, 1, 0, std::max(in_sz, out_sz), v);
+    }
+    if (!ok) return true;
+    for (int i = 0; i < n_out; i++) {
+        for (int j = 0; j < n_in; j++)
+            if (out[i].lo < in[j].hi && in[j].lo < out[i].hi) return true;
+        for (int j = 0; j < i; j++)
+            if (out[i].lo < out[j].hi && out[j].lo < out[i].hi) return true;
+    }
+    return false;
+}
+
+/* Times e's candidates on c (whose outputs it writes, as c's own run will again) in a block of their own, and keeps
+ * the fastest. */
+static deft_status deft_lt_time(cublasLtHandle_t h, const deft_lt_call &c, cudaStream_t st, deft_lt_entry *e) {
+    const size_t table = c.table ? DEFT_LT_TABLE_BYTES : 0;
+    size_t room = 0;
+    for (int i = 0; i < e->n_cand; i++) room = std::max(room, deft_lt_round(e->cand_ws[i]));
+    void *block = NULL;
+    deft_status s = deft_caching_alloc(deft_cuda(c.key.dev), room + table, st, "cublaslt.find", &block);
+    if (s == DEFT_ERR_OOM) {   /* no room to time in: the heuristic's first, as without the option */
+        deft_lt_kept_count++;
+        e->pending = false;
+        return DEFT_OK;
+    }
+    if (s != DEFT_OK) return s;
+    deft_lt_call t = c;   /* staging a table points the copy's operands into the block */
+    if (c.table) s = deft_lt_stage_table(t, (char *)block + room, st);
+    cublasStatus_t cs = CUBLAS_STATUS_SUCCESS;
+    if (s == DEFT_OK && c.bias)
+        cs = cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &c.bias, sizeof c.bias);
+    if (s == DEFT_OK && cs != CUBLAS_STATUS_SUCCESS) s = deft_cublas_error("cuBLASLt bias pointer", cs);
+    int best = -1;
+    if (s == DEFT_OK) {
+        const deft_lt_find_problem p = {h, e->desc, e->la, e->lb, e->ld, t.b, t.a, t.out, st};
+        s = deft_lt_time_candidates(p, e->cand, e->cand_ws, e->n_cand, block, room, &best);
+    }
+    const deft_status freed = deft_caching_free(deft_cuda(c.key.dev), block);   /* stream-ordered: safe at once */
+    if (s == DEFT_OK) s = freed;
+    if (s != DEFT_OK) return s;
+    if (best >= 0) {
+        e->algo = e->cand[best];
+        e->ws_need = e->cand_ws[best];
+        deft_lt_timed_count++;
+    } else {   /* none ran: the heuristic's first stays, and its own run reports what is wrong */
+        deft_lt_kept_count++;
+    }
+    e->pending = false;
+    return DEFT_OK;
+}
+
+/* A pending entry settled by c where c may settle it: timed where c writes its result whole, kept (never timed)
+ * where it accumulates or overlaps. A dry call or one inside a capture leaves it pending, running the heuristic's
+ * first meanwhile. */
+static deft_status deft_lt_settle(cublasLtHandle_t h, const deft_lt_call &c, cudaStream_t st, bool capturing,
+                                  deft_lt_entry *e) {
+    if (!e->pending || capturing || c.dry) return DEFT_OK;
+    if (c.accumulate || deft_lt_overlaps(c)) {
+        deft_lt_kept_count++;
+        e->pending = false;
+        return DEFT_OK;
+    }
+    return deft_lt_time(h, c, st, e);
+}
+
 /* c's algorithm and the stream's scratch that holds its workspace (then its pointer table, if any): NULL with *s
- * DEFT_OK where the fallback must run. Chosen within the stream's cap; where the stream cannot hold that choice,
- * chosen again within what it holds. The caller holds deft_lt_lock. */
+ * DEFT_OK where the fallback must run. Chosen within the stream's cap (timed first, under matmul_find); where the
+ * stream cannot hold that choice, chosen again within what it holds. The caller holds deft_lt_lock. */
 static deft_lt_entry *deft_lt_prepare(cublasLtHandle_t h, deft_lt_call &c, cudaStream_t st, bool capturing, void **ws,
                                       size_t *ws_bytes, deft_status *s) {
     const size_t table = c.table ? DEFT_LT_TABLE_BYTES : 0;
@@ -301,7 +445,7 @@ static deft_lt_entry *deft_lt_prepare(cublasLtHandle_t h, deft_lt_call &c, cudaS
     if (cap <= table) return NULL;
     c.key.ws_bytes = (cap - table) / DEFT_LT_WS_ALIGN * DEFT_LT_WS_ALIGN;
     deft_lt_entry *e = deft_lt_entry_for(h, c.key, c.bias, capturing, s);
-    if (!e || !e->found) return NULL;
+    if (!e || !e->found || (*s = deft_lt_settle(h, c, st, capturing, e)) != DEFT_OK) return NULL;
     size_t held = 0;
     *s = deft_stream_workspace_reserve(c.key.dev, st, DEFT_WORKSPACE_CUBLAS, deft_lt_round(e->ws_need) + table, ws,
                                        &held);
@@ -311,7 +455,8 @@ static deft_lt_entry *deft_lt_prepare(cublasLtHandle_t h, deft_lt_call &c, cudaS
     if (e->ws_need > room) {   /* held smaller: the choice within what is held */
         c.key.ws_bytes = room;
         e = deft_lt_entry_for(h, c.key, c.bias, capturing, s);
-        if (!e || !e->found || e->ws_need > room) return NULL;
+        if (!e || !e->found || (*s = deft_lt_settle(h, c, st, capturing, e)) != DEFT_OK || e->ws_need > room)
+            return NULL;
     }
     *ws_bytes = room;
     return e;
