@@ -13,6 +13,8 @@
  *                   gradient to it (passes/fusion_layer_norm.c)
  *   casts           the casts of parameters and constants to one dtype (autocast's weights), in one launch
  *                   (passes/fusion_casts.c)
+ *   pairs           cross-entropy's loss and gradient; an activation recomputed in the backward pass and its
+ *                   gradient: each pair one pass over the operand both read (passes/fusion_pairs.c)
  *   elementwise     a chain of same-shape elementwise nodes in f32, bf16 or f16, casts between them included
  *                   (ops/fused.h): one pass over memory instead of one per node, and the members read only inside
  *                   the chain never get a buffer; a sum or mean over every element of the chain may end it (a loss's
@@ -489,6 +491,7 @@ deft_status deft_program_fuse(deft_program *p) {
     if (!deft_has_cuda_step(p)) return DEFT_OK;
     deft_fusion f = {p, NULL, NULL, NULL, NULL, 0};
     deft_status s = deft_fusion_index(&f);
+    if (s == DEFT_OK) s = deft_fuse_pairs(&f);
     if (s == DEFT_OK && p->config.product_batches) s = deft_fuse_product_batches(&f);
     if (s == DEFT_OK) s = deft_fuse_matmuls(&f);
     if (s == DEFT_OK) s = deft_fuse_norm_epilogues(&f);

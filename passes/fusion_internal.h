@@ -44,6 +44,10 @@ deft_status deft_fuse_norm_grads(deft_fusion *f);
  * (passes/fusion_layer_norm.c). */
 deft_status deft_fuse_layer_norms(deft_fusion *f);
 
+/* Cross-entropy's loss and gradient, and a recomputed activation and its gradient, as pairs that read their shared
+ * operand once (passes/fusion_pairs.c); formed first, since forming one may move steps. */
+deft_status deft_fuse_pairs(deft_fusion *f);
+
 /* Groups of casts of parameters and constants (passes/fusion_casts.c). */
 deft_status deft_fuse_leaf_casts(deft_fusion *f);
 

@@ -110,6 +110,28 @@ static deft_status deft_run_ln_grad_add(deft_program *p, const deft_group *g, vo
                                          stream);
 }
 
+/* The pair's members, whichever id is lower. */
+static const deft_tensor *deft_pair_member(const deft_program *p, const deft_group *g, deft_op op) {
+    const deft_tensor *a = p->graph->nodes[g->members[0]], *b = p->graph->nodes[g->members[1]];
+    return a->op == op ? a : b;
+}
+
+static deft_status deft_run_ce_pair(deft_program *p, const deft_group *g, void *stream) {
+    const deft_tensor *loss = deft_pair_member(p, g, DEFT_OP_CROSS_ENTROPY);
+    const deft_tensor *grad = deft_pair_member(p, g, DEFT_OP_CROSS_ENTROPY_GRAD);
+    return deft_cuda_cross_entropy_pair(loss, grad, deft_program_data(p, loss->id), deft_program_data(p, grad->id),
+                                        deft_program_data(p, grad->src[0]->id), deft_program_data(p, loss->src[0]->id),
+                                        deft_program_data(p, loss->src[1]->id), stream);
+}
+
+static deft_status deft_run_act_pair(deft_program *p, const deft_group *g, void *stream) {
+    const deft_tensor *grad = deft_pair_member(p, g, DEFT_OP_ACT_GRAD);
+    const deft_tensor *act = grad == p->graph->nodes[g->members[0]] ? p->graph->nodes[g->members[1]]
+                                                                     : p->graph->nodes[g->members[0]];
+    return deft_cuda_act_pair(act, grad, deft_program_data(p, act->id), deft_program_data(p, grad->id),
+                              deft_program_data(p, grad->src[1]->id), deft_program_data(p, grad->src[0]->id), stream);
+}
+
 static deft_status deft_run_casts(deft_program *p, const deft_group *g, void *stream) {
     const deft_tensor *casts[DEFT_CASTS_MAX];
     void *out[DEFT_CASTS_MAX];
@@ -137,6 +159,8 @@ deft_status deft_group_run(deft_program *p, const deft_group *g, void *stream) {
     case DEFT_GROUP_MATMUL_BATCH: return deft_run_matmul_batch(p, g, stream);
     case DEFT_GROUP_LN_ADD: return deft_run_ln_add(p, g, stream);
     case DEFT_GROUP_LN_GRAD_ADD: return deft_run_ln_grad_add(p, g, stream);
+    case DEFT_GROUP_CE_PAIR: return deft_run_ce_pair(p, g, stream);
+    case DEFT_GROUP_ACT_PAIR: return deft_run_act_pair(p, g, stream);
     default: return deft_run_matmul(p, g, stream);
     }
 #else

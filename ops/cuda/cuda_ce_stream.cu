@@ -20,7 +20,11 @@
  * Rows are taken where both buffers fit the device's shared memory (halves up to about 57 000 classes on an H100,
  * f32 half that), every row starts on 16 bytes (C sizeof(T) a multiple of 16, the buffers aligned), and the
  * CE_REFERENCE knob is off. A row is copied whole into a buffer before the gradient overwrites it, so the gradient
- * may still take over the logits' buffer. */
+ * may still take over the logits' buffer.
+ *
+ * A pair (the loss and its gradient run as one group, passes/fusion_pairs.c) walks the rows as the loss does and,
+ * once a row's maximum and sum are known, adds its loss and writes its gradient from the same buffer: the logits
+ * cross the memory once instead of twice, and each row is folded once. */
 #include <atomic>
 
 #include "config.h"
@@ -74,9 +78,13 @@ __device__ __forceinline__ void deft_ce_copy_row(void *buf, const void *src, int
     asm volatile("cp.async.commit_group;\n" ::);
 }
 
-/* GRAD: the gradient (D dloss's dtype), else the loss's partials. */
-template <class T, class D, bool GRAD>
+/* What a launch computes: the loss's partials, the gradient (D dloss's dtype), or both from one read of each row
+ * (cross-entropy's pair, passes/fusion_pairs.c), walking the rows as the loss does. */
+enum { DEFT_CE_DO_LOSS = 1, DEFT_CE_DO_GRAD = 2, DEFT_CE_DO_BOTH = 3 };
+
+template <class T, class D, int DO>
 __global__ void __launch_bounds__(DEFT_CE_ROW_MAX_THREADS) deft_k_ce_stream(deft_ce_stream_args a) {
+    constexpr bool LOSS = (DO & DEFT_CE_DO_LOSS) != 0, GRAD = (DO & DEFT_CE_DO_GRAD) != 0;
     typedef deft_ty<T> Ty;
     typedef typename Ty::C C;
     extern __shared__ uint4 deft_ce_rows_smem[];
@@ -97,7 +105,7 @@ __global__ void __launch_bounds__(DEFT_CE_ROW_MAX_THREADS) deft_k_ce_stream(deft
     int64_t vb = w.vb;
     if (threadIdx.x == 0) acc = 0.0, n = 0;
     for (; w.vb < a.nvb; deft_ce_walk_next(&w, a)) {
-        if (!GRAD && w.vb != vb && threadIdx.x == 0) {
+        if (LOSS && w.vb != vb && threadIdx.x == 0) {
             a.partial[vb] = acc, a.count[vb] = n;
             acc = 0.0, n = 0;
         }
@@ -107,7 +115,7 @@ __global__ void __launch_bounds__(DEFT_CE_ROW_MAX_THREADS) deft_k_ce_stream(deft
         if (ignored || tr < 0 || tr >= a.c) {
             if (!ignored && threadIdx.x == 0) {
                 deft_ce_record_bad(a.rec, w.r, tr, a.c);
-                if (!GRAD) n++, acc = NAN;
+                if (LOSS) n++, acc = NAN;
             }
             if (GRAD) {
                 const T fill = Ty::from_f64(ignored ? 0.0 : (double)NAN);
@@ -129,7 +137,7 @@ __global__ void __launch_bounds__(DEFT_CE_ROW_MAX_THREADS) deft_k_ce_stream(deft
         const T *xs = reinterpret_cast<const T *>(deft_ce_rows_smem + stage * chunks);
         C m;
         double s, sx;
-        deft_ce_block_stats(xs, a.c, true, !GRAD && a.o.ls != 0.0, &m, &s, &sx);
+        deft_ce_block_stats(xs, a.c, true, LOSS && a.o.ls != 0.0, &m, &s, &sx);
         if (GRAD) {
             T *orow = static_cast<T *>(a.out) + w.r * a.c;
             const C inv = (C)(1.0 / s);
@@ -139,23 +147,24 @@ __global__ void __launch_bounds__(DEFT_CE_ROW_MAX_THREADS) deft_k_ce_stream(deft
                 const int k = deft_ce_group(xs, a.c, g, true, v);
                 deft_ce_grad_store(orow, g * DEFT_CE_GROUP, v, k, m, inv, tr, gk, true);
             }
-        } else if (threadIdx.x == 0) {
+        }
+        if (LOSS && threadIdx.x == 0) {
             n++;
             acc += deft_ce_row_nll((double)m, (double)Ty::load(xs[tr]), s, sx, a.c, a.o.ls);
         }
         __syncthreads();   /* every thread is done with this buffer before the next copy into it */
         stage ^= 1;
     }
-    if (!GRAD && threadIdx.x == 0 && vb < a.nvb) a.partial[vb] = acc, a.count[vb] = n;
+    if (LOSS && threadIdx.x == 0 && vb < a.nvb) a.partial[vb] = acc, a.count[vb] = n;
 }
 
 /* ---- launches ---- */
 
 /* The dynamic shared memory a kernel may take on device dev: raised once per device to the most the device allows
  * (cudaFuncSetAttribute is not stream-ordered, and is done before any capture's first launch on that device). */
-template <class T, class D, bool GRAD> static bool deft_ce_stream_smem(int dev, int *limit) {
+template <class T, class D, int DO> static bool deft_ce_stream_smem(int dev, int *limit) {
     static std::atomic<unsigned long long> raised(0);   /* a bit per device, for this instantiation */
-    const auto kernel = deft_k_ce_stream<T, D, GRAD>;
+    const auto kernel = deft_k_ce_stream<T, D, DO>;
     int optin = 0;
     cudaFuncAttributes fa;
     if (dev < 0 || dev >= 64 || cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) !=
@@ -177,7 +186,7 @@ template <class T, class D, bool GRAD> static bool deft_ce_stream_smem(int dev, 
 
 /* Launches the kernel over the grid that fills the SMs once (at most `most` blocks); false (nothing launched) where
  * the rows do not fit. */
-template <class T, class D, bool GRAD> static bool deft_ce_stream_launch(deft_ce_stream_args &a, int64_t most,
+template <class T, class D, int DO> static bool deft_ce_stream_launch(deft_ce_stream_args &a, int64_t most,
                                                                         cudaStream_t st) {
     const size_t bytes = 2 * (size_t)a.c * sizeof(T);
     int dev = 0, sms = 0, limit = 0, per_sm = 0;
@@ -186,16 +195,16 @@ template <class T, class D, bool GRAD> static bool deft_ce_stream_launch(deft_ce
         (void)cudaGetLastError();
         return false;
     }
-    if (!deft_ce_stream_smem<T, D, GRAD>(dev, &limit) || bytes > (size_t)limit) return false;
+    if (!deft_ce_stream_smem<T, D, DO>(dev, &limit) || bytes > (size_t)limit) return false;
     const int threads = deft_ce_row_threads(a.c);
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, deft_k_ce_stream<T, D, GRAD>, threads, bytes) !=
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, deft_k_ce_stream<T, D, DO>, threads, bytes) !=
             cudaSuccess ||
         per_sm < 1) {
         (void)cudaGetLastError();
         return false;
     }
     const int64_t want = (int64_t)sms * per_sm, blocks = want < most ? want : most;
-    deft_k_ce_stream<T, D, GRAD><<<(unsigned)(blocks < 1 ? 1 : blocks), threads, bytes, st>>>(a);
+    deft_k_ce_stream<T, D, DO><<<(unsigned)(blocks < 1 ? 1 : blocks), threads, bytes, st>>>(a);
     return true;
 }
 
@@ -221,7 +230,7 @@ bool deft_cuda_ce_stream_loss(deft_dtype dt, const void *x, const int32_t *t, in
         typedef typename decltype(tag)::type T;
         if (!deft_ce_stream_shape<T>(c, x, NULL)) return false;
         deft_ce_stream_args a = {x, NULL, NULL, t, rows, c, nb, nb, rec, o, partial, count, NULL};
-        return deft_ce_stream_launch<T, T, false>(a, nb, st);
+        return deft_ce_stream_launch<T, T, DEFT_CE_DO_LOSS>(a, nb, st);
     });
 }
 
@@ -232,8 +241,21 @@ bool deft_cuda_ce_stream_grad(deft_dtype dt, bool f32_dloss, void *out, const vo
         typedef typename decltype(tag)::type T;
         if (!deft_ce_stream_shape<T>(c, x, out)) return false;
         deft_ce_stream_args a = {x, out, dloss, t, rows, c, rows, rows, rec, o, NULL, NULL, grad_count};
-        if (f32_dloss) return deft_ce_stream_launch<T, float, true>(a, rows, st);
-        return deft_ce_stream_launch<T, T, true>(a, rows, st);
+        if (f32_dloss) return deft_ce_stream_launch<T, float, DEFT_CE_DO_GRAD>(a, rows, st);
+        return deft_ce_stream_launch<T, T, DEFT_CE_DO_GRAD>(a, rows, st);
+    });
+}
+
+bool deft_cuda_ce_stream_pair(deft_dtype dt, bool f32_dloss, void *out, const void *dloss, const void *x,
+                              const int32_t *t, int64_t rows, int64_t c, int nb, deft_device_errors *rec,
+                              const deft_ce_opts &o, double *partial, long long *count, const long long *grad_count,
+                              cudaStream_t st) {
+    return deft_ce_stream_typed(dt, [&](auto tag) -> bool {
+        typedef typename decltype(tag)::type T;
+        if (!deft_ce_stream_shape<T>(c, x, out)) return false;
+        deft_ce_stream_args a = {x, out, dloss, t, rows, c, nb, nb, rec, o, partial, count, grad_count};
+        if (f32_dloss) return deft_ce_stream_launch<T, float, DEFT_CE_DO_BOTH>(a, nb, st);
+        return deft_ce_stream_launch<T, T, DEFT_CE_DO_BOTH>(a, nb, st);
     });
 }
 
@@ -242,7 +264,7 @@ int deft_cuda_ce_streams(deft_dtype dt, int64_t c) {
         typedef typename decltype(tag)::type T;
         int dev = 0, limit = 0;
         if (!deft_ce_stream_shape<T>(c, NULL, NULL) || cudaGetDevice(&dev) != cudaSuccess) return false;
-        return deft_ce_stream_smem<T, T, false>(dev, &limit) &&
+        return deft_ce_stream_smem<T, T, DEFT_CE_DO_LOSS>(dev, &limit) &&
                2 * (size_t)c * sizeof(T) <= (size_t)limit;
     }) ? 1 : 0;
 }

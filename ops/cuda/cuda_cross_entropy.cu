@@ -523,24 +523,45 @@ static bool deft_ce_symbols(double **partial, long long **count, long long **gra
     return e == cudaSuccess;
 }
 
-deft_status deft_cuda_cross_entropy(const deft_tensor *n, void *out, const void *logits, const void *targets,
-                                    cudaStream_t st) {
-    deft_ce_opts o;
+static deft_status deft_ce_loss_check(const deft_tensor *n, deft_ce_opts *o) {
     const deft_tensor *lg = n->src[0];
-    deft_status s = deft_ce_check(n, lg, n->src[1], &o);
+    deft_status s = deft_ce_check(n, lg, n->src[1], o);
     if (s != DEFT_OK) return s;
     const bool float_logits =
         lg->dtype == DEFT_F32 || lg->dtype == DEFT_F64 || lg->dtype == DEFT_F16 || lg->dtype == DEFT_BF16;
     if (!float_logits || (n->dtype != lg->dtype && n->dtype != DEFT_F32))
         return deft_set_error(DEFT_ERR_DTYPE, "cross_entropy: a %s loss of %s logits (the logits' dtype or f32)",
                               deft_dtype_name(n->dtype), deft_dtype_name(lg->dtype));
+    return DEFT_OK;
+}
+
+/* The loss's blocks: its partials and counts, summed by deft_ce_loss_reduce. */
+static int deft_ce_loss_blocks(int64_t rows, int64_t c) {
+    const int64_t per_block = c >= DEFT_CE_ROW_MIN ? 1 : DEFT_CE_ROWS_PER_BLOCK, want = (rows + per_block - 1) / per_block;
+    return (int)(want < 1 ? 1 : want > DEFT_CE_MAX_BLOCKS ? DEFT_CE_MAX_BLOCKS : want);
+}
+
+static deft_status deft_ce_loss_reduce(const deft_tensor *n, void *out, int blocks, const deft_ce_opts &o,
+                                       cudaStream_t st) {
+    return deft_with_float_dtype(n, [&](auto tag) -> deft_status {
+        typedef typename decltype(tag)::type T;
+        deft_k_cross_entropy_reduce<T><<<1, 32, 0, st>>>((T *)out, blocks, o.sum);
+        return deft_cuda_check_launch(n, "cross_entropy reduce");
+    });
+}
+
+deft_status deft_cuda_cross_entropy(const deft_tensor *n, void *out, const void *logits, const void *targets,
+                                    cudaStream_t st) {
+    deft_ce_opts o;
+    const deft_tensor *lg = n->src[0];
+    deft_status s = deft_ce_loss_check(n, &o);
+    if (s != DEFT_OK) return s;
     const int64_t rows = lg->shape[0], c = lg->shape[1];
     deft_device_errors *rec = NULL;
     s = deft_device_errors_get(n->device.index, st, &rec);
     if (s != DEFT_OK) return s;
     const bool by_block = c >= DEFT_CE_ROW_MIN;
-    const int64_t per_block = by_block ? 1 : DEFT_CE_ROWS_PER_BLOCK, want = (rows + per_block - 1) / per_block;
-    const int blocks = (int)(want < 1 ? 1 : want > DEFT_CE_MAX_BLOCKS ? DEFT_CE_MAX_BLOCKS : want);
+    const int blocks = deft_ce_loss_blocks(rows, c);
     double *partial = NULL;
     long long *count = NULL;
     if (by_block && deft_ce_symbols(&partial, &count, NULL) &&
@@ -554,11 +575,7 @@ deft_status deft_cuda_cross_entropy(const deft_tensor *n, void *out, const void 
             return deft_cuda_check_launch(n, "cross_entropy rows");
         });
     if (s != DEFT_OK) return s;
-    return deft_with_float_dtype(n, [&](auto tag) -> deft_status {
-        typedef typename decltype(tag)::type T;
-        deft_k_cross_entropy_reduce<T><<<1, 32, 0, st>>>((T *)out, blocks, o.sum);
-        return deft_cuda_check_launch(n, "cross_entropy reduce");
-    });
+    return deft_ce_loss_reduce(n, out, blocks, o, st);
 }
 
 template <class T, class D>
@@ -586,10 +603,8 @@ static deft_status deft_ce_grad_launch(const deft_tensor *n, void *out, const vo
     return deft_cuda_check_launch(n, "cross_entropy_grad");
 }
 
-deft_status deft_cuda_cross_entropy_grad(const deft_tensor *n, void *out, const void *dloss, const void *logits,
-                                         const void *targets, cudaStream_t st) {
-    deft_ce_opts o;
-    deft_status s = deft_ce_check(n, n->src[1], n->src[2], &o);
+static deft_status deft_ce_grad_check(const deft_tensor *n, deft_ce_opts *o) {
+    deft_status s = deft_ce_check(n, n->src[1], n->src[2], o);
     if (s != DEFT_OK) return s;
     if (deft_shape_numel(n->src[0]->ndim, n->src[0]->shape) != 1 || !deft_ce_same_shape(n, n->src[1]))
         return deft_set_error(DEFT_ERR_SHAPE, "cross_entropy_grad: wants a one-element loss gradient and an output "
@@ -598,15 +613,28 @@ deft_status deft_cuda_cross_entropy_grad(const deft_tensor *n, void *out, const 
     if (n->src[1]->dtype != n->dtype || (dd != n->dtype && dd != DEFT_F32))
         return deft_set_error(DEFT_ERR_DTYPE, "cross_entropy_grad: a %s gradient of %s logits with a %s dloss",
                               deft_dtype_name(n->dtype), deft_dtype_name(n->src[1]->dtype), deft_dtype_name(dd));
+    return DEFT_OK;
+}
+
+/* A mean under an ignore index scales the gradient by the rows not ignored, counted first. */
+static deft_status deft_ce_count_rows(const deft_tensor *n, const void *targets, int64_t rows, const deft_ce_opts &o,
+                                      cudaStream_t st) {
+    if (!o.has_ignore || o.sum) return DEFT_OK;
+    deft_k_ce_count<<<1, DEFT_CUDA_THREADS, 0, st>>>((const int32_t *)targets, rows, o);
+    return deft_cuda_check_launch(n, "cross_entropy_grad count");
+}
+
+deft_status deft_cuda_cross_entropy_grad(const deft_tensor *n, void *out, const void *dloss, const void *logits,
+                                         const void *targets, cudaStream_t st) {
+    deft_ce_opts o;
+    deft_status s = deft_ce_grad_check(n, &o);
+    if (s != DEFT_OK) return s;
+    const deft_dtype dd = n->src[0]->dtype;
     const int64_t rows = n->src[1]->shape[0], c = n->src[1]->shape[1];
     deft_device_errors *rec = NULL;
     s = deft_device_errors_get(n->device.index, st, &rec);
+    if (s == DEFT_OK) s = deft_ce_count_rows(n, targets, rows, o, st);
     if (s != DEFT_OK) return s;
-    if (o.has_ignore && !o.sum) {
-        deft_k_ce_count<<<1, DEFT_CUDA_THREADS, 0, st>>>((const int32_t *)targets, rows, o);
-        s = deft_cuda_check_launch(n, "cross_entropy_grad count");
-        if (s != DEFT_OK) return s;
-    }
     long long *grad_count = NULL;
     if (c >= DEFT_CE_ROW_MIN && deft_ce_symbols(NULL, NULL, &grad_count) &&
         deft_cuda_ce_stream_grad(n->dtype, dd != n->dtype, out, dloss, logits, (const int32_t *)targets, rows, c, rec,
@@ -617,4 +645,42 @@ deft_status deft_cuda_cross_entropy_grad(const deft_tensor *n, void *out, const 
         if (dd == n->dtype) return deft_ce_grad_launch<T, T>(n, out, dloss, logits, targets, rows, c, rec, o, st);
         return deft_ce_grad_launch<T, float>(n, out, dloss, logits, targets, rows, c, rec, o, st);
     });
+}
+
+/* The loss and the gradient of the same logits and targets (a pair: passes/fusion_pairs.c): one kernel that reads
+ * each row once where the rows stream, giving the loss's partials in the loss kernel's order and the gradient's
+ * values, so both the unfused bits; else the two launches in turn, the loss first (the gradient may overwrite the
+ * logits). */
+extern "C" deft_status deft_cuda_cross_entropy_pair(const deft_tensor *loss, const deft_tensor *grad,
+                                                    void *loss_out, void *grad_out, const void *dloss,
+                                                    const void *logits, const void *targets, void *stream) {
+    cudaStream_t st = (cudaStream_t)stream;
+    deft_ce_opts o = {}, og = {};
+    deft_status s = deft_ce_loss_check(loss, &o);
+    if (s == DEFT_OK) s = deft_ce_grad_check(grad, &og);
+    if (s != DEFT_OK) return s;
+    if (grad->src[1] != loss->src[0] || o.has_ignore != og.has_ignore || o.ignore_index != og.ignore_index ||
+        o.ls != og.ls || o.sum != og.sum)
+        return deft_set_error(DEFT_ERR_INVALID, "cross_entropy pair: %s and %s read other logits or options",
+                              loss->name, grad->name);
+    const int64_t rows = loss->src[0]->shape[0], c = loss->src[0]->shape[1];
+    const int blocks = deft_ce_loss_blocks(rows, c);
+    deft_device_errors *rec = NULL;
+    double *partial = NULL;
+    long long *count = NULL, *grad_count = NULL;
+    s = deft_device_errors_get(loss->device.index, st, &rec);
+    if (s != DEFT_OK) return s;
+    if (c >= DEFT_CE_ROW_MIN && deft_cuda_ce_streams(loss->src[0]->dtype, c) &&
+        deft_ce_symbols(&partial, &count, &grad_count)) {
+        s = deft_ce_count_rows(grad, targets, rows, o, st);
+        if (s != DEFT_OK) return s;
+        if (deft_cuda_ce_stream_pair(grad->dtype, grad->src[0]->dtype != grad->dtype, grad_out, dloss, logits,
+                                     (const int32_t *)targets, rows, c, blocks, rec, o, partial, count, grad_count,
+                                     st)) {
+            s = deft_cuda_check_launch(grad, "cross_entropy pair (streamed)");
+            return s == DEFT_OK ? deft_ce_loss_reduce(loss, loss_out, blocks, o, st) : s;
+        }
+    }
+    s = deft_cuda_cross_entropy(loss, loss_out, logits, targets, st);
+    return s == DEFT_OK ? deft_cuda_cross_entropy_grad(grad, grad_out, dloss, logits, targets, st) : s;
 }

@@ -195,4 +195,11 @@ bool deft_cuda_ce_stream_grad(deft_dtype dt, bool f32_dloss, void *out, const vo
                               const int32_t *t, int64_t rows, int64_t c, deft_device_errors *rec,
                               const deft_ce_opts &o, const long long *grad_count, cudaStream_t st);
 
+/* Both from one read of each row, the rows walked as the loss's nb plain blocks (the loss's partials and counts, and
+ * the gradient); false where the rows do not stream (nothing launched). */
+bool deft_cuda_ce_stream_pair(deft_dtype dt, bool f32_dloss, void *out, const void *dloss, const void *x,
+                              const int32_t *t, int64_t rows, int64_t c, int nb, deft_device_errors *rec,
+                              const deft_ce_opts &o, double *partial, long long *count, const long long *grad_count,
+                              cudaStream_t st);
+
 #endif

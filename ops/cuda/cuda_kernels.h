@@ -50,6 +50,19 @@ deft_status deft_cuda_layer_norm_add(const deft_tensor *n, void *out, void *s, c
 deft_status deft_cuda_layer_norm_grad_add(const deft_tensor *n, void *out, const void *const *in, const void *residual,
                                           void *stream);
 
+/* Cross-entropy's loss node and its gradient node over the same logits and targets, run as one pass over each row
+ * (cuda_cross_entropy.cu, cuda_ce_stream.cu): both nodes' values, bit for bit what their own kernels give; the
+ * gradient may overwrite the logits. Runs a pair of passes/fusion_pairs.c. */
+deft_status deft_cuda_cross_entropy_pair(const deft_tensor *loss, const deft_tensor *grad, void *loss_out,
+                                         void *grad_out, const void *dloss, const void *logits, const void *targets,
+                                         void *stream);
+/* An activation node act (GELU, its tanh form, SiLU, tanh or sigmoid) and the act_grad node grad of the same
+ * activation over the same x, in one pass: y = act(x) and dx = grad's value from dy and x, each rounded as its own
+ * kernel rounds it (cuda_act_pair.cu). Each output may share its storage with x or dy, not with the other output.
+ * Runs a pair of passes/fusion_pairs.c. */
+deft_status deft_cuda_act_pair(const deft_tensor *act, const deft_tensor *grad, void *y, void *dx, const void *x,
+                               const void *dy, void *stream);
+
 /* Casts casts[0..n) (DEFT_OP_CAST nodes of one source and one destination dtype) in one launch: in[i] the source of
  * casts[i], out[i] its value; the same values as n separate casts. Runs a fused group of passes/fusion_casts.c. */
 #define DEFT_CASTS_MAX 24   /* casts per launch: a fused group's members (DEFT_FUSED_MAX_OPS) */
