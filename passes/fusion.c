@@ -70,14 +70,19 @@ static deft_status deft_fusion_index(deft_fusion *f) {
         for (int k = 0; k < t->nsrc; k++) f->cons[fill[t->src[k]->id]++] = id;
     }
     free(fill);
-    for (int id = 0; id < n; id++) f->pos[id] = p->n_steps;
+    deft_fusion_positions(f);
+    return DEFT_OK;
+}
+
+void deft_fusion_positions(deft_fusion *f) {
+    const deft_program *p = f->p;
+    for (int id = 0; id < p->n_nodes; id++) f->pos[id] = p->n_steps;
     for (int i = 0; i < p->n_steps; i++) f->pos[p->steps[i]] = i;
-    for (int id = n - 1; id >= 0; id--) {
+    for (int id = p->n_nodes - 1; id >= 0; id--) {
         if (!p->nodes[id].needed || deft_is_step(f, id)) continue;
         for (int c = f->cons_start[id]; c < f->cons_start[id + 1]; c++)
             if (f->pos[f->cons[c]] < f->pos[id]) f->pos[id] = f->pos[f->cons[c]];
     }
-    return DEFT_OK;
 }
 
 deft_group *deft_group_add(deft_fusion *f, deft_group_kind kind) {

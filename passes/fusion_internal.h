@@ -15,6 +15,8 @@ typedef struct deft_fusion {
     int cap_groups;
 } deft_fusion;
 
+/* f->pos from the program's steps as they stand (again after a pass moved some). */
+void deft_fusion_positions(deft_fusion *f);
 /* Whether node id runs a kernel of its own (needed, not a leaf, not a view). */
 bool deft_is_step(const deft_fusion *f, int id);
 /* A new empty group of `kind` at the end of p->groups (NULL when out of host memory); its members array holds

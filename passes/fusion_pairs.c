@@ -69,23 +69,11 @@ static bool deft_pair_defer(deft_fusion *f, int e, int r, bool *tainted) {
     return ok;
 }
 
-/* Each step's position again after a move (views: their first reader's, as deft_fusion_index sets them). */
-static void deft_pair_positions(deft_fusion *f) {
-    deft_program *p = f->p;
-    for (int id = 0; id < p->n_nodes; id++) f->pos[id] = p->n_steps;
-    for (int i = 0; i < p->n_steps; i++) f->pos[p->steps[i]] = i;
-    for (int id = p->n_nodes - 1; id >= 0; id--) {
-        if (!p->nodes[id].needed || deft_is_step(f, id)) continue;
-        for (int c = f->cons_start[id]; c < f->cons_start[id + 1]; c++)
-            if (f->pos[f->cons[c]] < f->pos[id]) f->pos[id] = f->pos[f->cons[c]];
-    }
-}
-
 /* Forms the pair (a, b) as a group of `kind`, moving readers first; no group when they cannot move. */
 static deft_status deft_pair_form(deft_fusion *f, int a, int b, deft_group_kind kind, bool *tainted) {
     const int e = f->pos[a] < f->pos[b] ? f->pos[a] : f->pos[b], r = f->pos[a] < f->pos[b] ? f->pos[b] : f->pos[a];
     if (!deft_pair_defer(f, e, r, tainted)) return DEFT_OK;
-    deft_pair_positions(f);
+    deft_fusion_positions(f);
     deft_group *g = deft_group_add(f, kind);
     if (!g) return deft_set_error(DEFT_ERR_OOM, "compile: out of host memory");
     const int gi = (int)(g - f->p->groups);
