@@ -9,6 +9,11 @@
  *                 only the normalised value is stored narrow.
  *   ln_grad_add   in the backward pass the stream's gradient is d_res + dx (the add autodiff makes where two
  *                 gradients meet): dx's kernel adds d_res as it stores, and dx itself never reaches memory.
+ *   ln_grad_sums  dx (with that add when it qualifies, as ln_grad_add) and the weight gradient node reading the same
+ *                 dy, x and ln: one kernel reads each row once for both, summing the weight and bias gradients'
+ *                 partials as it goes (ops/cuda/cuda_layer_norm.cu). It runs at its last member's step, so every
+ *                 other reader of dx, the add and the weight gradient must come after that. Formed before ln_grad_add,
+ *                 which takes the dx nodes whose weight gradient could not join.
  *
  * Each value is rounded as its own kernel rounds it (the same kernels run), so a group gives the unfused steps' bits.
  * ln_add runs at the layer norm's step, later than the add's own: every other reader of s must come after it, or the
@@ -109,9 +114,54 @@ static deft_status deft_ln_grad_add_group(deft_fusion *f, int dx) {
     return DEFT_OK;
 }
 
+/* The weight gradient node reading dx's dy, x and ln, free to join on dx's GPU (-1: none). */
+static int deft_ln_weight_grad_of(const deft_fusion *f, const deft_tensor *dx) {
+    const int dy = dx->src[0]->id;
+    for (int c = f->cons_start[dy]; c < f->cons_start[dy + 1]; c++) {
+        const deft_tensor *w = deft_ln_node(f, f->cons[c]);
+        if (w->op == DEFT_OP_LAYER_NORM_WEIGHT_GRAD && w->nsrc == 3 && w->src[0] == dx->src[0] &&
+            w->src[1] == dx->src[1] && w->src[2] == dx->src[2] && w->dtype == dx->dtype &&
+            deft_ln_free_step(f, w->id, dx))
+            return w->id;
+    }
+    return -1;
+}
+
+/* dx and its weight gradient, with the add of the residual gradient when dx qualifies for ln_grad_add. */
+static deft_status deft_ln_grad_sums_group(deft_fusion *f, int dx) {
+    const deft_tensor *t = deft_ln_node(f, dx);
+    if (t->op != DEFT_OP_LAYER_NORM_GRAD || !deft_ln_free_step(f, dx, t)) return DEFT_OK;
+    const int wg = deft_ln_weight_grad_of(f, t);
+    if (wg < 0) return DEFT_OK;
+    int add = -1, residual = -1;
+    if (!f->p->nodes[dx].is_output && deft_ln_readers(f, dx) == 1) {
+        const int a = f->cons[f->cons_start[dx]];
+        const deft_tensor *an = deft_ln_node(f, a);
+        if (deft_ln_plain_add(f, a, t) && (an->src[0]->id == dx) != (an->src[1]->id == dx) &&
+            deft_ln_plain_operand(t, an)) {
+            add = a;
+            residual = an->src[0]->id == dx ? an->src[1]->id : an->src[0]->id;
+        }
+    }
+    deft_group *g = deft_ln_group_new(f, DEFT_GROUP_LN_GRAD_SUMS);
+    if (!g) return deft_set_error(DEFT_ERR_OOM, "compile: out of host memory");
+    const int gi = (int)(g - f->p->groups);
+    g->norm = dx;
+    g->add = add;
+    g->residual = residual;
+    deft_group_join(f, gi, dx);
+    deft_group_join(f, gi, wg);
+    if (add >= 0) deft_group_join(f, gi, add);
+    int at = f->pos[dx] > f->pos[wg] ? f->pos[dx] : f->pos[wg];
+    if (add >= 0 && f->pos[add] > at) at = f->pos[add];
+    if (!deft_readers_after(f, gi, -1, at)) deft_ln_group_drop(f);
+    return DEFT_OK;
+}
+
 deft_status deft_fuse_layer_norms(deft_fusion *f) {
     deft_status s = DEFT_OK;
     for (int i = 0; s == DEFT_OK && i < f->p->n_steps; i++) s = deft_ln_add_group(f, f->p->steps[i]);
+    for (int i = 0; s == DEFT_OK && i < f->p->n_steps; i++) s = deft_ln_grad_sums_group(f, f->p->steps[i]);
     for (int i = 0; s == DEFT_OK && i < f->p->n_steps; i++) s = deft_ln_grad_add_group(f, f->p->steps[i]);
     return s;
 }

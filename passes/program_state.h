@@ -54,6 +54,7 @@ typedef enum deft_group_kind {
     DEFT_GROUP_MATMUL_BATCH,  /* products of one shape (and their bias gradients) as one call: passes/fusion_batch.c */
     DEFT_GROUP_LN_ADD,        /* a residual add and the layer norm reading it: passes/fusion_layer_norm.c */
     DEFT_GROUP_LN_GRAD_ADD,   /* layer norm's dx and the add of the residual stream's gradient to it: the same */
+    DEFT_GROUP_LN_GRAD_SUMS,  /* layer norm's dx (and that add) with its weight gradient, in one pass: the same */
     DEFT_GROUP_CE_PAIR,       /* cross-entropy's loss and its gradient in one pass: passes/fusion_pairs.c */
     DEFT_GROUP_ACT_PAIR       /* a recomputed activation and its gradient in one pass: passes/fusion_pairs.c */
 } deft_group_kind;

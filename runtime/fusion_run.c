@@ -110,6 +110,21 @@ static deft_status deft_run_ln_grad_add(deft_program *p, const deft_group *g, vo
                                          stream);
 }
 
+/* dx (added to the residual gradient when the add is a member, stored as the add's value) and the weight gradient
+ * reading the same dy, x and ln, in one pass. */
+static deft_status deft_run_ln_grad_sums(deft_program *p, const deft_group *g, void *stream) {
+    const deft_tensor *dx = p->graph->nodes[g->norm], *wg = NULL;
+    for (int m = 0; m < g->n_members; m++)
+        if (p->graph->nodes[g->members[m]]->op == DEFT_OP_LAYER_NORM_WEIGHT_GRAD) wg = p->graph->nodes[g->members[m]];
+    if (!wg) return deft_set_error(DEFT_ERR_INVALID, "%s: a layer norm group without its weight gradient", dx->name);
+    const void *in[4];
+    for (int k = 0; k < dx->nsrc && k < 4; k++) in[k] = deft_program_data(p, dx->src[k]->id);
+    const bool add = g->add >= 0;
+    return deft_cuda_layer_norm_grad_sums(dx, deft_program_data(p, add ? g->add : g->norm), in,
+                                          add ? deft_program_data(p, g->residual) : NULL, wg,
+                                          deft_program_data(p, wg->id), stream);
+}
+
 /* The pair's members, whichever id is lower. */
 static const deft_tensor *deft_pair_member(const deft_program *p, const deft_group *g, deft_op op) {
     const deft_tensor *a = p->graph->nodes[g->members[0]], *b = p->graph->nodes[g->members[1]];
@@ -159,6 +174,7 @@ deft_status deft_group_run(deft_program *p, const deft_group *g, void *stream) {
     case DEFT_GROUP_MATMUL_BATCH: return deft_run_matmul_batch(p, g, stream);
     case DEFT_GROUP_LN_ADD: return deft_run_ln_add(p, g, stream);
     case DEFT_GROUP_LN_GRAD_ADD: return deft_run_ln_grad_add(p, g, stream);
+    case DEFT_GROUP_LN_GRAD_SUMS: return deft_run_ln_grad_sums(p, g, stream);
     case DEFT_GROUP_CE_PAIR: return deft_run_ce_pair(p, g, stream);
     case DEFT_GROUP_ACT_PAIR: return deft_run_act_pair(p, g, stream);
     default: return deft_run_matmul(p, g, stream);

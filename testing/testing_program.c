@@ -33,6 +33,7 @@ static const char *deft_testing_group_kind(deft_group_kind kind) {
     case DEFT_GROUP_MATMUL_BATCH: return "matmul_batch";
     case DEFT_GROUP_LN_ADD: return "ln_add";
     case DEFT_GROUP_LN_GRAD_ADD: return "ln_grad_add";
+    case DEFT_GROUP_LN_GRAD_SUMS: return "ln_grad_sums";
     case DEFT_GROUP_CE_PAIR: return "ce_pair";
     case DEFT_GROUP_ACT_PAIR: return "act_pair";
     }

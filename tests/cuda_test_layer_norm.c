@@ -4,8 +4,9 @@
  * than the weight gradient's row blocks. Tolerances relative to the largest reference magnitude: ref.h's by dtype
  * (f32 1e-5, f16 2e-3, bf16 1e-2), twice that for the residual block (its gradient passes a tanh).
  * The residual block of a pre-norm transformer (s = a + b, y = layer_norm(s), h = s + tanh(y)) runs fused (the add
- * and the layer norm as one kernel, dx and the residual gradient's add as one; with b a bf16 value cast to f32, the
- * cast too): the groups are formed, and every value equals the unfused program's (no_fusion) bit for bit. The weight
+ * and the layer norm as one kernel, dx and the residual gradient's add as one, with the weight gradient where there is
+ * one (ln_grad_sums); with b a bf16 value cast to f32, the cast too): the groups are formed, and every value equals
+ * the unfused program's (no_fusion) bit for bit. The weight
  * gradient is deterministic (two runs, the same bits). Skips (exit 77) where no GPU works; DEFT_TEST_GPU_AS_CPU=1
  * runs it on the CPU instead (the group checks then stand down). */
 #include "check.h"
@@ -95,6 +96,7 @@ static void test_residual(void) {
     static const ln_case cases[] = {
         {3, {2, 32, 768}, 1, 1, 1e-5, 1, DEFT_F32}, {2, {9, 7}, 1, 1, 1e-5, 1, DEFT_F32},
         {2, {40, 1600}, 1, 0, 1e-5, 1, DEFT_F32},
+        {2, {40, 768}, 0, 0, 1e-5, 1, DEFT_F32},   /* no weight or bias: ln_grad_add */
     };
     static const deft_dtype dts[3] = {DEFT_F32, DEFT_F16, DEFT_BF16};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
@@ -130,7 +132,8 @@ static void test_groups(void) {
     CHECK_MSG(p != NULL, "compile: %s", deft_errmsg());
     if (p) {
         const deft_tensor *members[4] = {cast, s, y, outs[1]};
-        static const char *const kinds[4] = {"ln_add", "ln_add", "ln_add", "ln_grad_add"};
+        /* dx's add joins dx and the weight gradient (tests/cuda_test_layer_norm_sums.c) */
+        static const char *const kinds[4] = {"ln_add", "ln_add", "ln_add", "ln_grad_sums"};
         for (int i = 0; i < 4; i++) {
             deft_testing_node_plan np;
             deft_testing_program_node_plan(p, members[i], &np);

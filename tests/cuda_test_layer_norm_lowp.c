@@ -86,12 +86,12 @@ static void fast_case(const ln_case *c, deft_dtype dt) {
 
 static void test_fast_kernels(void) {
     static const ln_case cases[] = {
-        {3, {8, 128, 768}, 1, 1, 1e-5, 0, DEFT_F32},   /* 1024 rows: 64 row blocks of 16 */
+        {3, {8, 128, 768}, 1, 1, 1e-5, 0, DEFT_F32},   /* 1024 rows: 256 row blocks of 4 */
         {2, {300, 768}, 1, 0, 1e-5, 0, DEFT_F32},      {2, {33, 1600}, 0, 1, 1e-3, 0, DEFT_F32},
         {2, {3, 5000}, 1, 1, 1e-5, 0, DEFT_F32},       /* longer than the registers hold */
         {2, {65, 40}, 1, 1, 1e-5, 0, DEFT_F32},        {2, {9, 7}, 1, 1, 1e-5, 0, DEFT_F32},
         {2, {70, 96}, 1, 1, 1e-5, 1, DEFT_F32},        {3, {2, 32, 768}, 1, 1, 1e-5, 1, DEFT_BF16},
-        {2, {8192, 768}, 1, 1, 1e-5, 0, DEFT_F32},     /* GPT-2's B 8, T 1024 rows */
+        {2, {8192, 768}, 1, 1, 1e-5, 0, DEFT_F32},     /* GPT-2's B 8, T 1024 rows: 256 blocks of 32 */
         {2, {64, 771}, 1, 1, 1e-5, 0, DEFT_F32},       /* an odd width: element by element */
     };
     static const deft_dtype dts[4] = {DEFT_F32, DEFT_F16, DEFT_BF16, DEFT_F64};

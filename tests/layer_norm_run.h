@@ -7,6 +7,8 @@
 #ifndef DEFT_TEST_LAYER_NORM_RUN_H
 #define DEFT_TEST_LAYER_NORM_RUN_H
 
+#include "deft_testing.h"   /* deft_layer_norm_as */
+
 typedef struct ln_case {
     int ndim;
     int64_t shape[4];
@@ -15,6 +17,9 @@ typedef struct ln_case {
     int residual;          /* the residual case */
     deft_dtype b2_dtype;   /* residual: b2's dtype (cast to the case's when it differs) */
 } ln_case;
+
+/* Called with the program ln_run_with compiled and its outputs (loss, y, grad x, ...), before it runs. */
+typedef void (*ln_compiled_fn)(deft_program *p, deft_tensor *const *outs, int n, void *ctx);
 
 typedef struct ln_values {
     ref_tensor x, w, b, r, b2;   /* x is a in the residual case */
@@ -88,20 +93,24 @@ static inline double *ln_read(deft_program *p, const deft_tensor *t) {
     return out;
 }
 
-/* One step of the case on dev in dt, compiled with opts; 0 when the compile failed (a failed check). */
-static inline int ln_run(const ln_case *c, const ln_values *v, deft_dtype dt, deft_device dev,
-                         const deft_compile_options *opts, ln_result *out) {
+/* One step of the case on dev in dt, compiled with opts (then `compiled` called, when not NULL); 0 when the compile
+ * failed (a failed check). value: the layer norm's value in bf16 or f16 from f32 x (autocast's, deft_layer_norm_as;
+ * dy in it too: r in it, or in the residual case tanh(y) cast back to x's dtype), or DEFT_F32 (0) for x's dtype. */
+static inline int ln_run_with(const ln_case *c, const ln_values *v, deft_dtype dt, deft_dtype value, deft_device dev,
+                              const deft_compile_options *opts, ln_result *out, ln_compiled_fn compiled, void *ctx) {
     memset(out, 0, sizeof *out);
+    const deft_dtype vt = value != DEFT_F32 ? value : dt;
     deft_graph *g = deft_graph_new();
     deft_tensor *x = ln_param(g, "x", &v->x, dev);
     deft_tensor *w = c->weight ? ln_param(g, "w", &v->w, dev) : NULL, *b = c->bias ? ln_param(g, "b", &v->b, dev) : NULL;
-    deft_tensor *rt = deft_to(ref_const(g, &v->r), dev, dt), *b2 = NULL, *s = x;
+    deft_tensor *rt = deft_to(ref_const(g, &v->r), dev, c->residual ? dt : vt), *b2 = NULL, *s = x;
     if (c->residual) {
         b2 = ln_param(g, "b2", &v->b2, dev);
         s = deft_add(x, v->b2.dt == dt ? b2 : deft_cast(b2, dt));
     }
-    deft_tensor *y = deft_layer_norm(s, w, b, c->eps);
-    deft_tensor *h = c->residual ? deft_add(s, deft_tanh(y)) : y;
+    deft_tensor *y = vt != dt ? deft_layer_norm_as(s, w, b, c->eps, vt) : deft_layer_norm(s, w, b, c->eps);
+    deft_tensor *hy = c->residual && vt != dt ? deft_cast(deft_tanh(y), dt) : c->residual ? deft_tanh(y) : NULL;
+    deft_tensor *h = c->residual ? deft_add(s, hy) : y;
     deft_tensor *loss = deft_sum(deft_mul(h, rt), 0, NULL, 0);
     CHECK_OK(deft_backward(loss));
     deft_tensor *outs[7] = {loss, y, deft_grad(x)};
@@ -113,6 +122,7 @@ static inline int ln_run(const ln_case *c, const ln_values *v, deft_dtype dt, de
     if (ib2 >= 0) outs[ib2] = deft_grad(b2);
     deft_program *p = deft_compile(g, outs, n, opts);
     CHECK_MSG(p != NULL, "layer_norm %s compile: %s", deft_dtype_name(dt), deft_errmsg());
+    if (p && compiled) compiled(p, outs, n, ctx);
     if (p) {
         CHECK_OK(deft_program_run(p));
         out->y = ln_read(p, y);
@@ -124,6 +134,11 @@ static inline int ln_run(const ln_case *c, const ln_values *v, deft_dtype dt, de
     }
     deft_graph_free(g);
     return p != NULL;
+}
+
+static inline int ln_run(const ln_case *c, const ln_values *v, deft_dtype dt, deft_device dev,
+                         const deft_compile_options *opts, ln_result *out) {
+    return ln_run_with(c, v, dt, DEFT_F32, dev, opts, out, NULL, NULL);
 }
 
 static inline void ln_result_free(ln_result *r) {

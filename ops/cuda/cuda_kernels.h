@@ -49,6 +49,11 @@ deft_status deft_cuda_layer_norm_add(const deft_tensor *n, void *out, void *s, c
                                      deft_dtype b_dtype, const void *const *in, void *stream);
 deft_status deft_cuda_layer_norm_grad_add(const deft_tensor *n, void *out, const void *const *in, const void *residual,
                                           void *stream);
+/* Layer norm's dx node n (residual added when not NULL, as deft_cuda_layer_norm_grad_add) and the weight gradient
+ * node wg reading the same dy, x and ln (in: n's sources), in one pass over the rows that also sums wg's partials
+ * (cuda_layer_norm.cu): dx and wg bit for bit what their own kernels give. */
+deft_status deft_cuda_layer_norm_grad_sums(const deft_tensor *n, void *out, const void *const *in, const void *residual,
+                                           const deft_tensor *wg, void *wg_out, void *stream);
 
 /* Cross-entropy's loss node and its gradient node over the same logits and targets, run as one pass over each row
  * (cuda_cross_entropy.cu, cuda_ce_stream.cu): both nodes' values, bit for bit what their own kernels give; the

@@ -250,11 +250,18 @@ __device__ __forceinline__ void deft_ln_backward_row_plain(const deft_ln_bwd<T, 
     }
 }
 
+/* What the held dx row adds to the weight and bias gradients' sums as it goes: nothing (dx alone), or each of the
+ * lane's columns' dy xhat and dy, added in row order (deft_ln_acc: the fused kernel's, below). */
+struct deft_ln_no_acc {
+    template <class A> __device__ __forceinline__ void add(int, int, A, A) {}
+};
+
 /* dx of one row with its dy and x held in registers (C <= 32 V H), read once: the plain kernel's arithmetic in its
  * order, in phases as deft_ln_forward_row_held has them (every load of the row before the first use, dx formed for
- * the row before the first store, so no store stands between two loads). */
-template <class T, class TD, int V, int H>
-__device__ __forceinline__ void deft_ln_backward_row_held(const deft_ln_bwd<T, TD> &k, int64_t r, int lane) {
+ * the row before the first store, so no store stands between two loads). acc sees each element's dy and xhat, the
+ * very values dx's sums use; what it does with them never touches dx's arithmetic. */
+template <class T, class TD, int V, int H, class S>
+__device__ __forceinline__ void deft_ln_backward_row_held(const deft_ln_bwd<T, TD> &k, int64_t r, int lane, S &acc) {
     typedef deft_ty<T> Ty;
     typedef typename Ty::C A;
     const int64_t base = r * k.c;
@@ -275,7 +282,9 @@ __device__ __forceinline__ void deft_ln_backward_row_held(const deft_ln_bwd<T, T
         for (int u = 0; u < V; u++) {
             const A g = deft_ln_g(k, hd[i].e[u], j + u);
             sg = deft_rn_add(sg, g);
-            sgx = deft_rn_add(sgx, deft_rn_mul(g, deft_rn_mul(deft_rn_sub(Ty::load(hx[i].e[u]), mean), rstd)));
+            const A xhat = deft_rn_mul(deft_rn_sub(Ty::load(hx[i].e[u]), mean), rstd);
+            sgx = deft_rn_add(sgx, deft_rn_mul(g, xhat));
+            acc.add(i, u, (A)deft_ty<TD>::load(hd[i].e[u]), xhat);
         }
     }
     const A c1 = deft_ln_warp_sum(sg) / (A)k.c, c2 = deft_ln_warp_sum(sgx) / (A)k.c;
@@ -308,7 +317,8 @@ __device__ __forceinline__ void deft_ln_backward_row_held(const deft_ln_bwd<T, T
 
 template <class T, class TD, int V, int H>
 __device__ __forceinline__ void deft_ln_backward_row(const deft_ln_bwd<T, TD> &k, int64_t r, int lane) {
-    if constexpr (H > 0) deft_ln_backward_row_held<T, TD, V, H>(k, r, lane);
+    deft_ln_no_acc none;
+    if constexpr (H > 0) deft_ln_backward_row_held<T, TD, V, H>(k, r, lane, none);
     else deft_ln_backward_row_plain<T, TD, V>(k, r, lane);
 }
 
@@ -376,12 +386,10 @@ static deft_ln_fwd<T, TY> deft_ln_fwd_of(const deft_tensor *n, void *out, const 
     return k;
 }
 
-/* dx of node n (T x's dtype, TD dy's); residual added when fused. */
+/* dx's kernel arguments for node n (T x's dtype, TD dy's); residual added when fused. */
 template <class T, class TD>
-static deft_status deft_ln_grad_launch(const deft_tensor *n, void *out, const void *const *in, const void *residual,
-                                       cudaStream_t st) {
+static deft_ln_bwd<T, TD> deft_ln_bwd_of(const deft_tensor *n, void *out, const void *const *in, const void *residual) {
     typedef typename deft_ty<T>::C A;
-    constexpr int V = 16 / sizeof(T);
     deft_ln_bwd<T, TD> k;
     k.dy = (const TD *)in[0];
     k.x = (const T *)in[1];
@@ -391,10 +399,25 @@ static deft_status deft_ln_grad_launch(const deft_tensor *n, void *out, const vo
     k.dx = (T *)out;
     k.rows = deft_layer_norm_rows(n);
     k.c = n->shape[n->ndim - 1];
+    return k;
+}
+
+/* Whether dx's kernel may take its rows in 16-byte vectors of x. */
+template <class T, class TD> static bool deft_ln_bwd_vec(const deft_ln_bwd<T, TD> &k) {
+    constexpr int V = 16 / sizeof(T);
     const void *pt[4] = {k.x, k.w, k.residual, k.dx}, *pd[1] = {k.dy};
+    return deft_ln_vec_ok(k.c, V, pt, 4, V * sizeof(T)) && deft_ln_vec_ok(k.c, V, pd, 1, V * sizeof(TD));
+}
+
+/* dx of node n (T x's dtype, TD dy's); residual added when fused. */
+template <class T, class TD>
+static deft_status deft_ln_grad_launch(const deft_tensor *n, void *out, const void *const *in, const void *residual,
+                                       cudaStream_t st) {
+    constexpr int V = 16 / sizeof(T);
+    const deft_ln_bwd<T, TD> k = deft_ln_bwd_of<T, TD>(n, out, in, residual);
     const unsigned blocks = deft_ln_row_blocks(k.rows);
     const int64_t per_lane = (k.c + 32 * V - 1) / (32 * V);
-    const bool vec = deft_ln_vec_ok(k.c, V, pt, 4, V * sizeof(T)) && deft_ln_vec_ok(k.c, V, pd, 1, V * sizeof(TD));
+    const bool vec = deft_ln_bwd_vec(k);
     if (!vec) {
         deft_k_ln_backward<T, TD, 1, 0><<<blocks, DEFT_LN_WARPS * 32, 0, st>>>(k);
     } else if constexpr (std::is_same<T, double>::value) {
@@ -469,5 +492,121 @@ extern "C" deft_status deft_cuda_layer_norm_grad_add(const deft_tensor *n, void 
     return deft_ln_with_pair(n, n->dtype, n->src[0]->dtype, [&](auto tx, auto td) -> deft_status {
         return deft_ln_grad_launch<typename decltype(tx)::type, typename decltype(td)::type>(n, out, in, residual,
                                                                                              (cudaStream_t)stream);
+    });
+}
+
+/* ---------------------------------------------------------------- dx with the weight gradient's partials */
+/* The fused group ln_grad_sums (passes/fusion_layer_norm.c): dx (plus the residual gradient when the add is fused)
+ * and the weight gradient node's partials in one pass over the rows, which dx's held kernel reads once anyway; the
+ * weight gradient's second stage (cuda_layer_norm_sums.cu) then adds the partials. Block p of the grid owns row
+ * block p of the weight gradient's deft_layer_norm_parts (DEFT_LAYER_NORM_PARTS at most: bounded, so the second stage
+ * stays cheap); its DEFT_LN_SUM_WARPS warps take the block's rows interleaved (warp w rows r0 + w, r0 + w + 8, ...),
+ * each a row at a time as dx's kernel does (lane l its 16-byte vectors l, l + 32, ...). Each lane adds its columns'
+ * dy xhat and dy in registers in row order; at the end the warps' sums are added in warp order (((w0 + w1) + w2)
+ * ...) through shared memory and block p writes partial p once. That is the strip kernel's order element for
+ * element (the same rows per block, the same warp a row, the same adds), so the weight and bias gradients have the
+ * unfused fast path's bits, and dx its own (the held kernel's arithmetic, untouched). Where the held kernel does not
+ * apply (rows longer than 8 vectors a lane, unaligned or odd C, f64, LN_REFERENCE) the group runs the two kernels. */
+template <class A, int V, int H> struct deft_ln_acc {
+    A w[H][V], b[H][V];
+    __device__ __forceinline__ void add(int i, int u, A d, A xhat) {
+        w[i][u] = deft_rn_add(w[i][u], deft_rn_mul(d, xhat));
+        b[i][u] = deft_rn_add(b[i][u], d);
+    }
+};
+
+/* Two blocks an SM where a lane's sums are 48 registers at most (GPT-2's f32 rows of 768: 6 vectors of 4): the held
+ * row, its sums and addresses fit in 128 (ptxas: no spills); more (8 vectors of f32, 4 and more of halves) run one
+ * block an SM. */
+template <class T, class TD, int V, int H>
+__global__ void __launch_bounds__(DEFT_LN_SUM_WARPS * 32, 2 * H * V <= 48 ? 2 : 1)
+deft_k_ln_backward_sums(deft_ln_bwd<T, TD> k, typename deft_ty<T>::C *part, int64_t per) {
+    typedef typename deft_ty<T>::C A;
+    __shared__ A sw[32 * V * H], sb[32 * V * H];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t p = blockIdx.x, r0 = p * per, r1 = r0 + per < k.rows ? r0 + per : k.rows;
+    deft_ln_acc<A, V, H> acc;
+#pragma unroll
+    for (int i = 0; i < H; i++)
+#pragma unroll
+        for (int u = 0; u < V; u++) acc.w[i][u] = acc.b[i][u] = 0;
+    for (int64_t r = r0 + warp; r < r1; r += DEFT_LN_SUM_WARPS)
+        deft_ln_backward_row_held<T, TD, V, H>(k, r, lane, acc);
+    /* Warp w adds its sums to those of warps 0 .. w - 1 (each lane to its own columns); the last writes partial p. */
+    for (int w = 0; w < DEFT_LN_SUM_WARPS; w++) {
+        if (warp == w) {
+#pragma unroll
+            for (int i = 0; i < H; i++) {
+                const int64_t j0 = deft_ln_at<V>(lane, i);
+                if (j0 >= k.c) continue;
+#pragma unroll
+                for (int u = 0; u < V; u++) {
+                    const int64_t j = j0 + u;
+                    const A dw = w == 0 ? acc.w[i][u] : deft_rn_add(sw[j], acc.w[i][u]);
+                    const A db = w == 0 ? acc.b[i][u] : deft_rn_add(sb[j], acc.b[i][u]);
+                    if (w + 1 < DEFT_LN_SUM_WARPS) {
+                        sw[j] = dw;
+                        sb[j] = db;
+                    } else {
+                        part[p * 2 * k.c + j] = dw;
+                        part[p * 2 * k.c + k.c + j] = db;
+                    }
+                }
+            }
+        }
+        if (w + 1 < DEFT_LN_SUM_WARPS) __syncthreads();
+    }
+}
+
+/* The fused kernel for the fewest of 2, 4, 6, 8 vectors a lane that cover the row. */
+template <class T, class TD, int V>
+static void deft_ln_grad_sums_vec(const deft_ln_bwd<T, TD> &k, typename deft_ty<T>::C *part, int64_t parts,
+                                  int64_t per, int64_t per_lane, cudaStream_t st) {
+    const unsigned blocks = (unsigned)parts, threads = DEFT_LN_SUM_WARPS * 32;
+    if (per_lane <= 2) deft_k_ln_backward_sums<T, TD, V, 2><<<blocks, threads, 0, st>>>(k, part, per);
+    else if (per_lane <= 4) deft_k_ln_backward_sums<T, TD, V, 4><<<blocks, threads, 0, st>>>(k, part, per);
+    else if (per_lane <= 6) deft_k_ln_backward_sums<T, TD, V, 6><<<blocks, threads, 0, st>>>(k, part, per);
+    else deft_k_ln_backward_sums<T, TD, V, 8><<<blocks, threads, 0, st>>>(k, part, per);
+}
+
+template <class T, class TD>
+static deft_status deft_ln_grad_sums_typed(const deft_tensor *n, void *out, const void *const *in,
+                                           const void *residual, const deft_tensor *wg, void *wg_out,
+                                           cudaStream_t st) {
+    typedef typename deft_ty<T>::C A;
+    constexpr int V = 16 / sizeof(T);
+    const deft_ln_bwd<T, TD> k = deft_ln_bwd_of<T, TD>(n, out, in, residual);
+    const int64_t per_lane = (k.c + 32 * V - 1) / (32 * V), parts = deft_layer_norm_parts(k.rows);
+    bool fused = !deft_debug(DEFT_DEBUG_LN_REFERENCE) && per_lane <= 8 && deft_ln_bwd_vec(k);
+    if constexpr (std::is_same<T, double>::value) fused = false;
+    /* The two kernels, the sums first: the add's value may take over the residual's buffer (passes/schedule.c), and
+     * the residual may be dy itself (h = s + layer_norm(s)), which dx's kernel overwrites row by row after reading
+     * it; the fused kernel reads a row whole before it stores any of it. */
+    if (!fused) {
+        const deft_status s = deft_cuda_layer_norm_sums(wg, wg_out, in, st);
+        return s == DEFT_OK ? deft_ln_grad_launch<T, TD>(n, out, in, residual, st) : s;
+    }
+    if constexpr (!std::is_same<T, double>::value) {
+        A *part = (A *)((char *)wg_out + deft_node_extra_offset(wg));
+        deft_ln_grad_sums_vec<T, TD, V>(k, part, parts, (k.rows + parts - 1) / parts, per_lane, st);
+        const deft_status s = deft_cuda_check_launch(n, "layer_norm_grad with its weight gradient");
+        if (s != DEFT_OK) return s;
+    }
+    return deft_cuda_layer_norm_sums_total(wg, wg_out, st);
+}
+
+extern "C" deft_status deft_cuda_layer_norm_grad_sums(const deft_tensor *n, void *out, const void *const *in,
+                                                      const void *residual, const deft_tensor *wg, void *wg_out,
+                                                      void *stream) {
+    if (n->op != DEFT_OP_LAYER_NORM_GRAD || wg->op != DEFT_OP_LAYER_NORM_WEIGHT_GRAD)
+        return deft_set_error(DEFT_ERR_INVALID, "cuda layer_norm_grad with its weight gradient: %s and %s",
+                              deft_op_name(n->op), deft_op_name(wg->op));
+    if (deft_shape_numel(n->ndim, n->shape) == 0) {   /* no rows: the weight gradient's zeros alone */
+        if (deft_shape_numel(wg->ndim, wg->shape) == 0) return DEFT_OK;
+        return deft_cuda_layer_norm_sums(wg, wg_out, in, (cudaStream_t)stream);
+    }
+    return deft_ln_with_pair(n, n->dtype, n->src[0]->dtype, [&](auto tx, auto td) -> deft_status {
+        return deft_ln_grad_sums_typed<typename decltype(tx)::type, typename decltype(td)::type>(
+            n, out, in, residual, wg, wg_out, (cudaStream_t)stream);
     });
 }

@@ -11,6 +11,9 @@
 #include "cuda_rounding.cuh"
 
 #define DEFT_LN_WARPS 4   /* rows per block of the row kernels */
+/* Warps of a block summing the weight gradient's partials, on interleaved rows of its row block: the strip kernel's
+ * (cuda_layer_norm_sums.cu) and the fused dx kernel's (cuda_layer_norm.cu), which add in the same order. */
+#define DEFT_LN_SUM_WARPS 8
 
 
 template <class A> __device__ __forceinline__ A deft_ln_warp_sum(A v) {
@@ -55,5 +58,7 @@ static inline bool deft_ln_vec_ok(int64_t c, int v, const void *const *ptrs, int
 
 /* The weight and bias gradients (DEFT_OP_LAYER_NORM_WEIGHT_GRAD) of node n (cuda_layer_norm_sums.cu). */
 deft_status deft_cuda_layer_norm_sums(const deft_tensor *n, void *out, const void *const *in, cudaStream_t st);
+/* Its second stage alone: the partials the strip kernel's order left past its value added up into out. */
+deft_status deft_cuda_layer_norm_sums_total(const deft_tensor *n, void *out, cudaStream_t st);
 
 #endif

@@ -12,14 +12,14 @@
  *        bytes of x a row) over its block of rows, its DEFT_LN_SUM_WARPS warps on interleaved rows, each lane summing
  *        its V columns in row order; the warps' sums are added in warp order through shared memory. The partials are
  *        added up by DEFT_LN_TOTAL_LANES lanes a column, each over every DEFT_LN_TOTAL_LANES-th row block in order,
- *        then lane by lane. No measurement of it is recorded yet.
+ *        then lane by lane. No measurement of it is recorded yet. The fused dx kernel (cuda_layer_norm.cu, group
+ *        ln_grad_sums) writes the same partials in the same order while it computes dx, and this stage adds them.
  * Each path's order is fixed, but the two differ, so they agree to rounding, not bit for bit (the cuda tests compare
  * them). */
 #include "cuda_layer_norm.cuh"
 
 #define DEFT_LN_COLS 32          /* plain: columns per block */
 #define DEFT_LN_LANES 8          /* plain: row lanes per block */
-#define DEFT_LN_SUM_WARPS 8      /* fast: warps (row lanes) per block */
 #define DEFT_LN_TOTAL_LANES 8    /* fast: lanes per column adding the partials */
 
 /* ---------------------------------------------------------------- plain */
@@ -167,6 +167,20 @@ static deft_status deft_ln_sums_typed(const deft_tensor *n, void *out, const voi
         deft_k_ln_sums_total<T><<<deft_cuda_blocks(2 * c, DEFT_CUDA_THREADS), DEFT_CUDA_THREADS, 0, st>>>(
             part, (T *)out, parts, 2 * c);
     return deft_cuda_check_launch(n, "layer_norm_weight_grad");
+}
+
+deft_status deft_cuda_layer_norm_sums_total(const deft_tensor *n, void *out, cudaStream_t st) {
+    const deft_status s = deft_ln_check_grid(n);
+    if (s != DEFT_OK) return s;
+    return deft_ln_with_pair(n, n->dtype, n->src[0]->dtype, [&](auto tx, auto) -> deft_status {
+        typedef typename decltype(tx)::type T;
+        typedef typename deft_ty<T>::C A;
+        const int64_t c = n->shape[1], parts = deft_layer_norm_parts(deft_layer_norm_rows(n->src[0]));
+        const A *part = (const A *)((const char *)out + deft_node_extra_offset(n));
+        deft_k_ln_sums_total_lanes<T><<<(unsigned)((2 * c + 31) / 32), 32 * DEFT_LN_TOTAL_LANES, 0, st>>>(
+            part, (T *)out, parts, 2 * c);
+        return deft_cuda_check_launch(n, "layer_norm_weight_grad");
+    });
 }
 
 deft_status deft_cuda_layer_norm_sums(const deft_tensor *n, void *out, const void *const *in, cudaStream_t st) {
