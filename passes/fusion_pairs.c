@@ -37,42 +37,48 @@ static bool deft_pair_same_shape(const deft_tensor *a, const deft_tensor *b) {
 
 /* ---------------------------------------------------------------- moving the readers of the earlier member */
 /* Moves the steps in (e, r] that depend on step e's node (through views too) to right after step r, keeping their
- * order; false (nothing moved) when step r is one of them or a step in (e, r] updates state. `tainted` is scratch of
- * one flag per node, all false on entry and on return. */
-static bool deft_pair_defer(deft_fusion *f, int e, int r, bool *tainted) {
+ * order; *ok false (nothing moved) when step r is one of them or a step in (e, r] updates state. `tainted` is
+ * scratch of one flag per node, all false on entry and on return. */
+static deft_status deft_pair_defer(deft_fusion *f, int e, int r, bool *tainted, bool *ok) {
     deft_program *p = f->p;
     const deft_graph *g = p->graph;
     int n_moved = 0;
-    bool ok = true;
+    *ok = true;
     tainted[p->steps[e]] = true;
-    for (int i = e + 1; i <= r && ok; i++) {
+    for (int i = e + 1; i <= r && *ok; i++) {
         const deft_tensor *t = g->nodes[p->steps[i]];
-        if (deft_op_updates_state(t->op)) ok = false;
+        if (deft_op_updates_state(t->op)) *ok = false;
         for (int k = 0; k < t->nsrc && !tainted[t->id]; k++)
             tainted[t->id] = tainted[deft_view_base(g, t->src[k]->id, NULL)];
         n_moved += tainted[t->id];
     }
-    ok = ok && !tainted[p->steps[r]];
-    if (ok && n_moved > 0) {
-        int *moved = malloc((size_t)n_moved * sizeof *moved);
-        if (!moved) ok = false;
+    *ok = *ok && !tainted[p->steps[r]];
+    int *moved = *ok && n_moved > 0 ? malloc((size_t)n_moved * sizeof *moved) : NULL;
+    const bool short_of_memory = *ok && n_moved > 0 && !moved;
+    if (moved) {
         int m = 0, kept = e + 1;
-        for (int i = e + 1; moved && i <= r; i++) {
+        for (int i = e + 1; i <= r; i++) {
             const int id = p->steps[i];
             if (tainted[id]) moved[m++] = id;
             else p->steps[kept++] = id;
         }
-        if (moved) memcpy(p->steps + kept, moved, (size_t)n_moved * sizeof *moved);
+        memcpy(p->steps + kept, moved, (size_t)n_moved * sizeof *moved);
         free(moved);
     }
     for (int i = e; i <= r; i++) tainted[p->steps[i]] = false;
-    return ok;
+    if (short_of_memory) {
+        *ok = false;
+        return deft_set_error(DEFT_ERR_OOM, "compile: out of host memory");
+    }
+    return DEFT_OK;
 }
 
 /* Forms the pair (a, b) as a group of `kind`, moving readers first; no group when they cannot move. */
 static deft_status deft_pair_form(deft_fusion *f, int a, int b, deft_group_kind kind, bool *tainted) {
     const int e = f->pos[a] < f->pos[b] ? f->pos[a] : f->pos[b], r = f->pos[a] < f->pos[b] ? f->pos[b] : f->pos[a];
-    if (!deft_pair_defer(f, e, r, tainted)) return DEFT_OK;
+    bool ok = false;
+    deft_status s = deft_pair_defer(f, e, r, tainted, &ok);
+    if (s != DEFT_OK || !ok) return s;
     deft_fusion_positions(f);
     deft_group *g = deft_group_add(f, kind);
     if (!g) return deft_set_error(DEFT_ERR_OOM, "compile: out of host memory");
