@@ -46,6 +46,11 @@ deft_status deft_fuse_norm_grads(deft_fusion *f);
  * (passes/fusion_layer_norm.c). */
 deft_status deft_fuse_layer_norms(deft_fusion *f);
 
+/* Moves the steps in (e, r] of p that depend on step e's node (through views too) to right after step r, keeping
+ * their order; *ok false (nothing moved) when step r is one of them or a step in (e, r] updates state. `tainted`:
+ * scratch of one flag per node, all false on entry and on return. DEFT_ERR_OOM (nothing moved) when out of memory. */
+deft_status deft_steps_defer_readers(deft_program *p, int e, int r, bool *tainted, bool *ok);
+
 /* Cross-entropy's loss and gradient, and a recomputed activation and its gradient, as pairs that read their shared
  * operand once (passes/fusion_pairs.c); formed first, since forming one may move steps. */
 deft_status deft_fuse_pairs(deft_fusion *f);

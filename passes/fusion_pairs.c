@@ -36,11 +36,7 @@ static bool deft_pair_same_shape(const deft_tensor *a, const deft_tensor *b) {
 }
 
 /* ---------------------------------------------------------------- moving the readers of the earlier member */
-/* Moves the steps in (e, r] that depend on step e's node (through views too) to right after step r, keeping their
- * order; *ok false (nothing moved) when step r is one of them or a step in (e, r] updates state. `tainted` is
- * scratch of one flag per node, all false on entry and on return. */
-static deft_status deft_pair_defer(deft_fusion *f, int e, int r, bool *tainted, bool *ok) {
-    deft_program *p = f->p;
+deft_status deft_steps_defer_readers(deft_program *p, int e, int r, bool *tainted, bool *ok) {
     const deft_graph *g = p->graph;
     int n_moved = 0;
     *ok = true;
@@ -77,7 +73,7 @@ static deft_status deft_pair_defer(deft_fusion *f, int e, int r, bool *tainted, 
 static deft_status deft_pair_form(deft_fusion *f, int a, int b, deft_group_kind kind, bool *tainted) {
     const int e = f->pos[a] < f->pos[b] ? f->pos[a] : f->pos[b], r = f->pos[a] < f->pos[b] ? f->pos[b] : f->pos[a];
     bool ok = false;
-    deft_status s = deft_pair_defer(f, e, r, tainted, &ok);
+    deft_status s = deft_steps_defer_readers(f->p, e, r, tainted, &ok);
     if (s != DEFT_OK || !ok) return s;
     deft_fusion_positions(f);
     deft_group *g = deft_group_add(f, kind);

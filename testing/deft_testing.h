@@ -101,6 +101,11 @@ deft_status deft_compile_into(deft_graph *g, deft_tensor *const *outputs, int n_
                               const deft_compile_options *opts, deft_program **out);
 deft_graph *deft_testing_program_graph(const deft_program *p);           /* the graph p was compiled from */
 deft_tensor *deft_testing_step_node(const deft_program *p, int step);   /* the node run at step; NULL past the last */
+/* The fusion pairs' move (passes/fusion_internal.h's deft_steps_defer_readers) on p's steps: the steps after
+ * early_step up to late_step that read early_step's node go to just after late_step; *moved 0 where they may not
+ * (late_step reads one, or a step between updates state). For a program stopped at "schedule" or later; it leaves
+ * the plan stale, so the program is only looked at afterwards. */
+deft_status deft_testing_defer_readers(deft_program *p, int early_step, int late_step, int *moved);
 /* Where node t's value lives in p. */
 #define DEFT_TESTING_PLACE_NONE 0         /* not computed by p */
 #define DEFT_TESTING_PLACE_PERSISTENT 1   /* input, parameter or constant storage */

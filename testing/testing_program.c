@@ -6,6 +6,7 @@
 
 #include "compile_config.h"
 #include "device_internal.h"
+#include "fusion_internal.h"
 #include "grad_buckets.h"
 #include "optimizer.h"
 #include "optimizer_split.h"
@@ -180,4 +181,18 @@ int deft_program_batched_products(const deft_program *p) {
 
 size_t deft_testing_program_workspace(const deft_program *p, int device, int asked) {
     return p ? deft_program_gpu_workspace(p, device, asked) : 0;
+}
+
+deft_status deft_testing_defer_readers(deft_program *p, int early_step, int late_step, int *moved) {
+    *moved = 0;
+    if (!p || !p->steps || early_step < 0 || late_step <= early_step || late_step >= p->n_steps)
+        return deft_set_error(DEFT_ERR_INVALID, "defer readers: steps %d and %d of a program of %d", early_step,
+                              late_step, p && p->steps ? p->n_steps : 0);
+    bool *tainted = calloc((size_t)p->n_nodes, sizeof *tainted);
+    if (!tainted) return deft_set_error(DEFT_ERR_OOM, "defer readers: out of host memory");
+    bool ok = false;
+    const deft_status s = deft_steps_defer_readers(p, early_step, late_step, tainted, &ok);
+    free(tainted);
+    *moved = ok;
+    return s;
 }
