@@ -51,11 +51,16 @@ static void chain_build(chain *c) {
     for (int i = 0; i < 6; i++) c->n[i] = n[i];
 }
 
+/* The chain's program stopped after its schedule, its outputs z, t and q (NULL after a failed check). */
+static deft_program *chain_scheduled(chain *c) {
+    chain_build(c);
+    deft_tensor *outs[3] = {c->n[3], c->n[4], c->n[5]};
+    return scheduled(c->g, outs, 3);
+}
+
 static void test_moves_readers(void) {
     chain c;
-    chain_build(&c);
-    deft_tensor *outs[3] = {c.n[3], c.n[4], c.n[5]};
-    deft_program *p = scheduled(c.g, outs, 3);
+    deft_program *p = chain_scheduled(&c);
     if (p) {
         static const int built[6] = {0, 1, 2, 3, 4, 5}, moved_order[6] = {0, 2, 5, 1, 3, 4};
         check_order("before", p, c.n, 6, built);
@@ -71,9 +76,7 @@ static void test_moves_readers(void) {
 
 static void test_later_member_reads_them(void) {
     chain c;
-    chain_build(&c);
-    deft_tensor *outs[3] = {c.n[3], c.n[4], c.n[5]};
-    deft_program *p = scheduled(c.g, outs, 3);
+    deft_program *p = chain_scheduled(&c);
     if (p) {
         static const int built[6] = {0, 1, 2, 3, 4, 5};
         int moved = 1;

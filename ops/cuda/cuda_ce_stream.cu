@@ -234,29 +234,31 @@ bool deft_cuda_ce_stream_loss(deft_dtype dt, const void *x, const int32_t *t, in
     });
 }
 
+/* The launches that write a gradient (DO_GRAD or DO_BOTH), over `most` blocks at most: dloss f32 or the logits'. */
+template <int DO>
+static bool deft_ce_stream_grad_run(deft_dtype dt, bool f32_dloss, deft_ce_stream_args a, int64_t most,
+                                    cudaStream_t st) {
+    return deft_ce_stream_typed(dt, [&](auto tag) -> bool {
+        typedef typename decltype(tag)::type T;
+        if (!deft_ce_stream_shape<T>(a.c, a.x, a.out)) return false;
+        if (f32_dloss) return deft_ce_stream_launch<T, float, DO>(a, most, st);
+        return deft_ce_stream_launch<T, T, DO>(a, most, st);
+    });
+}
+
 bool deft_cuda_ce_stream_grad(deft_dtype dt, bool f32_dloss, void *out, const void *dloss, const void *x,
                               const int32_t *t, int64_t rows, int64_t c, deft_device_errors *rec,
                               const deft_ce_opts &o, const long long *grad_count, cudaStream_t st) {
-    return deft_ce_stream_typed(dt, [&](auto tag) -> bool {
-        typedef typename decltype(tag)::type T;
-        if (!deft_ce_stream_shape<T>(c, x, out)) return false;
-        deft_ce_stream_args a = {x, out, dloss, t, rows, c, rows, rows, rec, o, NULL, NULL, grad_count};
-        if (f32_dloss) return deft_ce_stream_launch<T, float, DEFT_CE_DO_GRAD>(a, rows, st);
-        return deft_ce_stream_launch<T, T, DEFT_CE_DO_GRAD>(a, rows, st);
-    });
+    const deft_ce_stream_args a = {x, out, dloss, t, rows, c, rows, rows, rec, o, NULL, NULL, grad_count};
+    return deft_ce_stream_grad_run<DEFT_CE_DO_GRAD>(dt, f32_dloss, a, rows, st);
 }
 
 bool deft_cuda_ce_stream_pair(deft_dtype dt, bool f32_dloss, void *out, const void *dloss, const void *x,
                               const int32_t *t, int64_t rows, int64_t c, int nb, deft_device_errors *rec,
                               const deft_ce_opts &o, double *partial, long long *count, const long long *grad_count,
                               cudaStream_t st) {
-    return deft_ce_stream_typed(dt, [&](auto tag) -> bool {
-        typedef typename decltype(tag)::type T;
-        if (!deft_ce_stream_shape<T>(c, x, out)) return false;
-        deft_ce_stream_args a = {x, out, dloss, t, rows, c, nb, nb, rec, o, partial, count, grad_count};
-        if (f32_dloss) return deft_ce_stream_launch<T, float, DEFT_CE_DO_BOTH>(a, nb, st);
-        return deft_ce_stream_launch<T, T, DEFT_CE_DO_BOTH>(a, nb, st);
-    });
+    const deft_ce_stream_args a = {x, out, dloss, t, rows, c, nb, nb, rec, o, partial, count, grad_count};
+    return deft_ce_stream_grad_run<DEFT_CE_DO_BOTH>(dt, f32_dloss, a, nb, st);
 }
 
 int deft_cuda_ce_streams(deft_dtype dt, int64_t c) {

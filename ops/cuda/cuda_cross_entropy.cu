@@ -659,9 +659,9 @@ extern "C" deft_status deft_cuda_cross_entropy_pair(const deft_tensor *loss, con
     deft_status s = deft_ce_loss_check(loss, &o);
     if (s == DEFT_OK) s = deft_ce_grad_check(grad, &og);
     if (s != DEFT_OK) return s;
-    if (grad->src[1] != loss->src[0] || o.has_ignore != og.has_ignore || o.ignore_index != og.ignore_index ||
-        o.ls != og.ls || o.sum != og.sum)
-        return deft_set_error(DEFT_ERR_INVALID, "cross_entropy pair: %s and %s read other logits or options",
+    if (grad->src[1] != loss->src[0] || grad->src[2] != loss->src[1] || o.has_ignore != og.has_ignore ||
+        o.ignore_index != og.ignore_index || o.ls != og.ls || o.sum != og.sum)
+        return deft_set_error(DEFT_ERR_INVALID, "cross_entropy pair: %s and %s read other logits, targets or options",
                               loss->name, grad->name);
     const int64_t rows = loss->src[0]->shape[0], c = loss->src[0]->shape[1];
     const int blocks = deft_ce_loss_blocks(rows, c);

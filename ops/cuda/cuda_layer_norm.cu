@@ -598,9 +598,11 @@ static deft_status deft_ln_grad_sums_typed(const deft_tensor *n, void *out, cons
 extern "C" deft_status deft_cuda_layer_norm_grad_sums(const deft_tensor *n, void *out, const void *const *in,
                                                       const void *residual, const deft_tensor *wg, void *wg_out,
                                                       void *stream) {
-    if (n->op != DEFT_OP_LAYER_NORM_GRAD || wg->op != DEFT_OP_LAYER_NORM_WEIGHT_GRAD)
-        return deft_set_error(DEFT_ERR_INVALID, "cuda layer_norm_grad with its weight gradient: %s and %s",
-                              deft_op_name(n->op), deft_op_name(wg->op));
+    if (n->op != DEFT_OP_LAYER_NORM_GRAD || wg->op != DEFT_OP_LAYER_NORM_WEIGHT_GRAD || wg->nsrc < 3 ||
+        n->nsrc < 3 || wg->src[0] != n->src[0] || wg->src[1] != n->src[1] || wg->src[2] != n->src[2])
+        return deft_set_error(DEFT_ERR_INVALID, "cuda layer_norm_grad with its weight gradient: %s (%s) and %s (%s) "
+                              "do not read the same dy, x and statistics", n->name, deft_op_name(n->op), wg->name,
+                              deft_op_name(wg->op));
     if (deft_shape_numel(n->ndim, n->shape) == 0) {   /* no rows: the weight gradient's zeros alone */
         if (deft_shape_numel(wg->ndim, wg->shape) == 0) return DEFT_OK;
         return deft_cuda_layer_norm_sums(wg, wg_out, in, (cudaStream_t)stream);
