@@ -191,17 +191,32 @@ deft_status deft_cuda_index_order(const deft_tensor *n, void *out, const void *i
 }
 
 /* ---------------------------------------------------------------- the gradients */
-/* Element (o, v, c) of the result: dy's rows (o, position) over v's slots, in order, summed in the compute type. */
+/* Element (o, v, c) of the result: dy's rows (o, position) over v's slots, in order, summed in the compute type.
+ * The loads of DEFT_GATHER_GRAD_AHEAD slots are issued before their adds, which stay in slot order (the same bits):
+ * a row that many positions hold (a frequent token: text's spaces and commas) is otherwise a chain of dependent
+ * loads, one memory latency a slot, and such rows' threads held the whole kernel. */
+#define DEFT_GATHER_GRAD_AHEAD 8
 template <class T>
 __global__ void deft_k_gather_grad(T *out, const T *dy, const uint64_t *keys, const int32_t *first,
                                    deft_gather_dims d) {
     typedef deft_ty<T> Ty;
+    typedef typename Ty::C C;
     const int64_t total = d.outer * d.rows * d.inner;
     for (int64_t i = deft_tid(); i < total; i += deft_nthreads()) {
         const int64_t c = i % d.inner, r = i / d.inner, v = r % d.rows, o = r / d.rows;
-        typename Ty::C acc = 0;
-        for (int32_t k = first[v]; k < first[v + 1]; k++)
-            acc += Ty::load(dy[(o * d.n + (int64_t)(uint32_t)keys[k]) * d.inner + c]);
+        const T *col = dy + o * d.n * d.inner + c;
+        const int32_t end = first[v + 1];
+        int32_t k = first[v];
+        C acc = 0;
+        for (; k + DEFT_GATHER_GRAD_AHEAD <= end; k += DEFT_GATHER_GRAD_AHEAD) {
+            C a[DEFT_GATHER_GRAD_AHEAD];
+#pragma unroll
+            for (int j = 0; j < DEFT_GATHER_GRAD_AHEAD; j++)
+                a[j] = Ty::load(col[(int64_t)(uint32_t)keys[k + j] * d.inner]);
+#pragma unroll
+            for (int j = 0; j < DEFT_GATHER_GRAD_AHEAD; j++) acc += a[j];
+        }
+        for (; k < end; k++) acc += Ty::load(col[(int64_t)(uint32_t)keys[k] * d.inner]);
         out[i] = Ty::store(acc);
     }
 }
