@@ -259,6 +259,29 @@ static void time_kept_again(void) {
  * slows every later program. */
 static const char *probe_trace;   /* --probe-trace PREFIX */
 
+/* --probe-with FLAG (repeatable): a compile option (--no-fusion, --no-graphs or one of BENCH_AB_USAGE's) given to the
+ * other program only (--probe-second's or --probe-other's), to tell which part of its first step leaves the first
+ * program slower. */
+#define MAX_PROBE_WITH 4
+static const char *probe_with[MAX_PROBE_WITH];
+static int n_probe_with;
+
+static deft_compile_options probe_options(const deft_compile_options *co) {
+    deft_compile_options o = *co;
+    for (int i = 0; i < n_probe_with; i++) {
+        char *one[] = {(char *)prog, (char *)probe_with[i]};
+        int at = 1;
+        if (!strcmp(probe_with[i], "--no-fusion")) o.no_fusion = 1;
+        else if (!strcmp(probe_with[i], "--no-graphs")) o.no_cuda_graphs = 1;
+        else if (!bench_ab_option(2, one, &at, &o)) {
+            fprintf(stderr, "%s: --probe-with takes --no-fusion, --no-graphs or a switch of %s, not %s\n", prog,
+                    BENCH_AB_USAGE, probe_with[i]);
+            exit(2);
+        }
+    }
+    return o;
+}
+
 /* With --probe-trace, one traced step of run 1 written to PREFIX_<stage>.json (deft_program_trace): each kernel's
  * time before and after a stage, to tell a slower kernel from a longer gap between kernels. */
 static void probe_trace_at(mlp *first, const char *stage) {
@@ -274,10 +297,11 @@ static void probe_second(mlp *first, int64_t n, const mlp_config *c, deft_device
                          const char *k, const char *tag) {
     static const char *const stage[] = {"after_build", "after_first_step", "after_capture", "after_free"};
     mlp second = {.feed = FEED_DEVICE};
+    const deft_compile_options second_co = probe_options(co);
     double us[REPEATS];
     probe_trace_at(first, "before");
     for (int s = 0; s < 4; s++) {
-        if (s == 0) build(&second, c, dev, co);
+        if (s == 0) build(&second, c, dev, &second_co);
         else if (s == 1) (void)run_steps(&second, 1);
         else if (s == 2) (void)run_steps(&second, 2);
         else deft_graph_free(second.g);
@@ -294,30 +318,54 @@ static void probe_second(mlp *first, int64_t n, const mlp_config *c, deft_device
  * --probe-kind matmul makes it y = x W (x [N / 1024, 1024], W [1024, 1024]: a cuBLASLt product), train the mean of
  * (x W)^2 with its backward pass and an SGD step: which part of a training step's first run slows the others. */
 static int64_t probe_elems;
-static enum { PROBE_SCALE, PROBE_MATMUL, PROBE_TRAIN } probe_kind;
-static const char *const probe_kind_names[] = {"scale", "matmul", "train"};
+static enum {
+    PROBE_SCALE, PROBE_MATMUL, PROBE_TRAIN, PROBE_LINEAR, PROBE_RELU, PROBE_CE, PROBE_MOMENTUM, PROBE_TWO, PROBE_BIAS, PROBE_TWICE
+} probe_kind;
+static const char *const probe_kind_names[] = {"scale", "matmul", "train", "linear", "relu",
+                                               "ce",    "momentum", "two", "bias", "twice"};
 
-/* The other program's graph; *out: what it computes. */
-static deft_tensor *probe_build(deft_graph *g, deft_device dev, deft_tensor **x) {
+/* The other program's graph; *out: what it computes; *labels: its class labels (all 0) for the kind ce. The kinds past
+ * train each change one thing of train towards the MLP: linear adds a bias, relu a ReLU before the loss, ce takes
+ * cross-entropy over 1024 classes as the loss, momentum gives SGD a momentum of 0.9; two trains x W1 + x W2 (two
+ * parameters, no bias), twice x W + x W (two products, one parameter), bias trains x + b alone (a bias's broadcast and
+ * its gradient's column sum, no product). */
+static deft_tensor *probe_build(deft_graph *g, deft_device dev, deft_tensor **x, deft_tensor **labels) {
     if (probe_kind == PROBE_SCALE) {
         *x = deft_input(g, "x", DEFT_F32, 1, (int64_t[]){probe_elems}, dev);
         return deft_add_scalar(deft_mul_scalar(*x, 2.0), 1.0);
     }
     const int64_t rows = probe_elems / 1024 > 0 ? probe_elems / 1024 : 1;
     *x = deft_input(g, "x", DEFT_F32, 2, (int64_t[]){rows, 1024}, dev);
-    deft_tensor *w = deft_param(g, "w", DEFT_F32, 2, (int64_t[]){1024, 1024}, dev, DEFT_INIT_XAVIER);
-    deft_tensor *y = deft_matmul(*x, w);
+    deft_tensor *y;
+    if (probe_kind == PROBE_LINEAR) y = deft_linear(*x, 1024, "probe", NULL);
+    else if (probe_kind == PROBE_BIAS)
+        y = deft_add(*x, deft_param(g, "b", DEFT_F32, 1, (int64_t[]){1024}, dev, DEFT_INIT_ZEROS));
+    else if (probe_kind == PROBE_TWICE) {
+        deft_tensor *w = deft_param(g, "w", DEFT_F32, 2, (int64_t[]){1024, 1024}, dev, DEFT_INIT_XAVIER);
+        y = deft_add(deft_matmul(*x, w), deft_matmul(*x, w));
+    } else if (probe_kind == PROBE_TWO)
+        y = deft_add(deft_matmul(*x, deft_param(g, "w1", DEFT_F32, 2, (int64_t[]){1024, 1024}, dev, DEFT_INIT_XAVIER)),
+                     deft_matmul(*x, deft_param(g, "w2", DEFT_F32, 2, (int64_t[]){1024, 1024}, dev, DEFT_INIT_XAVIER)));
+    else y = deft_matmul(*x, deft_param(g, "w", DEFT_F32, 2, (int64_t[]){1024, 1024}, dev, DEFT_INIT_XAVIER));
     if (probe_kind == PROBE_MATMUL || !y) return y;
-    deft_tensor *loss = deft_mean(deft_mul(y, y), 0, NULL, 0);
+    if (probe_kind == PROBE_RELU) y = deft_relu(y);
+    deft_tensor *loss;
+    if (probe_kind == PROBE_CE) {
+        *labels = deft_input(g, "labels", DEFT_I32, 1, (int64_t[]){rows}, dev);
+        loss = deft_cross_entropy(y, *labels);
+    } else
+        loss = deft_mean(deft_mul(y, y), 0, NULL, 0);
     if (!loss || deft_backward(loss) != DEFT_OK) return NULL;
-    deft_optimizer *opt = deft_sgd(g, &(deft_sgd_options){.lr = 1e-6}, NULL);
+    const double momentum = probe_kind == PROBE_MOMENTUM ? 0.9 : 0.0;
+    deft_optimizer *opt = deft_sgd(g, &(deft_sgd_options){.lr = 1e-6, .momentum = momentum}, NULL);
     return opt ? deft_optimizer_step(opt) : NULL;
 }
 
-static void probe_other(mlp *first, int64_t n, deft_device dev, const char *k, const char *tag) {
+static void probe_other(mlp *first, int64_t n, deft_device dev, const deft_compile_options *co, const char *k,
+                        const char *tag) {
     static const char *const stage[] = {"after_build", "after_first_step", "after_capture", "after_free"};
     deft_graph *g = deft_graph_new();
-    deft_tensor *x = NULL, *y = g ? probe_build(g, dev, &x) : NULL;
+    deft_tensor *x = NULL, *labels = NULL, *y = g ? probe_build(g, dev, &x, &labels) : NULL;
     deft_program *p = NULL;
     const size_t in_bytes = x ? deft_tensor_nbytes(x) : 0, out_bytes = y ? deft_tensor_nbytes(y) : 0;
     float *host = calloc((in_bytes > out_bytes ? in_bytes : out_bytes) / sizeof(float) + 1, sizeof(float));
@@ -325,8 +373,10 @@ static void probe_other(mlp *first, int64_t n, deft_device dev, const char *k, c
     double us[REPEATS];
     for (int s = 0; s < 4; s++) {
         if (s == 0) {
-            if (!y || !(p = deft_compile(g, &y, 1, NULL))) die("probe-other: build");
+            const deft_compile_options other_co = probe_options(co);
+            if (!y || !(p = deft_compile(g, &y, 1, &other_co))) die("probe-other: build");
             CHECK(deft_program_feed(p, x, host, in_bytes));
+            if (labels) CHECK(deft_program_feed(p, labels, host, deft_tensor_nbytes(labels)));
         } else if (s == 3) {
             deft_program_free(p);
             deft_graph_free(g);
@@ -408,7 +458,7 @@ static void bench(const mlp_config *c, deft_device dev, const deft_compile_optio
         double again[REPEATS];
         (void)time_repeats(&m, n, again);   /* at once, before anything else is built: the same state */
         printf("mlp_train.%s.%s_at_once_step_us %.2f us\n", k, tag, again[REPEATS / 2]);
-        if (probe && run == 1 && probe_elems > 0) probe_other(&m, n, dev, k, tag);
+        if (probe && run == 1 && probe_elems > 0) probe_other(&m, n, dev, co, k, tag);
         else if (probe && run == 1) probe_second(&m, n, c, dev, co, k, tag);
         kept[n_kept].m = m;
         snprintf(kept[n_kept++].name, sizeof kept[0].name, "mlp_train.%s.%s", k, tag);
@@ -423,8 +473,8 @@ static void bench(const mlp_config *c, deft_device dev, const deft_compile_optio
 static const char help[] =
     "usage: bench_mlp_train [--config tiny|small|mid|large] [--device cuda:N|cpu] [--no-graphs] [--no-fusion]\n"
     "                       [--tf32] [--feed device|host|prefetch] [--amp bf16|f16] [--repeat N] [--keep]\n"
-    "                       [--probe-second [--probe-trace PREFIX] | --probe-other N [--probe-kind K]]\n"
-    "                       [A/B options]\n"
+    "                       [--probe-second [--probe-trace PREFIX] [--probe-with FLAG] | --probe-other N\n"
+    "                       [--probe-kind K]] [A/B options]\n"
     "\n"
     "The time of one MLP training step (forward, loss, backward, optimizer update) compiled by deft, on four sizes\n"
     "from launch-bound to matmul-bound. One figure per line: <name> <value> <unit>.\n"
@@ -446,16 +496,22 @@ static const char help[] =
     "                                  once, captured and freed, run 1 timed after each (_after_<stage>_step_us)\n"
     "  --probe-other N                 as --probe-second with y = 2 x + 1 over N floats as the other program\n"
     "                                  (_other_scale<N>_after_<stage>_step_us)\n"
-    "  --probe-kind scale|matmul|train the other program: y = 2 x + 1 (default), y = x W with x [N / 1024, 1024],\n"
-    "                                  or the mean of (x W)^2 with its backward pass and an SGD step\n"
+    "  --probe-kind K                  the other program: scale, y = 2 x + 1 (default); matmul, y = x W with\n"
+    "                                  x [N / 1024, 1024]; train, the mean of (x W)^2 with its backward pass and an\n"
+    "                                  SGD step; linear, relu, ce, momentum: train with a bias, a ReLU, cross-entropy\n"
+    "                                  as the loss, or SGD's momentum; two, x W1 + x W2; twice, x W + x W; bias,\n"
+    "                                  x + b alone\n"
     "  --probe-trace PREFIX            with --probe-second, a traced step of run 1 before and after each stage,\n"
     "                                  written to PREFIX_<stage>.json (scripts/trace_summary.py reads them)\n"
+    "  --probe-with FLAG               --no-fusion, --no-graphs or an A/B option given to the other program only\n"
+    "                                  (--probe-second's or --probe-other's; repeatable, at most 4; default: the\n"
+    "                                  first's options)\n"
     "  -h, --help                      this help\n";
 
 static void usage(void) {
     fprintf(stderr,
             "usage: %s [--config tiny|small|mid|large] [--device cuda:N|cpu] [--no-graphs] "
-            "[--no-fusion] [--tf32] [--feed device|host|prefetch] [--amp bf16|f16] [--repeat N] [--keep] [--probe-second | --probe-other N [--probe-kind K]] "
+            "[--no-fusion] [--tf32] [--feed device|host|prefetch] [--amp bf16|f16] [--repeat N] [--keep] [--probe-second [--probe-with FLAG] | --probe-other N [--probe-kind K]] "
             BENCH_AB_USAGE "\n",
             prog);
     exit(2);
@@ -483,6 +539,13 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--keep")) keep = 1;
         else if (!strcmp(argv[i], "--probe-second")) keep = probe = 1;
         else if (!strcmp(argv[i], "--probe-trace") && i + 1 < argc) probe_trace = argv[++i];
+        else if (!strcmp(argv[i], "--probe-with") && i + 1 < argc) {
+            if (n_probe_with == MAX_PROBE_WITH) {
+                fprintf(stderr, "%s: at most %d --probe-with\n", prog, MAX_PROBE_WITH);
+                return 2;
+            }
+            probe_with[n_probe_with++] = argv[++i];
+        }
         else if (!strcmp(argv[i], "--probe-other") && i + 1 < argc) {
             char *end = NULL;
             const long long e = strtoll(argv[++i], &end, 10);
@@ -496,8 +559,12 @@ int main(int argc, char **argv) {
             const char *kind = argv[++i];
             if (!strcmp(kind, "scale")) probe_kind = PROBE_SCALE;
             else if (!strcmp(kind, "matmul")) probe_kind = PROBE_MATMUL;
-            else if (!strcmp(kind, "train")) probe_kind = PROBE_TRAIN;
-            else usage();
+            else {
+                int found = 0;
+                for (int k = PROBE_TRAIN; k <= PROBE_TWICE && !found; k++)
+                    if (!strcmp(kind, probe_kind_names[k])) probe_kind = k, found = 1;
+                if (!found) usage();
+            }
         }
         else if (!strcmp(argv[i], "--no-fusion")) co.no_fusion = 1;
         else if (!strcmp(argv[i], "--tf32")) co.tf32 = 1;
@@ -516,6 +583,7 @@ int main(int argc, char **argv) {
         }
         else if (!bench_ab_option(argc, argv, &i, &co)) usage();
     }
+    (void)probe_options(&co);   /* a bad --probe-with is refused before anything runs */
     if (only) {
         int found = 0;
         for (int i = 0; i < N_CONFIGS; i++) found |= !strcmp(configs[i].name, only);
