@@ -3,8 +3,8 @@
  * Under a memory budget the choice is greedy on measured plans, not on a model of them: from nothing dropped, each
  * round tries dropping each remaining candidate (the DEFT_CKPT_TRIALS cheapest per byte), measures the lower bound of
  * the resulting plan, and keeps the one that lowers it most per unit of added recompute time; the planner's real
- * arena decides when the budget is met. A last pass keeps again, the dearest first, every dropped value the budget
- * does not need dropped. Recompute time is the copies' roofline times summed (ir/op_cost.c's deft_op_seconds).
+ * arena decides when the budget is met. A last pass keeps again, the latest in the forward pass first, every dropped
+ * value the budget does not need dropped. Recompute time is the copies' roofline times summed (ir/op_cost.c's deft_op_seconds).
  * Because dropped values are recomputed together just before their first backward reader, dropping a run of layers
  * recomputes that run once and holds it while the backward pass crosses it: the search finds checkpoint_sequential's
  * segments by itself where they pay, and keeps cheap recomputations (an activation from its kept input) first. */
