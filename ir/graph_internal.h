@@ -153,9 +153,6 @@ const char *deft_op_name(deft_op op);
 /* What running node t's kernel costs, from its op and shapes (ir/op_cost.c): floating-point operations, and bytes
  * read and written. Leaves and views cost nothing. */
 void deft_op_cost(const struct deft_tensor *t, double *flops, double *bytes);
-/* The seconds a roofline gives node t's kernel (ir/op_cost.c says on what rates): for weighing one choice of work
- * against another, not for predicting a step's time. */
-double deft_op_seconds(const struct deft_tensor *t);
 
 typedef union deft_op_params {
     double scalar;                                          /* scalar ops; full's value */

@@ -1,6 +1,6 @@
-/* What one node's kernel costs: floating-point operations and bytes moved, from the op and the shapes, and a
- * roofline time from them. The checkpoint rewrite weighs recomputation with these; they are estimates of the work,
- * not of any one kernel's speed. */
+/* What one node's kernel costs: floating-point operations and bytes moved, from the op and the shapes. The
+ * checkpoint rewrite weighs recomputation with these; they are estimates of the work, not of any one kernel's
+ * speed. */
 #include <math.h>
 
 #include "graph_internal.h"
@@ -127,34 +127,4 @@ void deft_op_cost(const deft_tensor *t, double *flops, double *bytes) {
     case DEFT_OP_LAYER_NORM_WEIGHT_GRAD: *flops = 8.0 * deft_numel_of(t->src[0]); break;
     default: *flops = deft_per_element(t->op) * deft_numel_of(t); break;
     }
-}
-
-/* The roofline's rates. Only their ratios steer a choice, so they are a device class's, not one card's: a GPU's
- * CUDA cores do about 25 floating-point operations per byte its memory moves, and its tensor cores about ten times
- * the CUDA cores' rate on bf16 and f16 products, convolutions and attention (an A100's and an H100's data sheets
- * give 16 x and 15 x at peak). Without the second rate a bf16 product's recomputation weighed ten times what it
- * costs, and the budget search recomputed passes over memory instead, which cost more. */
-#define DEFT_COST_FLOPS_PER_S 50e12
-#define DEFT_COST_TENSOR_FLOPS_PER_S 500e12
-#define DEFT_COST_BYTES_PER_S 2e12
-
-static bool deft_on_tensor_cores(const deft_tensor *t) {
-    if (t->device.type != DEFT_CUDA || (t->dtype != DEFT_BF16 && t->dtype != DEFT_F16)) return false;
-    switch (t->op) {
-    case DEFT_OP_MATMUL:
-    case DEFT_OP_CONV2D:
-    case DEFT_OP_CONV2D_INPUT_GRAD:
-    case DEFT_OP_CONV2D_WEIGHT_GRAD:
-    case DEFT_OP_ATTENTION:
-    case DEFT_OP_ATTENTION_GRAD: return true;
-    default: return false;
-    }
-}
-
-double deft_op_seconds(const deft_tensor *t) {
-    double flops, bytes;
-    deft_op_cost(t, &flops, &bytes);
-    const double f = flops / (deft_on_tensor_cores(t) ? DEFT_COST_TENSOR_FLOPS_PER_S : DEFT_COST_FLOPS_PER_S);
-    const double b = bytes / DEFT_COST_BYTES_PER_S;
-    return f > b ? f : b;
 }

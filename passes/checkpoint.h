@@ -69,7 +69,6 @@ typedef struct deft_ckpt_applied {
     int *redirect;           /* per original node, as in deft_ckpt_plan */
     int n_recompute;
     double flops, bytes;     /* of the recompute nodes */
-    double seconds;          /* their roofline times (deft_op_seconds), summed */
 } deft_ckpt_applied;
 
 /* Appends the copies for drop (per original node) and fills *out (redirect must hold a->n entries). */

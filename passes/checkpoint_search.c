@@ -4,7 +4,8 @@
  * round tries dropping each remaining candidate (the DEFT_CKPT_TRIALS cheapest per byte), measures the lower bound of
  * the resulting plan, and keeps the one that lowers it most per unit of added recompute time; the planner's real
  * arena decides when the budget is met. A last pass keeps again, the latest in the forward pass first, every dropped
- * value the budget does not need dropped. Recompute time is the copies' roofline times summed (ir/op_cost.c's deft_op_seconds).
+ * value the budget does not need dropped. Recompute time is a roofline estimate of the copies' FLOPs and bytes
+ * (ir/op_cost.c).
  * Because dropped values are recomputed together just before their first backward reader, dropping a run of layers
  * recomputes that run once and holds it while the backward pass crosses it: the search finds checkpoint_sequential's
  * segments by itself where they pay, and keeps cheap recomputations (an activation from its kept input) first. */
@@ -26,6 +27,12 @@ typedef struct deft_ckpt_search {
     const bool *recast;      /* dropped whatever the policy (deft_ckpt_always) */
 } deft_ckpt_search;
 
+/* Seconds, on a device that does 50 TFLOP/s and moves 2 TB/s (the ratio matters, not the scale). */
+static double deft_ckpt_seconds(double flops, double bytes) {
+    double f = flops / 50e12, b = bytes / 2e12;
+    return f > b ? f : b;
+}
+
 /* Applies the current drop set, measures, and takes the copies out again. */
 static deft_status deft_ckpt_trial(deft_ckpt_search *s, int full, size_t *total, double *seconds, double *area) {
     deft_ckpt_applied ap = {.redirect = s->redirect};
@@ -34,7 +41,7 @@ static deft_status deft_ckpt_trial(deft_ckpt_search *s, int full, size_t *total,
     if (st == DEFT_OK) st = s->measure(s->ctx, s->redirect, full, total, &held);
     if (area) *area = held;
     deft_ckpt_truncate(s->a->g, s->a->n);
-    if (seconds) *seconds = ap.seconds;
+    if (seconds) *seconds = deft_ckpt_seconds(ap.flops, ap.bytes);
     return st;
 }
 
@@ -56,7 +63,9 @@ static int deft_ckpt_shortlist(const deft_ckpt_search *s, deft_ckpt_rank *r) {
         int id = s->a->cands[i];
         if (s->drop[id]) continue;
         const deft_tensor *t = s->a->g->nodes[id];
-        r[n++] = (deft_ckpt_rank){deft_op_seconds(t) / (double)(deft_node_buffer_bytes(t) + 1), id};
+        double f, b;
+        deft_op_cost(t, &f, &b);
+        r[n++] = (deft_ckpt_rank){deft_ckpt_seconds(f, b) / (double)(deft_node_buffer_bytes(t) + 1), id};
     }
     qsort(r, (size_t)n, sizeof *r, deft_by_key);
     return n < DEFT_CKPT_TRIALS ? n : DEFT_CKPT_TRIALS;

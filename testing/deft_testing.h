@@ -56,9 +56,6 @@ int deft_testing_ckpt_role(const deft_tensor *t);
  * may lack the device); free it with deft_testing_node_copy_free. */
 deft_tensor *deft_testing_node_copy_on(const deft_tensor *t, deft_device d);
 void deft_testing_node_copy_free(deft_tensor *copy);
-/* The roofline seconds the checkpoint search weighs node t's recomputation with (ir/op_cost.c's deft_op_seconds), and
- * its floating-point operations and bytes. */
-double deft_testing_op_seconds(const deft_tensor *t, double *flops, double *bytes);
 /* Autocast keeps the casts of inputs for the backward pass instead of recasting them (the reference of the recast). */
 void deft_testing_keep_input_casts(deft_graph *g, int keep);
 /* The autocast rewrite of g under (dtype, scaled, f32_grads), made if needed, and the node standing in it for the

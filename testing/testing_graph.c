@@ -79,11 +79,6 @@ deft_tensor *deft_testing_node_copy_on(const deft_tensor *t, deft_device d) {
 
 void deft_testing_node_copy_free(deft_tensor *copy) { free(copy); }
 
-double deft_testing_op_seconds(const deft_tensor *t, double *flops, double *bytes) {
-    deft_op_cost(t, flops, bytes);
-    return deft_op_seconds(t);
-}
-
 void deft_testing_keep_input_casts(deft_graph *g, int keep) {
     if (g) g->keep_input_casts = keep != 0;
 }
