@@ -319,7 +319,8 @@ static void probe_second(mlp *first, int64_t n, const mlp_config *c, deft_device
  * (x W)^2 with its backward pass and an SGD step: which part of a training step's first run slows the others. */
 static int64_t probe_elems;
 static enum {
-    PROBE_SCALE, PROBE_MATMUL, PROBE_TRAIN, PROBE_LINEAR, PROBE_RELU, PROBE_CE, PROBE_MOMENTUM, PROBE_TWO, PROBE_BIAS, PROBE_TWICE
+    PROBE_SCALE, PROBE_MATMUL, PROBE_TRAIN, PROBE_LINEAR, PROBE_RELU,
+    PROBE_CE, PROBE_MOMENTUM, PROBE_TWO, PROBE_BIAS, PROBE_TWICE
 } probe_kind;
 static const char *const probe_kind_names[] = {"scale", "matmul", "train", "linear", "relu",
                                                "ce",    "momentum", "two", "bias", "twice"};
@@ -511,7 +512,8 @@ static const char help[] =
 static void usage(void) {
     fprintf(stderr,
             "usage: %s [--config tiny|small|mid|large] [--device cuda:N|cpu] [--no-graphs] "
-            "[--no-fusion] [--tf32] [--feed device|host|prefetch] [--amp bf16|f16] [--repeat N] [--keep] [--probe-second [--probe-with FLAG] | --probe-other N [--probe-kind K]] "
+            "[--no-fusion] [--tf32] [--feed device|host|prefetch] [--amp bf16|f16] [--repeat N] [--keep] "
+            "[--probe-second [--probe-with FLAG] | --probe-other N [--probe-kind K]] "
             BENCH_AB_USAGE "\n",
             prog);
     exit(2);
