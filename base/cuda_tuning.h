@@ -121,8 +121,6 @@
 #define DEFT_BUCKET_DEFAULT_BYTES ((size_t)8 << 20)
 /* The last bucket's bytes at most: other splits tried on 2 and 4 GPUs, dropped (RESULTS: Sixth round, Tenth round). */
 #define DEFT_LAST_BUCKET_DEFAULT_BYTES ((size_t)1 << 20)
-/* NCCL blocks (channels) per collective: the mid MLP on 4 GPUs, 32 against NCCL's 16 (RESULTS: Tenth round). */
-#define DEFT_DIST_CTAS 32
 /* Gradients of one dtype from which a bucket is packed into one buffer: ResNet-18 (RESULTS: Eleventh round). */
 #define DEFT_DDP_PACK_FROM 4
 

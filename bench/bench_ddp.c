@@ -5,7 +5,7 @@
  *
  *   ./bench_ddp [--model mlp|resnet|gpt2] [--precision f32|bf16] [--gpus N] [--no-graphs] [--bucket-mib M]
  *               [--last-bucket-mib M] [--bucket-pieces] [--tf32] [--zero] [--efficiency]
- *               [--batch B] [--seq T] [--layers L]
+ *               [--nccl-blocks K] [--batch B] [--seq T] [--layers L]
  *
  * --model (bench/ddp_models.h): mlp, the mid MLP (batch 256 per GPU, the default), resnet, ResNet-18 of
  * examples/resnet18.h (batch 128 per GPU, 32x32 images, SGD momentum 0.9 and weight decay 5e-4), or gpt2, GPT-2 124M
@@ -18,7 +18,8 @@
  * one piece per bucket instead of one node after every bucket). --zero: the compile option zero_stage = 1 (ZeRO-1:
  * the optimizer's state sharded over the ranks); the figures' tag becomes deft_zero. --efficiency (N > 1): first the
  * same run on one GPU, then on N, in this process, and <tag>_scaling_efficiency = tokens (images) per second on N
- * over N times one GPU's.
+ * over N times one GPU's. --nccl-blocks K: the dist option collective_blocks (NCCL's blocks per collective; default
+ * 32), printed as ddp.<key>.gpus<N>.nccl_blocks when given.
  *
  * The batch comes from bench_util.h's hash, rank k's rows offset by k (the global batch differs per rank); it is fed
  * once and stays on the devices. Timing as bench_mlp_train: 10 warm-up steps, N steps calibrated to about 100 ms
@@ -46,7 +47,7 @@
 enum { MODEL_MLP, MODEL_RESNET, MODEL_GPT2 };
 
 typedef struct bench_args {
-    int model, bf16, n, graphs, tf32, bucket_pieces, zero, efficiency;
+    int model, bf16, n, graphs, tf32, bucket_pieces, zero, efficiency, nccl_blocks;
     int precision_set, gpt2_size_set;   /* --precision, and --batch, --seq or --layers, given */
     size_t bucket_bytes, last_bucket_bytes;
     ddp_gpt2_size gpt2;
@@ -158,7 +159,9 @@ static void print_world(const bench_args *a, const char *key, int n, const world
 /* One run over n GPUs, its figures printed. */
 static void bench_world(const bench_args *a, const char *key, int n, world_result *w) {
     deft_dist *d;
-    CHECK(deft_dist_init_local(n, 120, &d));
+    CHECK(deft_dist_init_local_with(
+        &(deft_dist_local_options){.ngpus = n, .timeout_s = 120, .collective_blocks = a->nccl_blocks}, &d));
+    if (a->nccl_blocks) printf("ddp.%s.gpus%d.nccl_blocks %d count\n", key, n, a->nccl_blocks);
     for (int k = 0; k < n; k++) CHECK(deft_memory_reset_peak(deft_dist_device(d, k)));
     ddp_replica r[MAX_GPUS];
     deft_program *ps[MAX_GPUS];
@@ -178,7 +181,7 @@ static void bench_world(const bench_args *a, const char *key, int n, world_resul
 static const char help[] =
     "usage: bench_ddp [--model mlp|resnet|gpt2] [--precision f32|bf16] [--gpus N] [--no-graphs] [--bucket-mib M]\n"
     "                 [--last-bucket-mib M] [--bucket-pieces] [--tf32] [--zero] [--efficiency]\n"
-    "                 [--batch B] [--seq T] [--layers L] [A/B options]\n"
+    "                 [--nccl-blocks K] [--batch B] [--seq T] [--layers L] [A/B options]\n"
     "\n"
     "Data parallel training over N GPUs of one process, gradients all-reduced in buckets inside each replica's\n"
     "CUDA Graph. Without NCCL or with fewer GPUs than asked for it says so and exits 0.\n"
@@ -194,6 +197,7 @@ static const char help[] =
     "  --tf32                 the compile option tf32 (default: off)\n"
     "  --zero                 the compile option zero_stage = 1: ZeRO-1, the optimizer's state sharded (default: 0)\n"
     "  --efficiency           with N > 1: the same run on 1 GPU first, then the scaling efficiency (default: off)\n"
+    "  --nccl-blocks K        NCCL's blocks per collective, 1 to 64 (the dist option collective_blocks; default: 32)\n"
     "  --batch B              gpt2: sequences per GPU (default: 16)\n"
     "  --seq T                gpt2: sequence length, 1 to 1024 (default: 1024)\n"
     "  --layers L             gpt2: blocks, 1 to 64 (default: 12)\n"
@@ -203,8 +207,8 @@ static const char help[] =
 static void usage(void) {
     fprintf(stderr,
             "usage: %s [--model mlp|resnet|gpt2] [--precision f32|bf16] [--gpus N] [--no-graphs] [--bucket-mib M] "
-            "[--last-bucket-mib M] [--bucket-pieces] [--tf32] [--zero] [--efficiency] [--batch B] [--seq T] "
-            "[--layers L] " BENCH_AB_USAGE "\n",
+            "[--last-bucket-mib M] [--bucket-pieces] [--tf32] [--zero] [--efficiency] [--nccl-blocks K] [--batch B] "
+            "[--seq T] [--layers L] " BENCH_AB_USAGE "\n",
             prog);
     exit(2);
 }
@@ -251,6 +255,8 @@ static bench_args parse(int argc, char **argv) {
         else if (strcmp(argv[i], "--bucket-pieces") == 0) a.bucket_pieces = 1;
         else if (strcmp(argv[i], "--zero") == 0) a.zero = 1;
         else if (strcmp(argv[i], "--efficiency") == 0) a.efficiency = 1;
+        else if (strcmp(argv[i], "--nccl-blocks") == 0 && i + 1 < argc)
+            a.nccl_blocks = (int)count_arg("--nccl-blocks", argv[++i], 1, DEFT_DIST_MAX_BLOCKS);
         else if ((strcmp(argv[i], "--bucket-mib") == 0 || strcmp(argv[i], "--last-bucket-mib") == 0) && i + 1 < argc) {
             const int last = strcmp(argv[i], "--last-bucket-mib") == 0;
             const double mib = atof(argv[++i]);

@@ -26,14 +26,30 @@ static deft_status deft_dist_need_nccl(void) {
     return deft_set_error(DEFT_ERR_NO_CUDA, "dist: deft was built without NCCL (DEFT_NCCL=OFF or no NCCL found)");
 }
 
+static deft_status deft_dist_blocks(const char *what, int asked, int *out) {
+    if (asked < 0 || asked > DEFT_DIST_MAX_BLOCKS)
+        return deft_set_error(DEFT_ERR_INVALID, "%s: collective_blocks %d: 0 (the default, %d) or 1..%d", what, asked,
+                              DEFT_DIST_DEFAULT_BLOCKS, DEFT_DIST_MAX_BLOCKS);
+    *out = asked == 0 ? DEFT_DIST_DEFAULT_BLOCKS : asked;
+    return DEFT_OK;
+}
+
 deft_status deft_dist_init_local(int ngpus, double timeout_s, deft_dist **out) {
+    return deft_dist_init_local_with(&(deft_dist_local_options){.ngpus = ngpus, .timeout_s = timeout_s}, out);
+}
+
+deft_status deft_dist_init_local_with(const deft_dist_local_options *o, deft_dist **out) {
     if (!out) return deft_set_error(DEFT_ERR_INVALID, "dist_init_local: out is NULL");
     *out = NULL;
+    if (!o) return deft_set_error(DEFT_ERR_INVALID, "dist_init_local: options are NULL");
+    const int ngpus = o->ngpus;
     if (ngpus < 1 || ngpus > DEFT_DIST_MAX_LOCAL)
         return deft_set_error(DEFT_ERR_INVALID, "dist_init_local: %d GPUs asked for (1..%d)", ngpus,
                               DEFT_DIST_MAX_LOCAL);
     double timeout = 0;
-    deft_status s = deft_dist_timeout(timeout_s, &timeout);
+    int blocks = 0;
+    deft_status s = deft_dist_timeout(o->timeout_s, &timeout);
+    if (s == DEFT_OK) s = deft_dist_blocks("dist_init_local", o->collective_blocks, &blocks);
     if (s == DEFT_OK) s = deft_dist_need_nccl();
     if (s != DEFT_OK) return s;
     const int have = deft_cuda_device_count();
@@ -42,7 +58,7 @@ deft_status deft_dist_init_local(int ngpus, double timeout_s, deft_dist **out) {
         return deft_set_error(DEFT_ERR_DEVICE, "dist_init_local: %d GPUs asked for, %d visible", ngpus, have);
     deft_dist *d = calloc(1, sizeof *d);
     if (!d) return deft_set_error(DEFT_ERR_OOM, "dist_init_local: out of host memory");
-    *d = (deft_dist){.world = ngpus, .n_local = ngpus, .timeout_s = timeout};
+    *d = (deft_dist){.world = ngpus, .n_local = ngpus, .timeout_s = timeout, .blocks = blocks};
     for (int i = 0; i < ngpus; i++) d->rank[i] = d->device[i] = i;
     deft_dist_env();
     s = deft_nccl_init_local(d);
@@ -55,7 +71,7 @@ deft_status deft_dist_init_local(int ngpus, double timeout_s, deft_dist **out) {
     return DEFT_OK;
 }
 
-static deft_status deft_dist_check_options(const deft_dist_options *o, int *device, double *timeout) {
+static deft_status deft_dist_check_options(const deft_dist_options *o, int *device, double *timeout, int *blocks) {
     if (!o) return deft_set_error(DEFT_ERR_INVALID, "dist_init: options are NULL");
     if (o->world < 1 || o->world > DEFT_DIST_MAX_WORLD || o->rank < 0 || o->rank >= o->world)
         return deft_set_error(DEFT_ERR_INVALID, "dist_init: rank %d of a world of %d (rank in [0, world), world "
@@ -64,6 +80,7 @@ static deft_status deft_dist_check_options(const deft_dist_options *o, int *devi
         return deft_set_error(DEFT_ERR_INVALID, "dist_init: the rendezvous must be \"file:PATH\" or "
                               "\"tcp:HOST:PORT\", not \"%s\"", o->rendezvous ? o->rendezvous : "(null)");
     deft_status s = deft_dist_timeout(o->timeout_s, timeout);
+    if (s == DEFT_OK) s = deft_dist_blocks("dist_init", o->collective_blocks, blocks);
     if (s == DEFT_OK) s = deft_dist_need_nccl();
     if (s != DEFT_OK) return s;
     const int have = deft_cuda_device_count();
@@ -78,9 +95,9 @@ static deft_status deft_dist_check_options(const deft_dist_options *o, int *devi
 deft_status deft_dist_init(const deft_dist_options *o, deft_dist **out) {
     if (!out) return deft_set_error(DEFT_ERR_INVALID, "dist_init: out is NULL");
     *out = NULL;
-    int device = 0;
+    int device = 0, blocks = 0;
     double timeout = 0;
-    deft_status s = deft_dist_check_options(o, &device, &timeout);
+    deft_status s = deft_dist_check_options(o, &device, &timeout, &blocks);
     if (s != DEFT_OK) return s;
     deft_dist_env();
     unsigned char id[DEFT_DIST_ID_BYTES] = {0};
@@ -89,7 +106,7 @@ deft_status deft_dist_init(const deft_dist_options *o, deft_dist **out) {
     if (s != DEFT_OK) return s;
     deft_dist *d = calloc(1, sizeof *d);
     if (!d) return deft_set_error(DEFT_ERR_OOM, "dist_init: out of host memory");
-    *d = (deft_dist){.world = o->world, .n_local = 1, .timeout_s = timeout};
+    *d = (deft_dist){.world = o->world, .n_local = 1, .timeout_s = timeout, .blocks = blocks};
     d->rank[0] = o->rank;
     d->device[0] = device;
     s = deft_nccl_init_rank(d, id);

@@ -16,9 +16,9 @@ extern "C" {
 #define DEFT_DIST_MAX_WORLD 1024          /* ranks in all */
 #define DEFT_DIST_ID_BYTES 128          /* NCCL_UNIQUE_ID_BYTES */
 #define DEFT_DIST_DEFAULT_TIMEOUT 300.0
-/* The blocks (NCCL channels) a collective runs with are cuda_tuning.h's DEFT_DIST_CTAS: more than NCCL chose by
- * itself on one host, which shortened the mid MLP's 4-GPU step and left ResNet-18 bf16's unchanged (bench/RESULTS.md,
- * "Tenth round"). */
+/* The blocks (NCCL channels) a collective runs with are the options' collective_blocks, by default 32
+ * (DEFT_DIST_DEFAULT_BLOCKS): more than NCCL chose by itself on one host, which shortened the mid MLP's 4-GPU step and
+ * left ResNet-18 bf16's unchanged (bench/RESULTS.md, "Tenth round"). */
 
 struct deft_program;
 
@@ -30,6 +30,7 @@ struct deft_dist {
     void *comm[DEFT_DIST_MAX_LOCAL];    /* ncclComm_t */
     bool nonblocking;                   /* created with config.blocking = 0: calls may answer ncclInProgress */
     double timeout_s;
+    int blocks;                         /* NCCL blocks per collective (deft_dist_options.collective_blocks, resolved) */
     int running;                        /* deft_dist_run is running the replicas together */
     bool aborted;                       /* a deadline passed or NCCL failed: the communicators were aborted */
     char failure[512];

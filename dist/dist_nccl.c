@@ -68,11 +68,10 @@ deft_status deft_nccl_unique_id(void *blob) {
     return DEFT_OK;
 }
 
-/* The communicators' configuration: DEFT_DIST_CTAS blocks per collective (cuda_tuning.h; NCCL refuses a least count
- * without a most one). */
-static ncclConfig_t deft_nccl_config(void) {
+/* The communicators' configuration: d->blocks blocks per collective (NCCL refuses a least count without a most one). */
+static ncclConfig_t deft_nccl_config(const deft_dist *d) {
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
-    cfg.minCTAs = cfg.maxCTAs = DEFT_DIST_CTAS;
+    cfg.minCTAs = cfg.maxCTAs = d->blocks;
     return cfg;
 }
 
@@ -81,7 +80,7 @@ static ncclConfig_t deft_nccl_config(void) {
 deft_status deft_nccl_init_local(deft_dist *d) {
     ncclUniqueId id;
     ncclResult_t r = ncclGetUniqueId(&id);
-    ncclConfig_t cfg = deft_nccl_config();
+    ncclConfig_t cfg = deft_nccl_config(d);
     ncclComm_t comms[DEFT_DIST_MAX_LOCAL] = {0};
     if (r == ncclSuccess) r = ncclGroupStart();
     if (r == ncclSuccess) {
@@ -108,7 +107,7 @@ deft_status deft_nccl_init_rank(deft_dist *d, const void *id_blob) {
     if (s != DEFT_OK) return s;
     ncclUniqueId id;
     memcpy(&id, id_blob, sizeof id);
-    ncclConfig_t cfg = deft_nccl_config();
+    ncclConfig_t cfg = deft_nccl_config(d);
     cfg.blocking = 0;
     ncclComm_t comm = NULL;
     ncclResult_t r = ncclCommInitRankConfig(&comm, d->world, id, d->rank[0], &cfg);

@@ -5,9 +5,10 @@
  * Debian system has.
  *
  * Under a launcher (scripts/deft_launch, torchrun, mpirun: RANK and WORLD_SIZE or their MPI kin set) each process
- * trains one replica of a data-parallel world on its GPU (deft_dist_init_env; the compile options dist and
- * dist_local 0, zero_stage 1 with --zero), its own batches of one global order (the token feed's rank and world);
- * rank 0 alone prints, validates and samples, and every rank saves and resumes its own state file (<FILE>.rank<R>).
+ * trains one replica of a data-parallel world on its GPU (deft_dist_options_from_env, deft_dist_init; the compile
+ * options dist and dist_local 0, zero_stage 1 with --zero), its own batches of one global order (the token feed's
+ * rank and world); rank 0 alone prints, validates and samples, and every rank saves and resumes its own state file
+ * (<FILE>.rank<R>).
  *
  *   ./gpt2_train [--model 124M | --layers L --width C --heads H --seq T --vocab V] [--tokens PATTERN | --text FILE]
  *                [--steps N] [--batch B] [--lr LR] ...   (--help lists every option)
@@ -34,6 +35,7 @@ typedef struct options {
     size_t checkpoint_budget;
     deft_dtype autocast;
     int autocast_set, no_shuffle, print_plan, deterministic, zero, reorder, matmul_find;
+    int nccl_blocks;   /* 0: the dist's default; -1: --nccl-blocks was not a whole number in 1..64 */
     double dist_timeout;
     uint64_t seed;
 } options;
@@ -101,6 +103,7 @@ static const char help[] =
     "                       get .rank<R> appended: one per rank\n"
     "  --zero               ZeRO-1: the optimizer's state sharded over the ranks (compile option zero_stage 1)\n"
     "  --dist-timeout S     seconds any wait on another rank may take before the run fails (default: 120)\n"
+    "  --nccl-blocks K      NCCL's blocks per collective, 1 to 64 (the dist option collective_blocks; default: 32)\n"
     "  -h, --help           this help\n";
 
 static int parse_size(const char *s, size_t *out) {
@@ -154,6 +157,11 @@ static int parse_one(options *o, const char *k, const char *v) {
     else if (!strcmp(k, "--save-every")) o->save_every = atoll(v);
     else if (!strcmp(k, "--resume")) o->resume = v;
     else if (!strcmp(k, "--dist-timeout")) o->dist_timeout = atof(v);
+    else if (!strcmp(k, "--nccl-blocks")) {
+        char *end = NULL;
+        const long b = strtol(v, &end, 10);
+        o->nccl_blocks = end != v && !*end && b >= 1 && b <= DEFT_DIST_MAX_BLOCKS ? (int)b : -1;
+    }
     else if (!strcmp(k, "--loss-chunks")) o->loss_chunks = atoll(v);
     else return 0;
     return 1;
@@ -196,6 +204,7 @@ static const char *options_problem(const options *o) {
     if (o->save_every && !o->state) return "--save-every needs --state FILE";
     if (o->tokens && o->text) return "give --tokens or --text, not both";
     if (o->dist_timeout <= 0) return "--dist-timeout must be positive";
+    if (o->nccl_blocks < 0) return "--nccl-blocks takes a whole number of blocks, 1 to 64";
     /* a timed choice may differ from one process to the next, and with it the products' rounding */
     if (o->matmul_find && (o->state || o->resume)) return "--matmul-find is not for runs saved or resumed";
     return NULL;
@@ -608,7 +617,10 @@ static int setup_device(run *r) {
                         "GPU, cuda:LOCAL_RANK; leave --device out\n");
         return 2;
     }
-    if (deft_dist_init_env(r->o.dist_timeout, &r->dist) != DEFT_OK) {
+    char rendezvous[512];
+    deft_dist_options dist = {.timeout_s = r->o.dist_timeout, .collective_blocks = r->o.nccl_blocks};
+    if (deft_dist_options_from_env(&dist, rendezvous, sizeof rendezvous) != DEFT_OK ||
+        deft_dist_init(&dist, &r->dist) != DEFT_OK) {
         fprintf(stderr, "gpt2_train: RANK or WORLD_SIZE is set, so this process trains as one rank of a data-parallel "
                         "world (scripts/deft_launch), which needs NCCL and a GPU per rank: %s\n", deft_errmsg());
         return 1;

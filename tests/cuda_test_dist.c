@@ -128,6 +128,18 @@ static void test_local(const float *ref, size_t n) {
     CHECK_MSG(memcmp(small, pieces, n * sizeof *pieces) == 0,
               "2 ranks, 64 KiB buckets: pieces per bucket and the whole step differ");
     free(pieces);
+    /* Communicators of 4 NCCL blocks per collective instead of 32: with two ranks each element's sum has one order,
+     * so the parameters are the same bits. */
+    deft_dist *few = NULL;
+    CHECK_OK(deft_dist_init_local_with(&(deft_dist_local_options){.ngpus = 2, .timeout_s = 60, .collective_blocks = 4},
+                                       &few));
+    if (few) {
+        float *blocks4 = malloc(n * sizeof *blocks4);
+        train_local(few, ref, n, NULL, "local, 4 NCCL blocks", blocks4);
+        CHECK_MSG(memcmp(graphs, blocks4, n * sizeof *blocks4) == 0, "2 ranks: 4 NCCL blocks and 32 differ");
+        free(blocks4);
+        deft_dist_free(few);
+    }
     free(graphs);
     free(eager);
     free(small);

@@ -85,8 +85,22 @@ static void test_init_errors(void) {
     o = (deft_dist_options){.rank = 0, .world = 2, .rendezvous = "file:/tmp/x", .timeout_s = -1};
     CHECK_ERR(deft_dist_init(&o, &d), DEFT_ERR_INVALID, "timeout");
     CHECK_ERR(deft_dist_init_local(0, 0, &d), DEFT_ERR_INVALID, "0 GPUs asked for");
+    /* NCCL's blocks per collective: 0 (the default) or 1..DEFT_DIST_MAX_BLOCKS, refused before NCCL or a GPU is
+     * looked for. */
+    o = (deft_dist_options){.rank = 0, .world = 2, .rendezvous = "file:/tmp/x", .collective_blocks = -1};
+    CHECK_ERR(deft_dist_init(&o, &d), DEFT_ERR_INVALID, "collective_blocks -1: 0 (the default, 32) or 1..64");
+    o.collective_blocks = DEFT_DIST_MAX_BLOCKS + 1;
+    CHECK_ERR(deft_dist_init(&o, &d), DEFT_ERR_INVALID, "collective_blocks 65");
+    CHECK_ERR(deft_dist_init_local_with(NULL, &d), DEFT_ERR_INVALID, "options are NULL");
+    CHECK_ERR(deft_dist_init_local_with(&(deft_dist_local_options){.ngpus = 2, .collective_blocks = 65}, &d),
+              DEFT_ERR_INVALID, "dist_init_local: collective_blocks 65");
+    CHECK_ERR(deft_dist_init_local_with(&(deft_dist_local_options){.ngpus = 0, .collective_blocks = 8}, &d),
+              DEFT_ERR_INVALID, "0 GPUs asked for");
+    CHECK(d == NULL);
     if (!deft_has_nccl_build()) {
         CHECK_ERR(deft_dist_init_local(2, 0, &d), DEFT_ERR_NO_CUDA, "without NCCL");
+        CHECK_ERR(deft_dist_init_local_with(&(deft_dist_local_options){.ngpus = 2, .collective_blocks = 64}, &d),
+                  DEFT_ERR_NO_CUDA, "without NCCL");
         o = (deft_dist_options){.rank = 1, .world = 2, .rendezvous = "file:/tmp/x"};
         CHECK_ERR(deft_dist_init(&o, &d), DEFT_ERR_NO_CUDA, "without NCCL");
     } else if (deft_cuda_device_count() == 0) {

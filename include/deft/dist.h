@@ -35,10 +35,23 @@ typedef struct deft_dist_options {
     const char *rendezvous;
     int device;                /* this rank's GPU (cuda:device); -1: rank modulo the visible GPUs */
     double timeout_s;          /* the deadline of every wait on another rank; 0: 300 */
+    /* The blocks (NCCL's CTAs, one per channel) each collective runs with, as NCCL_MIN_CTAS = NCCL_MAX_CTAS would
+     * set them: more move the gradients faster, fewer leave more of the GPU to the backward pass they overlap.
+     * 0: DEFT_DIST_DEFAULT_BLOCKS; else 1 .. DEFT_DIST_MAX_BLOCKS. Every rank should give the same. */
+    int collective_blocks;
 } deft_dist_options;
+#define DEFT_DIST_DEFAULT_BLOCKS 32
+#define DEFT_DIST_MAX_BLOCKS 64
 /* One communicator per GPU cuda:0 .. cuda:ngpus-1 of this process (ranks 0 .. ngpus-1). Their replicas run their
  * steps together through deft_dist_run (one host thread per GPU). timeout_s: as in deft_dist_options. */
 deft_status deft_dist_init_local(int ngpus, double timeout_s, deft_dist **out);
+/* The same with every option: ngpus, timeout_s and collective_blocks as above. */
+typedef struct deft_dist_local_options {
+    int ngpus;
+    double timeout_s;
+    int collective_blocks;
+} deft_dist_local_options;
+deft_status deft_dist_init_local_with(const deft_dist_local_options *o, deft_dist **out);
 /* One rank of `world`, one process each; returns once every rank has joined (or with an error at the deadline). */
 deft_status deft_dist_init(const deft_dist_options *o, deft_dist **out);
 /* The options a launcher gives this process through the environment (scripts/deft_launch, torchrun, mpirun):
@@ -46,9 +59,10 @@ deft_status deft_dist_init(const deft_dist_options *o, deft_dist **out);
  * (Open MPI), else PMI_RANK and PMI_SIZE (MPICH and others); device from LOCAL_RANK (or
  * OMPI_COMM_WORLD_LOCAL_RANK), else -1; the rendezvous "tcp:MASTER_ADDR:MASTER_PORT", written into `rendezvous` (n
  * bytes), which o->rendezvous then points to. MPI launchers set no MASTER_ADDR or MASTER_PORT: pass them (mpirun -x).
- * An empty variable counts as unset. o->timeout_s is left as it was. A missing variable or a bad value (not a
- * decimal integer, negative, rank >= world, world < 1, a port outside 1..65535, an address too long for the buffer)
- * is DEFT_ERR_INVALID naming the variable and its value, and leaves *o and the buffer as they were. */
+ * An empty variable counts as unset. o->timeout_s and o->collective_blocks are left as they were. A missing variable
+ * or a bad value (not a decimal integer, negative, rank >= world, world < 1, a port outside 1..65535, an address too
+ * long for the buffer) is DEFT_ERR_INVALID naming the variable and its value, and leaves *o and the buffer as they
+ * were. */
 deft_status deft_dist_options_from_env(deft_dist_options *o, char *rendezvous, size_t n);
 /* deft_dist_options_from_env, then deft_dist_init with timeout_s (0: 300 s). */
 deft_status deft_dist_init_env(double timeout_s, deft_dist **out);
