@@ -21,12 +21,12 @@ static const char *const prog = BENCH_NAME;
 
 /* The switches of the GPU optimisations for A/B runs (the environment's DEFT_SIDE_STREAM=0 and its kin before they
  * became compile options): --no-side-lane, --no-product-batches, --no-relu-grad-fold, --fuse-low-precision,
- * --conv-gemm never|f32, --cudnn-find, --matmul-find, --no-cheap-recompute and --reorder set the compile options of
- * those names.
+ * --conv-gemm never|f32, --cudnn-find, --matmul-find, --no-cheap-recompute, --reorder and --param-copies set the compile
+ * options of those names.
  * Returns 1 when argv[*i] is one (its value consumed). */
 #define BENCH_AB_USAGE                                                                                         \
     "[--no-side-lane] [--no-product-batches] [--no-relu-grad-fold] [--fuse-low-precision] [--conv-gemm never|f32] " \
-    "[--cudnn-find] [--matmul-find] [--no-cheap-recompute] [--reorder]"
+    "[--cudnn-find] [--matmul-find] [--no-cheap-recompute] [--reorder] [--param-copies]"
 #define BENCH_AB_HELP                                                                                          \
     "  --no-side-lane        compile option no_side_lane: no second stream for independent steps (default: on)\n"  \
     "  --no-product-batches  compile option no_product_batches: no batched products (default: batched)\n"         \
@@ -36,7 +36,9 @@ static const char *const prog = BENCH_NAME;
     "  --cudnn-find          compile option cudnn_find: time cuDNN's algorithms (default: heuristics)\n"      \
     "  --matmul-find         compile option matmul_find: time cuBLASLt's algorithms (default: heuristics)\n"  \
     "  --no-cheap-recompute  compile option no_cheap_recompute: keep what one pass recomputes (default: recomputed)\n" \
-    "  --reorder             compile option reorder: steps reordered to lower the peak (default: the given order)\n"
+    "  --reorder             compile option reorder: steps reordered to lower the peak (default: the given order)\n" \
+    "  --param-copies        compile option param_copies: autocast reads the optimizer's low-precision weight copies\n" \
+    "                        (default: a cast per step)\n"
 static inline int bench_ab_option(int argc, char **argv, int *i, deft_compile_options *co) {
     const char *a = argv[*i];
     if (!strcmp(a, "--no-side-lane")) co->no_side_lane = 1;
@@ -47,6 +49,7 @@ static inline int bench_ab_option(int argc, char **argv, int *i, deft_compile_op
     else if (!strcmp(a, "--matmul-find")) co->matmul_find = 1;
     else if (!strcmp(a, "--no-cheap-recompute")) co->no_cheap_recompute = 1;
     else if (!strcmp(a, "--reorder")) co->reorder = 1;
+    else if (!strcmp(a, "--param-copies")) co->param_copies = 1;
     else if (!strcmp(a, "--conv-gemm") && *i + 1 < argc) {
         const char *m = argv[++*i];
         co->conv_gemm = !strcmp(m, "never") ? DEFT_CONV_GEMM_NEVER : !strcmp(m, "f32") ? DEFT_CONV_GEMM_WITH_F32 : -1;

@@ -17,6 +17,7 @@
 #include "cuda_tuning.h"
 #include "device_internal.h"
 #include "dist.h"
+#include "param_copies.h"
 #include "grad_buckets.h"
 #include "optimizer.h"
 #include "optimizer_split.h"
@@ -367,6 +368,9 @@ deft_status deft_ddp_begin_run(deft_program *p) {
     if (!dd) return DEFT_OK;
     if (!dd->broadcast_done && dd->dist->world > 1) {
         deft_status s = deft_ddp_broadcast(p, dd);
+        /* The parameters changed under their low-precision copies: written again behind the broadcast. */
+        if (s == DEFT_OK) deft_param_copies_mark_stale(p->graph, NULL);
+        if (s == DEFT_OK) s = deft_param_copies_refresh(p);
         if (s != DEFT_OK) return s;
         dd->broadcast_done = true;
     }

@@ -210,10 +210,12 @@ static bool deft_autocast_current(const deft_autocast *ac, const deft_graph *g) 
     return true;
 }
 
-deft_status deft_autocast_get(deft_graph *g, deft_dtype dtype, int scaled, int f32_grads, deft_autocast **out) {
+deft_status deft_autocast_get(deft_graph *g, deft_dtype dtype, int scaled, int f32_grads, int param_copies,
+                              deft_autocast **out) {
     *out = NULL;
     for (deft_autocast *ac = g->autocasts; ac; ac = ac->next) {
-        if (ac->dtype == dtype && ac->scaled == scaled && ac->f32_grads == f32_grads && deft_autocast_current(ac, g)) {
+        if (ac->dtype == dtype && ac->scaled == scaled && ac->f32_grads == f32_grads &&
+            ac->param_copies == param_copies && deft_autocast_current(ac, g)) {
             *out = ac;
             return DEFT_OK;
         }
@@ -223,6 +225,7 @@ deft_status deft_autocast_get(deft_graph *g, deft_dtype dtype, int scaled, int f
     ac->dtype = dtype;
     ac->scaled = scaled;
     ac->f32_grads = f32_grads;
+    ac->param_copies = param_copies;
     ac->n_user = g->n_nodes;
     deft_status s = deft_autocast_build(ac, g);
     if (s != DEFT_OK) {

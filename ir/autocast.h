@@ -36,6 +36,8 @@ typedef struct deft_autocast {
     deft_dtype dtype;         /* DEFT_BF16 or DEFT_F16 */
     int scaled;               /* the backward passes start from the loss scale of the graph's optimizer */
     int f32_grads;            /* the step twins read f32 gradients, never the low-precision ones (3. above) */
+    int param_copies;         /* an optimized f32 parameter in the low dtype is its optimizer's persistent copy
+                               * (DEFT_OP_PARAM_COPY, the compile option param_copies), not a cast */
     int n_user;               /* the graph's node count when the rewrite was made: what `map` covers */
     deft_tensor **map;        /* n_user counterparts (NULL: none) */
     deft_tensor **to_low, **to_f32;   /* casts made so far, by source node id (cap entries); a layer norm's to_low
@@ -45,9 +47,10 @@ typedef struct deft_autocast {
     struct deft_autocast *next;
 } deft_autocast;
 
-/* The rewrite of g under (dtype, scaled, f32_grads): the one kept from before when the user has added no node since,
- * else a new one (which leaves the nodes of earlier rewrites alone). */
-deft_status deft_autocast_get(deft_graph *g, deft_dtype dtype, int scaled, int f32_grads, deft_autocast **out);
+/* The rewrite of g under (dtype, scaled, f32_grads, param_copies): the one kept from before when the user has added no
+ * node since, else a new one (which leaves the nodes of earlier rewrites alone). */
+deft_status deft_autocast_get(deft_graph *g, deft_dtype dtype, int scaled, int f32_grads, int param_copies,
+                              deft_autocast **out);
 /* The node a program under the rewrite computes for the user's tensor t, in t's dtype (a cast appended when the
  * counterpart has another); DEFT_ERR_INVALID naming t when it has none. */
 deft_status deft_autocast_output(deft_autocast *ac, deft_tensor *t, deft_tensor **out);
@@ -57,7 +60,8 @@ void deft_autocast_free_all(deft_graph *g);
 bool deft_autocast_step_scaled(const deft_graph *g, const deft_tensor *step);
 
 /* ---- ir/autocast_policy.c ---- */
-/* x in dtype dt: x itself, or the one cast node made for (x, dt) (marked, named after x). */
+/* x in dtype dt: x itself, or the one cast node made for (x, dt) (marked, named after x); under param_copies, for an
+ * f32 parameter that an optimizer with a step updates, in the rewrite's low dtype, its copy (DEFT_OP_PARAM_COPY). */
 deft_tensor *deft_autocast_cast(deft_autocast *ac, deft_tensor *x, deft_dtype dt);
 /* t (a forward node of the user's graph) under the policy, given its inputs' counterparts src: t itself when nothing
  * changes, else a new node built by t's builder (marked). NULL with the graph's error on failure, or with

@@ -27,6 +27,7 @@
 #include "autocast.h"
 #include "build_grad_ops.h"
 #include "node.h"
+#include "optimizer.h"
 
 typedef enum deft_policy {
     DEFT_POLICY_LOW,
@@ -96,8 +97,8 @@ deft_tensor *deft_autocast_cast(deft_autocast *ac, deft_tensor *x, deft_dtype dt
         if (!(slot = deft_autocast_memo(ac, x, dt))) return NULL;
         if (*slot) return *slot;
     }
-    deft_tensor *c = deft_cast(x, dt);
-    if (!c) return NULL;
+    deft_tensor *c = dt == ac->dtype && ac->param_copies ? deft_param_copy(x, dt) : NULL;
+    if (!c && !(c = deft_cast(x, dt))) return NULL;
     char name[64];
     snprintf(name, sizeof name, "%.52s.%s", x->name, deft_dtype_name(dt));
     deft_set_name(c, name);

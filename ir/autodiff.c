@@ -95,7 +95,8 @@ static deft_status deft_backward_sweep(deft_tensor *loss, deft_tensor *seed, def
         deft_tensor *t = g->nodes[id];
         /* Every consumer of node id has a higher id, so its gradient is complete here. */
         grads[id] = deft_join_slice_grads(grads[id], first);
-        if (!grads[id] || !reach[id] || deft_op_is_leaf(t->op)) continue;
+        /* A parameter's copy is a leaf to everything but autodiff: its gradient goes on to the parameter. */
+        if (!grads[id] || !reach[id] || (deft_op_is_leaf(t->op) && t->op != DEFT_OP_PARAM_COPY)) continue;
         s = deft_grad_rule(t, grads[id], reach, grads);
         if (s != DEFT_OK) break;
     }

@@ -128,7 +128,8 @@ static deft_tensor *deft_rule_pointwise(deft_tensor *t, deft_tensor *dy) {
     case DEFT_OP_GELU:
     case DEFT_OP_GELU_TANH:
     case DEFT_OP_SILU: return deft_act_grad(t->op, dy, a);
-    case DEFT_OP_CAST: return deft_cast(dy, a->dtype);
+    case DEFT_OP_CAST:
+    case DEFT_OP_PARAM_COPY: return deft_cast(dy, a->dtype);
     case DEFT_OP_COPY: return deft_to(dy, a->device, a->dtype);
     case DEFT_OP_RESHAPE: return deft_reshape(dy, a->ndim, a->shape);
     case DEFT_OP_EXPAND: return dy;   /* deft_accumulate sums it back to a's shape */

@@ -118,6 +118,10 @@ typedef enum deft_op {
     DEFT_OP_LAYER_NORM_GRAD,        /* src (dy, x, ln[, weight]): dx, x's shape and dtype; dy in ln's dtype */
     DEFT_OP_LAYER_NORM_WEIGHT_GRAD, /* src (dy, x, ln): out [2, C] = column sums of dy * xhat (the weight's gradient)
                                      * and of dy (the bias's); its buffer holds the row blocks' partial sums past them */
+    /* src (param): param (an optimizer's f32 parameter) in this node's dtype, bf16 or f16, kept by the optimizer
+     * beside its flat storage and written by its updates (the compile option param_copies, ir/optimizer.h's
+     * flat_low): a leaf to the schedule and the plan (persistent, computed by no step); a cast to autodiff. */
+    DEFT_OP_PARAM_COPY,
     DEFT_OP_COUNT
 } deft_op;
 
@@ -395,7 +399,7 @@ static inline size_t deft_node_buffer_bytes(const deft_tensor *t) {
 static inline bool deft_op_updates_state(deft_op op) { return op == DEFT_OP_OPTIMIZER || op == DEFT_OP_BN_STATS; }
 
 static inline bool deft_op_is_leaf(deft_op op) {
-    return op == DEFT_OP_INPUT || op == DEFT_OP_PARAM || op == DEFT_OP_CONSTANT;
+    return op == DEFT_OP_INPUT || op == DEFT_OP_PARAM || op == DEFT_OP_CONSTANT || op == DEFT_OP_PARAM_COPY;
 }
 
 /* The device that does a step's work: a copy to the host is queued by the GPU it comes from. */

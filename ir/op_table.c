@@ -5,6 +5,7 @@ static const deft_op_info deft_ops[DEFT_OP_COUNT] = {
     [DEFT_OP_INPUT] = {"input", DEFT_KIND_LEAF},
     [DEFT_OP_PARAM] = {"param", DEFT_KIND_LEAF},
     [DEFT_OP_CONSTANT] = {"constant", DEFT_KIND_LEAF},
+    [DEFT_OP_PARAM_COPY] = {"param_copy", DEFT_KIND_LEAF},
     [DEFT_OP_FULL] = {"full", DEFT_KIND_CREATE},
     [DEFT_OP_ARANGE] = {"arange", DEFT_KIND_CREATE},
     [DEFT_OP_UNIFORM] = {"uniform", DEFT_KIND_CREATE},

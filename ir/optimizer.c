@@ -204,6 +204,37 @@ void *deft_optimizer_scale_storage(deft_optimizer *opt) {
     return opt->dev ? (void *)&opt->dev->loss_scale : (void *)&opt->scaler.scale;
 }
 
+deft_optimizer *deft_optimizer_of_param(const deft_graph *g, const deft_tensor *t, int *index) {
+    for (int i = 0; i < g->n_optimizers; i++) {
+        deft_optimizer *o = g->optimizers[i];
+        for (int k = 0; k < o->n_params; k++) {
+            if (o->params[k] != t) continue;
+            if (index) *index = k;
+            return o;
+        }
+    }
+    return NULL;
+}
+
+deft_tensor *deft_param_copy(deft_tensor *x, deft_dtype dt) {
+    if (x->op != DEFT_OP_PARAM || x->dtype != DEFT_F32 || (dt != DEFT_BF16 && dt != DEFT_F16)) return NULL;
+    const deft_optimizer *o = deft_optimizer_of_param(x->graph, x, NULL);
+    if (!o || !o->step_node || o->dtype != DEFT_F32) return NULL;
+    return deft_node_new(x->graph, DEFT_OP_PARAM_COPY, dt, x->device, x->ndim, x->shape, 1, &x);
+}
+
+/* Parameter copies borrow the optimizer's copy storage (runtime/param_copies.c): it goes with the optimizer. */
+static void deft_release_param_copies(deft_optimizer *opt) {
+    deft_graph *g = opt->graph;
+    for (int i = 0; opt->flat_low && i < g->n_nodes; i++) {
+        deft_tensor *t = g->nodes[i];
+        if (t->op != DEFT_OP_PARAM_COPY || !t->storage_borrowed || deft_optimizer_of_param(g, t->src[0], NULL) != opt)
+            continue;
+        t->host_data = t->dev_data = NULL;
+        t->storage_borrowed = false;
+    }
+}
+
 /* Seed nodes of autocast backward passes borrow the scale's storage: it goes with the optimizer. */
 static void deft_release_scale_seeds(deft_optimizer *opt) {
     void *at = deft_optimizer_scale_storage(opt);
@@ -222,6 +253,7 @@ static void deft_release_scale_seeds(deft_optimizer *opt) {
 void deft_optimizer_destroy(deft_optimizer *opt) {
     if (!opt) return;
     deft_release_scale_seeds(opt);
+    deft_release_param_copies(opt);
     for (int i = 0; opt->flat_params && i < opt->n_params; i++) {
         deft_tensor *t = opt->params[i];
         if (!t->storage_borrowed) continue;

@@ -176,6 +176,15 @@ struct deft_optimizer {
      * per-element state (SGD: momentum buffer;
      * AdamW: the first and second moments). */
     void *flat_params, *flat_grads, *state0, *state1;
+    /* The compile option param_copies: the parameters in low_dtype (bf16 or f16), flat as flat_params (total
+     * elements), which autocast programs read instead of casting each parameter every step (DEFT_OP_PARAM_COPY
+     * nodes borrow their storage here). Made when the first such program is compiled; every update writes its
+     * elements (CPU and GPU kernels, the cast's rounding); low_stale is set by whatever writes the parameters
+     * outside a step (deft_param_set, a data-parallel broadcast) and cleared by the refresh before the next run.
+     * A sharded optimizer keeps none (compile refuses param_copies with zero_stage). NULL: none. */
+    void *flat_low;
+    deft_dtype low_dtype;
+    bool low_stale;
     /* The CPU's per-run state (on a GPU it lives in dev instead). */
     int micro;                 /* runs since the last update */
     int64_t updates;
@@ -291,6 +300,14 @@ static inline size_t deft_optimizer_state_bytes(const struct deft_optimizer *opt
 static inline bool deft_optimizer_grad_dtype_ok(deft_dtype param, deft_dtype grad) {
     return grad == param || (param == DEFT_F32 && (grad == DEFT_BF16 || grad == DEFT_F16));
 }
+
+/* The optimizer whose flat storage holds parameter t (its index there in *index, when index is not NULL); NULL when
+ * none does. */
+struct deft_optimizer *deft_optimizer_of_param(const deft_graph *g, const deft_tensor *t, int *index);
+/* The compile option param_copies (ir/autocast.h): x's persistent copy in dt (DEFT_OP_PARAM_COPY), a new node, when x
+ * is an f32 parameter of an optimizer with a step node and f32 weights and dt is bf16 or f16; NULL (no error) when x
+ * does not qualify, or with the graph's error when out of memory. */
+deft_tensor *deft_param_copy(deft_tensor *x, deft_dtype dt);
 
 /* Checks the n sources of a step node of opt (a whole step or a piece; a finisher's sources are the pieces' sums, not
  * checked here): one per parameter, each with the parameter's element count and a dtype deft_optimizer_grad_dtype_ok

@@ -16,7 +16,8 @@ deft_status deft_autocast_outputs(deft_graph *g, const deft_config *c, deft_tens
      * in the last bits (bench/RESULTS.md, "Fifth round") from tests/amp_ref.h's reference, whose network, compiled
      * with every gradient as an output, already differs before any update with no_fusion; until a reference that runs
      * the same kernels settles it, f16 keeps its casts. Data parallel averages f32 gradients, as PyTorch's DDP does. */
-    deft_status s = deft_autocast_get(g, c->autocast, c->loss_scaled, c->dist != NULL || c->autocast != DEFT_BF16, &ac);
+    deft_status s = deft_autocast_get(g, c->autocast, c->loss_scaled, c->dist != NULL || c->autocast != DEFT_BF16,
+                                      c->param_copies, &ac);
     if (s != DEFT_OK) return s;
     deft_tensor **m = malloc((size_t)n * sizeof *m);
     if (!m) return deft_set_error(DEFT_ERR_OOM, "compile: out of host memory");

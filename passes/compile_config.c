@@ -99,6 +99,22 @@ static deft_status deft_config_stop(const deft_compile_options *o, deft_config *
                           o->stop_after, names);
 }
 
+/* The optimizers' low-precision parameter copies read in place of casts: a question for autocast alone, and one that
+ * ZeRO-1 (which updates one slice per rank) cannot answer yet. */
+static deft_status deft_config_param_copies(const deft_compile_options *o, deft_config *c) {
+    if (!o->param_copies) return DEFT_OK;
+    if (o->param_copies != 1)
+        return deft_set_error(DEFT_ERR_INVALID, "compile: param_copies must be 0 or 1, got %d", o->param_copies);
+    if (c->autocast == DEFT_F32)
+        return deft_set_error(DEFT_ERR_INVALID, "compile: param_copies keeps the parameters' low-precision copies "
+                              "of autocast; set autocast to bf16 or f16 too");
+    if (c->zero_stage)
+        return deft_set_error(DEFT_ERR_INVALID, "compile: param_copies does not work with zero_stage 1 yet: each "
+                              "rank updates one slice of the parameters, so the copies of the others would go stale");
+    c->param_copies = true;
+    return DEFT_OK;
+}
+
 bool deft_config_tight_memory(const deft_config *c) {
     return c->optimizer_in_backward || c->memory_budget || c->checkpoint;
 }
@@ -129,6 +145,7 @@ deft_status deft_config_resolve(const deft_compile_options *opts, deft_config *o
     c.side_lane = !o->no_side_lane && !deft_config_tight_memory(&c);
     deft_status s = deft_config_autocast(o, &c);
     if (s == DEFT_OK) s = deft_config_zero(o, &c);
+    if (s == DEFT_OK) s = deft_config_param_copies(o, &c);
     if (s == DEFT_OK) s = deft_config_cuda_flags(o, &c);
     if (s == DEFT_OK) s = deft_config_stop(o, &c);
     if (s == DEFT_OK) *out = c;

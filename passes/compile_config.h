@@ -17,6 +17,7 @@ typedef struct deft_config {
     deft_dtype autocast;           /* DEFT_F32: off */
     bool loss_scaled;              /* f16 autocast with dynamic loss scaling */
     deft_loss_scale_options loss_scale;   /* with GradScaler's defaults filled in (only those when !loss_scaled) */
+    bool param_copies;             /* optimized parameters read through their optimizers' copies (runtime/param_copies.c) */
     /* the optimizer and data parallel */
     bool optimizer_in_backward;
     struct deft_dist *dist;        /* NULL: not a replica */

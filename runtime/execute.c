@@ -9,6 +9,7 @@
 #include "device_internal.h"
 #include "optimizer.h"
 #include "optimizer_run.h"
+#include "param_copies.h"
 #include "program_graph.h"
 #include "prefetch.h"
 #include "program_run.h"
@@ -126,6 +127,7 @@ static deft_status deft_program_run_with(deft_program *p, deft_trace *tr) {
     if (p->stopped_after) return deft_stopped_error(p, "run");
     deft_status s = deft_check_fed(p);
     if (s == DEFT_OK && p->ddp) s = deft_replica_hooks_get()->check_run(p);
+    if (s == DEFT_OK) s = deft_param_copies_refresh(p);   /* before a replay too: it is no part of the graph */
     if (s != DEFT_OK) return s;
     deft_stamp_run(p);
     if (p->gpu->device >= 0) {

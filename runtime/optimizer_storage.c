@@ -257,13 +257,14 @@ void deft_optimizer_release(deft_optimizer *opt) {
     deft_mem_free(d, opt->flat_grads);
     deft_mem_free(d, opt->state0);
     deft_mem_free(d, opt->state1);
+    deft_mem_free(d, opt->flat_low);
     if (opt->dev) deft_mem_free(d, opt->dev);
     if (opt->dev_blocks) deft_mem_free(d, opt->dev_blocks);
     if (opt->dev_block_sums) deft_mem_free(d, opt->dev_block_sums);
     if (opt->dev_groups) deft_mem_free(d, opt->dev_groups);
     deft_optimizer_zero_release(opt);
     opt->dev_groups = NULL;
-    opt->flat_params = opt->flat_grads = opt->state0 = opt->state1 = NULL;
+    opt->flat_params = opt->flat_grads = opt->state0 = opt->state1 = opt->flat_low = NULL;
     opt->dev = NULL;
     opt->dev_blocks = NULL;
     opt->dev_block_sums = NULL;

@@ -4,6 +4,7 @@
 
 #include "device_internal.h"
 #include "graph_internal.h"
+#include "param_copies.h"
 
 static deft_status deft_param_check(const deft_tensor *t, size_t bytes, const char *what) {
     if (!t) return deft_set_error(DEFT_ERR_INVALID, "%s: tensor is NULL", what);
@@ -20,6 +21,7 @@ deft_status deft_param_set(deft_tensor *param, const void *host, size_t bytes) {
     if (s != DEFT_OK) return s;
     if (!host) return deft_set_error(DEFT_ERR_INVALID, "param_set: host buffer is NULL");
     memcpy(param->host_data, host, bytes);
+    deft_param_copies_mark_stale(param->graph, param);
     if (param->dev_data) return deft_mem_copy(param->device, param->dev_data, deft_cpu(), host, bytes);
     return DEFT_OK;
 }

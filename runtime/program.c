@@ -10,6 +10,7 @@
 #include "optimizer.h"
 #include "optimizer_split.h"
 #include "optimizer_storage.h"
+#include "param_copies.h"
 #include "program_graph.h"
 #include "program_hooks.h"
 #include "replica_hooks.h"
@@ -56,6 +57,9 @@ static deft_status deft_place_persistent(deft_program *p, bool *uploaded) {
         deft_status s = DEFT_OK;
         if (t->op == DEFT_OP_INPUT) {
             s = deft_program_host_alloc(p, t->device, bytes, t->name, &p->nodes[id].input_storage);
+        } else if (t->op == DEFT_OP_PARAM_COPY) {
+            if (!t->storage_borrowed) s = deft_param_copy_bind(t, &uploaded[id]);
+            if (s != DEFT_OK) return s;
         } else if (t->device.type != DEFT_CPU && !t->dev_data) {
             s = deft_mem_alloc_tagged(t->device, bytes, t->name, &t->dev_data);
             if (s == DEFT_OK) uploaded[id] = true;
@@ -104,7 +108,9 @@ static deft_status deft_alloc_arenas(deft_program *p) {
  * made go back. Their host values are still current, since nothing ran on them. */
 static void deft_release_uploads(deft_program *p, const bool *uploaded) {
     for (int id = 0; id < p->n_nodes; id++)
-        if (uploaded[id]) deft_release_device_data(p->graph->nodes[id]);
+        if (!uploaded[id]) continue;
+        else if (p->graph->nodes[id]->op == DEFT_OP_PARAM_COPY) deft_param_copy_unmake(p->graph->nodes[id]);
+        else deft_release_device_data(p->graph->nodes[id]);
 }
 
 /* The memory of a program that went through every stage: loss scaling set in its optimizers, persistent storage,

@@ -85,7 +85,7 @@ void deft_testing_keep_input_casts(deft_graph *g, int keep) {
 
 deft_status deft_testing_autocast_get(deft_graph *g, deft_dtype dtype, int scaled, int f32_grads,
                                       deft_testing_autocast **out) {
-    return deft_autocast_get(g, dtype, scaled, f32_grads, out);
+    return deft_autocast_get(g, dtype, scaled, f32_grads, 0, out);
 }
 
 deft_tensor *deft_testing_autocast_map(const deft_testing_autocast *ac, const deft_tensor *t) {

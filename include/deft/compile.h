@@ -52,6 +52,15 @@ typedef struct deft_compile_options {
      * dashed beside the rewritten nodes, named "<name>@bf16"); inserted casts are drawn with the label "autocast". */
     deft_dtype autocast;
     deft_loss_scale_options loss_scale;   /* f16 autocast only (other policies refuse options set here) */
+    /* 1 (with autocast): each parameter an optimizer updates is read, wherever autocast would cast it to the low
+     * precision, from a persistent copy in that precision that the optimizer keeps beside its f32 master weights and
+     * writes in the same pass as each update (rounded as the cast rounds, so every value is the same bit for bit),
+     * instead of a cast in every step's forward pass (and again in its backward pass). The copies hold 2 bytes per
+     * parameter for as long as the optimizer lives (deft_memory_report's persistent_bytes counts them); writing the
+     * parameters between steps (deft_param_set, loading) has them written again before the next run. Refused without
+     * autocast and with zero_stage 1 (DEFT_ERR_INVALID); one optimizer keeps copies in one dtype (a program of the
+     * other policy is DEFT_ERR_STATE). */
+    int param_copies;
     /* 1: optimizer in backward. Each optimizer step asked for runs in pieces, one per group of parameters that become
      * ready together (a layer's weight and bias), each placed right after the last step that computes one of its
      * gradients or reads one of its parameters, so every gradient's buffer dies there instead of living to the end of
@@ -120,6 +129,7 @@ typedef enum deft_conv_gemm_mode {
 } deft_conv_gemm_mode;
 #define DEFT_HAS_OPTIMIZER_IN_BACKWARD 1
 #define DEFT_HAS_AUTOCAST_OPTION 1
+#define DEFT_HAS_PARAM_COPIES 1
 
 #define DEFT_HAS_TF32_OPTION 1
 #define DEFT_HAS_NO_CUDA_GRAPHS_OPTION 1

@@ -17,6 +17,8 @@ deft_status deft_cpu_optimizer_run(struct deft_optimizer *o, deft_tensor *const 
 /* A part of a split step: a piece's block sums into out, or the finisher's norm from the pieces' sums. */
 deft_status deft_cpu_optimizer_part_run(struct deft_optimizer *o, deft_tensor *const *srcs, const void *const *grads,
                                         void *out);
+/* The parameters' whole low-precision copy written from their values (ir/optimizer.h's flat_low). */
+void deft_cpu_optimizer_copy_refresh(const struct deft_optimizer *o);
 
 
 #endif

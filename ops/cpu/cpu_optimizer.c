@@ -5,8 +5,20 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu_kernels.h"
+#include "element.h"
 #include "half.h"
 #include "optimizer.h"
+
+/* Elements [off, off + n) of the parameters into their low-precision copy (the compile option param_copies), rounded
+ * as the CPU's cast rounds (deft_store_from_f64), so that a program reading the copy sees a cast's bits. */
+static void deft_copy_range(const deft_optimizer *o, int64_t off, int64_t n) {
+    if (!o->flat_low || o->dtype != DEFT_F32) return;
+    const float *p = (const float *)o->flat_params + off;
+    for (int64_t j = 0; j < n; j++) deft_store_from_f64(o->flat_low, o->low_dtype, off + j, p[j]);
+}
+
+void deft_cpu_optimizer_copy_refresh(const deft_optimizer *o) { deft_copy_range(o, 0, o->total); }
 
 /* A bf16 or f16 gradient of an f32 weight (the autocast step's, ir/autocast.h) widened into dst: stored, or added
  * to what dst holds. Widening is exact, so this is what the cast back to f32 and an f32 gradient gave. */
@@ -117,6 +129,7 @@ static void deft_widen(float *dst, const uint16_t *src, deft_dtype dt, int64_t n
             const deft_optimizer_group gr = deft_optimizer_group_of(w, i);                                           \
             if (w->kind == DEFT_OPTIM_SGD) deft_sgd_##T(w, gr, p, g, s0, n, (T)1);                                    \
             else deft_adamw_##T(w, gr, p, g, s0, (T *)w->state1 + off, n, (T)1);                                     \
+            deft_copy_range(w, off, n);                                                                              \
         }                                                                                                            \
     }
 
@@ -185,6 +198,7 @@ static void deft_update(deft_optimizer *o) {
     double scale = mean * deft_clip_factor(o, norm);
     if (f32) deft_update_all_float(o, (float)scale);
     else deft_update_all_double(o, scale);
+    deft_copy_range(o, 0, o->total);
     o->updates++;
     if (o->scaler.on) deft_scaler_after(o, false);
 }

@@ -129,6 +129,8 @@ deft_status deft_cuda_optimizer_run(struct deft_optimizer *o, const struct deft_
 /* A part of a split step: a piece's block sums into out (f64), or the finisher's norm from the pieces' sums. */
 deft_status deft_cuda_optimizer_part_run(struct deft_optimizer *o, const struct deft_optimizer_segment *table,
                                          void *out, void *stream);
+/* The parameters' whole low-precision copy written from their values (ir/optimizer.h's flat_low), on `stream`. */
+deft_status deft_cuda_optimizer_copy_refresh(struct deft_optimizer *o, void *stream);
 
 /* Data parallel's bucket packing: bytes[i] of tensors[i] to packed + offsets[i], or back (unpack), in launches of
  * at most DEFT_PACK_MAX gradients. */

@@ -214,6 +214,9 @@ static deft_opt_hyper deft_opt_hyper_of(const deft_optimizer *o) {
     h.growth = o->scaler.growth;
     h.backoff = o->scaler.backoff;
     h.interval = o->scaler.interval;
+    /* Every path indexes the copy as it indexes flat_params; a sharded optimizer keeps none (compile refuses it). */
+    h.low = deft_optimizer_sharded(o) ? NULL : o->flat_low;
+    h.low_dtype = (int)o->low_dtype;
     return h;
 }
 
@@ -348,6 +351,26 @@ extern "C" deft_status deft_cuda_optimizer_run(struct deft_optimizer *o, const d
         return deft_set_error(DEFT_ERR_DTYPE, "optimizer %s: parameters are %s; the optimizer keeps f32 or f64 weights",
                               o->step_node->name, deft_dtype_name(o->dtype));
     }
+}
+
+/* ---------------------------------------------------------------- the low-precision copy, written whole
+ * After the parameters were written outside a step (ir/optimizer.h's low_stale): the cast kernel's conversion. */
+template <class L> __global__ void deft_k_opt_copy_refresh(const float *__restrict__ p, L *__restrict__ low, int64_t n) {
+    for (int64_t j = deft_tid(); j < n; j += deft_nthreads()) low[j] = deft_cast_one<float, L>(p[j]);
+}
+
+extern "C" deft_status deft_cuda_optimizer_copy_refresh(struct deft_optimizer *o, void *stream) {
+    cudaStream_t st = (cudaStream_t)stream;
+    const int64_t n = o->total;
+    if (!o->flat_low || n == 0) return DEFT_OK;
+    const unsigned blocks = deft_cuda_blocks(n, DEFT_CUDA_THREADS);
+    if (o->low_dtype == DEFT_BF16)
+        deft_k_opt_copy_refresh<<<blocks, DEFT_CUDA_THREADS, 0, st>>>((const float *)o->flat_params,
+                                                                      (__nv_bfloat16 *)o->flat_low, n);
+    else
+        deft_k_opt_copy_refresh<<<blocks, DEFT_CUDA_THREADS, 0, st>>>((const float *)o->flat_params,
+                                                                      (__half *)o->flat_low, n);
+    return deft_cuda_check_launch(o->step_node, "optimizer parameter copies");
 }
 
 /* ---------------------------------------------------------------- the host side of a split step */

@@ -19,6 +19,10 @@ struct deft_opt_hyper {
     int loss_scaling;         /* dynamic loss scaling (ir/optimizer.h's deft_optimizer_scaler) */
     double growth, backoff;
     int interval;
+    /* The parameters' low-precision copy (the compile option param_copies, ir/optimizer.h), indexed as the kernel's
+     * parameters are; NULL: none. low_dtype is DEFT_BF16 or DEFT_F16. */
+    void *low;
+    int low_dtype;
 };
 
 /* An optimizer block's threads: DEFT_OPT_THREADS (cuda_tuning.h). */
@@ -93,6 +97,16 @@ __device__ __forceinline__ deft_opt_coef<T> deft_opt_coef_group(deft_opt_coef<T>
     return c;
 }
 
+/* Element j of an update also written to the parameters' low-precision copy, rounded by the cast kernel's own
+ * conversion (deft_cast_one), so that a program reading the copy sees the bits a cast of the parameter would give. */
+template <class T> __device__ __forceinline__ void deft_opt_store_low(const deft_opt_hyper &h, int64_t j, T v) {
+    if constexpr (sizeof(T) == sizeof(float)) {
+        if (!h.low) return;
+        if (h.low_dtype == DEFT_BF16) ((__nv_bfloat16 *)h.low)[j] = deft_cast_one<float, __nv_bfloat16>(v);
+        else ((__half *)h.low)[j] = deft_cast_one<float, __half>(v);
+    }
+}
+
 /* runtime/optimizer_run.c's DEFT_SGD on one element held in registers (pj the parameter, bj its momentum buffer,
  * read only when momentum is on and this is not the first update) with the scaled gradient d: weight decay added
  * to d, the momentum buffer starting as d on the first update. */
@@ -116,6 +130,7 @@ __device__ __forceinline__ void deft_opt_sgd_one(T *p, T *buf, int64_t j, T d, c
     deft_opt_sgd_reg<T>(pj, bj, d, h, c);
     if (h.momentum != 0.0) buf[j] = bj;
     p[j] = pj;
+    deft_opt_store_low<T>(h, j, pj);
 }
 
 /* runtime/optimizer_run.c's DEFT_ADAMW: the moments start at zero on the first update (the CPU clears them there).
@@ -139,6 +154,7 @@ __device__ __forceinline__ void deft_opt_adamw_one(T *p, T *m, T *v, int64_t j, 
     m[j] = mj;
     v[j] = vj;
     p[j] = pj;
+    deft_opt_store_low<T>(h, j, pj);
 }
 
 /* The coefficients of a one-launch step (no prepare kernel ran): from the device's counters. */

@@ -60,6 +60,7 @@ __device__ double deft_opt_range_scalar(T *__restrict__ p, T *__restrict__ s0, T
         for (int u = 0; u < DEFT_OPT_UNROLL; u++) {
             const int64_t k = j + u * bd;
             p[k] = pv[u];
+            deft_opt_store_low<T>(h, k, pv[u]);
             if (moments) s0[k] = av[u];
             if (!sgd) s1[k] = bv[u];
         }
@@ -70,6 +71,25 @@ __device__ double deft_opt_range_scalar(T *__restrict__ p, T *__restrict__ s0, T
         else deft_opt_adamw_one<T>(p, s0, s1, j, gj, h, c);
     }
     return sum;
+}
+
+/* V elements of the low-precision copy in one store (the block walk checked its alignment). */
+template <class T>
+__device__ __forceinline__ void deft_opt_store_low_vec(const deft_opt_hyper &h, int64_t k, const T (&v)[DEFT_OPT_VEC]) {
+    if constexpr (sizeof(T) == sizeof(float)) {
+        if (!h.low) return;
+        if (h.low_dtype == DEFT_BF16) {
+            deft_vec<__nv_bfloat16, DEFT_OPT_VEC> o;
+#pragma unroll
+            for (int e = 0; e < DEFT_OPT_VEC; e++) o.e[e] = deft_cast_one<float, __nv_bfloat16>(v[e]);
+            *reinterpret_cast<deft_vec<__nv_bfloat16, DEFT_OPT_VEC> *>((__nv_bfloat16 *)h.low + k) = o;
+        } else {
+            deft_vec<__half, DEFT_OPT_VEC> o;
+#pragma unroll
+            for (int e = 0; e < DEFT_OPT_VEC; e++) o.e[e] = deft_cast_one<float, __half>(v[e]);
+            *reinterpret_cast<deft_vec<__half, DEFT_OPT_VEC> *>((__half *)h.low + k) = o;
+        }
+    }
 }
 
 /* The same with four neighbouring elements per load (16 bytes of f32 parameters and state, 8 or 16 of gradients),
@@ -125,6 +145,7 @@ __device__ double deft_opt_range_vec(T *__restrict__ p, T *__restrict__ s0, T *_
             }
             const int64_t k = lo + (i + u * bd) * V;
             deft_opt_store_vec<T>(p + k, pv[u]);
+            deft_opt_store_low_vec<T>(h, k, pv[u]);
             if (moments) deft_opt_store_vec<T>(s0 + k, av[u]);
             if (!sgd) deft_opt_store_vec<T>(s1 + k, bv[u]);
         }
@@ -154,6 +175,7 @@ template <class T, int KIND, int MODE> struct deft_opt_block_run {
             constexpr size_t VB = DEFT_OPT_VEC * sizeof(T);
             if (deft_is_aligned(p + bk.lo, VB) && (!s0 || deft_is_aligned(s0 + bk.lo, VB)) &&
                 (!s1 || deft_is_aligned(s1 + bk.lo, VB)) &&
+                (!h.low || deft_is_aligned((const char *)h.low + bk.lo * 2, DEFT_OPT_VEC * 2)) &&
                 deft_is_aligned(g + bk.lo, DEFT_OPT_VEC * sizeof(G)))
                 return deft_opt_range_vec<T, G, KIND, MODE>(p, s0, s1, g, bk.lo, bk.hi, h, c);
         }
