@@ -4,7 +4,7 @@
  * and ratios.
  *
  *   ./bench_ddp [--model mlp|resnet|gpt2] [--precision f32|bf16] [--gpus N] [--no-graphs] [--bucket-mib M]
- *               [--last-bucket-mib M] [--bucket-pieces] [--tf32] [--zero] [--efficiency]
+ *               [--last-bucket-mib M] [--bucket-pieces] [--tf32] [--zero] [--reduce-bf16] [--efficiency]
  *               [--nccl-blocks K] [--batch B] [--seq T] [--layers L]
  *
  * --model (bench/ddp_models.h): mlp, the mid MLP (batch 256 per GPU, the default), resnet, ResNet-18 of
@@ -16,7 +16,8 @@
  * tf32 (f32 matmuls and convolutions may use TF32; the peer's --tf32 the same). M: the compile options bucket_bytes
  * and last_bucket_bytes, in MiB. --bucket-pieces: the compile option dist_bucket_pieces (the optimizer's update in
  * one piece per bucket instead of one node after every bucket). --zero: the compile option zero_stage = 1 (ZeRO-1:
- * the optimizer's state sharded over the ranks); the figures' tag becomes deft_zero. --efficiency (N > 1): first the
+ * the optimizer's state sharded over the ranks); the figures' tag becomes deft_zero. --reduce-bf16: the compile option
+ * dist_reduce_dtype = DEFT_BF16 (bf16 autocast's weight gradients averaged in bf16). --efficiency (N > 1): first the
  * same run on one GPU, then on N, in this process, and <tag>_scaling_efficiency = tokens (images) per second on N
  * over N times one GPU's. --nccl-blocks K: the dist option collective_blocks (NCCL's blocks per collective; default
  * 32), printed as ddp.<key>.gpus<N>.nccl_blocks when given.
@@ -180,7 +181,7 @@ static void bench_world(const bench_args *a, const char *key, int n, world_resul
 
 static const char help[] =
     "usage: bench_ddp [--model mlp|resnet|gpt2] [--precision f32|bf16] [--gpus N] [--no-graphs] [--bucket-mib M]\n"
-    "                 [--last-bucket-mib M] [--bucket-pieces] [--tf32] [--zero] [--efficiency]\n"
+    "                 [--last-bucket-mib M] [--bucket-pieces] [--tf32] [--zero] [--reduce-bf16] [--efficiency]\n"
     "                 [--nccl-blocks K] [--batch B] [--seq T] [--layers L] [A/B options]\n"
     "\n"
     "Data parallel training over N GPUs of one process, gradients all-reduced in buckets inside each replica's\n"
@@ -196,6 +197,8 @@ static const char help[] =
     "  --bucket-pieces        the compile option dist_bucket_pieces (default: off)\n"
     "  --tf32                 the compile option tf32 (default: off)\n"
     "  --zero                 the compile option zero_stage = 1: ZeRO-1, the optimizer's state sharded (default: 0)\n"
+    "  --reduce-bf16          the compile option dist_reduce_dtype = bf16: bf16 gradients averaged as they are (bf16\n"
+    "                         autocast only; default: f32, as PyTorch's DDP)\n"
     "  --efficiency           with N > 1: the same run on 1 GPU first, then the scaling efficiency (default: off)\n"
     "  --nccl-blocks K        NCCL's blocks per collective, 1 to 64 (the dist option collective_blocks; default: 32)\n"
     "  --batch B              gpt2: sequences per GPU (default: 16)\n"
@@ -207,7 +210,8 @@ static const char help[] =
 static void usage(void) {
     fprintf(stderr,
             "usage: %s [--model mlp|resnet|gpt2] [--precision f32|bf16] [--gpus N] [--no-graphs] [--bucket-mib M] "
-            "[--last-bucket-mib M] [--bucket-pieces] [--tf32] [--zero] [--efficiency] [--nccl-blocks K] [--batch B] "
+            "[--last-bucket-mib M] [--bucket-pieces] [--tf32] [--zero] [--reduce-bf16] [--efficiency] "
+            "[--nccl-blocks K] [--batch B] "
             "[--seq T] [--layers L] " BENCH_AB_USAGE "\n",
             prog);
     exit(2);
@@ -254,6 +258,7 @@ static bench_args parse(int argc, char **argv) {
         else if (strcmp(argv[i], "--tf32") == 0) a.tf32 = 1;
         else if (strcmp(argv[i], "--bucket-pieces") == 0) a.bucket_pieces = 1;
         else if (strcmp(argv[i], "--zero") == 0) a.zero = 1;
+        else if (strcmp(argv[i], "--reduce-bf16") == 0) a.ab.dist_reduce_dtype = DEFT_BF16;
         else if (strcmp(argv[i], "--efficiency") == 0) a.efficiency = 1;
         else if (strcmp(argv[i], "--nccl-blocks") == 0 && i + 1 < argc)
             a.nccl_blocks = (int)count_arg("--nccl-blocks", argv[++i], 1, DEFT_DIST_MAX_BLOCKS);

@@ -34,7 +34,7 @@ typedef struct options {
     double lr, min_lr_frac, weight_decay, clip;
     size_t checkpoint_budget;
     deft_dtype autocast;
-    int autocast_set, no_shuffle, print_plan, deterministic, zero, reorder, matmul_find, param_copies;
+    int autocast_set, no_shuffle, print_plan, deterministic, zero, reorder, matmul_find, param_copies, reduce_bf16;
     int nccl_blocks;   /* 0: the dist's default; -1: --nccl-blocks was not a whole number in 1..64 */
     double dist_timeout;
     uint64_t seed;
@@ -79,6 +79,8 @@ static const char help[] =
     "  --param-copies       the compile option param_copies: the training step reads the optimizer's bf16 (f16)\n"
     "                       copies of the weights, written by each update, instead of casting them (default: off;\n"
     "                       not with --zero)\n"
+    "  --reduce-bf16        under the launcher, the compile option dist_reduce_dtype = bf16: the weights' bf16\n"
+    "                       gradients averaged as they are (default: f32; not with --zero)\n"
     "  --device DEV         cpu or cuda:N (default: cuda:0 if a GPU works, else cpu)\n"
     "  --seed S             weights and data order (default: 1337)\n"
     "  --no-shuffle         batches in stream order (windows of seq + 1 tokens every seq tokens), not shuffled\n"
@@ -179,6 +181,7 @@ static int parse_flag(options *o, const char *k) {
     else if (!strcmp(k, "--reorder")) o->reorder = 1;
     else if (!strcmp(k, "--matmul-find")) o->matmul_find = 1;
     else if (!strcmp(k, "--param-copies")) o->param_copies = 1;
+    else if (!strcmp(k, "--reduce-bf16")) o->reduce_bf16 = 1;
     else return 0;
     return 1;
 }
@@ -212,6 +215,7 @@ static const char *options_problem(const options *o) {
     /* a timed choice may differ from one process to the next, and with it the products' rounding */
     if (o->matmul_find && (o->state || o->resume)) return "--matmul-find is not for runs saved or resumed";
     if (o->param_copies && o->zero) return "--param-copies does not work with --zero yet";
+    if (o->reduce_bf16 && o->zero) return "--reduce-bf16 does not work with --zero yet";
     return NULL;
 }
 
@@ -430,7 +434,8 @@ static deft_status build(run *r) {
                                      .checkpoint = r->o.checkpoint_budget ? DEFT_CHECKPOINT_BUDGET : 0,
                                      .deterministic = deterministic, .dist = r->dist, .dist_local = 0,
                                      .zero_stage = r->o.zero, .reorder = r->o.reorder,
-                                     .matmul_find = r->o.matmul_find, .param_copies = r->o.param_copies};
+                                     .matmul_find = r->o.matmul_find, .param_copies = r->o.param_copies,
+                                     .dist_reduce_dtype = r->dist && r->o.reduce_bf16 ? DEFT_BF16 : DEFT_F32};
     r->train = deft_compile(r->m.g, (deft_tensor *[]){r->m.loss, r->step}, 2, &co);
     if (!r->train) return deft_graph_error(r->m.g) != DEFT_OK ? deft_graph_error(r->m.g) : DEFT_ERR_INVALID;
     /* Only rank 0 validates and samples: the others keep no evaluation program (its logits are the largest buffer). */

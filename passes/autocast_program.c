@@ -15,9 +15,10 @@ deft_status deft_autocast_outputs(deft_graph *g, const deft_config *c, deft_tens
     /* The step reads bf16 gradients directly. f16 ones are widened first: f16 steps reading them directly differed
      * in the last bits (bench/RESULTS.md, "Fifth round") from tests/amp_ref.h's reference, whose network, compiled
      * with every gradient as an output, already differs before any update with no_fusion; until a reference that runs
-     * the same kernels settles it, f16 keeps its casts. Data parallel averages f32 gradients, as PyTorch's DDP does. */
-    deft_status s = deft_autocast_get(g, c->autocast, c->loss_scaled, c->dist != NULL || c->autocast != DEFT_BF16,
-                                      c->param_copies, &ac);
+     * the same kernels settles it, f16 keeps its casts. Data parallel averages f32 gradients, as PyTorch's DDP does,
+     * unless asked to average the bf16 ones (dist_reduce_dtype). */
+    const int f32_grads = (c->dist != NULL && !c->dist_bf16_grads) || c->autocast != DEFT_BF16;
+    deft_status s = deft_autocast_get(g, c->autocast, c->loss_scaled, f32_grads, c->param_copies, &ac);
     if (s != DEFT_OK) return s;
     deft_tensor **m = malloc((size_t)n * sizeof *m);
     if (!m) return deft_set_error(DEFT_ERR_OOM, "compile: out of host memory");

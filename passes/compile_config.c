@@ -84,6 +84,24 @@ static deft_status deft_config_zero(const deft_compile_options *o, deft_config *
     return DEFT_OK;
 }
 
+/* The dtype data parallel averages the gradients in: f32, or under bf16 autocast the weights' own bf16 ones. */
+static deft_status deft_config_reduce_dtype(const deft_compile_options *o, deft_config *c) {
+    if (o->dist_reduce_dtype == DEFT_F32) return DEFT_OK;
+    const char *name = (int)o->dist_reduce_dtype >= 0 && o->dist_reduce_dtype < DEFT_DTYPE_COUNT
+                           ? deft_dtype_name(o->dist_reduce_dtype)
+                           : "an unknown dtype";
+    if (o->dist_reduce_dtype != DEFT_BF16)
+        return deft_set_error(DEFT_ERR_INVALID, "compile: dist_reduce_dtype must be f32 (0) or bf16, got %s", name);
+    if (!o->dist || c->autocast != DEFT_BF16)
+        return deft_set_error(DEFT_ERR_INVALID, "compile: dist_reduce_dtype bf16 averages the bf16 gradients of a "
+                              "data-parallel replica under bf16 autocast; give dist and autocast bf16 too");
+    if (c->zero_stage)
+        return deft_set_error(DEFT_ERR_INVALID, "compile: dist_reduce_dtype bf16 does not work with zero_stage 1 yet: "
+                              "the slices' owners receive their gradients in the optimizer's f32");
+    c->dist_bf16_grads = true;
+    return DEFT_OK;
+}
+
 static deft_status deft_config_stop(const deft_compile_options *o, deft_config *c) {
     const int n = deft_pipeline_stage_count();
     c->last_stage = n - 1;
@@ -146,6 +164,7 @@ deft_status deft_config_resolve(const deft_compile_options *opts, deft_config *o
     deft_status s = deft_config_autocast(o, &c);
     if (s == DEFT_OK) s = deft_config_zero(o, &c);
     if (s == DEFT_OK) s = deft_config_param_copies(o, &c);
+    if (s == DEFT_OK) s = deft_config_reduce_dtype(o, &c);
     if (s == DEFT_OK) s = deft_config_cuda_flags(o, &c);
     if (s == DEFT_OK) s = deft_config_stop(o, &c);
     if (s == DEFT_OK) *out = c;

@@ -26,6 +26,7 @@ typedef struct deft_config {
     size_t last_bucket_bytes;      /* 0 given: DEFT_LAST_BUCKET_DEFAULT_BYTES */
     bool split_per_bucket;         /* dist with dist_bucket_pieces: optimizer pieces per gradient bucket */
     int zero_stage;                /* 0, or 1 (ZeRO-1: dist's optimizers sharded, dist/dist_zero.c) */
+    bool dist_bf16_grads;          /* dist_reduce_dtype bf16: the weights' bf16 gradients averaged as they are */
     /* what the GPU passes may do */
     bool fusion;                   /* not no_fusion */
     bool product_batches;          /* products of one shape may run as one batch (passes/fusion_batch.c) */

@@ -10,6 +10,9 @@
  *   the bucket layout: the last bucket is one gradient (last_bucket_bytes), each bucket joins at its own piece, the
  *   pieces after the backward pass in bucket order (without dist_bucket_pieces every bucket joins at the one step);
  * - on one rank under TF32, the side lane's weight gradients (passes/side_lane.h) and one stream give the same bits;
+ * - dist_reduce_dtype bf16 under bf16 autocast: the steps read the averaged bf16 gradients (none with the f32
+ *   average), the replicas stay bit-identical and the parameters within 1e-2 (relative to their norm) of the f32
+ *   average's; refused without autocast;
  * - misuse: a local replica run alone, a replica on the wrong GPU, optimizer_in_backward, dist_local out of range;
  *   deft_dist_run given replicas out of place, one twice, or a program that is no replica; a run whose replicas all
  *   fail (never fed) names a rank, and the kept threads of deft_dist_run run the next one;
@@ -18,6 +21,7 @@
  *   DEFT_ERR_RUNTIME within its timeout instead of hanging. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdbool.h>
+#include <math.h>
 #include <stdint.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -64,6 +68,21 @@ static float *reference(size_t *n_out) {
 
 /* Two replicas in this process; their parameters after the last step into out (when not NULL). */
 static int packed_seen, buckets_seen;   /* packed buckets, and buckets, of the last train_local's replica 0 */
+static int bf16_grads_seen;             /* bf16 gradients its step nodes read */
+
+/* The bf16 sources of the step nodes that p computes. */
+static int bf16_step_sources(const deft_program *p, const deft_graph *g) {
+    int k = 0;
+    for (int id = 0; id < deft_graph_node_count(g); id++) {
+        const deft_tensor *t = deft_testing_node(g, id);
+        if (!deft_testing_is_op(t, "optimizer") || !deft_program_schedules(p, t)) continue;
+        for (int i = 0; i < deft_testing_src_count(t); i++) k += deft_tensor_dtype(deft_testing_src(t, i)) == DEFT_BF16;
+    }
+    return k;
+}
+
+/* Two replicas trained STEPS steps; with ref (the one-GPU run of the doubled batch), each step's parameters are held
+ * to it. */
 
 static void train_local(deft_dist *d, const float *ref, size_t n, const deft_compile_options *base, const char *what,
                         float *out) {
@@ -85,7 +104,7 @@ static void train_local(deft_dist *d, const float *ref, size_t n, const deft_com
         mlp_params(&r[0], p0);
         mlp_params(&r[1], p1);
         CHECK_MSG(memcmp(p0, p1, n * sizeof *p0) == 0, "%s: the replicas differ after step %d", what, s);
-        const double diff = max_rel_diff(p0, ref + (size_t)s * n, n);
+        const double diff = ref ? max_rel_diff(p0, ref + (size_t)s * n, n) : 0.0;
         CHECK_MSG(diff < 2e-3, "%s: step %d: 2 GPUs x batch %d vs 1 GPU x batch %d: max relative difference %g", what,
                   s, B, 2 * B, diff);
     }
@@ -95,9 +114,49 @@ static void train_local(deft_dist *d, const float *ref, size_t n, const deft_com
     if (ok && out) memcpy(out, p0, n * sizeof *p0);
     packed_seen = deft_ddp_packed_buckets(r[0].p);
     buckets_seen = deft_ddp_bucket_layout(r[0].p, NULL, NULL, 0);
+    bf16_grads_seen = ok ? bf16_step_sources(r[0].p, r[0].g) : -1;
     free(p0);
     free(p1);
     for (int k = 0; k < 2; k++) deft_graph_free(r[k].g);
+}
+
+/* dist_reduce_dtype bf16 under bf16 autocast: the weights' bf16 gradients averaged as they are. The replicas stay
+ * bit-identical (checked by train_local), the steps read bf16 gradients where the f32 average's read none, and the
+ * parameters stay within bf16 rounding of the f32 average's (relative to their norm). Refused without autocast. */
+static void test_bf16_reduce(deft_dist *d, size_t n) {
+    float *f32 = malloc(n * sizeof *f32), *bf16 = malloc(n * sizeof *bf16);
+    if (!f32 || !bf16) {
+        free(f32);
+        free(bf16);
+        return;
+    }
+    train_local(d, NULL, n, &(deft_compile_options){.autocast = DEFT_BF16}, "bf16 autocast, f32 average", f32);
+    const int f32_reads = bf16_grads_seen;
+    train_local(d, NULL, n, &(deft_compile_options){.autocast = DEFT_BF16, .dist_reduce_dtype = DEFT_BF16},
+                "bf16 autocast, bf16 average", bf16);
+    CHECK_MSG(f32_reads == 0 && bf16_grads_seen >= 3, "bf16 gradients read: %d with the f32 average, %d with bf16",
+              f32_reads, bf16_grads_seen);
+    double dd = 0.0, nn = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        dd += ((double)f32[i] - bf16[i]) * ((double)f32[i] - bf16[i]);
+        nn += (double)f32[i] * f32[i];
+    }
+    const double rel = nn > 0 ? sqrt(dd / nn) : 1.0;
+    printf("bf16 average vs f32 average after %d steps: relative difference %g\n", STEPS, rel);
+    CHECK_MSG(rel > 0.0 && rel < 1e-2, "bf16 average vs f32 average: relative difference %g", rel);
+    free(f32);
+    free(bf16);
+    deft_graph *g = deft_graph_new();
+    deft_tensor *x = deft_input(g, "x", DEFT_F32, 2, (int64_t[]){4, 8}, deft_cuda(0));
+    deft_tensor *y = deft_input(g, "y", DEFT_I32, 1, (int64_t[]){4}, deft_cuda(0));
+    deft_tensor *loss = deft_cross_entropy(deft_linear(x, CLASSES, "fc", NULL), y);
+    CHECK_OK(deft_backward(loss));
+    deft_tensor *step = deft_optimizer_step(deft_sgd(g, &(deft_sgd_options){.lr = 0.1}, NULL));
+    deft_program *bad = NULL;
+    const deft_compile_options no_amp = {.dist = d, .dist_local = 0, .dist_reduce_dtype = DEFT_BF16};
+    CHECK_ERR(deft_compile_into(g, (deft_tensor *[]){loss, step}, 2, &no_amp, &bad), DEFT_ERR_INVALID,
+              "give dist and autocast bf16 too");
+    deft_graph_free(g);
 }
 
 static void test_local(const float *ref, size_t n) {
@@ -143,6 +202,7 @@ static void test_local(const float *ref, size_t n) {
     free(graphs);
     free(eager);
     free(small);
+    test_bf16_reduce(d, n);
 
     /* Misuse. */
     mlp m;

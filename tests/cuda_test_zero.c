@@ -318,6 +318,17 @@ static void test_refusals(deft_dist *d) {
         CHECK_ERR(deft_compile_into(m.g, (deft_tensor *[]){m.loss, m.step}, 2, &zero, &p), DEFT_ERR_INVALID,
                   "on the cpu");
     deft_graph_free(m.g);
+    /* The low-precision copies and the bf16 average are for unsharded steps only, so far. */
+    if (mlp_build_with(&m, deft_cuda(0), B, NULL, zero_opt, (void *)&ADAMW)) {
+        const deft_compile_options copies = {.dist = d, .zero_stage = 1, .autocast = DEFT_BF16, .param_copies = 1};
+        const deft_compile_options bf16 = {.dist = d, .zero_stage = 1, .autocast = DEFT_BF16,
+                                           .dist_reduce_dtype = DEFT_BF16};
+        CHECK_ERR(deft_compile_into(m.g, (deft_tensor *[]){m.loss, m.step}, 2, &copies, &p), DEFT_ERR_INVALID,
+                  "param_copies does not work with zero_stage 1");
+        CHECK_ERR(deft_compile_into(m.g, (deft_tensor *[]){m.loss, m.step}, 2, &bf16, &p), DEFT_ERR_INVALID,
+                  "dist_reduce_dtype bf16 does not work with zero_stage 1");
+    }
+    deft_graph_free(m.g);
     /* Made whole by a compile without zero_stage first. */
     if (mlp_build_with(&m, deft_cuda(0), B, &(deft_compile_options){.dist = d}, zero_opt, (void *)&ADAMW))
         CHECK_ERR(deft_compile_into(m.g, (deft_tensor *[]){m.loss, m.step}, 2, &zero, &p), DEFT_ERR_INVALID,

@@ -1,5 +1,6 @@
 /* ZeRO-1's refusals that need no GPU (the compile option zero_stage; dist/dist_zero.c): a stage other than 0 and 1,
- * stage 1 without dist, with optimizer_in_backward or with dist_bucket_pieces are DEFT_ERR_INVALID naming the option,
+ * stage 1 without dist, with optimizer_in_backward or with dist_bucket_pieces are DEFT_ERR_INVALID naming the option
+ * (and so are dist_reduce_dtype bf16 without dist and any other reduce dtype),
  * from deft_compile_into and deft_plan_memory alike; a refused compile leaves the graph as it was: compiled without
  * zero_stage afterwards it trains to the same bits as a graph that never saw the refusals. The sharded step itself
  * needs two GPUs (tests/cuda_test_zero.c). */
@@ -62,6 +63,10 @@ int main(void) {
     refuse(&a, &(deft_compile_options){.zero_stage = 1}, "give the option dist");
     refuse(&a, &(deft_compile_options){.zero_stage = 1, .optimizer_in_backward = 1}, "optimizer_in_backward");
     refuse(&a, &(deft_compile_options){.zero_stage = 1, .dist_bucket_pieces = 1}, "dist_bucket_pieces");
+    /* The gradients' dtype on the wire: bf16 needs dist and bf16 autocast; nothing else is one. */
+    refuse(&a, &(deft_compile_options){.autocast = DEFT_BF16, .dist_reduce_dtype = DEFT_BF16},
+           "give dist and autocast bf16 too");
+    refuse(&a, &(deft_compile_options){.dist_reduce_dtype = DEFT_F16}, "must be f32 (0) or bf16, got f16");
     /* zero_stage 0 is plain data parallel, or nothing without dist. */
     deft_program *pa = NULL, *pb = NULL;
     CHECK_OK(deft_compile_into(a.g, (deft_tensor *[]){a.loss, a.step}, 2, &(deft_compile_options){.zero_stage = 0}, &pa));

@@ -92,6 +92,13 @@ typedef struct deft_compile_options {
      * averaged gradients, reduced to it in buckets during the backward pass, and the slices are all-gathered back,
      * inside the step; dist/dist_zero.c). */
     int zero_stage;
+    /* Under dist with bf16 autocast: the dtype the gradients are averaged in. 0 (or DEFT_F32): f32, as PyTorch's DDP
+     * averages them (each weight's bf16 gradient is cast up first). DEFT_BF16: the weights' bf16 gradients are
+     * averaged as they are (half the bytes on the wire, no casts; NCCL's average in bf16), as DDP's
+     * bf16_compress_hook or FSDP's reduce_dtype; the optimizer widens them on load. Gradients that are f32 anyway (a
+     * layer norm's, an embedding table's) stay f32. Refused without dist and bf16 autocast, and with zero_stage 1
+     * (DEFT_ERR_INVALID). */
+    deft_dtype dist_reduce_dtype;
     /* Switches for measuring what one GPU optimisation gives; zero keeps today's behaviour. */
     int no_side_lane;          /* 1: weight-gradient work never runs on a GPU's second stream (the side lane) */
     int no_product_batches;    /* 1: products of one shape never run as one batched cuBLASLt call */
