@@ -10,6 +10,8 @@
  *   the bucket layout: the last bucket is one gradient (last_bucket_bytes), each bucket joins at its own piece, the
  *   pieces after the backward pass in bucket order (without dist_bucket_pieces every bucket joins at the one step);
  * - on one rank under TF32, the side lane's weight gradients (passes/side_lane.h) and one stream give the same bits;
+ * - param_copies under bf16 autocast, replica 1's weight rewritten before the first run (the broadcast undoes it):
+ *   bit for bit the run that casts the weights;
  * - dist_reduce_dtype bf16 under bf16 autocast: the steps read the averaged bf16 gradients (none with the f32
  *   average), the replicas stay bit-identical and the parameters within 1e-2 (relative to their norm) of the f32
  *   average's; refused without autocast;
@@ -69,6 +71,18 @@ static float *reference(size_t *n_out) {
 /* Two replicas in this process; their parameters after the last step into out (when not NULL). */
 static int packed_seen, buckets_seen;   /* packed buckets, and buckets, of the last train_local's replica 0 */
 static int bf16_grads_seen;             /* bf16 gradients its step nodes read */
+static float rank1_gain;                /* nonzero: replica 1's first weight scaled by it before the first run */
+
+/* Replica 1's first weight scaled (deft_param_set): the first run's broadcast of rank 0's parameters undoes it. */
+static void scale_first_weight(mlp *m, float gain) {
+    const int64_t k = deft_tensor_numel(m->params[0]);
+    float *w = malloc((size_t)k * sizeof *w);
+    if (!w) return;
+    CHECK_OK(deft_param_get(m->params[0], w, (size_t)k * sizeof *w));
+    for (int64_t i = 0; i < k; i++) w[i] *= gain;
+    CHECK_OK(deft_param_set(m->params[0], w, (size_t)k * sizeof *w));
+    free(w);
+}
 
 /* The bf16 sources of the step nodes that p computes. */
 static int bf16_step_sources(const deft_program *p, const deft_graph *g) {
@@ -95,6 +109,7 @@ static void train_local(deft_dist *d, const float *ref, size_t n, const deft_com
         ok &= mlp_build(&r[k], deft_dist_device(d, k), B, &o);
     }
     float *p0 = malloc(n * sizeof *p0), *p1 = malloc(n * sizeof *p1);
+    if (ok && rank1_gain != 0.0f) scale_first_weight(&r[1], rank1_gain);
     for (int s = 0; ok && s < STEPS; s++) {
         for (int k = 0; k < 2; k++) mlp_feed(&r[k], s, k * B, B);
         CHECK_OK(deft_dist_run(d, (deft_program *[]){r[0].p, r[1].p}, 2));
@@ -153,6 +168,20 @@ static void test_bf16_reduce(deft_dist *d, size_t n) {
     CHECK_OK(deft_backward(loss));
     deft_tensor *step = deft_optimizer_step(deft_sgd(g, &(deft_sgd_options){.lr = 0.1}, NULL));
     deft_program *bad = NULL;
+    /* param_copies under dist: replica 1's weight rewritten before the first run, then overwritten by rank 0's
+     * broadcast; its copy is written again behind the broadcast, so the replicas stay bit-identical (train_local
+     * checks) and equal, bit for bit, the same training casting the weights. */
+    float *cast = malloc(n * sizeof *cast), *copied = malloc(n * sizeof *copied);
+    if (cast && copied) {
+        rank1_gain = 3.0f;
+        train_local(d, NULL, n, &(deft_compile_options){.autocast = DEFT_BF16}, "bf16 autocast, casts", cast);
+        train_local(d, NULL, n, &(deft_compile_options){.autocast = DEFT_BF16, .param_copies = 1},
+                    "bf16 autocast, param_copies", copied);
+        rank1_gain = 0.0f;
+        CHECK_MSG(memcmp(cast, copied, n * sizeof *cast) == 0, "2 ranks: param_copies and casts differ");
+    }
+    free(cast);
+    free(copied);
     const deft_compile_options no_amp = {.dist = d, .dist_local = 0, .dist_reduce_dtype = DEFT_BF16};
     CHECK_ERR(deft_compile_into(g, (deft_tensor *[]){loss, step}, 2, &no_amp, &bad), DEFT_ERR_INVALID,
               "give dist and autocast bf16 too");
