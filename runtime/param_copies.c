@@ -27,7 +27,23 @@ static deft_status deft_copy_make(deft_optimizer *o, deft_dtype dt) {
     return DEFT_OK;
 }
 
-deft_status deft_param_copy_bind(deft_tensor *t, bool *made) {
+/* A live program other than p that runs a step of o (the whole step or a part of it). */
+static const deft_tensor *deft_other_stepper(const deft_program *p, const deft_optimizer *o) {
+    const deft_graph *g = p->graph;
+    for (int i = 0; i < g->n_programs; i++) {
+        const deft_program *q = g->programs[i];
+        if (q == p || !q->nodes) continue;
+        for (int id = 0; id < q->n_nodes; id++) {
+            const deft_tensor *n = g->nodes[id];
+            if (!q->nodes[id].needed || n->op != DEFT_OP_OPTIMIZER) continue;
+            const deft_optimizer *w = n->p.optimizer->part ? n->p.optimizer->part->whole : n->p.optimizer;
+            if (w == o) return n;
+        }
+    }
+    return NULL;
+}
+
+deft_status deft_param_copy_bind(const deft_program *p, deft_tensor *t, bool *made) {
     *made = false;
     int i = -1;
     deft_optimizer *o = deft_optimizer_of_param(t->graph, t->src[0], &i);
@@ -42,6 +58,14 @@ deft_status deft_param_copy_bind(deft_tensor *t, bool *made) {
                               "compile: the optimizer of %s keeps %s copies of its parameters for another program; "
                               "this one reads them in %s: compile it without param_copies", t->src[0]->name,
                               deft_dtype_name(o->low_dtype), deft_dtype_name(t->dtype));
+    /* A program that steps o already may have captured its step into a CUDA Graph that writes no copy: the copy is
+     * made by the first program that steps or reads o, or not at all. */
+    const deft_tensor *other = o->flat_low ? NULL : deft_other_stepper(p, o);
+    if (other)
+        return deft_set_error(DEFT_ERR_STATE,
+                              "compile: %s is the copy of %s, whose optimizer a live program compiled without "
+                              "param_copies steps (%s); compile every program that steps it with param_copies, or "
+                              "free that one first", t->name, t->src[0]->name, other->name);
     if (!o->flat_low) {
         deft_status s = deft_copy_make(o, t->dtype);
         if (s != DEFT_OK)

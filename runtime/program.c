@@ -58,7 +58,7 @@ static deft_status deft_place_persistent(deft_program *p, bool *uploaded) {
         if (t->op == DEFT_OP_INPUT) {
             s = deft_program_host_alloc(p, t->device, bytes, t->name, &p->nodes[id].input_storage);
         } else if (t->op == DEFT_OP_PARAM_COPY) {
-            if (!t->storage_borrowed) s = deft_param_copy_bind(t, &uploaded[id]);
+            if (!t->storage_borrowed) s = deft_param_copy_bind(p, t, &uploaded[id]);
             if (s != DEFT_OK) return s;
         } else if (t->device.type != DEFT_CPU && !t->dev_data) {
             s = deft_mem_alloc_tagged(t->device, bytes, t->name, &t->dev_data);

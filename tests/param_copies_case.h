@@ -128,6 +128,30 @@ static inline void pc_refusals(deft_device dev) {
     amp_free(&n);
 }
 
+/* The copies are made by the first program that steps or reads the optimizer: while a program compiled without
+ * them steps it (whose captured step would write none), a program reading them is refused; once that one is freed,
+ * it compiles and trains as the casting program did. */
+static inline void pc_order(deft_device dev) {
+    amp_net n;
+    if (!amp_build_with(&n, dev, PC_B, PC_IN, PC_HID, PC_CLS, (amp_optim){1, NULL})) return;
+    deft_program *casts = amp_compile(&n, &(deft_compile_options){.autocast = DEFT_BF16});
+    CHECK_MSG(casts != NULL, "compile: %s", deft_errmsg());
+    const float first = casts ? amp_step(&n, casts, 0, 1.0f) : NAN;
+    CHECK_NULL_ERR(amp_compile(&n, &(deft_compile_options){.autocast = DEFT_BF16, .param_copies = 1}),
+                   "whose optimizer a live program compiled without param_copies steps");
+    deft_program_free(casts);
+    deft_program *copies = amp_compile(&n, &(deft_compile_options){.autocast = DEFT_BF16, .param_copies = 1});
+    CHECK_MSG(copies != NULL, "compile after the casting program was freed: %s", deft_errmsg());
+    const float second = copies ? amp_step(&n, copies, 0, 1.0f) : NAN;
+    CHECK_MSG(second < first, "the loss of batch 0: %g, then %g", first, second);
+    /* The other order is fine: a program compiled after the copies exist writes them in its step. */
+    deft_program *later = amp_compile(&n, &(deft_compile_options){.autocast = DEFT_BF16});
+    CHECK_MSG(later != NULL, "a casting program after the copies: %s", deft_errmsg());
+    deft_program_free(later);
+    deft_program_free(copies);
+    amp_free(&n);
+}
+
 static inline void pc_suite(deft_device dev) {
     const deft_step_options clip = {.accumulate_steps = 1, .max_grad_norm = 0.5};
     const deft_step_options accum = {.accumulate_steps = 2, .max_grad_norm = 0.0};
@@ -141,6 +165,7 @@ static inline void pc_suite(deft_device dev) {
     pc_same_as_casts(dev, (amp_optim){1, &clip}, (deft_compile_options){.autocast = DEFT_F16},
                      "f16 adamw, clipped, loss scaling");
     pc_refusals(dev);
+    pc_order(dev);
 }
 
 #endif

@@ -59,7 +59,9 @@ typedef struct deft_compile_options {
      * parameter for as long as the optimizer lives (deft_memory_report's persistent_bytes counts them); writing the
      * parameters between steps (deft_param_set, loading) has them written again before the next run. Refused without
      * autocast and with zero_stage 1 (DEFT_ERR_INVALID); one optimizer keeps copies in one dtype (a program of the
-     * other policy is DEFT_ERR_STATE). */
+     * other policy is DEFT_ERR_STATE), made by the first program that steps or reads it: while a live program
+     * compiled without param_copies steps the optimizer (its captured step would write no copy), a program with it
+     * is DEFT_ERR_STATE naming that step. */
     int param_copies;
     /* 1: optimizer in backward. Each optimizer step asked for runs in pieces, one per group of parameters that become
      * ready together (a layer's weight and bias), each placed right after the last step that computes one of its
