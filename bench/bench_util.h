@@ -21,8 +21,8 @@ static const char *const prog = BENCH_NAME;
 
 /* The switches of the GPU optimisations for A/B runs (the environment's DEFT_SIDE_STREAM=0 and its kin before they
  * became compile options): --no-side-lane, --no-product-batches, --no-relu-grad-fold, --fuse-low-precision,
- * --conv-gemm never|f32, --cudnn-find, --matmul-find, --no-cheap-recompute, --reorder and --param-copies set the compile
- * options of those names.
+ * --conv-gemm never|f32, --cudnn-find, --matmul-find, --no-cheap-recompute, --reorder and --param-copies set the
+ * compile options of those names.
  * Returns 1 when argv[*i] is one (its value consumed). */
 #define BENCH_AB_USAGE                                                                                         \
     "[--no-side-lane] [--no-product-batches] [--no-relu-grad-fold] [--fuse-low-precision] [--conv-gemm never|f32] " \
@@ -37,8 +37,8 @@ static const char *const prog = BENCH_NAME;
     "  --matmul-find         compile option matmul_find: time cuBLASLt's algorithms (default: heuristics)\n"  \
     "  --no-cheap-recompute  compile option no_cheap_recompute: keep what one pass recomputes (default: recomputed)\n" \
     "  --reorder             compile option reorder: steps reordered to lower the peak (default: the given order)\n" \
-    "  --param-copies        compile option param_copies: autocast reads the optimizer's low-precision weight copies\n" \
-    "                        (default: a cast per step)\n"
+    "  --param-copies        compile option param_copies: autocast reads the optimizer's low-precision copies of\n" \
+    "                        the weights (default: a cast per step)\n"
 static inline int bench_ab_option(int argc, char **argv, int *i, deft_compile_options *co) {
     const char *a = argv[*i];
     if (!strcmp(a, "--no-side-lane")) co->no_side_lane = 1;
