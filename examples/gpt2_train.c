@@ -435,7 +435,7 @@ static deft_status build(run *r) {
                                      .deterministic = deterministic, .dist = r->dist, .dist_local = 0,
                                      .zero_stage = r->o.zero, .reorder = r->o.reorder,
                                      .matmul_find = r->o.matmul_find, .param_copies = r->o.param_copies,
-                                     .dist_reduce_dtype = r->dist && r->o.reduce_bf16 ? DEFT_BF16 : DEFT_F32};
+                                     .dist_reduce_dtype = r->o.reduce_bf16 ? DEFT_BF16 : DEFT_F32};
     r->train = deft_compile(r->m.g, (deft_tensor *[]){r->m.loss, r->step}, 2, &co);
     if (!r->train) return deft_graph_error(r->m.g) != DEFT_OK ? deft_graph_error(r->m.g) : DEFT_ERR_INVALID;
     /* Only rank 0 validates and samples: the others keep no evaluation program (its logits are the largest buffer). */
@@ -613,6 +613,11 @@ static int setup_device(run *r) {
         if (r->o.zero) {
             fprintf(stderr, "gpt2_train: --zero shards the optimizer's state over the ranks of a launcher's world: run "
                             "it under one (scripts/deft_launch -n N gpt2_train ... --zero)\n");
+            return 2;
+        }
+        if (r->o.reduce_bf16) {
+            fprintf(stderr, "gpt2_train: --reduce-bf16 averages the gradients over the ranks of a launcher's world: "
+                            "run it under one (scripts/deft_launch -n N gpt2_train ... --reduce-bf16)\n");
             return 2;
         }
         r->dev = deft_device_default();

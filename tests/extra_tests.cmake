@@ -69,6 +69,19 @@ if(DEFT_BUILD_EXAMPLES)
                    -P ${PROJECT_SOURCE_DIR}/tests/check_exit.cmake)
   set_tests_properties(example_gpt2_train_loss_chunks_refused PROPERTIES LABELS cpu TIMEOUT 60
                        ENVIRONMENT "${DEFT_TEST_ENV}")
+  # The optimizer's bf16 copies of the weights read in place of casts (the same bits: test_param_copies); the bf16
+  # average of the gradients is refused outside a launcher's world.
+  add_test(NAME example_gpt2_train_param_copies COMMAND gpt2_train --device cpu --autocast bf16 --layers 2 --width 64
+                                                 --seq 64 --batch 8 --steps 10 --log-every 10 --val-every 0
+                                                 --val-batches 1 --sample 0 --param-copies)
+  set_tests_properties(example_gpt2_train_param_copies PROPERTIES LABELS cpu TIMEOUT 300
+                       PASS_REGULAR_EXPRESSION "step 10/10  loss [0-9.]+" ENVIRONMENT "${DEFT_TEST_ENV}")
+  add_test(NAME example_gpt2_train_reduce_bf16_alone
+           COMMAND ${CMAKE_COMMAND} "-DCOMMAND=$<TARGET_FILE:gpt2_train>|--device|cpu|--reduce-bf16"
+                   -DEXIT=2 "-DMATCH=--reduce-bf16 averages the gradients over the ranks of a launcher's world"
+                   -P ${PROJECT_SOURCE_DIR}/tests/check_exit.cmake)
+  set_tests_properties(example_gpt2_train_reduce_bf16_alone PROPERTIES LABELS cpu TIMEOUT 60
+                       ENVIRONMENT "${DEFT_TEST_ENV}")
   # A value the example does not take is named (the usage line alone did not say which one was wrong).
   add_test(NAME example_gpt2_train_bad_value
            COMMAND ${CMAKE_COMMAND} "-DCOMMAND=$<TARGET_FILE:gpt2_train>|--device|cpu|--val-batches|0"
