@@ -223,8 +223,7 @@ deft_tensor *deft_param_copy(deft_tensor *x, deft_dtype dt) {
     return deft_node_new(x->graph, DEFT_OP_PARAM_COPY, dt, x->device, x->ndim, x->shape, 1, &x);
 }
 
-/* Parameter copies borrow the optimizer's copy storage (runtime/param_copies.c): it goes with the optimizer. */
-static void deft_release_param_copies(deft_optimizer *opt) {
+void deft_optimizer_unbind_copies(deft_optimizer *opt) {
     deft_graph *g = opt->graph;
     for (int i = 0; opt->flat_low && i < g->n_nodes; i++) {
         deft_tensor *t = g->nodes[i];
@@ -253,7 +252,7 @@ static void deft_release_scale_seeds(deft_optimizer *opt) {
 void deft_optimizer_destroy(deft_optimizer *opt) {
     if (!opt) return;
     deft_release_scale_seeds(opt);
-    deft_release_param_copies(opt);
+    deft_optimizer_unbind_copies(opt);   /* the copies' storage goes with the optimizer */
     for (int i = 0; opt->flat_params && i < opt->n_params; i++) {
         deft_tensor *t = opt->params[i];
         if (!t->storage_borrowed) continue;

@@ -308,6 +308,9 @@ struct deft_optimizer *deft_optimizer_of_param(const deft_graph *g, const deft_t
  * is an f32 parameter of an optimizer with a step node and f32 weights and dt is bf16 or f16; NULL (no error) when x
  * does not qualify, or with the graph's error when out of memory. */
 deft_tensor *deft_param_copy(deft_tensor *x, deft_dtype dt);
+/* The DEFT_OP_PARAM_COPY nodes that borrow opt's copy storage (flat_low, runtime/param_copies.c) let go of it, before
+ * it is freed. */
+void deft_optimizer_unbind_copies(struct deft_optimizer *opt);
 
 /* Checks the n sources of a step node of opt (a whole step or a piece; a finisher's sources are the pieces' sums, not
  * checked here): one per parameter, each with the parameter's element count and a dtype deft_optimizer_grad_dtype_ok

@@ -270,20 +270,27 @@ void deft_optimizer_release(deft_optimizer *opt) {
     opt->dev_block_sums = NULL;
 }
 
-/* Another live program of the graph steps `opt` with the other kind of step (scaled or not). */
-static const deft_tensor *deft_step_conflict(const deft_program *p, const deft_optimizer *opt, bool scaled) {
+const deft_tensor *deft_optimizer_other_step(const deft_program *p, const deft_optimizer *opt, bool parts,
+                                             bool (*keep)(const deft_graph *, const deft_tensor *, const void *),
+                                             const void *ctx) {
     const deft_graph *g = p->graph;
     for (int i = 0; i < g->n_programs; i++) {
         const deft_program *q = g->programs[i];
         if (q == p || !q->nodes) continue;
         for (int id = 0; id < q->n_nodes; id++) {
             const deft_tensor *t = g->nodes[id];
-            if (q->nodes[id].needed && t->op == DEFT_OP_OPTIMIZER && t->p.optimizer == opt &&
-                deft_autocast_step_scaled(g, t) != scaled)
-                return t;
+            if (!q->nodes[id].needed || t->op != DEFT_OP_OPTIMIZER) continue;
+            const deft_optimizer *o = t->p.optimizer;
+            if (parts && o->part) o = o->part->whole;
+            if (o == opt && (!keep || keep(g, t, ctx))) return t;
         }
     }
     return NULL;
+}
+
+/* A step of the other kind than *scaled (with loss scaling or without). */
+static bool deft_step_other_kind(const deft_graph *g, const deft_tensor *t, const void *scaled) {
+    return deft_autocast_step_scaled(g, t) != *(const bool *)scaled;
 }
 
 deft_status deft_autocast_configure_steps(deft_program *p) {
@@ -295,7 +302,8 @@ deft_status deft_autocast_configure_steps(deft_program *p) {
         if (!p->nodes[id].needed || t->op != DEFT_OP_OPTIMIZER) continue;
         deft_optimizer *opt = t->p.optimizer;
         bool scaled = deft_autocast_step_scaled(p->graph, t);
-        const deft_tensor *other = deft_step_conflict(p, opt, scaled);
+        /* Another live program of the graph steps opt with the other kind of step. */
+        const deft_tensor *other = deft_optimizer_other_step(p, opt, false, deft_step_other_kind, &scaled);
         if (other)
             return deft_set_error(DEFT_ERR_STATE,
                                   "compile: %s steps its optimizer %s f16 loss scaling, and a live program steps it "

@@ -25,5 +25,10 @@ void deft_optimizer_zero_release(deft_optimizer *o);
 void deft_optimizers_unshard_unmade(deft_graph *g);
 struct deft_program;
 deft_status deft_program_check_sharding(const struct deft_program *p);
+/* The first step node of opt (with parts, of a part of it too) that a live program of p's graph other than p needs and
+ * for which keep(graph, node, ctx) holds (keep NULL: any); NULL when there is none. */
+const deft_tensor *deft_optimizer_other_step(const struct deft_program *p, const deft_optimizer *opt, bool parts,
+                                             bool (*keep)(const deft_graph *, const deft_tensor *, const void *),
+                                             const void *ctx);
 
 #endif

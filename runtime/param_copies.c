@@ -2,12 +2,12 @@
  * flat_low), made when the first program reading it is compiled, bound to that program's DEFT_OP_PARAM_COPY nodes,
  * and written whole again before a run whenever the parameters were written outside a step. Each update writes the
  * copy itself (ops/cpu/cpu_optimizer.c, ops/cuda/cuda_optimizer_math.cuh), so in steady training nothing here runs. */
-#include <string.h>
 
 #include "checked.h"
 #include "cpu_kernels.h"
 #include "device_internal.h"
 #include "optimizer.h"
+#include "optimizer_storage.h"
 #include "param_copies.h"
 #include "program_graph.h"
 #include "program_run.h"
@@ -27,22 +27,6 @@ static deft_status deft_copy_make(deft_optimizer *o, deft_dtype dt) {
     return DEFT_OK;
 }
 
-/* A live program other than p that runs a step of o (the whole step or a part of it). */
-static const deft_tensor *deft_other_stepper(const deft_program *p, const deft_optimizer *o) {
-    const deft_graph *g = p->graph;
-    for (int i = 0; i < g->n_programs; i++) {
-        const deft_program *q = g->programs[i];
-        if (q == p || !q->nodes) continue;
-        for (int id = 0; id < q->n_nodes; id++) {
-            const deft_tensor *n = g->nodes[id];
-            if (!q->nodes[id].needed || n->op != DEFT_OP_OPTIMIZER) continue;
-            const deft_optimizer *w = n->p.optimizer->part ? n->p.optimizer->part->whole : n->p.optimizer;
-            if (w == o) return n;
-        }
-    }
-    return NULL;
-}
-
 deft_status deft_param_copy_bind(const deft_program *p, deft_tensor *t, bool *made) {
     *made = false;
     int i = -1;
@@ -60,7 +44,7 @@ deft_status deft_param_copy_bind(const deft_program *p, deft_tensor *t, bool *ma
                               deft_dtype_name(o->low_dtype), deft_dtype_name(t->dtype));
     /* A program that steps o already may have captured its step into a CUDA Graph that writes no copy: the copy is
      * made by the first program that steps or reads o, or not at all. */
-    const deft_tensor *other = o->flat_low ? NULL : deft_other_stepper(p, o);
+    const deft_tensor *other = o->flat_low ? NULL : deft_optimizer_other_step(p, o, true, NULL, NULL);
     if (other)
         return deft_set_error(DEFT_ERR_STATE,
                               "compile: %s is the copy of %s, whose optimizer a live program compiled without "
@@ -83,14 +67,7 @@ deft_status deft_param_copy_bind(const deft_program *p, deft_tensor *t, bool *ma
 void deft_param_copy_unmake(deft_tensor *t) {
     deft_optimizer *o = deft_optimizer_of_param(t->graph, t->src[0], NULL);
     if (!o || !o->flat_low) return;
-    deft_graph *g = t->graph;
-    for (int i = 0; i < g->n_nodes; i++) {
-        deft_tensor *c = g->nodes[i];
-        if (c->op != DEFT_OP_PARAM_COPY || !c->storage_borrowed || deft_optimizer_of_param(g, c->src[0], NULL) != o)
-            continue;
-        c->host_data = c->dev_data = NULL;
-        c->storage_borrowed = false;
-    }
+    deft_optimizer_unbind_copies(o);
     deft_mem_free(o->device, o->flat_low);
     o->flat_low = NULL;
     o->low_stale = false;

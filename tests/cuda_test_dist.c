@@ -135,6 +135,17 @@ static void train_local(deft_dist *d, const float *ref, size_t n, const deft_com
     for (int k = 0; k < 2; k++) deft_graph_free(r[k].g);
 }
 
+/* A one-layer classifier with SGD on dev: its graph, its loss and its step (for compiles that must be refused). */
+static deft_graph *small_step_graph(deft_device dev, deft_tensor **loss, deft_tensor **step) {
+    deft_graph *g = deft_graph_new();
+    deft_tensor *x = deft_input(g, "x", DEFT_F32, 2, (int64_t[]){4, 8}, dev);
+    deft_tensor *y = deft_input(g, "y", DEFT_I32, 1, (int64_t[]){4}, dev);
+    *loss = deft_cross_entropy(deft_linear(x, CLASSES, "fc", NULL), y);
+    CHECK_OK(deft_backward(*loss));
+    *step = deft_optimizer_step(deft_sgd(g, &(deft_sgd_options){.lr = 0.1}, NULL));
+    return g;
+}
+
 /* dist_reduce_dtype bf16 under bf16 autocast: the weights' bf16 gradients averaged as they are. The replicas stay
  * bit-identical (checked by train_local), the steps read bf16 gradients where the f32 average's read none, and the
  * parameters stay within bf16 rounding of the f32 average's (relative to their norm). Refused without autocast. */
@@ -161,16 +172,19 @@ static void test_bf16_reduce(deft_dist *d, size_t n) {
     CHECK_MSG(rel > 0.0 && rel < 1e-2, "bf16 average vs f32 average: relative difference %g", rel);
     free(f32);
     free(bf16);
-    deft_graph *g = deft_graph_new();
-    deft_tensor *x = deft_input(g, "x", DEFT_F32, 2, (int64_t[]){4, 8}, deft_cuda(0));
-    deft_tensor *y = deft_input(g, "y", DEFT_I32, 1, (int64_t[]){4}, deft_cuda(0));
-    deft_tensor *loss = deft_cross_entropy(deft_linear(x, CLASSES, "fc", NULL), y);
-    CHECK_OK(deft_backward(loss));
-    deft_tensor *step = deft_optimizer_step(deft_sgd(g, &(deft_sgd_options){.lr = 0.1}, NULL));
+    deft_tensor *loss, *step;
+    deft_graph *g = small_step_graph(deft_cuda(0), &loss, &step);
     deft_program *bad = NULL;
-    /* param_copies under dist: replica 1's weight rewritten before the first run, then overwritten by rank 0's
-     * broadcast; its copy is written again behind the broadcast, so the replicas stay bit-identical (train_local
-     * checks) and equal, bit for bit, the same training casting the weights. */
+    const deft_compile_options no_amp = {.dist = d, .dist_local = 0, .dist_reduce_dtype = DEFT_BF16};
+    CHECK_ERR(deft_compile_into(g, (deft_tensor *[]){loss, step}, 2, &no_amp, &bad), DEFT_ERR_INVALID,
+              "give dist and autocast bf16 too");
+    deft_graph_free(g);
+}
+
+/* param_copies under dist: replica 1's weight rewritten before the first run, then overwritten by rank 0's broadcast;
+ * its copy is written again behind the broadcast, so the replicas stay bit-identical (train_local checks) and equal,
+ * bit for bit, the same training casting the weights. */
+static void test_param_copies_replicas(deft_dist *d, size_t n) {
     float *cast = malloc(n * sizeof *cast), *copied = malloc(n * sizeof *copied);
     if (cast && copied) {
         rank1_gain = 3.0f;
@@ -182,10 +196,6 @@ static void test_bf16_reduce(deft_dist *d, size_t n) {
     }
     free(cast);
     free(copied);
-    const deft_compile_options no_amp = {.dist = d, .dist_local = 0, .dist_reduce_dtype = DEFT_BF16};
-    CHECK_ERR(deft_compile_into(g, (deft_tensor *[]){loss, step}, 2, &no_amp, &bad), DEFT_ERR_INVALID,
-              "give dist and autocast bf16 too");
-    deft_graph_free(g);
 }
 
 static void test_local(const float *ref, size_t n) {
@@ -232,6 +242,7 @@ static void test_local(const float *ref, size_t n) {
     free(eager);
     free(small);
     test_bf16_reduce(d, n);
+    test_param_copies_replicas(d, n);
 
     /* Misuse. */
     mlp m;
@@ -271,12 +282,8 @@ static void test_local(const float *ref, size_t n) {
     }
     for (int r = 0; r < 2; r++) deft_graph_free(u[r].g);
     deft_program *bad = NULL;
-    deft_graph *g = deft_graph_new();
-    deft_tensor *x = deft_input(g, "x", DEFT_F32, 2, (int64_t[]){4, 8}, deft_cuda(1));
-    deft_tensor *y = deft_input(g, "y", DEFT_I32, 1, (int64_t[]){4}, deft_cuda(1));
-    deft_tensor *loss = deft_cross_entropy(deft_linear(x, CLASSES, "fc", NULL), y);
-    CHECK_OK(deft_backward(loss));
-    deft_tensor *step = deft_optimizer_step(deft_sgd(g, &(deft_sgd_options){.lr = 0.1}, NULL));
+    deft_tensor *loss, *step;
+    deft_graph *g = small_step_graph(deft_cuda(1), &loss, &step);
     CHECK_ERR(deft_compile_into(g, (deft_tensor *[]){loss, step}, 2, &o, &bad), DEFT_ERR_DEVICE,
               "must run on cuda:0 alone");
     o.dist_local = 5;

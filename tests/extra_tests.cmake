@@ -28,6 +28,15 @@ endif()
 
 # The training examples, run to the end: the loss of the linear regression must fall to the noise floor, and the
 # MLP must classify the generated MNIST-format test set (written by the example itself) at over 90%.
+# A gpt2_train run with the arguments after MATCH that must exit 2 saying MATCH (a regular expression).
+function(deft_gpt2_train_refused name match)
+  list(JOIN ARGN "|" args)
+  add_test(NAME ${name}
+           COMMAND ${CMAKE_COMMAND} "-DCOMMAND=$<TARGET_FILE:gpt2_train>|${args}" -DEXIT=2 "-DMATCH=${match}"
+                   -P ${PROJECT_SOURCE_DIR}/tests/check_exit.cmake)
+  set_tests_properties(${name} PROPERTIES LABELS cpu TIMEOUT 60 ENVIRONMENT "${DEFT_TEST_ENV}")
+endfunction()
+
 if(DEFT_BUILD_EXAMPLES)
   add_test(NAME example_linear_regression COMMAND linear_regression 100)
   set_tests_properties(example_linear_regression PROPERTIES LABELS cpu TIMEOUT 300
@@ -63,36 +72,21 @@ if(DEFT_BUILD_EXAMPLES)
                                                 --loss-chunks 4 --reorder)
   set_tests_properties(example_gpt2_train_loss_chunks PROPERTIES LABELS cpu TIMEOUT 300
                        PASS_REGULAR_EXPRESSION "step 10/10  loss [0-9.]+" ENVIRONMENT "${DEFT_TEST_ENV}")
-  add_test(NAME example_gpt2_train_loss_chunks_refused
-           COMMAND ${CMAKE_COMMAND} "-DCOMMAND=$<TARGET_FILE:gpt2_train>|--device|cpu|--layers|2|--loss-chunks|3"
-                   -DEXIT=2 "-DMATCH=--loss-chunks 3 must be at least 1 and divide batch x seq \\(8 x 128\\)"
-                   -P ${PROJECT_SOURCE_DIR}/tests/check_exit.cmake)
-  set_tests_properties(example_gpt2_train_loss_chunks_refused PROPERTIES LABELS cpu TIMEOUT 60
-                       ENVIRONMENT "${DEFT_TEST_ENV}")
-  # The optimizer's bf16 copies of the weights read in place of casts (the same bits: test_param_copies); the bf16
-  # average of the gradients is refused outside a launcher's world.
+  deft_gpt2_train_refused(example_gpt2_train_loss_chunks_refused
+                          "--loss-chunks 3 must be at least 1 and divide batch x seq \\(8 x 128\\)"
+                          --device cpu --layers 2 --loss-chunks 3)
+  # The optimizer's bf16 copies of the weights read in place of casts (the same bits: test_param_copies).
   add_test(NAME example_gpt2_train_param_copies COMMAND gpt2_train --device cpu --autocast bf16 --layers 2 --width 64
                                                  --seq 64 --batch 8 --steps 10 --log-every 10 --val-every 0
                                                  --val-batches 1 --sample 0 --param-copies)
   set_tests_properties(example_gpt2_train_param_copies PROPERTIES LABELS cpu TIMEOUT 300
                        PASS_REGULAR_EXPRESSION "step 10/10  loss [0-9.]+" ENVIRONMENT "${DEFT_TEST_ENV}")
-  add_test(NAME example_gpt2_train_reduce_bf16_alone
-           COMMAND ${CMAKE_COMMAND} "-DCOMMAND=$<TARGET_FILE:gpt2_train>|--device|cpu|--reduce-bf16"
-                   -DEXIT=2 "-DMATCH=--reduce-bf16 averages the gradients over the ranks of a launcher's world"
-                   -P ${PROJECT_SOURCE_DIR}/tests/check_exit.cmake)
-  set_tests_properties(example_gpt2_train_reduce_bf16_alone PROPERTIES LABELS cpu TIMEOUT 60
-                       ENVIRONMENT "${DEFT_TEST_ENV}")
   # A value the example does not take is named (the usage line alone did not say which one was wrong).
-  add_test(NAME example_gpt2_train_bad_value
-           COMMAND ${CMAKE_COMMAND} "-DCOMMAND=$<TARGET_FILE:gpt2_train>|--device|cpu|--val-batches|0"
-                   -DEXIT=2 "-DMATCH=--steps, --batch, --log-every and --val-batches must be at least 1"
-                   -P ${PROJECT_SOURCE_DIR}/tests/check_exit.cmake)
-  add_test(NAME example_gpt2_train_bad_model
-           COMMAND ${CMAKE_COMMAND} "-DCOMMAND=$<TARGET_FILE:gpt2_train>|--device|cpu|--model|355M"
-                   -DEXIT=2 "-DMATCH=--model 355M: an unknown option or a value it does not take"
-                   -P ${PROJECT_SOURCE_DIR}/tests/check_exit.cmake)
-  set_tests_properties(example_gpt2_train_bad_value example_gpt2_train_bad_model PROPERTIES LABELS cpu TIMEOUT 60
-                       ENVIRONMENT "${DEFT_TEST_ENV}")
+  deft_gpt2_train_refused(example_gpt2_train_bad_value
+                          "--steps, --batch, --log-every and --val-batches must be at least 1"
+                          --device cpu --val-batches 0)
+  deft_gpt2_train_refused(example_gpt2_train_bad_model "--model 355M: an unknown option or a value it does not take"
+                          --device cpu --model 355M)
   # Stopped at step 8 and resumed from its saved state, the example gives the same losses as an uninterrupted run.
   add_test(NAME example_gpt2_resume
            COMMAND ${CMAKE_COMMAND} -DPROGRAM=$<TARGET_FILE:gpt2_train> -DWORK=${PROJECT_BINARY_DIR}/gpt2_resume
@@ -205,12 +199,16 @@ if(DEFT_BUILD_EXAMPLES)
            COMMAND ${CMAKE_COMMAND} "-DCOMMAND=$<TARGET_FILE:gpt2_train>|--device|cpu|--layers|2|--zero" -DEXIT=2
                    "-DMATCH=--zero shards the optimizer's state over the ranks" "-DSET_ENV=${DEFT_NO_LAUNCHER}"
                    -P ${DEFT_CHECK_EXIT})
+  add_test(NAME example_gpt2_train_reduce_bf16_needs_launcher
+           COMMAND ${CMAKE_COMMAND} "-DCOMMAND=$<TARGET_FILE:gpt2_train>|--device|cpu|--layers|2|--reduce-bf16"
+                   -DEXIT=2 "-DMATCH=--reduce-bf16 averages the gradients over the ranks of a launcher's world"
+                   "-DSET_ENV=${DEFT_NO_LAUNCHER}" -P ${DEFT_CHECK_EXIT})
   add_test(NAME example_gpt2_train_launcher_no_device
            COMMAND ${CMAKE_COMMAND} "-DCOMMAND=$<TARGET_FILE:gpt2_train>|--device|cpu|--layers|2" -DEXIT=2
                    "-DMATCH=--device: under a launcher .*leave --device out"
                    "-DSET_ENV=RANK=0|WORLD_SIZE=1|MASTER_ADDR=127.0.0.1|MASTER_PORT=29512" -P ${DEFT_CHECK_EXIT})
   set_tests_properties(example_gpt2_train_launcher_needs_gpu example_gpt2_train_zero_needs_launcher
-                       example_gpt2_train_launcher_no_device PROPERTIES LABELS cpu TIMEOUT 150
+                       example_gpt2_train_reduce_bf16_needs_launcher example_gpt2_train_launcher_no_device PROPERTIES LABELS cpu TIMEOUT 150
                        ENVIRONMENT "${DEFT_TEST_ENV}")
 endif()
 # bench/peers/ddp.py's refusals parse without PyTorch: GPT-2's options with another model.

@@ -152,6 +152,38 @@ static inline void pc_order(deft_device dev) {
     amp_free(&n);
 }
 
+/* A compile that makes the copies and then fails (the arena past a memory limit) gives them back: the allocator holds
+ * what it held before, and without the limit the same program compiles and trains. On the CPU's allocator: the
+ * batch is large enough that the arena needs a segment of its own, beyond the limit, while the copies fit below it. */
+static inline void pc_failed_compile(deft_device dev) {
+    enum { BIG = 65536 };
+    amp_net n;
+    if (!amp_build_with(&n, dev, BIG, PC_IN, PC_HID, PC_CLS, (amp_optim){1, NULL})) return;
+    deft_program *fwd = deft_compile(n.g, &n.loss, 1, NULL);   /* gives the optimizer its storage */
+    CHECK_MSG(fwd != NULL, "compile the loss: %s", deft_errmsg());
+    deft_program_free(fwd);
+    const deft_compile_options o = {.autocast = DEFT_BF16, .param_copies = 1};
+    deft_memory_stats before, after;
+    CHECK_OK(deft_memory_empty_cache(dev));   /* the loss program's arena, cached, would hold the new one */
+    CHECK_OK(deft_memory_stats_get(dev, &before));
+    CHECK_OK(deft_memory_set_limit(dev, (size_t)before.reserved_bytes.current + ((size_t)24 << 20)));
+    deft_program *bad = amp_compile(&n, &o);
+    CHECK_MSG(bad == NULL && strstr(deft_errmsg(), "arena") != NULL, "under the limit: %s",
+              bad ? "compiled" : deft_errmsg());
+    deft_program_free(bad);
+    CHECK_OK(deft_memory_set_limit(dev, 0));
+    CHECK_OK(deft_memory_stats_get(dev, &after));
+    CHECK_MSG(after.allocated_bytes.current == before.allocated_bytes.current,
+              "a failed compile left %lld bytes allocated (%lld before)", (long long)after.allocated_bytes.current,
+              (long long)before.allocated_bytes.current);
+    deft_program *p = amp_compile(&n, &o);
+    CHECK_MSG(p != NULL, "compile without the limit: %s", deft_errmsg());
+    const float first = p ? amp_step(&n, p, 0, 1.0f) : NAN, second = p ? amp_step(&n, p, 0, 1.0f) : NAN;
+    CHECK_MSG(second < first, "the loss of batch 0: %g, then %g", first, second);
+    deft_program_free(p);
+    amp_free(&n);
+}
+
 static inline void pc_suite(deft_device dev) {
     const deft_step_options clip = {.accumulate_steps = 1, .max_grad_norm = 0.5};
     const deft_step_options accum = {.accumulate_steps = 2, .max_grad_norm = 0.0};
@@ -166,6 +198,7 @@ static inline void pc_suite(deft_device dev) {
                      "f16 adamw, clipped, loss scaling");
     pc_refusals(dev);
     pc_order(dev);
+    if (dev.type == DEFT_CPU) pc_failed_compile(dev);
 }
 
 #endif
