@@ -7,11 +7,13 @@
  *   kernels   a graph of 200 launches of a small elementwise kernel;
  *   products  a graph of 200 cuBLASLt products, f32, 512 x 512 x 512, the heuristic's first algorithm;
  *   beta1     the same products accumulating into their output (beta = 1);
- *   bias, relu_bias   the same products with cuBLASLt's bias and ReLU-with-bias epilogues (bgradb where the
- *             heuristic offers it for these layouts).
+ *   bias, relu_bias   the same products with cuBLASLt's bias and ReLU-with-bias epilogues;
+ *   bgradb, bgrada    with its bias-gradient epilogues (an operand transposed where the heuristic needs it), whose
+ *             reduction cuBLASLt may run as a kernel of its own.
+ * Each variant's first eager run is preceded and followed by a replay of the first two graphs.
  *
  * After each eager action (another kernel, the same kernel, the same product, the same product from a new cuBLASLt
- * handle, the same kernel on another stream, a carveout set on the kernel, the graphs instantiated again) every
+ * handle, the same kernel on another stream, a carveout set on the kernel, a kernel with a large stack frame) every
  * graph is replayed: 3 warm-up replays, then 21 replays each between two CUDA events, the median printed as
  * `graph_replay.<graph>_<stage> <us> us`. Without a GPU it says so and exits 0. */
 #include <algorithm>
@@ -50,6 +52,14 @@ __global__ void k_other(float *y, int n) {
     if (i < n) y[i] += 1.0f;
 }
 
+/* Local memory the driver must reserve for every resident thread: the context's local memory grows at its first
+ * launch. */
+__global__ void k_stack(float *y, int n, int j) {
+    float frame[1024];
+    for (int i = 0; i < 1024; i++) frame[i] = y[(i * 7 + threadIdx.x) % n];
+    y[threadIdx.x % n] = frame[j & 1023];
+}
+
 static cudaStream_t stream;
 
 /* The median replay of `ge` in microseconds. */
@@ -86,9 +96,12 @@ struct product {
 };
 
 /* Returns false when the heuristic offers no algorithm (an epilogue these layouts do not take). */
-static bool product_setup(product *p, cublasLtEpilogue_t epilogue, const float *bias, float beta) {
+static bool product_setup(product *p, cublasLtEpilogue_t epilogue, const float *bias, float beta,
+                          cublasOperation_t ta = CUBLAS_OP_N, cublasOperation_t tb = CUBLAS_OP_N) {
     CB(cublasLtCreate(&p->h));
     CB(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    CB(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    CB(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
     if (epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
         CB(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
         CB(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
@@ -206,8 +219,13 @@ int main(int argc, char **argv) {
     k_axpy<<<N_ELEMS / 256, 256, 0, other>>>(z, x, N_ELEMS);
     CK(cudaStreamSynchronize(other));
     SHOW("after_same_kernel_other_stream");
+    k_stack<<<1, 32, 0, stream>>>(z, N_ELEMS, 5);
+    CK(cudaStreamSynchronize(stream));
+    SHOW("after_stack_kernel");
 
-    /* Products accumulating into their output, then with epilogues: each captured, then run eagerly once more. */
+    /* Products accumulating into their output, then with epilogues (the bias gradients with whichever operand
+     * transposed that the heuristic takes): the graphs made before are timed before and after each variant's
+     * first eager run, then the variant is captured and run eagerly once more. */
     struct variant {
         const char *name;
         cublasLtEpilogue_t epilogue;
@@ -215,22 +233,28 @@ int main(int argc, char **argv) {
     } const variants[] = {{"beta1", CUBLASLT_EPILOGUE_DEFAULT, 1.0f},
                           {"bias", CUBLASLT_EPILOGUE_BIAS, 0.0f},
                           {"relu_bias", CUBLASLT_EPILOGUE_RELU_BIAS, 0.0f},
-                          {"bgradb", CUBLASLT_EPILOGUE_BGRADB, 0.0f}};
+                          {"bgradb", CUBLASLT_EPILOGUE_BGRADB, 0.0f},
+                          {"bgrada", CUBLASLT_EPILOGUE_BGRADA, 0.0f}};
+    static const cublasOperation_t ops[2] = {CUBLAS_OP_N, CUBLAS_OP_T};
     for (const variant &v : variants) {
         product p;
-        if (!product_setup(&p, v.epilogue, bias, v.beta)) {
+        bool found = false;
+        for (int t = 0; t < 4 && !found; t++) found = product_setup(&p, v.epilogue, bias, v.beta, ops[t / 2], ops[t % 2]);
+        if (!found) {
             printf("# bench_graph_replay: %s: cuBLASLt offers no algorithm for these layouts: skipped\n", v.name);
             continue;
         }
+        printf("graph_replay.%s_kernels_before_first %.2f us\n", v.name, time_graph(kernels));
+        printf("graph_replay.%s_products_before_first %.2f us\n", v.name, time_graph(products));
         product_run(&p, a, b, c);
         CK(cudaStreamSynchronize(stream));
+        printf("graph_replay.%s_kernels_after_first %.2f us\n", v.name, time_graph(kernels));
+        printf("graph_replay.%s_products_after_first %.2f us\n", v.name, time_graph(products));
         cudaGraphExec_t g = capture_products(&p, a, b, c);
         printf("graph_replay.%s_before %.2f us\n", v.name, time_graph(g));
         product_run(&p, a, b, c);
         CK(cudaStreamSynchronize(stream));
         printf("graph_replay.%s_after_eager %.2f us\n", v.name, time_graph(g));
-        printf("graph_replay.%s_kernels_after_eager %.2f us\n", v.name, time_graph(kernels));
-        printf("graph_replay.%s_products_after_eager %.2f us\n", v.name, time_graph(products));
     }
     return 0;
 }

@@ -158,6 +158,13 @@ add_test(NAME text_to_tokens
 set_tests_properties(text_to_tokens PROPERTIES LABELS cpu TIMEOUT 120 SKIP_RETURN_CODE 77
                      ENVIRONMENT "${DEFT_TEST_ENV}")
 
+# scripts/graph_gaps.py on a made-up kernel trace (bench/kernel_trace.c's lines): windows, gaps, the slower window,
+# a truncated line refused. Skips, saying why, without python3.
+add_test(NAME graph_gaps
+         COMMAND ${DEFT_BASH} ${PROJECT_SOURCE_DIR}/tests/graph_gaps_test.sh ${PROJECT_SOURCE_DIR}
+                 ${PROJECT_BINARY_DIR}/graph_gaps)
+set_tests_properties(graph_gaps PROPERTIES LABELS cpu TIMEOUT 60 SKIP_RETURN_CODE 77)
+
 # scripts/deft_launch on small shell commands (ranks' variables, prefixed output, a failing, a killed and a hanging
 # rank, SIGTERM passed on, bad options), and test_dist_env --print under it (the library reads what it sets).
 add_test(NAME deft_launch
