@@ -224,7 +224,11 @@ if(DEFT_PYTHON3)
   add_test(NAME ddp_peer_zero_needs_gpt2
            COMMAND ${CMAKE_COMMAND} "-DCOMMAND=${DEFT_PYTHON3}|${PROJECT_SOURCE_DIR}/bench/peers/ddp.py|--model|mlp|--zero"
                    -DEXIT=2 "-DMATCH=--zero: for --model gpt2" -P ${DEFT_CHECK_EXIT})
-  set_tests_properties(ddp_peer_zero_needs_gpt2 PROPERTIES LABELS cpu TIMEOUT 60)
+  add_test(NAME ddp_peer_bf16_hook_needs_bf16
+           COMMAND ${CMAKE_COMMAND}
+                   "-DCOMMAND=${DEFT_PYTHON3}|${PROJECT_SOURCE_DIR}/bench/peers/ddp.py|--model|gpt2|--precision|f32|--bf16-hook"
+                   -DEXIT=2 "-DMATCH=--bf16-hook averages bf16 gradients: with --precision bf16" -P ${DEFT_CHECK_EXIT})
+  set_tests_properties(ddp_peer_zero_needs_gpt2 ddp_peer_bf16_hook_needs_bf16 PROPERTIES LABELS cpu TIMEOUT 60)
 endif()
 # gpt2_train under scripts/deft_launch on two GPUs (plain and --zero): progress from rank 0 only, a state file per
 # rank, and the resumed run's losses equal to the uninterrupted run's. Skips with fewer than two GPUs or no NCCL.

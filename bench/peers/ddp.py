@@ -18,7 +18,9 @@ forward). GPT-2's DDP has bucket_cap_mb=25, gradient_as_bucket_view=True and, in
 static_graph=True (compiled DDP splits the graph at the buckets itself). With --zero GPT-2's optimizer is
 torch.distributed.optim.ZeroRedundancyOptimizer(AdamW, fused=True) around DDP (the optimizer's state sharded, the
 updated parameters broadcast from their owners); with --fsdp the model is FSDP(SHARD_GRAD_OP) (each block its own
-unit, use_orig_params=True), gradients reduce-scattered and clipped by FSDP's clip_grad_norm_. TF32 is off for
+unit, use_orig_params=True), gradients reduce-scattered and clipped by FSDP's clip_grad_norm_. With --bf16-hook GPT-2's
+DDP averages its gradient buckets in bf16 through DDP's bf16_compress_hook (bench_ddp's --reduce-bf16: the same work),
+and --bucket-mb M sets DDP's bucket_cap_mb (25). TF32 is off for
 matmuls and cuDNN unless --tf32 (bench_ddp's --tf32 is the same). Each rank's rows of the batch come from
 bench_util.h's hash, offset by the rank, as in bench_ddp.
 
@@ -44,13 +46,14 @@ step's wall time, compilation included, not counted in the step times), <tag> be
 (the names this peer always printed) and torch_<mode> for the others; gpt2 adds ..._peak_bytes (the largest over the
 ranks of torch.cuda.max_memory_allocated, from after the first step to the end) and ..._optimizer_state_bytes (the
 largest over the ranks of the bytes of the optimizer's state tensors: with --zero the shard a rank holds), and its tag
-is torch_<mode>, torch_zero_<mode> with --zero, torch_fsdp_<mode> with --fsdp. Then ddp.<key>.gpus<N>.<best>_mode
+is torch_<mode>, torch_zero_<mode> with --zero, torch_fsdp_<mode> with --fsdp, torch_bf16hook_<mode> with --bf16-hook. Then ddp.<key>.gpus<N>.<best>_mode
 (the mode with the least step time), <best>_step_ms and <best>_images_per_s (gpt2: _tokens_per_s and _peak_bytes),
-<best> being torch_best, torch_zero_best or torch_fsdp_best.
+<best> being torch_best, torch_zero_best, torch_fsdp_best or torch_bf16hook_best.
 
     python3 bench/peers/ddp.py [--model mlp|resnet|gpt2] [--precision f32|bf16] [--gpus N] [--port P] [--tf32]
                                [--modes eager,graph,compile_graph,autotune_graph,compile]
-                               [--batch B] [--seq T] [--layers L] [--zero | --fsdp]
+                               [--batch B] [--seq T] [--layers L] [--zero | --fsdp | --bf16-hook]
+                               [--bucket-mb M]
 
 Mode i uses ports P + 100 i. torch is imported inside the functions, so the file compiles and parses its arguments
 without it.
@@ -170,9 +173,13 @@ def wrap(torch, net, rank, a, mode):
         policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={type(net.h[0])})
         return FSDP(net, sharding_strategy=ShardingStrategy.SHARD_GRAD_OP, auto_wrap_policy=policy,
                     device_id=rank, use_orig_params=True)
-    return torch.nn.parallel.DistributedDataParallel(net, device_ids=[rank], bucket_cap_mb=25,
-                                                     gradient_as_bucket_view=True,
-                                                     static_graph=mode not in peer_common.COMPILE_MODES)
+    ddp = torch.nn.parallel.DistributedDataParallel(net, device_ids=[rank], bucket_cap_mb=a.bucket_mb,
+                                                    gradient_as_bucket_view=True,
+                                                    static_graph=mode not in peer_common.COMPILE_MODES)
+    if a.bf16_hook:
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
+    return ddp
 
 
 def worker(rank, world, a, mode, port, results):
@@ -284,8 +291,9 @@ def worker(rank, world, a, mode, port, results):
 
 
 def variant(a):
-    """The figures' prefix after torch_: "" for DDP, "zero_" for ZeroRedundancyOptimizer, "fsdp_" for FSDP."""
-    return "zero_" if a.zero else "fsdp_" if a.fsdp else ""
+    """The figures' prefix after torch_: "" for DDP, "zero_" for ZeroRedundancyOptimizer, "fsdp_" for FSDP,
+    "bf16hook_" for DDP averaging in bf16."""
+    return "zero_" if a.zero else "fsdp_" if a.fsdp else "bf16hook_" if a.bf16_hook else ""
 
 
 def tag(a, mode):
@@ -342,14 +350,23 @@ def parse(argv=None):
     shard = ap.add_mutually_exclusive_group()
     shard.add_argument("--zero", action="store_true", help="gpt2: ZeroRedundancyOptimizer(AdamW) around DDP")
     shard.add_argument("--fsdp", action="store_true", help="gpt2: FSDP(SHARD_GRAD_OP) instead of DDP")
+    shard.add_argument("--bf16-hook", action="store_true",
+                       help="gpt2: DDP's bf16_compress_hook (the gradients averaged in bf16)")
+    ap.add_argument("--bucket-mb", type=int, default=None, help="gpt2: DDP's bucket_cap_mb (default: 25)")
     a = ap.parse_args(argv)
     a.modes = peer_common.parse_modes(ap, a.modes)
     gpt2_only = [o for o, v in (("--batch", a.batch), ("--seq", a.seq), ("--layers", a.layers), ("--zero", a.zero),
-                                ("--fsdp", a.fsdp)) if v]
+                                ("--fsdp", a.fsdp), ("--bf16-hook", a.bf16_hook), ("--bucket-mb", a.bucket_mb))
+                 if v]
     if a.model != "gpt2" and gpt2_only:
         ap.error(f"{', '.join(gpt2_only)}: for --model gpt2")
     a.precision = a.precision or ("bf16" if a.model == "gpt2" else "f32")
     a.batch, a.seq, a.layers = a.batch or 16, a.seq or GPT2_SEQ, a.layers or 12
+    if a.bucket_mb is not None and (a.bucket_mb < 1 or a.fsdp):
+        ap.error("--bucket-mb: DDP's bucket size in MB, at least 1 (not with --fsdp)")
+    if a.bf16_hook and a.precision != "bf16":
+        ap.error("--bf16-hook averages bf16 gradients: with --precision bf16")
+    a.bucket_mb = a.bucket_mb or 25
     if a.precision == "bf16" and a.model == "mlp":
         ap.error("--precision bf16 is for --model resnet or gpt2")
     if a.gpus < 1:
@@ -371,7 +388,9 @@ def main():
         return 0
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     label = f"ddp.{key(a)}.gpus{a.gpus}"
-    how = " (ZeroRedundancyOptimizer)" if a.zero else " (FSDP SHARD_GRAD_OP)" if a.fsdp else ""
+    how = (" (ZeroRedundancyOptimizer)" if a.zero else " (FSDP SHARD_GRAD_OP)" if a.fsdp
+           else " (DDP, bf16_compress_hook)" if a.bf16_hook else "")
+    how += f", buckets of {a.bucket_mb} MB" if a.model == "gpt2" and not a.fsdp else ""
     print(f"# ddp.py: torch {torch.__version__}, {label}{how}: modes {', '.join(a.modes)}", flush=True)
     # each mode on ports of its own (a.port + 100 i), so that one never waits for the last one's to be released
     ports = {mode: a.port + 100 * i for i, mode in enumerate(a.modes)}
