@@ -11,15 +11,20 @@
  *   bgradb, bgrada    with its bias-gradient epilogues (an operand transposed where the heuristic needs it), whose
  *             reduction cuBLASLt may run as a kernel of its own.
  * Each variant's first eager run is preceded and followed by a replay of the first two graphs.
+ *   distinct  a graph of 43 launches of 43 different kernels (as many as the mid MLP's step has), timed after the
+ *             same kernels run eagerly again, then after kernels the process never ran before run eagerly for the
+ *             first time (21, then 64 more): whether the number of kernels a process has run slows a replay.
  *
  * After each eager action (another kernel, the same kernel, the same product, the same product from a new cuBLASLt
  * handle, the same kernel on another stream, a carveout set on the kernel, a kernel with a large stack frame) every
  * graph is replayed: 3 warm-up replays, then 21 replays each between two CUDA events, the median printed as
  * `graph_replay.<graph>_<stage> <us> us`. Without a GPU it says so and exits 0. */
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 #include <cublasLt.h>
 #include <cuda_runtime.h>
@@ -60,7 +65,26 @@ __global__ void k_stack(float *y, int n, int j) {
     y[threadIdx.x % n] = frame[j & 1023];
 }
 
+/* DISTINCT kernels that differ only in a constant: each its own function to the driver. */
+enum { DISTINCT = 128, DISTINCT_GRAPH = 43, DISTINCT_ELEMS = 1 << 14 };
+template <int K>
+__global__ void k_distinct(float *y, const float *x, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = (0.999f - 1e-6f * K) * y[i] + x[i];
+}
+typedef void (*distinct_fn)(float *, const float *, int);
+template <int... K>
+static constexpr std::array<distinct_fn, sizeof...(K)> distinct_table(std::integer_sequence<int, K...>) {
+    return {{&k_distinct<K>...}};
+}
+static const std::array<distinct_fn, DISTINCT> distinct = distinct_table(std::make_integer_sequence<int, DISTINCT>{});
+
 static cudaStream_t stream;
+
+static void distinct_run(int from, int to, float *y, const float *x) {
+    for (int k = from; k < to; k++) distinct[k]<<<DISTINCT_ELEMS / 256, 256, 0, stream>>>(y, x, DISTINCT_ELEMS);
+    CK(cudaGetLastError());
+}
 
 /* The median replay of `ge` in microseconds. */
 static double time_graph(cudaGraphExec_t ge) {
@@ -222,6 +246,28 @@ int main(int argc, char **argv) {
     k_stack<<<1, 32, 0, stream>>>(z, N_ELEMS, 5);
     CK(cudaStreamSynchronize(stream));
     SHOW("after_stack_kernel");
+
+    /* Kernels the process never ran before, run eagerly after a graph of many different kernels was made. */
+    distinct_run(0, DISTINCT_GRAPH, y, x);
+    CK(cudaStreamSynchronize(stream));
+    cudaGraph_t dg;
+    cudaGraphExec_t dgraph;
+    CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    distinct_run(0, DISTINCT_GRAPH, y, x);
+    CK(cudaStreamEndCapture(stream, &dg));
+    CK(cudaGraphInstantiate(&dgraph, dg, 0));
+    printf("graph_replay.distinct_before %.2f us\n", time_graph(dgraph));
+    distinct_run(0, DISTINCT_GRAPH, z, x);
+    CK(cudaStreamSynchronize(stream));
+    printf("graph_replay.distinct_after_same_kernels %.2f us\n", time_graph(dgraph));
+    distinct_run(DISTINCT_GRAPH, DISTINCT_GRAPH + 21, z, x);
+    CK(cudaStreamSynchronize(stream));
+    printf("graph_replay.distinct_after_21_new_kernels %.2f us\n", time_graph(dgraph));
+    printf("graph_replay.kernels_after_21_new_kernels %.2f us\n", time_graph(kernels));
+    distinct_run(DISTINCT_GRAPH + 21, DISTINCT, z, x);
+    CK(cudaStreamSynchronize(stream));
+    printf("graph_replay.distinct_after_%d_new_kernels %.2f us\n", DISTINCT - DISTINCT_GRAPH, time_graph(dgraph));
+    printf("graph_replay.kernels_after_%d_new_kernels %.2f us\n", DISTINCT - DISTINCT_GRAPH, time_graph(kernels));
 
     /* Products accumulating into their output, then with epilogues (the bias gradients with whichever operand
      * transposed that the heuristic takes): the graphs made before are timed before and after each variant's
