@@ -69,11 +69,10 @@ def windows_of(records):
         while k < len(others) and others[k]["start"] < first:
             moved.append(others[k])
             k += 1
-        if moved and current:
-            windows.append((current, before))
-            current = []
-        if moved or not current:
-            before = moved if moved else before
+        if moved:   # other kernels ran since the last replay: a new window
+            if current:
+                windows.append((current, before))
+            current, before = [], moved
         current.append(replay)
     if current:
         windows.append((current, before))
