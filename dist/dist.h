@@ -96,6 +96,16 @@ deft_status deft_nccl_reduce_avg(deft_dist *d, int local, const deft_dist_reduce
  * every rank's slice at buf + r * shard (ncclAllGather). */
 deft_status deft_nccl_all_reduce_sum_f64(deft_dist *d, int local, double *x, void *stream);
 deft_status deft_nccl_all_gather(deft_dist *d, int local, void *buf, size_t shard, deft_dtype dt, void *stream);
+/* Each piece [lo, hi) of buf (dt) broadcast in place from its root, as one NCCL group (ZeRO-1's f32 parameters
+ * beside the gathered copies). */
+struct deft_zero_f32_piece;
+deft_status deft_nccl_broadcast_pieces(deft_dist *d, int local, void *buf, const struct deft_zero_f32_piece *pieces,
+                                       int n, deft_dtype dt, void *stream);
+/* deft_dist_gather_params' all-gathers: for each i of n, bufs[i] (dt, shard elements a rank) gathered in place over
+ * local communicator locals[i] on streams[i]: one NCCL group over the local communicators, then every stream waited
+ * for (with the deadline). */
+deft_status deft_nccl_gather_whole(deft_dist *d, int n, const int *locals, void *const *bufs, size_t shard,
+                                   deft_dtype dt, void *const *streams);
 /* Zeroes `bytes` at ptr on GPU `device` (a packed bucket's gaps). */
 deft_status deft_nccl_zero(int device, void *ptr, size_t bytes);
 /* Waits for `stream` of GPU `device`, watching communicator `local` for errors, until the deadline: then aborts. */

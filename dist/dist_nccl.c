@@ -16,6 +16,7 @@
 #include "cuda_tuning.h"
 #include "dist.h"
 #include "graph_internal.h"
+#include "optimizer.h"
 
 int deft_has_nccl_build(void) { return 1; }
 
@@ -238,6 +239,47 @@ deft_status deft_nccl_all_gather(deft_dist *d, int local, void *buf, size_t shar
     ncclResult_t r = ncclAllGather(mine, buf, shard, deft_nccl_type(dt), (ncclComm_t)d->comm[local],
                                    (cudaStream_t)stream);
     return deft_nccl_zero_done(d, local, r, what);
+}
+
+deft_status deft_nccl_broadcast_pieces(deft_dist *d, int local, void *buf, const deft_zero_f32_piece *pieces,
+                                       int n, deft_dtype dt, void *stream) {
+    const char *what = "ncclBroadcast (ZeRO-1: the f32 parameters read in f32, from their owners)";
+    deft_status s = deft_nccl_zero_call(d, local, what);
+    if (s != DEFT_OK) return s;
+    ncclComm_t comm = (ncclComm_t)d->comm[local];
+    const size_t esz = deft_dtype_size(dt);
+    ncclResult_t r = ncclGroupStart();
+    for (int i = 0; i < n && (r == ncclSuccess || r == ncclInProgress); i++) {
+        char *at = (char *)buf + (size_t)pieces[i].lo * esz;
+        r = ncclBroadcast(at, at, (size_t)(pieces[i].hi - pieces[i].lo), deft_nccl_type(dt), pieces[i].root, comm,
+                          (cudaStream_t)stream);
+    }
+    ncclResult_t end = ncclGroupEnd();   /* always: the group must be closed */
+    if (r != ncclSuccess && r != ncclInProgress) return deft_nccl_fail(d, r, what, local);
+    return deft_nccl_zero_done(d, local, end, what);
+}
+
+deft_status deft_nccl_gather_whole(deft_dist *d, int n, const int *locals, void *const *bufs, size_t shard,
+                                   deft_dtype dt, void *const *streams) {
+    const char *what = "ncclAllGather (deft_dist_gather_params: the f32 parameters)";
+    if (d->aborted) return deft_set_error(DEFT_ERR_RUNTIME, "%s: the communicators were aborted: %s", what, d->failure);
+    const size_t esz = deft_dtype_size(dt);
+    ncclResult_t r = ncclGroupStart();
+    for (int i = 0; i < n && (r == ncclSuccess || r == ncclInProgress); i++) {
+        const int l = locals[i];
+        if (deft_cuda_set_device(d->device[l]) != DEFT_OK) {
+            (void)ncclGroupEnd();
+            return deft_set_error(DEFT_ERR_RUNTIME, "%s: cuda:%d cannot be made current", what, d->device[l]);
+        }
+        const char *mine = (const char *)bufs[i] + (size_t)d->rank[l] * shard * esz;
+        r = ncclAllGather(mine, bufs[i], shard, deft_nccl_type(dt), (ncclComm_t)d->comm[l], (cudaStream_t)streams[i]);
+    }
+    ncclResult_t end = ncclGroupEnd();
+    if (r != ncclSuccess && r != ncclInProgress) return deft_nccl_fail(d, r, what, locals[0]);
+    deft_status s = DEFT_OK;
+    for (int i = 0; i < n && s == DEFT_OK; i++) s = deft_nccl_settle(d, locals[i], end, what);
+    for (int i = 0; i < n && s == DEFT_OK; i++) s = deft_nccl_wait_stream(d, locals[i], streams[i]);
+    return s;
 }
 
 deft_status deft_nccl_zero(int device, void *ptr, size_t bytes) {

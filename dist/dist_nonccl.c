@@ -76,3 +76,13 @@ deft_status deft_nccl_all_gather(deft_dist *d, int local, void *buf, size_t shar
     (void)d, (void)local, (void)buf, (void)shard, (void)dt, (void)stream;
     return deft_no_nccl();
 }
+deft_status deft_nccl_broadcast_pieces(deft_dist *d, int local, void *buf, const struct deft_zero_f32_piece *pieces,
+                                       int n, deft_dtype dt, void *stream) {
+    (void)d, (void)local, (void)buf, (void)pieces, (void)n, (void)dt, (void)stream;
+    return deft_no_nccl();
+}
+deft_status deft_nccl_gather_whole(deft_dist *d, int n, const int *locals, void *const *bufs, size_t shard,
+                                   deft_dtype dt, void *const *streams) {
+    (void)d, (void)n, (void)locals, (void)bufs, (void)shard, (void)dt, (void)streams;
+    return deft_no_nccl();
+}

@@ -25,6 +25,7 @@
 #include "program_run.h"
 #include "program_state.h"
 #include "replica_hooks.h"
+#include "zero_f32.h"
 
 typedef struct deft_ddp_bucket {
     int ready;                /* the step after which its last gradient exists (-1: before the first step) */
@@ -367,7 +368,9 @@ deft_status deft_ddp_begin_run(deft_program *p) {
     deft_ddp *dd = p->ddp;
     if (!dd) return DEFT_OK;
     if (!dd->broadcast_done && dd->dist->world > 1) {
-        deft_status s = deft_ddp_broadcast(p, dd);
+        /* Rank 0's f32 values would be sent whole, and they are current in its slice only. */
+        deft_status s = deft_graph_check_f32_current(p->graph, "data parallel: the first run's broadcast");
+        if (s == DEFT_OK) s = deft_ddp_broadcast(p, dd);
         /* The parameters changed under their low-precision copies: written again behind the broadcast. */
         if (s == DEFT_OK) deft_param_copies_mark_stale(p->graph, NULL);
         if (s == DEFT_OK) s = deft_param_copies_refresh(p);

@@ -12,7 +12,10 @@
  * ir/autocast.h), and a narrower one is refused. The bucket is joined back
  * before the step, which then (ops/cuda/cuda_optimizer.cu) sums the slice's squares, all-reduces that one f64 (so
  * clipping and the loss scale's verdict see the whole norm), updates the slice and all-gathers the parameters, through
- * the collectives below: ops/ sits below dist/, so it reaches them through the optimizer's zero.ops. */
+ * the collectives below: ops/ sits below dist/, so it reaches them through the optimizer's zero.ops. With the compile
+ * option param_copies the all-gather sends the bf16 (f16) copies, which each rank's update writes for its slice, and
+ * only the f32 parameters the replica reads in f32 follow, broadcast piece by piece from their owners
+ * (runtime/zero_f32.c); deft_dist_gather_params (dist/dist_gather.c) gathers the rest when the host wants them. */
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,9 +33,15 @@ static deft_status deft_zero_all_gather(void *ctx, int local, void *buf, int64_t
     return deft_nccl_all_gather((deft_dist *)ctx, local, buf, (size_t)shard, dt, stream);
 }
 
+static deft_status deft_zero_broadcast_pieces(void *ctx, int local, void *buf, const deft_zero_f32_piece *pieces,
+                                              int n, deft_dtype dt, void *stream) {
+    return deft_nccl_broadcast_pieces((deft_dist *)ctx, local, buf, pieces, n, dt, stream);
+}
+
 static const deft_optimizer_zero_ops deft_zero_ops = {
     .all_reduce_sum = deft_zero_all_reduce_sum,
     .all_gather = deft_zero_all_gather,
+    .broadcast_pieces = deft_zero_broadcast_pieces,
 };
 
 static const char *deft_zero_name(const deft_optimizer *o) { return o->step_node->name; }

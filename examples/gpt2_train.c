@@ -78,7 +78,7 @@ static const char help[] =
     "                       first); not with --state or --resume, whose runs must repeat their bits\n"
     "  --param-copies       the compile option param_copies: the training step reads the optimizer's bf16 (f16)\n"
     "                       copies of the weights, written by each update, instead of casting them (default: off;\n"
-    "                       not with --zero)\n"
+    "                       with --zero the step all-gathers the copies instead of the f32 weights)\n"
     "  --reduce-bf16        under the launcher, the compile option dist_reduce_dtype = bf16: the weights' bf16\n"
     "                       gradients averaged as they are (default: f32; not with --zero)\n"
     "  --device DEV         cpu or cuda:N (default: cuda:0 if a GPU works, else cpu)\n"
@@ -214,7 +214,6 @@ static const char *options_problem(const options *o) {
     if (o->nccl_blocks < 0) return "--nccl-blocks takes a whole number of blocks, 1 to 64";
     /* a timed choice may differ from one process to the next, and with it the products' rounding */
     if (o->matmul_find && (o->state || o->resume)) return "--matmul-find is not for runs saved or resumed";
-    if (o->param_copies && o->zero) return "--param-copies does not work with --zero yet";
     if (o->reduce_bf16 && o->zero) return "--reduce-bf16 does not work with --zero yet";
     return NULL;
 }
@@ -439,7 +438,8 @@ static deft_status build(run *r) {
     r->train = deft_compile(r->m.g, (deft_tensor *[]){r->m.loss, r->step}, 2, &co);
     if (!r->train) return deft_graph_error(r->m.g) != DEFT_OK ? deft_graph_error(r->m.g) : DEFT_ERR_INVALID;
     /* Only rank 0 validates and samples: the others keep no evaluation program (its logits are the largest buffer). */
-    const deft_compile_options eo = {.autocast = r->o.autocast};
+    /* With --param-copies it reads the copies too: under --zero most f32 weights are current on their owner only. */
+    const deft_compile_options eo = {.autocast = r->o.autocast, .param_copies = r->o.param_copies};
     r->eval = lead(r) ? deft_compile(r->m.g, (deft_tensor *[]){r->m.loss, r->m.logits}, 2, &eo) : NULL;
     if (lead(r) && !r->eval) return DEFT_ERR_INVALID;
     /* One order of windows for every rank (the same seed), rank r taking windows r, r + world, ... of it. */
@@ -496,7 +496,10 @@ static deft_status save_state(run *r, int64_t steps_done, int final) {
         fprintf(stderr, "gpt2_train: the state path %s is too long\n", r->o.state);
         return DEFT_ERR_INVALID;
     }
-    deft_status s = deft_train_state_save(path, r->train, r->opt, r->loader);
+    /* --zero --param-copies leaves most f32 weights current on their owner only: every rank gathers them first. */
+    const int partial = r->dist && r->o.zero && r->o.param_copies;
+    deft_status s = partial ? deft_dist_gather_params(r->dist, &r->train, 1) : DEFT_OK;
+    if (s == DEFT_OK) s = deft_train_state_save(path, r->train, r->opt, r->loader);
     if (s == DEFT_OK && lead(r))
         printf("step %lld  training state saved to %s%s\n", (long long)steps_done, path,
                r->world > 1 ? " (and by each rank to its own .rank<R>)" : "");

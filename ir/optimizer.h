@@ -118,9 +118,16 @@ typedef struct deft_optimizer_part {
  * all_reduce_sum adds one f64 over the ranks; all_gather fills buf's whole from every rank's slice at buf + r * shard.
  * ctx and local name the communicator (the deft_dist and its local index). The gradients' reduces are no part of the
  * step: the replica queues them during the backward pass (dist/dist_program.c). */
+typedef struct deft_zero_f32_piece {
+    int64_t lo, hi;   /* elements [lo, hi) of the flat storage */
+    int root;         /* the rank whose slice holds them */
+} deft_zero_f32_piece;
 typedef struct deft_optimizer_zero_ops {
     deft_status (*all_reduce_sum)(void *ctx, int local, double *x, void *stream);
     deft_status (*all_gather)(void *ctx, int local, void *buf, int64_t shard, deft_dtype dt, void *stream);
+    /* Each piece of buf (dt) sent from its root to every rank, in place, as one NCCL group. */
+    deft_status (*broadcast_pieces)(void *ctx, int local, void *buf, const deft_zero_f32_piece *pieces, int n,
+                                    deft_dtype dt, void *stream);
 } deft_optimizer_zero_ops;
 
 /* An optimizer sharded across `world` ranks (world 0: not sharded). The flat storage is padded to `padded` elements (a
@@ -142,6 +149,14 @@ typedef struct deft_optimizer_zero {
     const deft_optimizer_zero_ops *ops;
     void *ctx;
     int local;
+    /* With low-precision copies (param_copies) in a world of several ranks the step all-gathers the copies instead
+     * of the f32 parameters, and broadcasts from their owners only the f32 values of the parameters that the
+     * replica reads in f32 (f32_param[i], n_params flags; the embedding tables and layer norms of an autocast
+     * model): f32_pieces, their pieces cut at the slices. Set when the first program that steps the optimizer with
+     * copies is compiled (runtime/optimizer_zero.c); NULL while none was. */
+    bool *f32_param;
+    deft_zero_f32_piece *f32_pieces;
+    int n_f32_pieces;
 } deft_optimizer_zero;
 
 struct deft_optimizer {
@@ -181,10 +196,15 @@ struct deft_optimizer {
      * nodes borrow their storage here). Made when the first such program is compiled; every update writes its
      * elements (CPU and GPU kernels, the cast's rounding); low_stale is set by whatever writes the parameters
      * outside a step (deft_param_set, a data-parallel broadcast) and cleared by the refresh before the next run.
-     * A sharded optimizer keeps none (compile refuses param_copies with zero_stage). NULL: none. */
+     * Under ZeRO-1 it holds the padded storage (deft_optimizer_flat_count): each rank's update writes its slice,
+     * the step all-gathers the rest. NULL: none. */
     void *flat_low;
     deft_dtype low_dtype;
     bool low_stale;
+    /* ZeRO-1 with copies (zero.f32_param above): after a step the f32 values of the parameters outside f32_param
+     * are current in their owner's slice only, until deft_dist_gather_params gathers them; meanwhile whatever reads
+     * or writes them on the host, or reads them in f32 on the device, is refused (runtime/optimizer_zero.c). */
+    bool f32_partial;
     /* The CPU's per-run state (on a GPU it lives in dev instead). */
     int micro;                 /* runs since the last update */
     int64_t updates;
@@ -212,6 +232,10 @@ struct deft_optimizer {
 
 /* Whether the optimizer's state is sharded across ranks (ZeRO-1). */
 static inline bool deft_optimizer_sharded(const struct deft_optimizer *opt) { return opt->zero.world > 0; }
+/* Whether the step gathers the low-precision copies and broadcasts only zero.f32_pieces (above). */
+static inline bool deft_optimizer_gathers_low(const struct deft_optimizer *opt) {
+    return opt->zero.world > 1 && opt->flat_low && opt->zero.f32_param;
+}
 
 /* Elements of the flat parameters (the padded storage under ZeRO-1), and of each state array (the rank's slice under
  * ZeRO-1). */

@@ -117,8 +117,7 @@ static deft_status deft_config_stop(const deft_compile_options *o, deft_config *
                           o->stop_after, names);
 }
 
-/* The optimizers' low-precision parameter copies read in place of casts: a question for autocast alone, and one that
- * ZeRO-1 (which updates one slice per rank) cannot answer yet. */
+/* The optimizers' low-precision parameter copies read in place of casts: a question for autocast alone. */
 static deft_status deft_config_param_copies(const deft_compile_options *o, deft_config *c) {
     if (!o->param_copies) return DEFT_OK;
     if (o->param_copies != 1)
@@ -126,9 +125,6 @@ static deft_status deft_config_param_copies(const deft_compile_options *o, deft_
     if (c->autocast == DEFT_F32)
         return deft_set_error(DEFT_ERR_INVALID, "compile: param_copies keeps the parameters' low-precision copies "
                               "of autocast; set autocast to bf16 or f16 too");
-    if (c->zero_stage)
-        return deft_set_error(DEFT_ERR_INVALID, "compile: param_copies does not work with zero_stage 1 yet: each "
-                              "rank updates one slice of the parameters, so the copies of the others would go stale");
     c->param_copies = true;
     return DEFT_OK;
 }

@@ -16,6 +16,7 @@
 #include "program_state.h"
 #include "replica_hooks.h"
 #include "trace.h"
+#include "zero_f32.h"
 
 /* A compile stopped after a stage (the option stop_after) made a program to look at, without memory to run in. */
 static deft_status deft_stopped_error(const deft_program *p, const char *what) {
@@ -127,6 +128,7 @@ static deft_status deft_program_run_with(deft_program *p, deft_trace *tr) {
     if (p->stopped_after) return deft_stopped_error(p, "run");
     deft_status s = deft_check_fed(p);
     if (s == DEFT_OK && p->ddp) s = deft_replica_hooks_get()->check_run(p);
+    if (s == DEFT_OK) s = deft_program_check_f32_reads(p);
     if (s == DEFT_OK) s = deft_param_copies_refresh(p);   /* before a replay too: it is no part of the graph */
     if (s != DEFT_OK) return s;
     deft_stamp_run(p);
@@ -144,6 +146,8 @@ static deft_status deft_program_run_with(deft_program *p, deft_trace *tr) {
     for (int gi = 0; s == DEFT_OK && gi < p->n_groups; gi++)
         for (int m = 0; m < p->groups[gi].n_members; m++)
             if (p->groups[gi].members[m] != p->groups[gi].root) p->nodes[p->groups[gi].members[m]].runs++;
+    /* After the run: its first wrote the copies from values still whole. */
+    if (s == DEFT_OK) deft_program_mark_f32_partial(p);
     p->ran = s == DEFT_OK;
     p->run_count++;
     return s;

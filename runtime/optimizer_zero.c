@@ -7,6 +7,7 @@
 #include "device_internal.h"
 #include "optimizer_storage.h"
 #include "program_state.h"
+#include "zero_f32.h"
 
 deft_status deft_optimizer_zero_slices(const deft_optimizer *o, int world, int rank, deft_optimizer_zero *z) {
     if (world < 1 || rank < 0 || rank >= world)
@@ -65,6 +66,7 @@ void deft_optimizer_zero_release(deft_optimizer *o) {
     if (o->zero.dev_blocks) deft_mem_free(o->device, o->zero.dev_blocks);
     o->zero.dev_blocks = NULL;
     o->zero.n_blocks = 0;
+    deft_optimizer_zero_f32_forget(o);
 }
 
 void deft_optimizers_unshard_unmade(deft_graph *g) {

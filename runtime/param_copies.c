@@ -11,13 +11,15 @@
 #include "param_copies.h"
 #include "program_graph.h"
 #include "program_run.h"
+#include "zero_f32.h"
 #ifdef DEFT_HAVE_CUDA
 #include "cuda_kernels.h"
 #endif
 
 static deft_status deft_copy_make(deft_optimizer *o, deft_dtype dt) {
     size_t bytes = 0;
-    if (!deft_size_mul((size_t)o->total, deft_dtype_size(dt), &bytes))
+    /* Under ZeRO-1 the padded storage, which the step's all-gather fills (each rank's slice from its update). */
+    if (!deft_size_mul((size_t)deft_optimizer_flat_count(o), deft_dtype_size(dt), &bytes))
         return deft_set_error(DEFT_ERR_INVALID, "compile: the parameter copies of %s overflow the address space",
                               o->step_node->name);
     deft_status s = deft_mem_alloc_tagged(o->device, bytes ? bytes : 1, "optimizer.param_copies", &o->flat_low);
@@ -34,9 +36,6 @@ deft_status deft_param_copy_bind(const deft_program *p, deft_tensor *t, bool *ma
     if (!o || !o->materialized)
         return deft_set_error(DEFT_ERR_STATE, "compile: %s is the copy of %s, whose optimizer has no storage yet",
                               t->name, t->src[0]->name);
-    if (deft_optimizer_sharded(o))
-        return deft_set_error(DEFT_ERR_INVALID, "compile: %s is the copy of %s, whose optimizer is sharded (ZeRO-1); "
-                              "param_copies does not work with zero_stage 1", t->name, t->src[0]->name);
     if (o->flat_low && o->low_dtype != t->dtype)
         return deft_set_error(DEFT_ERR_STATE,
                               "compile: the optimizer of %s keeps %s copies of its parameters for another program; "
@@ -68,6 +67,7 @@ void deft_param_copy_unmake(deft_tensor *t) {
     deft_optimizer *o = deft_optimizer_of_param(t->graph, t->src[0], NULL);
     if (!o || !o->flat_low) return;
     deft_optimizer_unbind_copies(o);
+    deft_optimizer_zero_f32_forget(o);
     deft_mem_free(o->device, o->flat_low);
     o->flat_low = NULL;
     o->low_stale = false;
@@ -105,7 +105,9 @@ deft_status deft_param_copies_refresh(const deft_program *p) {
     for (int i = 0; i < g->n_optimizers; i++) {
         deft_optimizer *o = g->optimizers[i];
         if (!o->flat_low || !o->low_stale) continue;
-        deft_status s = deft_copy_refresh(p, o);
+        /* Written from the f32 values, which are stale here outside this rank's slice. */
+        deft_status s = deft_graph_check_f32_current(g, "run (the parameter copies written anew)");
+        if (s == DEFT_OK) s = deft_copy_refresh(p, o);
         if (s != DEFT_OK) return s;
         o->low_stale = false;
     }

@@ -7,8 +7,8 @@
 struct deft_program;
 /* Points t (a DEFT_OP_PARAM_COPY node a program needs) into its optimizer's copy, making the copy when it is the
  * first (*made then true): DEFT_ERR_STATE when the optimizer has no storage, keeps copies in another dtype, or has
- * none yet while another live program of p's graph steps it (its captured step would write none),
- * DEFT_ERR_INVALID when it is sharded, or the allocator's status. */
+ * none yet while another live program of p's graph steps it (its captured step would write none), or the
+ * allocator's status. */
 deft_status deft_param_copy_bind(const struct deft_program *p, deft_tensor *t, bool *made);
 /* Gives back the copy that deft_param_copy_bind made for t (a compile that failed later), unbinding every node. */
 void deft_param_copy_unmake(deft_tensor *t);

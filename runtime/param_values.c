@@ -5,6 +5,7 @@
 #include "device_internal.h"
 #include "graph_internal.h"
 #include "param_copies.h"
+#include "zero_f32.h"
 
 static deft_status deft_param_check(const deft_tensor *t, size_t bytes, const char *what) {
     if (!t) return deft_set_error(DEFT_ERR_INVALID, "%s: tensor is NULL", what);
@@ -20,6 +21,9 @@ deft_status deft_param_set(deft_tensor *param, const void *host, size_t bytes) {
     deft_status s = deft_param_check(param, bytes, "param_set");
     if (s != DEFT_OK) return s;
     if (!host) return deft_set_error(DEFT_ERR_INVALID, "param_set: host buffer is NULL");
+    /* The copies would be written anew from the other parameters' stale values. */
+    s = deft_param_check_f32_current(param, true, "param_set");
+    if (s != DEFT_OK) return s;
     memcpy(param->host_data, host, bytes);
     deft_param_copies_mark_stale(param->graph, param);
     if (param->dev_data) return deft_mem_copy(param->device, param->dev_data, deft_cpu(), host, bytes);
@@ -30,6 +34,8 @@ deft_status deft_param_get(const deft_tensor *param, void *host, size_t bytes) {
     deft_status s = deft_param_check(param, bytes, "param_get");
     if (s != DEFT_OK) return s;
     if (!host) return deft_set_error(DEFT_ERR_INVALID, "param_get: host buffer is NULL");
+    s = deft_param_check_f32_current(param, false, "param_get");
+    if (s != DEFT_OK) return s;
     if (param->dev_data) return deft_mem_copy(deft_cpu(), host, param->device, param->dev_data, bytes);
     memcpy(host, param->host_data, bytes);
     return DEFT_OK;

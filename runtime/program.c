@@ -15,6 +15,7 @@
 #include "program_hooks.h"
 #include "replica_hooks.h"
 #include "prefetch.h"
+#include "zero_f32.h"
 #include "pipeline.h"
 #include "program_run.h"
 #include "program_state.h"
@@ -123,6 +124,7 @@ static deft_status deft_program_allocate(deft_program *p) {
     if (s == DEFT_OK) s = deft_autocast_configure_steps(p);
     if (s == DEFT_OK) p->persistent_bytes = deft_persistent_bytes(p);   /* once loss scaling is set */
     if (s == DEFT_OK) s = deft_place_persistent(p, uploaded);
+    if (s == DEFT_OK) s = deft_program_zero_f32_bind(p);
     if (s == DEFT_OK) s = deft_check_device_room(p);
     if (s == DEFT_OK) s = deft_alloc_arenas(p);
     if (s == DEFT_OK) s = deft_program_gpu_init(p, p->config.cuda_graphs);

@@ -188,6 +188,16 @@ typedef struct deft_testing_zero_piece {
 } deft_testing_zero_piece;
 int deft_testing_zero_plan(const deft_optimizer *o, int world, int rank, int param, deft_dtype dt,
                            deft_testing_zero *out, deft_testing_zero_piece *pieces, int max);
+/* ZeRO-1 with param_copies (runtime/zero_f32.c), without GPUs: which of o's parameters p reads in f32, into reads
+ * (o's parameter count of them), and the pieces their f32 values are broadcast in from their owners when o is
+ * sharded as rank `rank` of `world` (on a shallow copy; o is left alone): up to max into pieces (start and count;
+ * the offsets (size_t)-1). Returns how many pieces there are, -1 with the error for a bad world or rank. */
+int deft_testing_zero_f32_plan(const deft_program *p, const deft_optimizer *o, int world, int rank, bool *reads,
+                               deft_testing_zero_piece *pieces, int max);
+/* o's f32 values made partial as a sharded step with copies leaves them, current only for the parameters flagged in
+ * f32_param (o's parameter count of flags), whatever o's device: the refusals can then be driven on the CPU.
+ * f32_param NULL: whole again (what deft_dist_gather_params leaves). */
+deft_status deft_testing_zero_partial(deft_optimizer *o, const bool *f32_param);
 /* Checks the n sources of a step node of o as building one does (implemented in the library, ir/optimizer.c). */
 deft_status deft_optimizer_check_grads(const deft_optimizer *opt, const char *step_name, deft_tensor *const *srcs,
                                        int n);

@@ -9,6 +9,7 @@
 #include "dist.h"
 #include "optimizer.h"
 #include "optimizer_storage.h"
+#include "zero_f32.h"
 
 /* The bytes c (a sharded copy) would allocate and plan. */
 static void deft_testing_zero_sizes(const deft_optimizer *c, deft_testing_zero *out) {
@@ -60,4 +61,38 @@ int deft_testing_zero_plan(const deft_optimizer *o, int world, int rank, int par
     free(flat);
     free(grad);
     return n;
+}
+
+int deft_testing_zero_f32_plan(const deft_program *p, const deft_optimizer *o, int world, int rank, bool *reads,
+                               deft_testing_zero_piece *pieces, int max) {
+    if (!p || !o) {
+        deft_set_error(DEFT_ERR_INVALID, "zero_f32_plan: program or optimizer is NULL");
+        return -1;
+    }
+    deft_optimizer c = *o;
+    if (deft_optimizer_zero_slices(o, world, rank, &c.zero) != DEFT_OK) return -1;
+    const int64_t n = deft_zero_f32_plan(p, &c, reads, NULL);
+    deft_zero_f32_piece *all = calloc((size_t)(n ? n : 1), sizeof *all);
+    if (!all) {
+        deft_set_error(DEFT_ERR_OOM, "zero_f32_plan: out of host memory");
+        return -1;
+    }
+    deft_zero_f32_plan(p, &c, reads, all);
+    for (int64_t k = 0; k < n && k < max; k++)
+        pieces[k] = (deft_testing_zero_piece){.root = all[k].root, .start = all[k].lo, .count = all[k].hi - all[k].lo,
+                                              .send_offset = (size_t)-1, .dest_offset = (size_t)-1};
+    free(all);
+    return (int)n;
+}
+
+deft_status deft_testing_zero_partial(deft_optimizer *o, const bool *f32_param) {
+    if (!o) return deft_set_error(DEFT_ERR_INVALID, "zero_partial: optimizer is NULL");
+    deft_optimizer_zero_f32_forget(o);
+    if (!f32_param) return DEFT_OK;
+    bool *flags = malloc((size_t)(o->n_params ? o->n_params : 1) * sizeof *flags);
+    if (!flags) return deft_set_error(DEFT_ERR_OOM, "zero_partial: out of host memory");
+    for (int i = 0; i < o->n_params; i++) flags[i] = f32_param[i];
+    o->zero.f32_param = flags;
+    o->f32_partial = true;
+    return DEFT_OK;
 }

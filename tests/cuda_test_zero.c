@@ -21,6 +21,11 @@
  * - save and resume: 2K steps uninterrupted against K steps, each rank's training state saved (format version 2),
  *   new replicas loaded from them and K steps more: the same losses and parameters, bit for bit. A rank's file
  *   loaded into the other rank, into an unsharded replica or into a world of one is DEFT_ERR_INVALID;
+ * - with param_copies under bf16 autocast (the step all-gathers the bf16 copies, and broadcasts only the f32
+ *   parameters the replica reads in f32: here fc3's bias, read by an extra output) against ZeRO-1 casting: the same
+ *   bits for every loss, norm and f32 read on both ranks; while the other f32 values are partial, reading one,
+ *   writing any, saving and a program casting the weights itself are refused; deft_dist_gather_params (which refuses
+ *   replicas out of order or missing) then gives every parameter the same bits, and one more step too;
  * - refusals at compile: accumulate_steps > 1, an optimizer on the cpu, an optimizer made whole by an earlier compile,
  *   and a sharded optimizer's step compiled without zero_stage 1;
  * - a world of one rank: the sharded step (no collectives, its buckets queue no reduce) equals the one-GPU step within
@@ -75,12 +80,15 @@ static deft_optimizer *zero_opt(deft_graph *g, void *ctx) {
 typedef struct pair {
     mlp r[2];
     int ok;
-    float loss[2 * K + STEPS][2], norm[2 * K + STEPS][2];
+    float loss[2 * K + STEPS][2], norm[2 * K + STEPS][2], extra[2 * K + STEPS][2];
     float *params[2];
     size_t n;
 } pair;
 
-static int pair_build(pair *p, deft_dist *d, const zcfg *c, int zero, const deft_compile_options *extra) {
+/* Two replicas compiled with `extra` (NULL: the defaults), dist d and zero_stage `zero`; with extra_param the sum of
+ * that parameter is a third output (dist_mlp.h's mlp_build_extra). */
+static int pair_build_extra(pair *p, deft_dist *d, const zcfg *c, int zero, const deft_compile_options *extra,
+                            const char *extra_param) {
     memset(p, 0, sizeof *p);
     deft_compile_options o = extra ? *extra : (deft_compile_options){0};
     o.dist = d;
@@ -88,7 +96,7 @@ static int pair_build(pair *p, deft_dist *d, const zcfg *c, int zero, const deft
     p->ok = 1;
     for (int k = 0; k < 2; k++) {
         o.dist_local = k;
-        p->ok &= mlp_build_with(&p->r[k], deft_dist_device(d, k), B, &o, zero_opt, (void *)c);
+        p->ok &= mlp_build_extra(&p->r[k], deft_dist_device(d, k), B, &o, zero_opt, (void *)c, extra_param);
     }
     if (p->ok) {
         p->n = mlp_param_floats(&p->r[0]);
@@ -97,16 +105,27 @@ static int pair_build(pair *p, deft_dist *d, const zcfg *c, int zero, const deft
     return p->ok;
 }
 
-/* Steps [from, to) of the global batches, rank k taking rows k B .. (k + 1) B - 1. */
-static void pair_run(pair *p, deft_dist *d, int from, int to) {
+static int pair_build(pair *p, deft_dist *d, const zcfg *c, int zero, const deft_compile_options *extra) {
+    return pair_build_extra(p, d, c, zero, extra, NULL);
+}
+
+/* Steps [from, to) of the global batches, rank k taking rows k B .. (k + 1) B - 1 (the extra outputs, where the
+ * replicas have them, into extra[s][k]). */
+static void pair_steps(pair *p, deft_dist *d, int from, int to) {
     for (int s = from; p->ok && s < to; s++) {
         for (int k = 0; k < 2; k++) mlp_feed(&p->r[k], s, k * B, B);
         CHECK_OK(deft_dist_run(d, (deft_program *[]){p->r[0].p, p->r[1].p}, 2));
         for (int k = 0; k < 2; k++) {
             CHECK_OK(deft_program_read(p->r[k].p, p->r[k].loss, &p->loss[s][k], sizeof(float)));
             CHECK_OK(deft_program_read(p->r[k].p, p->r[k].step, &p->norm[s][k], sizeof(float)));
+            if (p->r[k].extra) CHECK_OK(deft_program_read(p->r[k].p, p->r[k].extra, &p->extra[s][k], sizeof(float)));
         }
     }
+}
+
+/* pair_steps, then the parameters of both ranks. */
+static void pair_run(pair *p, deft_dist *d, int from, int to) {
+    pair_steps(p, d, from, to);
     for (int k = 0; p->ok && k < 2; k++) mlp_params(&p->r[k], p->params[k]);
 }
 
@@ -303,6 +322,72 @@ static void test_resume(deft_dist *d) {
     remove(path[1]);
 }
 
+/* Rank k's replica refuses what would read or write the f32 parameters while they are partial. */
+static void check_partial_refusals(mlp *m, int k) {
+    float w[WIDTH * WIDTH], b[CLASSES];
+    deft_tensor *bias = deft_graph_find(m->g, "fc3.bias");
+    CHECK_ERR(deft_param_get(m->params[0], w, sizeof w), DEFT_ERR_STATE, "deft_dist_gather_params");
+    CHECK_OK(deft_param_get(bias, b, sizeof b));   /* read in f32 by the replica: broadcast every step */
+    CHECK_ERR(deft_param_set(bias, b, sizeof b), DEFT_ERR_STATE, "deft_dist_gather_params");
+    char path[128];
+    snprintf(path, sizeof path, "/tmp/deft_test_zero_copies_%ld.rank%d", (long)getpid(), k);
+    CHECK_ERR(deft_train_state_save(path, m->p, m->opt, NULL), DEFT_ERR_STATE, "deft_dist_gather_params");
+    CHECK_MSG(access(path, F_OK) != 0, "rank %d: a refused save left %s", k, path);
+    deft_program *cast = NULL;   /* the forward pass casting the f32 weights itself */
+    CHECK_OK(deft_compile_into(m->g, &m->loss, 1, &(deft_compile_options){.autocast = DEFT_BF16}, &cast));
+    if (cast) {
+        mlp_feed(&(mlp){.p = cast, .x = m->x, .y = m->y}, 0, 0, B);
+        CHECK_ERR(deft_program_run(cast), DEFT_ERR_STATE, "deft_dist_gather_params");
+    }
+    deft_program_free(cast);
+}
+
+/* bf16 autocast, ZeRO-1 with param_copies (the step gathers the bf16 copies and broadcasts fc3's bias, read in f32 by
+ * the extra output) against ZeRO-1 casting the weights each step: the same bits for losses, norms and the f32 read
+ * on both ranks; the refusals while partial; deft_dist_gather_params, then every parameter the same bits, and one
+ * more step the same. */
+static void test_copies(deft_dist *d) {
+    const zcfg *c = &ADAMW_CLIP_GROUPS;
+    const deft_compile_options cast_o = {.autocast = DEFT_BF16};
+    const deft_compile_options copy_o = {.autocast = DEFT_BF16, .param_copies = 1};
+    pair cast, copies;
+    if (pair_build_extra(&cast, d, c, 1, &cast_o, "fc3.bias") &&
+        pair_build_extra(&copies, d, c, 1, &copy_o, "fc3.bias")) {
+        pair_run(&cast, d, 0, STEPS);
+        pair_steps(&copies, d, 0, STEPS);
+        CHECK_MSG(memcmp(copies.loss, cast.loss, sizeof cast.loss) == 0 &&
+                  memcmp(copies.norm, cast.norm, sizeof cast.norm) == 0,
+                  "copies: losses or norms differ from the casting run's (step 0: %.9g %.9g against %.9g %.9g)",
+                  copies.loss[0][0], copies.norm[0][0], cast.loss[0][0], cast.norm[0][0]);
+        CHECK_MSG(memcmp(copies.extra, cast.extra, sizeof cast.extra) == 0 &&
+                  memcmp(&copies.extra[STEPS - 1][0], &copies.extra[STEPS - 1][1], sizeof(float)) == 0,
+                  "copies: the f32 bias's sums differ (last step: ranks %.9g %.9g, casting run %.9g)",
+                  copies.extra[STEPS - 1][0], copies.extra[STEPS - 1][1], cast.extra[STEPS - 1][0]);
+        for (int k = 0; k < 2; k++) check_partial_refusals(&copies.r[k], k);
+        CHECK_ERR(deft_dist_gather_params(d, (deft_program *[]){copies.r[1].p, copies.r[0].p}, 2), DEFT_ERR_INVALID,
+                  "dist_local 0");
+        CHECK_ERR(deft_dist_gather_params(d, (deft_program *[]){copies.r[0].p}, 1), DEFT_ERR_INVALID,
+                  "2 communicator(s)");
+        CHECK_OK(deft_dist_gather_params(d, (deft_program *[]){copies.r[0].p, copies.r[1].p}, 2));
+        for (int k = 0; k < 2; k++) {
+            mlp_params(&copies.r[k], copies.params[k]);
+            CHECK_MSG(memcmp(copies.params[k], cast.params[k], cast.n * sizeof(float)) == 0, "copies: rank %d's "
+                      "gathered parameters differ from the casting run's", k);
+        }
+        pair_steps(&cast, d, STEPS, STEPS + 1);
+        pair_steps(&copies, d, STEPS, STEPS + 1);
+        CHECK_MSG(memcmp(copies.loss[STEPS], cast.loss[STEPS], sizeof cast.loss[STEPS]) == 0,
+                  "copies: the step after the gather differs");
+        CHECK_MSG(strcmp(deft_program_graph_status(copies.r[0].p), "replaying a CUDA Graph") == 0, "copies: %s",
+                  deft_program_graph_status(copies.r[0].p));
+        printf("copies: ZeRO-1 gathering bf16 copies equals ZeRO-1 casting, bit for bit: %d steps, losses, norms, the "
+               "f32 bias read on both ranks, the parameters after deft_dist_gather_params (%zu floats)\n", STEPS + 1,
+               cast.n);
+    }
+    pair_free(&cast);
+    pair_free(&copies);
+}
+
 /* Refused at compile, naming the reason. */
 static void test_refusals(deft_dist *d) {
     const deft_compile_options zero = {.dist = d, .zero_stage = 1};
@@ -318,13 +403,10 @@ static void test_refusals(deft_dist *d) {
         CHECK_ERR(deft_compile_into(m.g, (deft_tensor *[]){m.loss, m.step}, 2, &zero, &p), DEFT_ERR_INVALID,
                   "on the cpu");
     deft_graph_free(m.g);
-    /* The low-precision copies and the bf16 average are for unsharded steps only, so far. */
+    /* The bf16 average is for unsharded steps only, so far. */
     if (mlp_build_with(&m, deft_cuda(0), B, NULL, zero_opt, (void *)&ADAMW)) {
-        const deft_compile_options copies = {.dist = d, .zero_stage = 1, .autocast = DEFT_BF16, .param_copies = 1};
         const deft_compile_options bf16 = {.dist = d, .zero_stage = 1, .autocast = DEFT_BF16,
                                            .dist_reduce_dtype = DEFT_BF16};
-        CHECK_ERR(deft_compile_into(m.g, (deft_tensor *[]){m.loss, m.step}, 2, &copies, &p), DEFT_ERR_INVALID,
-                  "param_copies does not work with zero_stage 1");
         CHECK_ERR(deft_compile_into(m.g, (deft_tensor *[]){m.loss, m.step}, 2, &bf16, &p), DEFT_ERR_INVALID,
                   "dist_reduce_dtype bf16 does not work with zero_stage 1");
     }
@@ -401,6 +483,7 @@ int main(void) {
             test_equal_with(d, &ADAMW_CLIP_GROUPS, &small);
             test_eager(d);
             test_resume(d);
+            test_copies(d);
             test_refusals(d);
         }
         deft_dist_free(d);

@@ -15,6 +15,7 @@
 typedef struct mlp {
     deft_graph *g;
     deft_tensor *x, *y, *loss, *step;
+    deft_tensor *extra;   /* mlp_build_extra's output, NULL without */
     deft_tensor *params[2 * LAYERS];
     deft_optimizer *opt;
     deft_program *p;
@@ -32,9 +33,10 @@ static inline float data_x(int64_t step, int64_t row, int64_t col) {
 static inline int32_t data_y(int64_t step, int64_t row) { return (int32_t)((step * 13 + row * 7) % CLASSES); }
 
 /* The MLP on dev with `batch` rows and the optimizer make_opt gives; every build has the same initial parameters (the
- * graph's seed). Compiled with o (NULL: the defaults): 0 (checked) when that fails. */
-static inline int mlp_build_with(mlp *m, deft_device dev, int64_t batch, const deft_compile_options *o,
-                                 mlp_optimizer_fn make_opt, void *ctx) {
+ * graph's seed). With extra_param (a parameter's name; NULL: none) the program has a third output, m->extra, the sum
+ * of that parameter read in f32. Compiled with o (NULL: the defaults): 0 (checked) when that fails. */
+static inline int mlp_build_extra(mlp *m, deft_device dev, int64_t batch, const deft_compile_options *o,
+                                  mlp_optimizer_fn make_opt, void *ctx, const char *extra_param) {
     *m = (mlp){.g = deft_graph_new()};
     deft_graph_set_seed(m->g, 1234);
     m->x = deft_input(m->g, "x", DEFT_F32, 2, (int64_t[]){batch, WIDTH}, dev);
@@ -57,9 +59,15 @@ static inline int mlp_build_with(mlp *m, deft_device dev, int64_t batch, const d
         snprintf(name, sizeof name, "fc%d.bias", l);
         m->params[2 * l + 1] = deft_graph_find(m->g, name);
     }
-    m->p = deft_compile(m->g, (deft_tensor *[]){m->loss, m->step}, 2, o);
+    if (extra_param) m->extra = deft_sum(deft_graph_find(m->g, extra_param), 0, NULL, 0);
+    m->p = deft_compile(m->g, (deft_tensor *[]){m->loss, m->step, m->extra}, m->extra ? 3 : 2, o);
     CHECK_MSG(m->p != NULL, "compile: %s", deft_errmsg());
     return m->p != NULL;
+}
+
+static inline int mlp_build_with(mlp *m, deft_device dev, int64_t batch, const deft_compile_options *o,
+                                 mlp_optimizer_fn make_opt, void *ctx) {
+    return mlp_build_extra(m, dev, batch, o, make_opt, ctx, NULL);
 }
 
 /* Feeds rows [first, first + batch) of step's global batch. */

@@ -2,7 +2,8 @@
 # gpt2_train under scripts/deft_launch on two GPUs, a small model on a generated text: each rank trains a replica,
 # only rank 0 prints the progress, every rank writes its own state file (<state>.rank<R>), and a run resumed from
 # the states saved at step 8 gives steps 9-16's losses and the validation loss of the uninterrupted run, as text;
-# the same with --zero (ZeRO-1). Skips (exit 77) with fewer than two GPUs or a build without NCCL.
+# the same with --zero (ZeRO-1), and with --zero --param-copies (the step gathers the bf16 copies; every rank gathers
+# the f32 weights before it saves, and the validation reads the copies). Skips (exit 77) with fewer than two GPUs or a build without NCCL.
 #
 #   tests/gpt2_train_launch_test.sh SOURCE_DIR WORK_DIR GPT2_TRAIN
 set -u
@@ -42,9 +43,10 @@ losses() {
     grep -E '^\[rank 0\] (step (9|1[0-6])/16  loss|validation loss)' "$1" | sed 's/  [0-9]* tokens\/s$//'
 }
 
-for variant in plain zero; do
+for variant in plain zero zero_copies; do
     extra=()
     [ "$variant" = zero ] && extra=(--zero)
+    [ "$variant" = zero_copies ] && extra=(--zero --param-copies --autocast bf16)
     launch "$variant" --state "$work/$variant" --save-every 8 "${extra[@]}"
     out=$work/$variant.out
     grep -q '^\[rank 0\] data parallel: 2 ranks' "$out" || fail "$variant: no 'data parallel: 2 ranks' line"
@@ -69,4 +71,4 @@ if [ "$failures" -gt 0 ]; then
     echo "gpt2_train_launch_test: $failures failure(s)" >&2
     exit 1
 fi
-echo "gpt2_train_launch_test: 2 ranks, plain and ZeRO-1: progress on rank 0 only, a state file per rank, resumed losses equal"
+echo "gpt2_train_launch_test: 2 ranks, plain, ZeRO-1 and ZeRO-1 with bf16 copies: progress on rank 0 only, a state file per rank, resumed losses equal"

@@ -80,6 +80,14 @@ deft_status deft_dist_run(deft_dist *d, deft_program *const *replicas, int n);
 /* Waits for the queued steps of a replica, at most the timeout; past it the communicators are aborted and the
  * answer is DEFT_ERR_RUNTIME naming the rank (deft_program_read waits the same way). */
 deft_status deft_program_dist_synchronize(deft_program *p);
+/* ZeRO-1 with the compile option param_copies: each step all-gathers the bf16 (f16) copies the replicas read, and
+ * of the f32 parameters only those the replica reads in f32 (embedding tables, layer norms); the others are then
+ * current on their owner only, and deft_param_get of one, deft_param_set, deft_train_state_save and a program that
+ * reads one in f32 are refused with DEFT_ERR_STATE until this collective all-gathers the f32 parameters. Every rank
+ * calls it, each process with its local replicas (replicas[i] compiled with dist_local = i, n = its communicators);
+ * it waits for their queued steps, gathers, and returns once done. Where nothing is partial it gathers the same
+ * values again. */
+deft_status deft_dist_gather_params(deft_dist *d, deft_program *const *replicas, int n);
 /* deft_loader_new_dataset's loader for rank `rank` of `world`: global batch k of an epoch (k = 0, 1, ...; in the
  * order drawn from seed and the epoch with shuffle, the same on every rank) goes to rank k % world, so rank r takes
  * batches r, r + world, ...; every rank gets (n / batch) / world batches per epoch, the rest are dropped. */

@@ -214,8 +214,10 @@ static deft_opt_hyper deft_opt_hyper_of(const deft_optimizer *o) {
     h.growth = o->scaler.growth;
     h.backoff = o->scaler.backoff;
     h.interval = o->scaler.interval;
-    /* Every path indexes the copy as it indexes flat_params; a sharded optimizer keeps none (compile refuses it). */
-    h.low = deft_optimizer_sharded(o) ? NULL : o->flat_low;
+    /* Every path indexes the copy as it indexes flat_params: a sharded update from its slice's first element. */
+    h.low = o->flat_low && deft_optimizer_sharded(o)
+                ? (char *)o->flat_low + (size_t)o->zero.lo * deft_dtype_size(o->low_dtype)
+                : o->flat_low;
     h.low_dtype = (int)o->low_dtype;
     return h;
 }
@@ -239,7 +241,8 @@ static deft_status deft_opt_gather_launch(const deft_optimizer *o, const deft_op
 /* A sharded step (ir/optimizer.h's deft_optimizer_zero): in a world of one the gradients gathered into the flat
  * gradients from the backward pass's buffers (several ranks reduced theirs there during the backward pass), the norm
  * of the slice and its all-reduce, the prepare kernel, the update of the slice (the state and the flat gradients
- * indexed from 0 at lo), and the all-gather of the parameters in place. The collectives come from dist/ through
+ * indexed from 0 at lo), and the all-gather of the parameters in place (with copies, of the copies, and the f32
+ * parameters the replica reads broadcast from their owners). The collectives come from dist/ through
  * zero.ops; a world of one rank calls none. */
 template <class T>
 static deft_status deft_opt_zero_update_launch(const deft_optimizer *o, const deft_opt_hyper &h, cudaStream_t st) {
@@ -277,7 +280,13 @@ static deft_status deft_opt_zero_launch(deft_optimizer *o, const deft_optimizer_
     deft_k_opt_prepare<<<1, DEFT_OPT_THREADS, 0, st>>>(o->dev, 1, h, out);
     if ((s = deft_cuda_check_launch(n, "optimizer prepare")) != DEFT_OK) return s;
     s = deft_opt_zero_update_launch<T>(o, h, st);
-    if (s == DEFT_OK && collective) s = z->ops->all_gather(z->ctx, z->local, o->flat_params, shard, o->dtype, st);
+    if (s != DEFT_OK || !collective) return s;
+    if (!deft_optimizer_gathers_low(o))
+        return z->ops->all_gather(z->ctx, z->local, o->flat_params, shard, o->dtype, st);
+    /* The replica reads the copies, and the f32 values of f32_pieces' parameters only (ir/optimizer.h). */
+    s = z->ops->all_gather(z->ctx, z->local, o->flat_low, shard, o->low_dtype, st);
+    if (s == DEFT_OK && z->n_f32_pieces > 0)
+        s = z->ops->broadcast_pieces(z->ctx, z->local, o->flat_params, z->f32_pieces, z->n_f32_pieces, o->dtype, st);
     return s;
 }
 
@@ -361,7 +370,7 @@ template <class L> __global__ void deft_k_opt_copy_refresh(const float *__restri
 
 extern "C" deft_status deft_cuda_optimizer_copy_refresh(struct deft_optimizer *o, void *stream) {
     cudaStream_t st = (cudaStream_t)stream;
-    const int64_t n = o->total;
+    const int64_t n = deft_optimizer_flat_count(o);   /* a sharded copy's padding too: its all-gather sends it */
     if (!o->flat_low || n == 0) return DEFT_OK;
     const unsigned blocks = deft_cuda_blocks(n, DEFT_CUDA_THREADS);
     if (o->low_dtype == DEFT_BF16)
