@@ -58,7 +58,9 @@ typedef struct deft_compile_options {
      * instead of a cast in every step's forward pass (and again in its backward pass). The copies hold 2 bytes per
      * parameter for as long as the optimizer lives (deft_memory_report's persistent_bytes counts them); writing the
      * parameters between steps (deft_param_set, loading) has them written again before the next run. Refused without
-     * autocast and with zero_stage 1 (DEFT_ERR_INVALID); one optimizer keeps copies in one dtype (a program of the
+     * autocast (DEFT_ERR_INVALID). With zero_stage 1 the step all-gathers the copies instead of the f32 parameters
+     * and leaves the f32 values the replica does not read current on their owner only, until
+     * deft_dist_gather_params (deft/dist.h). One optimizer keeps copies in one dtype (a program of the
      * other policy is DEFT_ERR_STATE), made by the first program that steps or reads it: while a live program
      * compiled without param_copies steps the optimizer (its captured step would write no copy), a program with it
      * is DEFT_ERR_STATE naming that step. */
