@@ -76,12 +76,18 @@ static deft_status deft_zero_f32_set(deft_optimizer *o, bool *flags) {
 static deft_status deft_zero_f32_bind_one(const deft_program *p, deft_optimizer *o, bool *flags) {
     deft_zero_f32_reads(p, o, flags);
     if (!o->zero.f32_param) return deft_zero_f32_set(o, flags);
-    for (int i = 0; i < o->n_params; i++)
-        if (flags[i] && !o->zero.f32_param[i])
-            return deft_set_error(DEFT_ERR_STATE, "compile: this program reads %s in f32 and steps %s, whose ZeRO-1 "
-                                  "step sends only the parameters an earlier program read in f32 (set when it was "
-                                  "compiled with param_copies); free the programs that step it and compile this one "
-                                  "first", o->params[i]->name, o->step_node->name);
+    for (int i = 0; i < o->n_params; i++) {
+        if (!flags[i] || o->zero.f32_param[i]) continue;
+        if (!p->config.param_copies)   /* the copies outlive their programs: the step gathers them */
+            return deft_set_error(DEFT_ERR_STATE, "compile: this program steps %s, which keeps bf16 copies of its "
+                                  "parameters since a program compiled with param_copies stepped it: its ZeRO-1 "
+                                  "step gathers the copies and would leave %s, which this program reads in f32, "
+                                  "partial; compile it with param_copies too", o->step_node->name, o->params[i]->name);
+        return deft_set_error(DEFT_ERR_STATE, "compile: this program reads %s in f32 and steps %s, whose ZeRO-1 step "
+                              "sends only the parameters that the first program compiled with param_copies read in "
+                              "f32; build that program with this one's f32 reads", o->params[i]->name,
+                              o->step_node->name);
+    }
     return DEFT_OK;
 }
 

@@ -25,7 +25,8 @@
  *   parameters the replica reads in f32: here fc3's bias, read by an extra output) against ZeRO-1 casting: the same
  *   bits for every loss, norm and f32 read on both ranks; while the other f32 values are partial, reading one,
  *   writing any, saving and a program casting the weights itself are refused; deft_dist_gather_params (which refuses
- *   replicas out of order or missing) then gives every parameter the same bits, and one more step too;
+ *   replicas out of order or missing) then gives every parameter the same bits, and one more step too; a step
+ *   compiled without param_copies once the copies exist is refused;
  * - refusals at compile: accumulate_steps > 1, an optimizer on the cpu, an optimizer made whole by an earlier compile,
  *   and a sharded optimizer's step compiled without zero_stage 1;
  * - a world of one rank: the sharded step (no collectives, its buckets queue no reduce) equals the one-GPU step within
@@ -380,6 +381,12 @@ static void test_copies(deft_dist *d) {
                   "copies: the step after the gather differs");
         CHECK_MSG(strcmp(deft_program_graph_status(copies.r[0].p), "replaying a CUDA Graph") == 0, "copies: %s",
                   deft_program_graph_status(copies.r[0].p));
+        /* The copies outlive the programs that made them: a step compiled without them would leave its own f32
+         * reads partial. */
+        deft_program *nocopy = NULL;
+        const deft_compile_options zero_cast = {.dist = d, .dist_local = 0, .zero_stage = 1, .autocast = DEFT_BF16};
+        CHECK_ERR(deft_compile_into(copies.r[0].g, (deft_tensor *[]){copies.r[0].loss, copies.r[0].step}, 2,
+                                    &zero_cast, &nocopy), DEFT_ERR_STATE, "compile it with param_copies too");
         printf("copies: ZeRO-1 gathering bf16 copies equals ZeRO-1 casting, bit for bit: %d steps, losses, norms, the "
                "f32 bias read on both ranks, the parameters after deft_dist_gather_params (%zu floats)\n", STEPS + 1,
                cast.n);
