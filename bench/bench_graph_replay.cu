@@ -119,7 +119,14 @@ struct product {
     float beta;
 };
 
-/* Returns false when the heuristic offers no algorithm (an epilogue these layouts do not take). */
+static void product_release_descriptors(product *p) {
+    CB(cublasLtMatrixLayoutDestroy(p->layout));
+    CB(cublasLtMatmulDescDestroy(p->desc));
+    CB(cublasLtDestroy(p->h));
+}
+
+/* Returns false, holding nothing, when the heuristic offers no algorithm (an epilogue these layouts do not take);
+ * the workspace is allocated only for an algorithm found, so that a refused try leaves the device as it was. */
 static bool product_setup(product *p, cublasLtEpilogue_t epilogue, const float *bias, float beta,
                           cublasOperation_t ta = CUBLAS_OP_N, cublasOperation_t tb = CUBLAS_OP_N) {
     CB(cublasLtCreate(&p->h));
@@ -133,7 +140,6 @@ static bool product_setup(product *p, cublasLtEpilogue_t epilogue, const float *
     CB(cublasLtMatrixLayoutCreate(&p->layout, CUDA_R_32F, SIDE, SIDE, SIDE));
     p->workspace_bytes = (size_t)32 << 20;
     p->beta = beta;
-    CK(cudaMalloc(&p->workspace, p->workspace_bytes));
     cublasLtMatmulPreference_t pref;
     CB(cublasLtMatmulPreferenceCreate(&pref));
     CB(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &p->workspace_bytes,
@@ -143,8 +149,12 @@ static bool product_setup(product *p, cublasLtEpilogue_t epilogue, const float *
     const cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(p->h, p->desc, p->layout, p->layout, p->layout,
                                                             p->layout, pref, 1, &r, &got);
     CB(cublasLtMatmulPreferenceDestroy(pref));
-    if (s != CUBLAS_STATUS_SUCCESS || got < 1) return false;
+    if (s != CUBLAS_STATUS_SUCCESS || got < 1) {
+        product_release_descriptors(p);
+        return false;
+    }
     p->algo = r.algo;
+    CK(cudaMalloc(&p->workspace, p->workspace_bytes));
     return true;
 }
 

@@ -3,7 +3,8 @@
 # only rank 0 prints the progress, every rank writes its own state file (<state>.rank<R>), and a run resumed from
 # the states saved at step 8 gives steps 9-16's losses and the validation loss of the uninterrupted run, as text;
 # the same with --zero (ZeRO-1), and with --zero --param-copies (the step gathers the bf16 copies; every rank gathers
-# the f32 weights before it saves, and the validation reads the copies). Skips (exit 77) with fewer than two GPUs or a build without NCCL.
+# the f32 weights before it saves, and the validation reads the copies), whose losses must be --zero's, bit for bit.
+# Skips (exit 77) with fewer than two GPUs or a build without NCCL.
 #
 #   tests/gpt2_train_launch_test.sh SOURCE_DIR WORK_DIR GPT2_TRAIN
 set -u
@@ -66,6 +67,15 @@ $a
 resumed:
 $b"
 done
+
+# The bf16 copies are the casts' values: ZeRO-1 gathering them trains as ZeRO-1 casting does, loss for loss.
+all_losses() { grep -E '^\[rank 0\] (step [0-9]+/16  loss|validation loss)' "$1" | sed 's/  [0-9]* tokens\/s$//'; }
+a=$(all_losses "$work/zero.out") b=$(all_losses "$work/zero_copies.out")
+[ "$(echo "$a" | wc -l)" = 17 ] && [ "$a" = "$b" ] || fail "zero_copies: the losses differ from zero's:
+zero:
+$a
+zero_copies:
+$b"
 
 if [ "$failures" -gt 0 ]; then
     echo "gpt2_train_launch_test: $failures failure(s)" >&2
