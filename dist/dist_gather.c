@@ -32,19 +32,16 @@ static deft_status deft_gather_check(const deft_dist *d, deft_program *const *re
     return DEFT_OK;
 }
 
-/* The k-th gathering optimizer of every replica, the same shape on each; *none when the first replica has none. */
+/* The k-th gathering optimizer of every replica, the same shape on each; *none when no replica has one. */
 static deft_status deft_gather_pick(deft_program *const *replicas, int n, int k, deft_optimizer **opts, bool *none) {
-    *none = false;
-    for (int i = 0; i < n; i++) {
-        opts[i] = deft_gathering_optimizer(replicas[i]->graph, k);
-        if (i == 0 && !opts[0]) {
-            *none = true;
-            return DEFT_OK;
-        }
+    int found = 0;
+    for (int i = 0; i < n; i++) found += (opts[i] = deft_gathering_optimizer(replicas[i]->graph, k)) != NULL;
+    *none = found == 0;
+    for (int i = 0; i < n && found > 0; i++)
         if (!opts[i] || opts[i]->zero.padded != opts[0]->zero.padded || opts[i]->dtype != opts[0]->dtype)
-            return deft_set_error(DEFT_ERR_INVALID, "dist_gather_params: replica %d's optimizers differ from replica "
-                                  "0's (optimizer %d)", i, k);
-    }
+            return deft_set_error(DEFT_ERR_INVALID, "dist_gather_params: replica %d's sharded optimizers with copies "
+                                  "differ from replica 0's (the %d-th of them); build every replica from the same "
+                                  "graph and options", i, k + 1);
     return DEFT_OK;
 }
 

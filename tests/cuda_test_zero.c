@@ -25,8 +25,9 @@
  *   parameters the replica reads in f32: here fc3's bias, read by an extra output) against ZeRO-1 casting: the same
  *   bits for every loss, norm and f32 read on both ranks; while the other f32 values are partial, reading one,
  *   writing any, saving and a program casting the weights itself are refused; deft_dist_gather_params (which refuses
- *   replicas out of order or missing) then gives every parameter the same bits, and one more step too; a step
- *   compiled without param_copies once the copies exist is refused;
+ *   replicas out of order or missing) then gives every parameter the same bits, and one more step too; replicas
+ *   freed after it and compiled again, never run, gather the same bits; a step compiled without param_copies once
+ *   the copies exist is refused;
  * - refusals at compile: accumulate_steps > 1, an optimizer on the cpu, an optimizer made whole by an earlier compile,
  *   and a sharded optimizer's step compiled without zero_stage 1;
  * - a world of one rank: the sharded step (no collectives, its buckets queue no reduce) equals the one-GPU step within
@@ -381,6 +382,28 @@ static void test_copies(deft_dist *d) {
                   "copies: the step after the gather differs");
         CHECK_MSG(strcmp(deft_program_graph_status(copies.r[0].p), "replaying a CUDA Graph") == 0, "copies: %s",
                   deft_program_graph_status(copies.r[0].p));
+        /* The replicas freed while partial: new ones, compiled and never run, gather for them. */
+        deft_compile_options again = copy_o;
+        again.dist = d;
+        again.zero_stage = 1;
+        for (int k = 0; k < 2; k++) {
+            deft_program_free(copies.r[k].p);
+            again.dist_local = k;
+            copies.r[k].p = deft_compile(copies.r[k].g, (deft_tensor *[]){copies.r[k].loss, copies.r[k].step,
+                                                                            copies.r[k].extra}, 3, &again);
+            CHECK_MSG(copies.r[k].p != NULL, "copies: replica %d compiled again: %s", k, deft_errmsg());
+        }
+        if (copies.r[0].p && copies.r[1].p) {
+            CHECK_ERR(deft_param_get(copies.r[0].params[0], copies.params[0], WIDTH * WIDTH * sizeof(float)),
+                      DEFT_ERR_STATE, "deft_dist_gather_params");
+            CHECK_OK(deft_dist_gather_params(d, (deft_program *[]){copies.r[0].p, copies.r[1].p}, 2));
+            for (int k = 0; k < 2; k++) {
+                mlp_params(&copies.r[k], copies.params[k]);
+                mlp_params(&cast.r[k], cast.params[k]);
+                CHECK_MSG(memcmp(copies.params[k], cast.params[k], cast.n * sizeof(float)) == 0, "copies: rank %d's "
+                          "parameters gathered by new replicas differ from the casting run's", k);
+            }
+        }
         /* The copies outlive the programs that made them: a step compiled without them would leave its own f32
          * reads partial. */
         deft_program *nocopy = NULL;

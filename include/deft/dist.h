@@ -86,7 +86,8 @@ deft_status deft_program_dist_synchronize(deft_program *p);
  * reads one in f32 are refused with DEFT_ERR_STATE until this collective all-gathers the f32 parameters. Every rank
  * calls it, each process with its local replicas (replicas[i] compiled with dist_local = i, n = its communicators);
  * it waits for their queued steps, gathers, and returns once done. Where nothing is partial it gathers the same
- * values again. */
+ * values again. Gather before freeing the replicas: without a replica of the dist there is no collective to call
+ * (a replica compiled again, not yet run, serves). */
 deft_status deft_dist_gather_params(deft_dist *d, deft_program *const *replicas, int n);
 /* deft_loader_new_dataset's loader for rank `rank` of `world`: global batch k of an epoch (k = 0, 1, ...; in the
  * order drawn from seed and the epoch with shuffle, the same on every rank) goes to rank k % world, so rank r takes
