@@ -113,15 +113,17 @@ typedef struct deft_optimizer_part {
     int *piece_first_param, *piece_n_params;
 } deft_optimizer_part;
 
+/* ZeRO-1 with copies: a run of the flat storage that one rank owns (runtime/zero_f32.c). */
+typedef struct deft_zero_f32_piece {
+    int64_t lo, hi;   /* elements [lo, hi) of the flat storage */
+    int root;         /* the rank whose slice holds them */
+} deft_zero_f32_piece;
+
 /* ZeRO-1 (the compile option zero_stage under dist; dist/dist_zero.c): the collectives a sharded step calls between
  * its kernels, given by dist/ (ops/ sits below it) when a replica is compiled. Each queues on `stream`, in place:
  * all_reduce_sum adds one f64 over the ranks; all_gather fills buf's whole from every rank's slice at buf + r * shard.
  * ctx and local name the communicator (the deft_dist and its local index). The gradients' reduces are no part of the
  * step: the replica queues them during the backward pass (dist/dist_program.c). */
-typedef struct deft_zero_f32_piece {
-    int64_t lo, hi;   /* elements [lo, hi) of the flat storage */
-    int root;         /* the rank whose slice holds them */
-} deft_zero_f32_piece;
 typedef struct deft_optimizer_zero_ops {
     deft_status (*all_reduce_sum)(void *ctx, int local, double *x, void *stream);
     deft_status (*all_gather)(void *ctx, int local, void *buf, int64_t shard, deft_dtype dt, void *stream);
@@ -153,7 +155,7 @@ typedef struct deft_optimizer_zero {
      * of the f32 parameters, and broadcasts from their owners only the f32 values of the parameters that the
      * replica reads in f32 (f32_param[i], n_params flags; the embedding tables and layer norms of an autocast
      * model): f32_pieces, their pieces cut at the slices. Set when the first program that steps the optimizer with
-     * copies is compiled (runtime/optimizer_zero.c); NULL while none was. */
+     * copies is compiled (runtime/zero_f32.c); NULL while none was. */
     bool *f32_param;
     deft_zero_f32_piece *f32_pieces;
     int n_f32_pieces;
@@ -203,7 +205,7 @@ struct deft_optimizer {
     bool low_stale;
     /* ZeRO-1 with copies (zero.f32_param above): after a step the f32 values of the parameters outside f32_param
      * are current in their owner's slice only, until deft_dist_gather_params gathers them; meanwhile whatever reads
-     * or writes them on the host, or reads them in f32 on the device, is refused (runtime/optimizer_zero.c). */
+     * or writes them on the host, or reads them in f32 on the device, is refused (runtime/zero_f32.c). */
     bool f32_partial;
     /* The CPU's per-run state (on a GPU it lives in dev instead). */
     int micro;                 /* runs since the last update */
@@ -229,6 +231,11 @@ struct deft_optimizer {
     int n_parts;
     deft_optimizer_zero zero;         /* ZeRO-1 sharding (above); zero.world 0: none */
 };
+
+/* The optimizer a step node's optimizer stands for: itself, or the whole one of a part. */
+static inline struct deft_optimizer *deft_optimizer_whole(struct deft_optimizer *opt) {
+    return opt->part ? opt->part->whole : opt;
+}
 
 /* Whether the optimizer's state is sharded across ranks (ZeRO-1). */
 static inline bool deft_optimizer_sharded(const struct deft_optimizer *opt) { return opt->zero.world > 0; }

@@ -81,7 +81,7 @@ deft_status deft_program_check_sharding(const deft_program *p) {
     for (int id = 0; id < p->n_nodes; id++) {
         const deft_tensor *t = p->graph->nodes[id];
         if (!p->nodes[id].needed || t->op != DEFT_OP_OPTIMIZER) continue;
-        const deft_optimizer *o = t->p.optimizer->part ? t->p.optimizer->part->whole : t->p.optimizer;
+        const deft_optimizer *o = deft_optimizer_whole(t->p.optimizer);
         if (deft_optimizer_sharded(o) && !zero)
             return deft_set_error(DEFT_ERR_INVALID, "compile: %s steps an optimizer sharded by ZeRO-1 (rank %d of "
                                   "%d, compiled before with zero_stage 1); compile its step with the same dist and "

@@ -124,13 +124,14 @@ static deft_status deft_program_allocate(deft_program *p) {
     if (s == DEFT_OK) s = deft_autocast_configure_steps(p);
     if (s == DEFT_OK) p->persistent_bytes = deft_persistent_bytes(p);   /* once loss scaling is set */
     if (s == DEFT_OK) s = deft_place_persistent(p, uploaded);
-    if (s == DEFT_OK) s = deft_program_zero_f32_bind(p);
     if (s == DEFT_OK) s = deft_check_device_room(p);
     if (s == DEFT_OK) s = deft_alloc_arenas(p);
     if (s == DEFT_OK) s = deft_program_gpu_init(p, p->config.cuda_graphs);
     if (s == DEFT_OK) s = deft_program_make_device_errors(p);
     if (s == DEFT_OK) s = deft_program_prepare_kernels(p);
     if (s == DEFT_OK) s = deft_replica_attach(p, &p->config);
+    /* Last: a sharded optimizer's f32 set is made only by a compile that succeeds. */
+    if (s == DEFT_OK) s = deft_program_zero_f32_bind(p);
     if (s != DEFT_OK) deft_release_uploads(p, uploaded);
     free(uploaded);
     return s;

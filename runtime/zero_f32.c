@@ -9,10 +9,6 @@
 #include "program_state.h"
 #include "zero_f32.h"
 
-static const deft_optimizer *deft_step_whole(const deft_tensor *t) {
-    return t->p.optimizer->part ? t->p.optimizer->part->whole : t->p.optimizer;
-}
-
 /* o's index of parameter t, -1 when o does not update it. */
 static int deft_param_index(const deft_optimizer *o, const deft_tensor *t) {
     for (int k = 0; t->op == DEFT_OP_PARAM && k < o->n_params; k++)
@@ -95,7 +91,7 @@ deft_status deft_program_zero_f32_bind(const deft_program *p) {
     for (int id = 0; id < p->n_nodes; id++) {
         const deft_tensor *t = p->graph->nodes[id];
         if (!p->nodes[id].needed || t->op != DEFT_OP_OPTIMIZER) continue;
-        deft_optimizer *o = (deft_optimizer *)deft_step_whole(t);
+        deft_optimizer *o = deft_optimizer_whole(t->p.optimizer);
         if (o->zero.world < 2 || !o->flat_low) continue;
         bool *flags = calloc((size_t)(o->n_params ? o->n_params : 1), sizeof *flags);
         if (!flags) return deft_set_error(DEFT_ERR_OOM, "compile: out of host memory");
@@ -119,7 +115,7 @@ void deft_program_mark_f32_partial(const deft_program *p) {
     for (int id = 0; id < p->n_nodes; id++) {
         const deft_tensor *t = p->graph->nodes[id];
         if (!p->nodes[id].needed || t->op != DEFT_OP_OPTIMIZER) continue;
-        deft_optimizer *o = (deft_optimizer *)deft_step_whole(t);
+        deft_optimizer *o = deft_optimizer_whole(t->p.optimizer);
         if (deft_optimizer_gathers_low(o)) o->f32_partial = true;
     }
 }

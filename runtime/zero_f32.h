@@ -7,7 +7,7 @@
 #include "optimizer.h"
 
 struct deft_program;
-/* At compile, after the copies are bound: for each sharded optimizer with copies that p steps, the parameters p reads
+/* At compile, its last step (so that only a compile that succeeds sets anything): for each sharded optimizer with copies that p steps, the parameters p reads
  * in f32 become its f32 set and their pieces (the first such program); a later one must read no other parameter in
  * f32 (DEFT_ERR_STATE naming it), since the steps captured before broadcast only the set's. */
 deft_status deft_program_zero_f32_bind(const struct deft_program *p);
